@@ -1,0 +1,62 @@
+"""The Tornado application: every route in `cortex_nb.routes` mapped to its handler."""
+
+from __future__ import annotations
+
+import tornado.web
+
+from cortex_nb import routes
+
+from .handlers import jobs, logs, meta, requests, uploads
+from .handlers.base import NotFoundHandler
+from .service import Service
+
+# One handler per route name; routes sharing a template must share the handler class.
+HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
+    "version": meta.VersionHandler,
+    "capacity": meta.CapacityHandler,
+    "list_models": meta.ModelsHandler,
+    "tokenize": meta.TokenizeHandler,
+    "detokenize": meta.DetokenizeHandler,
+    "whoami": meta.WhoAmIHandler,
+    "create_job": jobs.JobsHandler,
+    "list_jobs": jobs.JobsHandler,
+    "get_job": jobs.JobHandler,
+    "cancel_job": jobs.JobCancelHandler,
+    "complete_job": jobs.JobCompleteHandler,
+    "forward_backward": requests.OperationHandler,
+    "step": requests.OperationHandler,
+    "generate": requests.OperationHandler,
+    "forward": requests.OperationHandler,
+    "noop": requests.OperationHandler,
+    "list_requests": requests.RequestsHandler,
+    "get_request": requests.RequestHandler,
+    "get_request_tensors": requests.RequestTensorsHandler,
+    "cancel_request": requests.RequestCancelHandler,
+    "upload_chunk": uploads.UploadChunkHandler,
+    "job_logs": logs.JobLogsHandler,
+}
+
+# Hard cap on any body Tornado will read at all (larger connections are dropped).
+MAX_STREAMED_BODY = 2 * 1024**3
+
+
+def url_specs(service: Service) -> list[tornado.web.URLSpec]:
+    specs: dict[str, tornado.web.URLSpec] = {}
+    for route in routes.ROUTES:
+        handler = HANDLERS[route.name]
+        existing = specs.get(route.template)
+        if existing is not None:
+            if existing.handler_class is not handler:
+                raise RuntimeError(f"routes on {route.template} map to different handlers")
+            continue
+        specs[route.template] = tornado.web.url(route.regex, handler, {"service": service})
+    return list(specs.values())
+
+
+def make_app(service: Service) -> tornado.web.Application:
+    return tornado.web.Application(
+        url_specs(service),
+        default_handler_class=NotFoundHandler,
+        default_handler_args={"service": service},
+        compress_response=False,
+    )

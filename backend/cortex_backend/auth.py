@@ -1,0 +1,86 @@
+"""Bearer tokens with scopes. Tokens are stored only as SHA-256 hashes and shown once at creation."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from cortex_nb.errors import ApiError
+from cortex_nb.routes import ADMIN, SCOPES
+
+from .store import Store
+
+TOKEN_PREFIX = "ctx_"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the owner whose jobs they see, and what they may do."""
+
+    token_id: str
+    owner: str
+    scopes: frozenset[str]
+
+    @property
+    def is_admin(self) -> bool:
+        return ADMIN in self.scopes
+
+    def has(self, scope: str) -> bool:
+        return self.is_admin or scope in self.scopes
+
+    def require(self, *scopes: str) -> None:
+        missing = [scope for scope in scopes if not self.has(scope)]
+        if missing:
+            raise ApiError(
+                "forbidden",
+                f"this token lacks the scope(s) {', '.join(missing)}; create a token with them"
+                " (cortex-nb backend token create --scopes ...)",
+                {"missing_scopes": missing},
+            )
+
+    def can_see(self, owner: str) -> bool:
+        return self.is_admin or owner == self.owner
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(store: Store, name: str, scopes: list[str], owner: str | None = None) -> str:
+    """Create a token and return it; only its hash is kept."""
+    unknown = sorted(set(scopes) - set(SCOPES))
+    if unknown:
+        raise ValueError(f"unknown scope(s) {unknown}; choose from {list(SCOPES)}")
+    if not scopes:
+        raise ValueError(f"give at least one scope from {list(SCOPES)}")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token_id = "tok_" + secrets.token_hex(6)
+    store.add_token(token_id, name, owner or name, hash_token(token), scopes)
+    return token
+
+
+def authenticate(store: Store, header: str | None) -> Principal:
+    """Resolve an `Authorization: Bearer ...` header, or raise `unauthenticated`."""
+    if not header or not header.startswith("Bearer "):
+        raise ApiError("unauthenticated", "send 'Authorization: Bearer <token>'; the backend's admin token is in DATA_DIR/admin.token")
+    row = store.token_by_hash(hash_token(header[len("Bearer ") :].strip()))
+    if row is None:
+        raise ApiError("unauthenticated", "the token is unknown or revoked; create one with 'cortex-nb backend token create'")
+    return Principal(token_id=row["id"], owner=row["owner"], scopes=frozenset(row["scopes"]))
+
+
+def ensure_admin_token(store: Store, path: Path) -> None:
+    """On first start, create an admin token and write it to `path` with mode 0600."""
+    if path.exists():
+        token = path.read_text().strip()
+        if store.token_by_hash(hash_token(token)) is not None:
+            return
+    token = create_token(store, "admin", [ADMIN])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    os.chmod(path, 0o600)

@@ -1,0 +1,85 @@
+"""`cortex-nb backend ...`: serve, and manage tokens."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from cortex_nb.routes import SCOPES
+
+from .config import BackendSettings, default_data_dir
+
+
+def _model_option(value: str) -> tuple[str, str]:
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError("use NAME=DIR, e.g. --model llama-1b=/models/llama-1b")
+    return name, path
+
+
+def add_backend_commands(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="backend_command", required=True)
+    serve = commands.add_parser("serve", help="run the backend service")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8765, help="port (0 picks a free one; see DATA_DIR/backend.json)")
+    serve.add_argument("--data-dir", type=Path, default=default_data_dir(), help="where the store, tokens and checkpoints live")
+    serve.add_argument("--model", action="append", type=_model_option, default=[], metavar="NAME=DIR",
+                       help="register a local Hugging Face model directory (safetensors only); repeatable")
+    serve.add_argument("--devices", default="auto", help="'auto', 'cpu', 'cpu:N' (N slots) or GPU indices like '0,1'")
+    serve.add_argument("--sub-jobs-per-device", type=int, default=4, help="sub-jobs sharing one device before jobs queue")
+    serve.add_argument("--warm-workers", type=int, default=1, help="idle pre-started worker processes per device")
+    serve.add_argument("--worker-threads", type=int, default=None, help="torch threads per CPU worker")
+    serve.add_argument("--idle-timeout", type=float, default=3600.0, help="seconds without requests before a job is completed")
+
+    token = commands.add_parser("token", help="manage API tokens")
+    token_commands = token.add_subparsers(dest="token_command", required=True)
+    create = token_commands.add_parser("create", help="create a token (printed once)")
+    create.add_argument("--name", required=True, help="who the token is for; jobs are owned by this name")
+    create.add_argument("--scopes", nargs="+", default=["jobs:read", "jobs:write"], choices=SCOPES)
+    create.add_argument("--data-dir", type=Path, default=default_data_dir())
+    listing = token_commands.add_parser("list", help="list tokens (never their values)")
+    listing.add_argument("--data-dir", type=Path, default=default_data_dir())
+    revoke = token_commands.add_parser("revoke", help="revoke a token by id")
+    revoke.add_argument("token_id")
+    revoke.add_argument("--data-dir", type=Path, default=default_data_dir())
+
+
+def run_backend_command(args: argparse.Namespace) -> int:
+    if args.backend_command == "serve":
+        from .server import serve
+
+        serve(BackendSettings(
+            host=args.host, port=args.port, data_dir=args.data_dir, models=dict(args.model), devices=args.devices,
+            sub_jobs_per_device=args.sub_jobs_per_device, warm_workers=args.warm_workers,
+            worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout,
+        ))
+        return 0
+    from .auth import create_token
+    from .store import Store
+
+    store = Store(BackendSettings(data_dir=args.data_dir).db_path)
+    if args.token_command == "create":
+        try:
+            token = create_token(store, args.name, list(args.scopes))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(token)
+        print(f"# token for {args.name} with scopes {' '.join(args.scopes)}; it is shown only this once", file=sys.stderr)
+    elif args.token_command == "list":
+        for row in store.list_tokens():
+            state = "revoked" if row["revoked_at"] else "active"
+            print(f"{row['id']}\t{row['name']}\t{' '.join(row['scopes'])}\t{state}")
+    elif args.token_command == "revoke":
+        if not store.revoke_token(args.token_id):
+            print(f"error: no active token {args.token_id}", file=sys.stderr)
+            return 1
+        print(f"revoked {args.token_id}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="cortex-backend")
+    add_backend_commands(parser)
+    sys.exit(run_backend_command(parser.parse_args(argv)))

@@ -1,0 +1,58 @@
+"""The backend's settings: one typed, explicit object with defaults that work on a laptop."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cortex_nb import wire
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "cortex-nb" / "backend"
+
+
+@dataclass
+class BackendSettings:
+    host: str = "127.0.0.1"
+    # 0 picks a free port; the chosen one is written to DATA_DIR/backend.json.
+    port: int = 8765
+    data_dir: Path = field(default_factory=default_data_dir)
+    # Registered models: name -> local Hugging Face directory (safetensors only).
+    models: dict[str, Path] = field(default_factory=dict)
+    # "auto" (GPUs pynvml sees, else CPU slots), "cpu", "cpu:N", or GPU indices "0,1".
+    devices: str = "auto"
+    # How many sub-jobs may share one device before jobs queue.
+    sub_jobs_per_device: int = 4
+    # Idle worker processes kept with torch already imported, so a new sub-job starts in about a second.
+    warm_workers: int = 1
+    # Torch threads per CPU worker; None lets torch choose.
+    worker_threads: int | None = None
+    # A running job with no request for this long is completed, freeing its device.
+    idle_timeout_s: float = 3600.0
+    max_body_bytes: int = wire.MAX_BODY_BYTES
+    # Log lines kept per job; older lines are dropped and the logs say how many.
+    log_retention_lines: int = 100_000
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir).expanduser().resolve()
+        self.models = {name: Path(path).expanduser().resolve() for name, path in self.models.items()}
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "cortex.sqlite3"
+
+    @property
+    def admin_token_path(self) -> Path:
+        return self.data_dir / "admin.token"
+
+    @property
+    def endpoint_path(self) -> Path:
+        """Where a started backend writes its URL and pid (how `Client.local()` finds it)."""
+        return self.data_dir / "backend.json"
+
+    @property
+    def uploads_dir(self) -> Path:
+        return self.data_dir / "uploads"

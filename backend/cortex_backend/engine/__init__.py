@@ -1,0 +1,1 @@
+"""The torch side: model loading, LoRA, losses, training steps and sampling. Imported by workers only."""

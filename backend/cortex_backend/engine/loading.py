@@ -1,0 +1,51 @@
+"""Build the base model for a sub-job on its device, in the precision that suits the device."""
+
+from __future__ import annotations
+
+import torch
+
+from ..models import TINY_CONFIG, TINY_SEED, ModelInfo
+
+
+def pick_device() -> torch.device:
+    """The worker sees only its own GPU (CUDA_VISIBLE_DEVICES), or none."""
+    return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def pick_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on GPUs that support it, fp32 on CPU (exact parity with in-process references)."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def build_tiny() -> torch.nn.Module:
+    """The built-in model: the same random weights every time, from a fixed seed, in fp32."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = {key: value for key, value in TINY_CONFIG.items() if key not in ("architectures", "model_type")}
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(TINY_SEED)
+        model = LlamaForCausalLM(LlamaConfig(**config))
+    finally:
+        torch.random.set_rng_state(state)
+    return model
+
+
+def load_base_model(info: ModelInfo, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    if info.kind == "builtin":
+        model = build_tiny()
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(
+            str(info.path),
+            trust_remote_code=False,
+            use_safetensors=True,
+            dtype=torch.float32,
+            attn_implementation="sdpa",
+        )
+    model.to(device=device, dtype=dtype)
+    model.config.use_cache = True
+    return model

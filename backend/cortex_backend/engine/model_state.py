@@ -1,0 +1,52 @@
+"""A sub-job's model on its device: base weights, the LoRA adapter, the tokenizer, the weight version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..models import ModelInfo
+from ..tokenizer import ByteTokenizer, FileTokenizer, Tokenizer
+from .loading import load_base_model, pick_device, pick_dtype
+from .lora import apply_lora
+
+
+class ModelState:
+    def __init__(self, info: ModelInfo, spec: dict[str, Any]) -> None:
+        self.info = info
+        self.spec = spec
+        self.device = pick_device()
+        self.dtype = pick_dtype(self.device)
+        self.seed = int(spec.get("seed", 0))
+        base = load_base_model(info, self.device, self.dtype)
+        self.model = apply_lora(base, spec.get("lora") or {}, self.seed)
+        self.model.to(self.device)
+        self.tokenizer: Tokenizer | None = self._tokenizer()
+        self.max_seq_len = int(spec.get("max_seq_len") or info.max_positions or 2048)
+        # The trainer step whose weights this model holds (0 = the freshly initialised adapter).
+        self.weight_version = 0
+
+    def _tokenizer(self) -> Tokenizer | None:
+        if self.info.kind == "builtin":
+            return ByteTokenizer()
+        if self.info.path is not None and (self.info.path / "tokenizer.json").exists():
+            return FileTokenizer(self.info.path)
+        return None
+
+    def as_tensor(self, array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
+        tensor = torch.from_numpy(array.copy()) if not isinstance(array, torch.Tensor) else array
+        return tensor.to(device=self.device, dtype=dtype) if dtype else tensor.to(self.device)
+
+    def describe(self) -> dict[str, Any]:
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in self.model.parameters())
+        return {
+            "device": str(self.device),
+            "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "trainable_parameters": trainable,
+            "total_parameters": total,
+            "max_seq_len": self.max_seq_len,
+            "weight_version": self.weight_version,
+        }

@@ -1,0 +1,31 @@
+"""forward: per-token log-probabilities of given targets, without gradients."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .losses import target_logprobs
+from .model_state import ModelState
+
+
+def model_logits(state: ModelState, tensors: dict[str, np.ndarray]) -> torch.Tensor:
+    input_ids = state.as_tensor(tensors["input_ids"], torch.long)
+    mask = tensors.get("attention_mask")
+    attention_mask = state.as_tensor(mask, torch.long) if mask is not None else None
+    return state.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+
+def forward(state: ModelState, tensors: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    was_training = state.model.training
+    state.model.eval()
+    try:
+        with torch.no_grad():
+            logits = model_logits(state, tensors)
+            logprobs = target_logprobs(logits, state.as_tensor(tensors["target_tokens"], torch.long))
+    finally:
+        state.model.train(was_training)
+    out = logprobs.float().cpu().numpy()
+    return {"weight_version": state.weight_version, "shape": list(out.shape)}, {"logprobs": out}

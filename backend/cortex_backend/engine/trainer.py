@@ -1,0 +1,99 @@
+"""forward_backward and step: gradients accumulate across forward_backward calls until `step`."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import OperationError
+from .losses import compute_loss, target_logprobs
+from .memory import peak_memory, reset_peak
+from .model_state import ModelState
+from .scoring import model_logits
+
+DEFAULT_OPTIMIZER: dict[str, Any] = {
+    "lr": 1e-4,
+    "betas": (0.9, 0.999),
+    "eps": 1e-8,
+    "weight_decay": 0.0,
+    "grad_clip": None,
+}
+
+
+class Trainer:
+    def __init__(self, state: ModelState, optimizer_spec: dict[str, Any] | None) -> None:
+        self.state = state
+        self.settings = {**DEFAULT_OPTIMIZER, **(optimizer_spec or {})}
+        self.parameters = [p for p in state.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.parameters,
+            lr=float(self.settings["lr"]),
+            betas=tuple(float(b) for b in self.settings["betas"]),
+            eps=float(self.settings["eps"]),
+            weight_decay=float(self.settings["weight_decay"]),
+        )
+        self.step_count = 0
+        self.pending_batches = 0
+        self.pending_tokens = 0
+        state.model.train()
+
+    def forward_backward(
+        self, tensors: dict[str, np.ndarray], loss_fn: str, loss_fn_config: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        started = time.perf_counter()
+        reset_peak(self.state.device)
+        logits = model_logits(self.state, tensors)
+        targets = self.state.as_tensor(tensors["target_tokens"], torch.long)
+        logprobs = target_logprobs(logits, targets)
+        loss_inputs = {name: self.state.as_tensor(value) for name, value in tensors.items()}
+        loss, metrics = compute_loss(loss_fn, logprobs, loss_inputs, loss_fn_config)
+        loss.backward()
+        elapsed = time.perf_counter() - started
+        tokens = int(np.prod(tensors["input_ids"].shape))
+        self.pending_batches += 1
+        self.pending_tokens += tokens
+        result = {
+            "loss": float(loss.item()),
+            "loss_fn": loss_fn,
+            "metrics": {**metrics, "tokens:sum": tokens},
+            "tokens_per_second": tokens / elapsed if elapsed > 0 else None,
+            "accumulated_batches": self.pending_batches,
+            **peak_memory(self.state.device),
+        }
+        return result, {"logprobs": logprobs.detach().float().cpu().numpy()}
+
+    def step(self, learning_rate: float | None = None) -> dict[str, Any]:
+        if self.pending_batches == 0:
+            raise OperationError("no_gradients", "step has no gradients to apply; call forward_backward first")
+        lr = float(learning_rate) if learning_rate is not None else float(self.settings["lr"])
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        grads = [p.grad for p in self.parameters if p.grad is not None]
+        clip = self.settings.get("grad_clip")
+        if clip:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, float(clip))
+        else:
+            grad_norm = torch.nn.utils.get_total_norm(grads)
+        grad_norm_value = float(grad_norm.item())
+        if not math.isfinite(grad_norm_value):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.pending_batches = self.pending_tokens = 0
+            raise OperationError("non_finite_gradients", f"the gradient norm is {grad_norm_value}; the step was skipped")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_count += 1
+        self.state.weight_version = self.step_count
+        result = {
+            "step": self.step_count,
+            "grad_norm": grad_norm_value,
+            "learning_rate": lr,
+            "batches": self.pending_batches,
+            "tokens": self.pending_tokens,
+            **peak_memory(self.state.device),
+        }
+        self.pending_batches = self.pending_tokens = 0
+        return result

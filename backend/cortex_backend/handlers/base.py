@@ -1,0 +1,173 @@
+"""What every handler shares: route lookup, Bearer auth and scopes, body limits, JSON errors,
+and replay of idempotent POSTs. Handlers stay thin: parse, authorize, call the service, render.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import logging
+from typing import Any
+
+import tornado.web
+
+from cortex_nb import routes
+from cortex_nb.errors import ApiError
+from cortex_nb.version import API_VERSION, __version__
+
+from ..auth import Principal, authenticate
+from ..service import Service
+
+log = logging.getLogger("cortex_backend.http")
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+@tornado.web.stream_request_body
+class BaseHandler(tornado.web.RequestHandler):
+    """Bodies are streamed so an oversized one is answered with a clean 413, not a dropped socket."""
+
+    service: Service
+    principal: Principal | None
+    route: routes.Route | None
+
+    def initialize(self, service: Service) -> None:
+        self.service = service
+        self.principal = None
+        self.route = None
+        self._body = bytearray()
+        self._body_limit = service.settings.max_body_bytes
+        self._body_too_large = False
+        self._received = 0
+
+    def body_limit(self) -> int:
+        return self.service.settings.max_body_bytes
+
+    def prepare(self) -> None:
+        self.set_header("X-Cortex-Version", __version__)
+        self.set_header("X-Cortex-Api-Version", API_VERSION)
+        found = routes.match(self.request.method, self.request.path)
+        if found is None:
+            if any(re.match(route.regex, self.request.path) for route in routes.ROUTES):
+                raise ApiError("method_not_allowed", f"{self.request.method} is not allowed on {self.request.path}")
+            raise ApiError("route_not_found", f"no route {self.request.method} {self.request.path}; see docs/api.md")
+        self.route = found[0]
+        if self.route.scope is not None:
+            self.principal = authenticate(self.service.store, self.request.headers.get("Authorization"))
+            self.principal.require(self.route.scope)
+        self._body_limit = self.body_limit()
+        declared = self.request.headers.get("Content-Length")
+        if declared is not None and declared.isdigit() and int(declared) > self._body_limit:
+            self._body_too_large = True
+
+    def data_received(self, chunk: bytes) -> None:
+        self._received += len(chunk)
+        if self._received > self._body_limit:
+            # Keep reading (and dropping) so the client gets the 413 instead of a reset connection.
+            self._body_too_large = True
+            self._body = bytearray()
+        elif not self._body_too_large:
+            self._body.extend(chunk)
+
+    @property
+    def body(self) -> bytes:
+        if self._body_too_large:
+            raise ApiError(
+                "body_too_large",
+                f"the body is {self._received} bytes; the limit is {self._body_limit}. Send large frames as chunks"
+                " (the client does this for you) or split the batch.",
+                {"limit": self._body_limit},
+            )
+        return bytes(self._body)
+
+    def json_body(self) -> dict[str, Any]:
+        raw = self.body
+        if not raw.strip():
+            return {}
+        try:
+            value = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ApiError("invalid_json", f"the body is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ApiError("invalid_json", "the body must be a JSON object")
+        return value
+
+    # arguments ---------------------------------------------------------------------------------
+    def int_argument(self, name: str, default: int, low: int = 0, high: int = 1 << 62) -> int:
+        raw = self.get_query_argument(name, None)
+        if raw is None or raw == "":
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ApiError("invalid_field", f"{name}: must be an integer, got {raw!r}", {"field": name}) from None
+        return max(low, min(value, high))
+
+    def float_argument(self, name: str, default: float, low: float = 0.0, high: float = 60.0) -> float:
+        raw = self.get_query_argument(name, None)
+        if raw is None or raw == "":
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ApiError("invalid_field", f"{name}: must be a number, got {raw!r}", {"field": name}) from None
+        return max(low, min(value, high))
+
+    # idempotency -------------------------------------------------------------------------------
+    def replay_if_seen(self) -> bool:
+        """If this Idempotency-Key was answered before, answer the same again and return True."""
+        key = self.request.headers.get(IDEMPOTENCY_HEADER)
+        if not key or self.principal is None:
+            return False
+        seen = self.service.store.idempotent_response(self.principal.owner, key)
+        if seen is None:
+            return False
+        if seen["body_sha256"] != self._body_sha256():
+            raise ApiError("idempotency_key_reused", f"Idempotency-Key {key!r} was used before with a different body")
+        self.set_header("Idempotent-Replay", "true")
+        self.write_json(seen["response"], seen["status"])
+        return True
+
+    def remember(self, status: int, response: Any) -> None:
+        key = self.request.headers.get(IDEMPOTENCY_HEADER)
+        if key and self.principal is not None:
+            self.service.store.remember_response(self.principal.owner, key, self._body_sha256(), status, response)
+
+    def _body_sha256(self) -> str:
+        return hashlib.sha256(self.route.name.encode() + b"\0" + self.request.path.encode() + b"\0" + bytes(self._body)).hexdigest()
+
+    # rendering ---------------------------------------------------------------------------------
+    def write_json(self, value: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.finish(json.dumps(value, default=str))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, ApiError):
+            code, message, detail, status = exc.code, exc.message, exc.detail, exc.status
+        elif isinstance(exc, tornado.web.HTTPError):
+            status = exc.status_code
+            code = {400: "invalid_request", 404: "route_not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(status, "internal_error")
+            message, detail = exc.log_message or self._reason, {}
+        else:
+            status, code, message, detail = 500, "internal_error", "the backend hit an unexpected error; it is logged", {}
+        self.clear_header("Idempotent-Replay")
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.finish(json.dumps({"error": {"code": code, "message": message, "detail": detail}}))
+
+    def log_exception(self, typ, value, tb) -> None:
+        if isinstance(value, ApiError):
+            return  # an expected refusal, answered with its code
+        super().log_exception(typ, value, tb)
+
+
+class NotFoundHandler(BaseHandler):
+    """Every path no route serves: a JSON 404 (or 405), never Tornado's HTML page."""
+
+    def get(self, *args: Any) -> None:  # prepare() raises before this runs
+        raise ApiError("route_not_found", f"no route {self.request.path}")
+
+    post = put = delete = patch = get

@@ -1,0 +1,61 @@
+"""The data plane: submit an operation (202 + request id), poll it, fetch its tensors, cancel it."""
+
+from __future__ import annotations
+
+from cortex_nb import wire
+
+from .base import BaseHandler
+
+
+class OperationHandler(BaseHandler):
+    """POST /v1/jobs/{job_id}/{op}: the op is the route's name (forward_backward, step, ...)."""
+
+    def body_limit(self) -> int:
+        # A frame assembled from uploaded chunks arrives by reference, not in the body.
+        return self.service.settings.max_body_bytes
+
+    def post(self, job_id: str) -> None:
+        if self.replay_if_seen():
+            return
+        op = self.route.name
+        sub_job = self.get_query_argument("sub_job", None)
+        upload_id = self.request.headers.get(wire.UPLOAD_HEADER)
+        if upload_id:
+            body = self.service.uploads.take(self.principal, upload_id, self.request.headers.get(wire.UPLOAD_SHA_HEADER, ""))
+            json_body = None
+        elif self.request.headers.get("Content-Type", "").startswith(wire.FRAME_CONTENT_TYPE):
+            body, json_body = self.body, None
+        else:
+            body, json_body = self.body, self.json_body()
+        request = self.service.requests.submit(self.principal, job_id, op, body, json_body, sub_job)
+        response = {"request_id": request["id"], "job_id": job_id, "sub_job_id": request["sub_job_id"], "status": request["status"]}
+        self.remember(202, response)
+        self.write_json(response, 202)
+
+
+class RequestsHandler(BaseHandler):
+    def get(self, job_id: str) -> None:
+        limit = self.int_argument("limit", 100, 1, 1000)
+        self.write_json({"requests": self.service.requests.list(self.principal, job_id, limit)})
+
+
+class RequestHandler(BaseHandler):
+    async def get(self, job_id: str, request_id: str) -> None:
+        cursor = self.int_argument("cursor", 0)
+        max_events = self.int_argument("max_events", 100, 1, 1000)
+        wait_s = self.float_argument("wait", 0.0)
+        self.write_json(await self.service.requests.get(self.principal, job_id, request_id, cursor, max_events, wait_s))
+
+
+class RequestTensorsHandler(BaseHandler):
+    def get(self, job_id: str, request_id: str) -> None:
+        data = self.service.requests.tensors(self.principal, job_id, request_id)
+        self.set_header("Content-Type", wire.FRAME_CONTENT_TYPE)
+        self.set_header("X-Cortex-Sha256", wire.sha256_hex(data))
+        self.finish(data)
+
+
+class RequestCancelHandler(BaseHandler):
+    def post(self, job_id: str, request_id: str) -> None:
+        self.write_json(self.service.requests.cancel(self.principal, job_id, request_id))
+

@@ -1,0 +1,265 @@
+"""Job lifecycle: create, queue for devices, start sub-jobs, and end as done, failed or cancelled.
+
+pending (waiting for a device) -> starting (workers loading the model) -> running -> terminal.
+Ending a job stops its workers, fails or cancels its unfinished requests, frees its devices and
+admits whoever waits next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cortex_nb import states
+from cortex_nb.errors import ApiError
+
+from .auth import Principal
+from .executor import Executor, SubJobAssignment
+from .models import ModelCatalog
+from .scheduler import Scheduler
+from .store import Store
+from .validation import validate_job
+from .waiters import Waiters
+
+log = logging.getLogger("cortex_backend.jobs")
+
+
+def new_job_id() -> str:
+    return "job-" + secrets.token_hex(6)
+
+
+def public_job(job: dict[str, Any]) -> dict[str, Any]:
+    """The JSON a client sees for a job."""
+    return {
+        "job_id": job["id"],
+        "owner": job["owner"],
+        "name": job["name"],
+        "experiment": job["experiment"],
+        "status": job["status"],
+        "failure_code": job["failure_code"],
+        "failure_message": job["failure_message"],
+        "created_at": job["created_at"],
+        "started_at": job["started_at"],
+        "finished_at": job["finished_at"],
+        "last_activity_at": job["last_activity_at"],
+        "idle_timeout_s": job["spec"].get("idle_timeout_s"),
+        "sub_jobs": [
+            {
+                "sub_job_id": sub["id"],
+                "type": sub["type"],
+                "status": sub["status"],
+                "base_model": sub["spec"]["base_model"],
+                "lora": sub["spec"].get("lora"),
+                "optimizer": sub["spec"].get("optimizer"),
+                "seed": sub["spec"].get("seed"),
+                "max_seq_len": sub["spec"].get("max_seq_len"),
+                "device": sub["device"],
+                "failure_code": sub["failure_code"],
+                "failure_message": sub["failure_message"],
+                "info": sub["info"],
+            }
+            for sub in job["sub_jobs"]
+        ],
+    }
+
+
+class JobManager:
+    def __init__(
+        self,
+        store: Store,
+        catalog: ModelCatalog,
+        scheduler: Scheduler,
+        executor: Executor,
+        default_idle_timeout_s: float,
+    ) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.scheduler = scheduler
+        self.executor = executor
+        self.default_idle_timeout_s = default_idle_timeout_s
+        self.waiters = Waiters()
+        # Called with (job_id, code, message) when a job ends, so requests and logs can react.
+        self.on_job_ended: list[Callable[[str, str, str | None, str | None], None]] = []
+        self._completing: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
+
+    # queries ----------------------------------------------------------------------------------
+    def visible_job(self, principal: Principal, job_id: str) -> dict[str, Any]:
+        """The job if this principal may see it; otherwise the same 404 as a job that does not exist."""
+        job = self.store.get_job(job_id)
+        if job is None or not principal.can_see(job["owner"]):
+            raise ApiError("job_not_found", f"no job {job_id!r} is visible to this token; list yours with GET /v1/jobs")
+        return job
+
+    def list(self, principal: Principal, status: str | None, limit: int, cursor: str | None) -> dict[str, Any]:
+        before = None
+        if cursor:
+            try:
+                created, _, last_id = cursor.partition(":")
+                before = (float(created), last_id)
+            except ValueError:
+                raise ApiError("invalid_field", "cursor: not a cursor returned by this endpoint", {"field": "cursor"}) from None
+        owner = None if principal.is_admin else principal.owner
+        jobs = self.store.list_jobs(owner, status, limit + 1, before)
+        page, more = jobs[:limit], len(jobs) > limit
+        next_cursor = f"{page[-1]['created_at']!r}:{page[-1]['id']}" if more and page else None
+        return {"jobs": [public_job(job) for job in page], "next_cursor": next_cursor}
+
+    async def wait_for_change(self, principal: Principal, job_id: str, from_status: str | None, wait_s: float) -> dict[str, Any]:
+        job = self.visible_job(principal, job_id)
+        if from_status is not None and job["status"] == from_status and wait_s > 0:
+            await self.waiters.wait(job_id, wait_s)
+            job = self.visible_job(principal, job_id)
+        return job
+
+    # create -----------------------------------------------------------------------------------
+    def create(self, principal: Principal, body: Any) -> dict[str, Any]:
+        spec = validate_job(body, self.catalog)
+        job_id = spec.get("job_id") or new_job_id()
+        if self.store.job_exists(job_id):
+            raise ApiError("conflict", f"a job with id {job_id!r} already exists; choose another job_id or omit it")
+        slots = len(spec["sub_jobs"])
+        min_memory = int(float((spec.get("hardware") or {}).get("min_memory_gib", 0)) * 2**30)
+        if not self.scheduler.fits_ever(slots, min_memory):
+            raise ApiError(
+                "exceeds_capacity",
+                f"the job needs {slots} device slot(s)"
+                + (f" with at least {min_memory / 2**30:g} GiB" if min_memory else "")
+                + f" but this backend cannot give that (GET /v1/capacity shows its devices)",
+                {"field": "sub_jobs"},
+            )
+        spec.setdefault("idle_timeout_s", self.default_idle_timeout_s)
+        counts: dict[str, int] = {}
+        sub_jobs = []
+        for sub in spec["sub_jobs"]:
+            index = counts.get(sub["type"], 0)
+            counts[sub["type"]] = index + 1
+            sub_jobs.append({"id": f"{sub['type']}-{index}", "type": sub["type"], "status": states.JOB_PENDING, "spec": sub})
+        self.store.insert_job(
+            {"id": job_id, "owner": principal.owner, "name": spec.get("name"), "experiment": spec.get("experiment"),
+             "status": states.JOB_PENDING, "spec": spec},
+            sub_jobs,
+        )
+        self.scheduler.enqueue(job_id, slots, min_memory)
+        self.admit()
+        return self.store.get_job(job_id)
+
+    def admit(self) -> None:
+        for job_id, placement in self.scheduler.admit():
+            job = self.store.get_job(job_id)
+            if job is None or job["status"] in states.JOB_TERMINAL:
+                self.scheduler.release(job_id)
+                continue
+            self._set_job_status(job_id, states.JOB_STARTING, started_at=time.time())
+            for sub, device in zip(job["sub_jobs"], placement):
+                self.store.update_sub_job(job_id, sub["id"], status=states.JOB_STARTING, device=device.id)
+                assignment = SubJobAssignment(
+                    job_id, sub["id"], sub["type"], sub["spec"], self.catalog.get(sub["spec"]["base_model"]), device
+                )
+                self._spawn(self.executor.start_sub_job(assignment))
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_task_failure)
+
+    # executor callbacks -------------------------------------------------------------------------
+    def sub_job_ready(self, job_id: str, sub_job_id: str, info: dict[str, Any]) -> None:
+        job = self.store.get_job(job_id)
+        if job is None or job["status"] in states.JOB_TERMINAL:
+            return
+        self.store.update_sub_job(job_id, sub_job_id, status=states.JOB_RUNNING, info=info)
+        if all(sub["status"] == states.JOB_RUNNING for sub in self.store.sub_jobs(job_id)):
+            self._set_job_status(job_id, states.JOB_RUNNING)
+            self.store.touch_job(job_id)
+
+    def sub_job_failed(self, job_id: str, sub_job_id: str, code: str, message: str) -> None:
+        job = self.store.get_job(job_id)
+        if job is None or job["status"] in states.JOB_TERMINAL:
+            return
+        self.store.update_sub_job(job_id, sub_job_id, status=states.JOB_FAILED, failure_code=code, failure_message=message)
+        self.end(job_id, states.JOB_FAILED, code, f"{sub_job_id}: {message}")
+
+    # ending -----------------------------------------------------------------------------------
+    def cancel(self, principal: Principal, job_id: str) -> dict[str, Any]:
+        job = self.visible_job(principal, job_id)
+        if job["status"] not in states.JOB_TERMINAL:
+            self.end(job_id, states.JOB_CANCELLED, "cancelled", "cancelled by the user")
+        return self.store.get_job(job_id)
+
+    def complete(self, principal: Principal, job_id: str, has_active_requests: Callable[[str], bool]) -> dict[str, Any]:
+        """Finish a job normally: queued requests still run, then its devices are freed."""
+        job = self.visible_job(principal, job_id)
+        if job["status"] == states.JOB_DONE:
+            return job
+        if job["status"] in states.JOB_TERMINAL:
+            raise ApiError("job_finished", f"job {job_id} is already {job['status']}; it cannot be completed")
+        if job["status"] == states.JOB_PENDING:
+            self.end(job_id, states.JOB_DONE, None, None)
+        elif has_active_requests(job_id):
+            self._completing.add(job_id)
+        else:
+            self.end(job_id, states.JOB_DONE, None, None)
+        return self.store.get_job(job_id)
+
+    def is_completing(self, job_id: str) -> bool:
+        return job_id in self._completing
+
+    def request_drained(self, job_id: str) -> None:
+        """Called when a job's last active request finishes; ends a job that was asked to complete."""
+        if job_id in self._completing:
+            self.end(job_id, states.JOB_DONE, None, None)
+
+    def end(self, job_id: str, status: str, code: str | None, message: str | None) -> None:
+        job = self.store.get_job(job_id)
+        if job is None or job["status"] in states.JOB_TERMINAL:
+            return
+        self._completing.discard(job_id)
+        self._set_job_status(job_id, status, failure_code=code if status != states.JOB_DONE else None,
+                             failure_message=message if status != states.JOB_DONE else None, finished_at=time.time())
+        for sub in job["sub_jobs"]:
+            if sub["status"] not in states.JOB_TERMINAL:
+                self.store.update_sub_job(job_id, sub["id"], status=status)
+            self._spawn(self.executor.stop_sub_job(job_id, sub["id"]))
+        for callback in self.on_job_ended:
+            callback(job_id, status, code, message)
+        self.scheduler.release(job_id)
+        self.admit()
+
+    def _set_job_status(self, job_id: str, status: str, **fields: Any) -> None:
+        self.store.update_job(job_id, status=status, **fields)
+        self.waiters.notify(job_id)
+
+    # housekeeping -------------------------------------------------------------------------------
+    def recover_after_restart(self) -> int:
+        """Jobs that were in flight when the backend stopped cannot continue: fail them, clearly."""
+        stale = self.store.jobs_with_status([states.JOB_PENDING, states.JOB_STARTING, states.JOB_RUNNING])
+        for job in stale:
+            for sub in job["sub_jobs"]:
+                if sub["status"] not in states.JOB_TERMINAL:
+                    self.store.update_sub_job(job["id"], sub["id"], status=states.JOB_FAILED, failure_code="backend_restarted")
+            self.store.update_job(
+                job["id"], status=states.JOB_FAILED, failure_code="backend_restarted",
+                failure_message="the backend restarted while this job was in flight; create a new job"
+                " (and load a checkpoint, if you saved one)",
+                finished_at=time.time(),
+            )
+        return len(stale)
+
+    def sweep_idle(self) -> None:
+        now = time.time()
+        for job in self.store.jobs_with_status([states.JOB_RUNNING]):
+            timeout = job["spec"].get("idle_timeout_s") or self.default_idle_timeout_s
+            if now - job["last_activity_at"] > timeout and job["id"] not in self._completing:
+                log.info("job %s idle for %.0fs: completing it", job["id"], now - job["last_activity_at"])
+                self.end(job["id"], states.JOB_DONE, None, None)
+
+
+def _log_task_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task failed", exc_info=task.exception())

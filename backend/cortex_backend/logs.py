@@ -1,0 +1,46 @@
+"""Job logs: every worker line, sequence-numbered and persisted, readable by cursor or followed live."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .store import Store
+from .waiters import Waiters
+
+MAX_PAGE = 5000
+
+
+class LogBook:
+    def __init__(self, store: Store, retention_lines: int) -> None:
+        self.store = store
+        self.retention_lines = retention_lines
+        self.waiters = Waiters()
+        self._appended: dict[str, int] = {}
+
+    def append(self, job_id: str, sub_job_id: str, stream: str, lines: list[tuple[float, str]]) -> None:
+        if not lines:
+            return
+        self.store.append_logs(job_id, [(sub_job_id, at, stream, line) for at, line in lines])
+        count = self._appended.get(job_id, 0) + len(lines)
+        # Trim in batches, not per line: retention is a bound, not an exact count.
+        if count >= max(1, self.retention_lines // 10):
+            self.store.trim_logs(job_id, self.retention_lines)
+            count = 0
+        self._appended[job_id] = count
+        self.waiters.notify(job_id)
+
+    def page(self, job_id: str, cursor: int, limit: int, sub_job_id: str | None = None) -> dict[str, Any]:
+        limit = max(1, min(limit, MAX_PAGE))
+        lines = self.store.read_logs(job_id, cursor, limit, sub_job_id)
+        first = self.store.first_log_seq(job_id)
+        dropped = max(0, first - 1 - cursor) if first else 0
+        next_cursor = lines[-1]["seq"] if lines else max(cursor, first - 1 if dropped else cursor)
+        return {"lines": lines, "cursor": next_cursor, "dropped": dropped}
+
+    async def follow(self, job_id: str, cursor: int, limit: int, wait_s: float, sub_job_id: str | None = None) -> dict[str, Any]:
+        """A page that waits up to `wait_s` for the first new line when none is there yet."""
+        page = self.page(job_id, cursor, limit, sub_job_id)
+        if page["lines"] or page["dropped"] or wait_s <= 0:
+            return page
+        await self.waiters.wait(job_id, wait_s)
+        return self.page(job_id, cursor, limit, sub_job_id)

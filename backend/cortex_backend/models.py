@@ -1,0 +1,129 @@
+"""The model catalog: the built-in `tiny` and models registered from local directories.
+
+A client names a model; it can never make the backend read a path. Registration accepts only
+directories whose weights are safetensors and whose config asks for no remote code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cortex_nb.errors import ApiError
+
+from .tokenizer import ByteTokenizer, FileTokenizer, Tokenizer
+
+TINY = "tiny"
+MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+# The built-in model: Llama-shaped, random weights from a fixed seed, byte-level tokens.
+TINY_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": ByteTokenizer.vocab_size,
+    "hidden_size": 128,
+    "intermediate_size": 352,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+    "bos_token_id": ByteTokenizer.bos_token_id,
+    "eos_token_id": ByteTokenizer.eos_token_id,
+    "pad_token_id": ByteTokenizer.pad_token_id,
+    "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-5,
+}
+TINY_SEED = 1234
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    kind: str  # "builtin" | "local"
+    path: Path | None
+    config: dict[str, Any]
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.get("vocab_size") or 0)
+
+    @property
+    def max_positions(self) -> int | None:
+        value = self.config.get("max_position_embeddings") or self.config.get("n_positions")
+        return int(value) if value else None
+
+    def to_wire(self) -> dict[str, Any]:
+        """What a worker needs to load the model (sent over the service-worker channel)."""
+        return {"name": self.name, "kind": self.kind, "path": str(self.path) if self.path else None, "config": self.config}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> ModelInfo:
+        return cls(data["name"], data["kind"], Path(data["path"]) if data["path"] else None, data["config"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "architecture": (self.config.get("architectures") or [self.config.get("model_type")])[0],
+            "vocab_size": self.vocab_size,
+            "max_positions": self.max_positions,
+            "hidden_size": self.config.get("hidden_size") or self.config.get("n_embd"),
+            "num_layers": self.config.get("num_hidden_layers") or self.config.get("n_layer"),
+        }
+
+
+def inspect_model_dir(name: str, path: Path) -> ModelInfo:
+    """Check a local Hugging Face directory is safe to load and read its config."""
+    if not MODEL_NAME_PATTERN.match(name) or name == TINY:
+        raise ValueError(f"model name {name!r} is not allowed; use letters, digits and _.:- (and not 'tiny')")
+    if not path.is_dir():
+        raise ValueError(f"model {name}: {path} is not a directory")
+    config_path = path / "config.json"
+    if not config_path.exists():
+        raise ValueError(f"model {name}: {path} has no config.json")
+    config = json.loads(config_path.read_text())
+    if config.get("auto_map"):
+        raise ValueError(f"model {name}: its config asks for remote code (auto_map); that is never run")
+    if not list(path.glob("*.safetensors")):
+        raise ValueError(f"model {name}: {path} has no *.safetensors weights (pickle checkpoints are never loaded)")
+    return ModelInfo(name, "local", path, config)
+
+
+class ModelCatalog:
+    def __init__(self, registered: dict[str, Path]) -> None:
+        self._models: dict[str, ModelInfo] = {TINY: ModelInfo(TINY, "builtin", None, dict(TINY_CONFIG))}
+        for name, path in registered.items():
+            self._models[name] = inspect_model_dir(name, path)
+        self._tokenizers: dict[str, Tokenizer] = {}
+
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    def get(self, name: Any) -> ModelInfo:
+        if not isinstance(name, str) or not MODEL_NAME_PATTERN.match(name):
+            raise ApiError(
+                "invalid_model_name",
+                f"base_model must be the name of a registered model, not a path or URL (got {str(name)[:80]!r});"
+                f" registered: {self.names()}",
+            )
+        info = self._models.get(name)
+        if info is None:
+            raise ApiError("unknown_model", f"no model named {name!r} is registered; registered: {self.names()}")
+        return info
+
+    def list(self) -> list[dict[str, Any]]:
+        return [self._models[name].to_json() for name in self.names()]
+
+    def tokenizer(self, name: str) -> Tokenizer:
+        info = self.get(name)
+        if name not in self._tokenizers:
+            if info.kind == "builtin":
+                self._tokenizers[name] = ByteTokenizer()
+            elif info.path is not None and (info.path / "tokenizer.json").exists():
+                self._tokenizers[name] = FileTokenizer(info.path)
+            else:
+                raise ApiError("unsupported_operation", f"model {name!r} has no tokenizer.json; send token ids instead of text")
+        return self._tokenizers[name]

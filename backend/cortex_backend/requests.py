@@ -1,0 +1,269 @@
+"""Data-plane requests: validate, queue on the right sub-job, record events and results, cancel.
+
+Every operation answers at once with a request id; the work runs in the sub-job's worker in
+submission order. Results stay readable after the fact (polling never drains anything).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from cortex_nb import states, wire
+from cortex_nb.errors import ApiError
+from cortex_nb.losses import LOSS_INPUTS
+
+from .auth import Principal
+from .executor import Executor
+from .jobs import JobManager
+from .models import ModelCatalog
+from .store import Store
+from .validation import (
+    check_number,
+    validate_loss,
+    validate_prompts,
+    validate_sampling_params,
+    validate_token_batch,
+)
+from .waiters import Waiters
+
+# Which sub-job serves an operation when the caller does not name one, in order of preference.
+DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
+    "forward_backward": (states.TRAINING,),
+    "step": (states.TRAINING,),
+    "generate": (states.SAMPLING, states.TRAINING),
+    "forward": (states.LOG_PROBABILITY, states.TRAINING, states.SAMPLING),
+    "noop": (states.TRAINING, states.SAMPLING, states.LOG_PROBABILITY),
+}
+FRAME_OPERATIONS = frozenset({"forward_backward", "forward"})
+MAX_WAIT_S = 60.0
+
+
+def new_request_id() -> str:
+    return "req-" + secrets.token_hex(8)
+
+
+def max_seq_len(sub: dict[str, Any], catalog: ModelCatalog) -> int:
+    info = catalog.get(sub["spec"]["base_model"])
+    return int(sub["spec"].get("max_seq_len") or info.max_positions or 2048)
+
+
+class RequestManager:
+    def __init__(self, store: Store, catalog: ModelCatalog, jobs: JobManager, executor: Executor) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.jobs = jobs
+        self.executor = executor
+        self.waiters = Waiters()
+        self._active: dict[str, set[str]] = {}
+        jobs.on_job_ended.append(self._job_ended)
+
+    # submission -------------------------------------------------------------------------------
+    def choose_sub_job(self, job: dict[str, Any], op: str, requested: str | None) -> dict[str, Any]:
+        subs = job["sub_jobs"]
+        if requested is not None:
+            match = [sub for sub in subs if sub["id"] == requested]
+            if not match:
+                raise ApiError("invalid_field", f"sub_job: job {job['id']} has no sub-job {requested!r}; it has {[s['id'] for s in subs]}",
+                               {"field": "sub_job"})
+            sub = match[0]
+            if op not in states.OPERATIONS_BY_TYPE[sub["type"]]:
+                raise ApiError("unsupported_operation", f"a {sub['type']} sub-job does not serve {op}")
+            return sub
+        for sub_type in DEFAULT_TARGETS[op]:
+            for sub in subs:
+                if sub["type"] == sub_type:
+                    return sub
+        raise ApiError(
+            "unsupported_operation",
+            f"job {job['id']} has no sub-job that serves {op} (it has {[s['type'] for s in subs]}); "
+            f"{op} needs one of {list(DEFAULT_TARGETS[op])}",
+        )
+
+    def prepare(self, op: str, sub: dict[str, Any], body: bytes, json_body: dict[str, Any] | None) -> tuple[dict[str, Any], bytes]:
+        """Validate the payload for `op`; return the worker's params and binary frame."""
+        info = self.catalog.get(sub["spec"]["base_model"])
+        limit = max_seq_len(sub, self.catalog)
+        if op == "forward_backward":
+            tensors, metadata = wire.decode_frame(body)
+            loss_fn, config = validate_loss(metadata)
+            validate_token_batch(tensors, LOSS_INPUTS[loss_fn], info, limit)
+            return {"loss_fn": loss_fn, "batch_shape": list(tensors["input_ids"].shape)}, body
+        if op == "forward":
+            tensors, _ = wire.decode_frame(body)
+            validate_token_batch(tensors, ("target_tokens",), info, limit)
+            return {"batch_shape": list(tensors["input_ids"].shape)}, body
+        json_body = json_body or {}
+        if op == "step":
+            unknown = sorted(set(json_body) - {"learning_rate"})
+            if unknown:
+                raise ApiError("invalid_field", f"{unknown[0]}: unknown field; step takes learning_rate", {"field": unknown[0]})
+            if json_body.get("learning_rate") is not None:
+                check_number(json_body["learning_rate"], "learning_rate", 0, 10)
+            return {"learning_rate": json_body.get("learning_rate")}, b""
+        if op == "generate":
+            unknown = sorted(set(json_body) - {"prompts", "sampling_params"})
+            if unknown:
+                raise ApiError("invalid_field", f"{unknown[0]}: unknown field; generate takes prompts, sampling_params",
+                               {"field": unknown[0]})
+            params = validate_sampling_params(json_body.get("sampling_params"))
+            prompts = validate_prompts(json_body.get("prompts"), self.catalog, info, params["max_tokens"], limit)
+            return {"prompt_tokens": prompts, "sampling_params": params}, b""
+        return {}, b""
+
+    def submit(
+        self, principal: Principal, job_id: str, op: str, body: bytes, json_body: dict[str, Any] | None, sub_job: str | None
+    ) -> dict[str, Any]:
+        job = self.jobs.visible_job(principal, job_id)
+        if job["status"] in states.JOB_TERMINAL:
+            raise ApiError(
+                "job_finished",
+                f"job {job_id} is {job['status']}"
+                + (f" ({job['failure_code']})" if job["failure_code"] else "")
+                + "; create a new job (and load a checkpoint, if you saved one)",
+                {"status": job["status"], "failure_code": job["failure_code"]},
+            )
+        if self.jobs.is_completing(job_id):
+            raise ApiError("job_finished", f"job {job_id} is completing and takes no new requests")
+        sub = self.choose_sub_job(job, op, sub_job)
+        params, blob = self.prepare(op, sub, body, json_body)
+        request_id = new_request_id()
+        self.store.insert_request(
+            {"id": request_id, "job_id": job_id, "sub_job_id": sub["id"], "op": op, "status": states.REQUEST_QUEUED,
+             "params": {key: value for key, value in params.items() if key != "prompt_tokens"}}
+        )
+        self.store.add_request_event(request_id, "queued", {"sub_job_id": sub["id"]})
+        self._active.setdefault(job_id, set()).add(request_id)
+        self.store.touch_job(job_id)
+        self.executor.submit(job_id, sub["id"], request_id, op, params, blob)
+        return self.store.get_request(request_id)
+
+    # reading ----------------------------------------------------------------------------------
+    def _visible_request(self, principal: Principal, job_id: str, request_id: str) -> dict[str, Any]:
+        self.jobs.visible_job(principal, job_id)
+        request = self.store.get_request(request_id)
+        if request is None or request["job_id"] != job_id:
+            raise ApiError("request_not_found", f"job {job_id} has no request {request_id!r}")
+        return request
+
+    async def get(
+        self, principal: Principal, job_id: str, request_id: str, cursor: int, max_events: int, wait_s: float
+    ) -> dict[str, Any]:
+        """The request with events after `cursor`; waits up to `wait_s` for news when there is none."""
+        request = self._visible_request(principal, job_id, request_id)
+        events = self.store.request_events(request_id, cursor, max_events)
+        if not events and request["status"] not in states.REQUEST_TERMINAL and wait_s > 0:
+            await self.waiters.wait(request_id, min(wait_s, MAX_WAIT_S))
+            request = self.store.get_request(request_id)
+            events = self.store.request_events(request_id, cursor, max_events)
+        return public_request(request, events, cursor)
+
+    def list(self, principal: Principal, job_id: str, limit: int) -> list[dict[str, Any]]:
+        self.jobs.visible_job(principal, job_id)
+        return self.store.list_requests(job_id, limit)
+
+    def tensors(self, principal: Principal, job_id: str, request_id: str) -> bytes:
+        request = self._visible_request(principal, job_id, request_id)
+        if request["status"] != states.REQUEST_SUCCEEDED or not request["tensors"]:
+            raise ApiError("not_found", f"request {request_id} has no tensors (status {request['status']})")
+        return bytes(request["tensors"])
+
+    def has_active(self, job_id: str) -> bool:
+        return bool(self._active.get(job_id))
+
+    # cancel -----------------------------------------------------------------------------------
+    def cancel(self, principal: Principal, job_id: str, request_id: str) -> dict[str, Any]:
+        request = self._visible_request(principal, job_id, request_id)
+        if request["status"] == states.REQUEST_QUEUED:
+            self.executor.cancel_request(job_id, request["sub_job_id"], request_id)
+            self._finish(job_id, request_id, states.REQUEST_CANCELLED, error=("cancelled", "cancelled before it started"))
+        elif request["status"] == states.REQUEST_RUNNING:
+            # The worker interrupts what it can (generate); other operations finish and say so.
+            self.executor.cancel_request(job_id, request["sub_job_id"], request_id)
+            self.store.add_request_event(request_id, "cancel_requested", {})
+            self.waiters.notify(request_id)
+        return public_request(self.store.get_request(request_id), [], 0)
+
+    # executor callbacks -----------------------------------------------------------------------
+    def started(self, job_id: str, request_id: str) -> None:
+        request = self.store.get_request(request_id)
+        if request is None or request["status"] != states.REQUEST_QUEUED:
+            return
+        self.store.update_request(request_id, status=states.REQUEST_RUNNING, started_at=time.time())
+        self.store.add_request_event(request_id, "running", {})
+        self.waiters.notify(request_id)
+
+    def finished(self, job_id: str, request_id: str, message: dict[str, Any], blob: bytes) -> None:
+        request = self.store.get_request(request_id)
+        if request is None or request["status"] in states.REQUEST_TERMINAL:
+            return
+        status = message["status"]
+        if status == states.REQUEST_SUCCEEDED:
+            self._finish(job_id, request_id, status, result=message.get("result"), tensors=blob or None)
+        else:
+            self._finish(job_id, request_id, status, error=(message.get("code", "operation_failed"), message.get("message", "")))
+
+    def _finish(
+        self,
+        job_id: str,
+        request_id: str,
+        status: str,
+        result: dict[str, Any] | None = None,
+        tensors: bytes | None = None,
+        error: tuple[str, str] | None = None,
+    ) -> None:
+        fields: dict[str, Any] = {"status": status, "finished_at": time.time(), "result": result, "tensors": tensors}
+        if error:
+            fields.update(error_code=error[0], error_message=error[1])
+        self.store.update_request(request_id, **fields)
+        self.store.add_request_event(request_id, status, {"error_code": error[0]} if error else {})
+        self.store.touch_job(job_id)
+        self.waiters.notify(request_id)
+        active = self._active.get(job_id)
+        if active is not None:
+            active.discard(request_id)
+            if not active:
+                self._active.pop(job_id, None)
+                self.jobs.request_drained(job_id)
+
+    def _job_ended(self, job_id: str, status: str, code: str | None, message: str | None) -> None:
+        """A job ended: its unfinished requests end with it, with the job's reason."""
+        for request_id in list(self._active.pop(job_id, set())):
+            request = self.store.get_request(request_id)
+            if request is None or request["status"] in states.REQUEST_TERMINAL:
+                continue
+            if status == states.JOB_CANCELLED:
+                self._finish(job_id, request_id, states.REQUEST_CANCELLED, error=("cancelled", "the job was cancelled"))
+            else:
+                self._finish(job_id, request_id, states.REQUEST_FAILED,
+                             error=(code or "job_finished", f"the job ended ({status}): {message or ''}".strip()))
+
+    def recover_after_restart(self) -> None:
+        for request in self.store.requests_with_status([states.REQUEST_QUEUED, states.REQUEST_RUNNING]):
+            self.store.update_request(
+                request["id"], status=states.REQUEST_FAILED, finished_at=time.time(), error_code="backend_restarted",
+                error_message="the backend restarted while this request was in flight; submit it again",
+            )
+            self.store.add_request_event(request["id"], states.REQUEST_FAILED, {"error_code": "backend_restarted"})
+
+
+def public_request(request: dict[str, Any], events: list[dict[str, Any]], cursor: int) -> dict[str, Any]:
+    error = None
+    if request["error_code"]:
+        error = {"code": request["error_code"], "message": request["error_message"]}
+    return {
+        "request_id": request["id"],
+        "job_id": request["job_id"],
+        "sub_job_id": request["sub_job_id"],
+        "op": request["op"],
+        "status": request["status"],
+        "created_at": request["created_at"],
+        "started_at": request["started_at"],
+        "finished_at": request["finished_at"],
+        "result": request["result"],
+        "has_tensors": bool(request.get("tensors")),
+        "error": error,
+        "events": events,
+        "cursor": events[-1]["seq"] if events else cursor,
+    }

@@ -1,0 +1,59 @@
+"""Run the backend: start the service, listen on loopback (or the given host), write backend.json."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+
+import tornado.httpserver
+import tornado.netutil
+
+from cortex_nb.version import API_VERSION, __version__
+
+from .app import MAX_STREAMED_BODY, make_app
+from .config import BackendSettings
+from .service import Service
+
+log = logging.getLogger("cortex_backend")
+
+
+def _listen(server: tornado.httpserver.HTTPServer, host: str, port: int) -> int:
+    sockets = tornado.netutil.bind_sockets(port, address=host, family=socket.AF_INET if host.count(".") == 3 else socket.AF_UNSPEC)
+    server.add_sockets(sockets)
+    return sockets[0].getsockname()[1]
+
+
+async def run(settings: BackendSettings) -> None:
+    service = Service(settings)
+    await service.start()
+    server = tornado.httpserver.HTTPServer(make_app(service), max_body_size=MAX_STREAMED_BODY, idle_connection_timeout=300)
+    port = _listen(server, settings.host, settings.port)
+    url = f"http://{settings.host}:{port}"
+    endpoint = {"url": url, "pid": os.getpid(), "version": __version__, "api_version": API_VERSION,
+                "token_file": str(settings.admin_token_path)}
+    temporary = settings.endpoint_path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(endpoint))
+    temporary.replace(settings.endpoint_path)
+    devices = ", ".join(f"{d.id} ({d.name}, {d.slots} slots)" for d in service.devices)
+    log.info("cortex-nb backend %s listening on %s; devices: %s; models: %s", __version__, url, devices, service.catalog.names())
+    print(f"cortex-nb backend listening on {url} (admin token in {settings.admin_token_path})", flush=True)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    server.stop()
+    await service.stop()
+    settings.endpoint_path.unlink(missing_ok=True)
+
+
+def serve(settings: BackendSettings) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One line per HTTP request drowns what matters; errors still log.
+    logging.getLogger("tornado.access").setLevel(logging.WARNING)
+    asyncio.run(run(settings))

@@ -1,0 +1,86 @@
+"""The service layer: wires store, catalog, scheduler, executor, jobs, requests and logs together.
+
+Handlers call into `Service`; the executor reports back to it. Nothing here runs torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from .auth import ensure_admin_token
+from .config import BackendSettings
+from .devices import detect_devices
+from .executor import Executor, LocalExecutor
+from .jobs import JobManager
+from .logs import LogBook
+from .models import ModelCatalog
+from .requests import RequestManager
+from .scheduler import Scheduler
+from .store import Store
+from .uploads import UploadStore
+
+log = logging.getLogger("cortex_backend.service")
+
+IDLE_SWEEP_S = 15.0
+
+
+class Service:
+    def __init__(self, settings: BackendSettings, executor: Executor | None = None) -> None:
+        self.settings = settings
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = Store(settings.db_path)
+        self.catalog = ModelCatalog(settings.models)
+        self.devices = detect_devices(settings.devices, settings.sub_jobs_per_device)
+        self.scheduler = Scheduler(self.devices)
+        self.executor = executor or LocalExecutor(self, self.devices, settings.warm_workers, settings.worker_threads)
+        self.jobs = JobManager(self.store, self.catalog, self.scheduler, self.executor, settings.idle_timeout_s)
+        self.requests = RequestManager(self.store, self.catalog, self.jobs, self.executor)
+        self.logs = LogBook(self.store, settings.log_retention_lines)
+        self.uploads = UploadStore(settings.uploads_dir)
+        self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.waiters.notify(job_id))
+        self._sweeper: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        ensure_admin_token(self.store, self.settings.admin_token_path)
+        self.uploads.clear()
+        failed = self.jobs.recover_after_restart()
+        self.requests.recover_after_restart()
+        if failed:
+            log.warning("%d job(s) were in flight at the last stop and are now failed (backend_restarted)", failed)
+        await self.executor.start()
+        self._sweeper = asyncio.create_task(self._sweep_idle_jobs())
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        await self.executor.shutdown()
+        self.store.close()
+
+    async def _sweep_idle_jobs(self) -> None:
+        while True:
+            await asyncio.sleep(IDLE_SWEEP_S)
+            try:
+                self.jobs.sweep_idle()
+            except Exception:
+                log.exception("idle sweep failed")
+
+    # ExecutorListener ---------------------------------------------------------------------------
+    def sub_job_ready(self, job_id: str, sub_job_id: str, info: dict[str, Any]) -> None:
+        self.jobs.sub_job_ready(job_id, sub_job_id, info)
+
+    def sub_job_failed(self, job_id: str, sub_job_id: str, code: str, message: str) -> None:
+        self.jobs.sub_job_failed(job_id, sub_job_id, code, message)
+
+    def request_started(self, job_id: str, request_id: str) -> None:
+        self.requests.started(job_id, request_id)
+
+    def request_finished(self, job_id: str, request_id: str, message: dict[str, Any], blob: bytes) -> None:
+        self.requests.finished(job_id, request_id, message, blob)
+
+    def log_lines(self, job_id: str, sub_job_id: str, stream: str, lines: list[tuple[float, str]]) -> None:
+        self.logs.append(job_id, sub_job_id, stream, lines)

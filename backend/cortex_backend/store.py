@@ -1,0 +1,360 @@
+"""SQLite persistence for tokens, jobs, sub-jobs, requests, request events, idempotency keys and logs.
+
+Everything the service remembers goes through this one module, so another database can replace it.
+Calls are short and made from the IO loop thread; WAL keeps readers from blocking the writer.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    token_hash TEXT NOT NULL UNIQUE,
+    scopes TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    revoked_at REAL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    name TEXT,
+    experiment TEXT,
+    status TEXT NOT NULL,
+    failure_code TEXT,
+    failure_message TEXT,
+    spec TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    last_activity_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_owner_created ON jobs(owner, created_at);
+CREATE TABLE IF NOT EXISTS sub_jobs (
+    job_id TEXT NOT NULL,
+    id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    status TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    device TEXT,
+    failure_code TEXT,
+    failure_message TEXT,
+    info TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (job_id, id)
+);
+CREATE TABLE IF NOT EXISTS requests (
+    id TEXT PRIMARY KEY,
+    job_id TEXT NOT NULL,
+    sub_job_id TEXT NOT NULL,
+    op TEXT NOT NULL,
+    status TEXT NOT NULL,
+    params TEXT NOT NULL,
+    result TEXT,
+    tensors BLOB,
+    error_code TEXT,
+    error_message TEXT,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL
+);
+CREATE INDEX IF NOT EXISTS requests_job ON requests(job_id, created_at);
+CREATE TABLE IF NOT EXISTS request_events (
+    request_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    at REAL NOT NULL,
+    type TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (request_id, seq)
+);
+CREATE TABLE IF NOT EXISTS idempotency (
+    owner TEXT NOT NULL,
+    key TEXT NOT NULL,
+    body_sha256 TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    response TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (owner, key)
+);
+CREATE TABLE IF NOT EXISTS logs (
+    job_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    sub_job_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    stream TEXT NOT NULL,
+    line TEXT NOT NULL,
+    PRIMARY KEY (job_id, seq)
+);
+"""
+
+
+def _loads(value: str | None) -> Any:
+    return None if value is None else json.loads(value)
+
+
+class Store:
+    """A thin, typed layer over one SQLite connection."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _execute(self, sql: str, params: Iterable[Any] = ()) -> sqlite3.Cursor:
+        with self._lock:
+            return self._db.execute(sql, tuple(params))
+
+    def _rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(row) for row in self._db.execute(sql, tuple(params)).fetchall()]
+
+    def transaction(self) -> _Transaction:
+        return _Transaction(self)
+
+    # tokens ---------------------------------------------------------------------------------
+    def add_token(self, token_id: str, name: str, owner: str, token_hash: str, scopes: list[str]) -> None:
+        self._execute(
+            "INSERT INTO tokens (id, name, owner, token_hash, scopes, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (token_id, name, owner, token_hash, json.dumps(sorted(scopes)), time.time()),
+        )
+
+    def token_by_hash(self, token_hash: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM tokens WHERE token_hash = ? AND revoked_at IS NULL", (token_hash,))
+        if not rows:
+            return None
+        row = rows[0]
+        row["scopes"] = json.loads(row["scopes"])
+        return row
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        rows = self._rows("SELECT id, name, owner, scopes, created_at, revoked_at FROM tokens ORDER BY created_at")
+        for row in rows:
+            row["scopes"] = json.loads(row["scopes"])
+        return rows
+
+    def revoke_token(self, token_id: str) -> bool:
+        cursor = self._execute("UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (time.time(), token_id))
+        return cursor.rowcount > 0
+
+    # jobs -----------------------------------------------------------------------------------
+    def insert_job(self, job: dict[str, Any], sub_jobs: list[dict[str, Any]]) -> None:
+        now = time.time()
+        with self.transaction():
+            self._execute(
+                "INSERT INTO jobs (id, owner, name, experiment, status, spec, created_at, last_activity_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (job["id"], job["owner"], job.get("name"), job.get("experiment"), job["status"],
+                 json.dumps(job["spec"]), now, now),
+            )
+            for position, sub in enumerate(sub_jobs):
+                self._execute(
+                    "INSERT INTO sub_jobs (job_id, id, position, type, status, spec) VALUES (?, ?, ?, ?, ?, ?)",
+                    (job["id"], sub["id"], position, sub["type"], sub["status"], json.dumps(sub["spec"])),
+                )
+
+    def job_exists(self, job_id: str) -> bool:
+        return bool(self._rows("SELECT 1 FROM jobs WHERE id = ?", (job_id,)))
+
+    def get_job(self, job_id: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        if not rows:
+            return None
+        job = rows[0]
+        job["spec"] = json.loads(job["spec"])
+        job["sub_jobs"] = self.sub_jobs(job_id)
+        return job
+
+    def sub_jobs(self, job_id: str) -> list[dict[str, Any]]:
+        rows = self._rows("SELECT * FROM sub_jobs WHERE job_id = ? ORDER BY position", (job_id,))
+        for row in rows:
+            row["spec"] = json.loads(row["spec"])
+            row["info"] = json.loads(row["info"])
+        return rows
+
+    def list_jobs(
+        self, owner: str | None, status: str | None, limit: int, before: tuple[float, str] | None
+    ) -> list[dict[str, Any]]:
+        """Newest first; `before` is the (created_at, id) of the last job of the previous page."""
+        clauses, params = [], []
+        if owner is not None:
+            clauses.append("owner = ?")
+            params.append(owner)
+        if status is not None:
+            clauses.append("status = ?")
+            params.append(status)
+        if before is not None:
+            clauses.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            params.extend([before[0], before[0], before[1]])
+        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        rows = self._rows(f"SELECT id FROM jobs {where} ORDER BY created_at DESC, id DESC LIMIT ?", [*params, limit])
+        return [job for job in (self.get_job(row["id"]) for row in rows) if job is not None]
+
+    def jobs_with_status(self, statuses: Iterable[str]) -> list[dict[str, Any]]:
+        statuses = list(statuses)
+        marks = ",".join("?" * len(statuses))
+        rows = self._rows(f"SELECT id FROM jobs WHERE status IN ({marks}) ORDER BY created_at, id", statuses)
+        return [job for job in (self.get_job(row["id"]) for row in rows) if job is not None]
+
+    def update_job(self, job_id: str, **fields: Any) -> None:
+        if not fields:
+            return
+        columns = ", ".join(f"{name} = ?" for name in fields)
+        self._execute(f"UPDATE jobs SET {columns} WHERE id = ?", [*fields.values(), job_id])
+
+    def touch_job(self, job_id: str) -> None:
+        self._execute("UPDATE jobs SET last_activity_at = ? WHERE id = ?", (time.time(), job_id))
+
+    def update_sub_job(self, job_id: str, sub_job_id: str, **fields: Any) -> None:
+        if "info" in fields:
+            fields["info"] = json.dumps(fields["info"])
+        columns = ", ".join(f"{name} = ?" for name in fields)
+        self._execute(f"UPDATE sub_jobs SET {columns} WHERE job_id = ? AND id = ?", [*fields.values(), job_id, sub_job_id])
+
+    # requests -------------------------------------------------------------------------------
+    def insert_request(self, request: dict[str, Any]) -> None:
+        self._execute(
+            "INSERT INTO requests (id, job_id, sub_job_id, op, status, params, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (request["id"], request["job_id"], request["sub_job_id"], request["op"], request["status"],
+             json.dumps(request["params"]), time.time()),
+        )
+
+    def get_request(self, request_id: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM requests WHERE id = ?", (request_id,))
+        if not rows:
+            return None
+        row = rows[0]
+        row["params"] = json.loads(row["params"])
+        row["result"] = _loads(row["result"])
+        return row
+
+    def list_requests(self, job_id: str, limit: int) -> list[dict[str, Any]]:
+        rows = self._rows(
+            "SELECT id, job_id, sub_job_id, op, status, error_code, created_at, started_at, finished_at"
+            " FROM requests WHERE job_id = ? ORDER BY created_at DESC LIMIT ?",
+            (job_id, limit),
+        )
+        return rows
+
+    def requests_with_status(self, statuses: Iterable[str], job_id: str | None = None) -> list[dict[str, Any]]:
+        statuses = list(statuses)
+        marks = ",".join("?" * len(statuses))
+        sql = f"SELECT id, job_id, sub_job_id, op, status FROM requests WHERE status IN ({marks})"
+        params: list[Any] = list(statuses)
+        if job_id is not None:
+            sql += " AND job_id = ?"
+            params.append(job_id)
+        return self._rows(sql + " ORDER BY created_at", params)
+
+    def update_request(self, request_id: str, **fields: Any) -> None:
+        if "result" in fields and fields["result"] is not None:
+            fields["result"] = json.dumps(fields["result"])
+        columns = ", ".join(f"{name} = ?" for name in fields)
+        self._execute(f"UPDATE requests SET {columns} WHERE id = ?", [*fields.values(), request_id])
+
+    def add_request_event(self, request_id: str, type_: str, data: dict[str, Any]) -> int:
+        with self.transaction():
+            rows = self._rows("SELECT COALESCE(MAX(seq), 0) AS seq FROM request_events WHERE request_id = ?", (request_id,))
+            seq = rows[0]["seq"] + 1
+            self._execute(
+                "INSERT INTO request_events (request_id, seq, at, type, data) VALUES (?, ?, ?, ?, ?)",
+                (request_id, seq, time.time(), type_, json.dumps(data)),
+            )
+        return seq
+
+    def request_events(self, request_id: str, after: int, limit: int) -> list[dict[str, Any]]:
+        rows = self._rows(
+            "SELECT seq, at, type, data FROM request_events WHERE request_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (request_id, after, limit),
+        )
+        for row in rows:
+            row["data"] = json.loads(row["data"])
+        return rows
+
+    # idempotency ----------------------------------------------------------------------------
+    def idempotent_response(self, owner: str, key: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM idempotency WHERE owner = ? AND key = ?", (owner, key))
+        if not rows:
+            return None
+        row = rows[0]
+        row["response"] = json.loads(row["response"])
+        return row
+
+    def remember_response(self, owner: str, key: str, body_sha256: str, status: int, response: Any) -> None:
+        self._execute(
+            "INSERT OR IGNORE INTO idempotency (owner, key, body_sha256, status, response, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (owner, key, body_sha256, status, json.dumps(response), time.time()),
+        )
+
+    # logs -----------------------------------------------------------------------------------
+    def append_logs(self, job_id: str, entries: list[tuple[str, float, str, str]]) -> int:
+        """Append (sub_job_id, at, stream, line) entries with the next sequence numbers; returns the last."""
+        with self.transaction():
+            rows = self._rows("SELECT COALESCE(MAX(seq), 0) AS seq FROM logs WHERE job_id = ?", (job_id,))
+            seq = rows[0]["seq"]
+            for sub_job_id, at, stream, line in entries:
+                seq += 1
+                self._execute(
+                    "INSERT INTO logs (job_id, seq, sub_job_id, at, stream, line) VALUES (?, ?, ?, ?, ?, ?)",
+                    (job_id, seq, sub_job_id, at, stream, line),
+                )
+        return seq
+
+    def read_logs(self, job_id: str, after: int, limit: int, sub_job_id: str | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT seq, sub_job_id, at, stream, line FROM logs WHERE job_id = ? AND seq > ?"
+        params: list[Any] = [job_id, after]
+        if sub_job_id is not None:
+            sql += " AND sub_job_id = ?"
+            params.append(sub_job_id)
+        return self._rows(sql + " ORDER BY seq LIMIT ?", [*params, limit])
+
+    def trim_logs(self, job_id: str, keep: int) -> int:
+        """Drop the oldest lines beyond `keep`; returns how many were dropped."""
+        rows = self._rows("SELECT COALESCE(MAX(seq), 0) AS seq FROM logs WHERE job_id = ?", (job_id,))
+        cutoff = rows[0]["seq"] - keep
+        if cutoff <= 0:
+            return 0
+        return self._execute("DELETE FROM logs WHERE job_id = ? AND seq <= ?", (job_id, cutoff)).rowcount
+
+    def first_log_seq(self, job_id: str) -> int:
+        rows = self._rows("SELECT COALESCE(MIN(seq), 0) AS seq FROM logs WHERE job_id = ?", (job_id,))
+        return rows[0]["seq"]
+
+
+class _Transaction:
+    """`with store.transaction():` groups writes atomically (re-entrant on the store's lock)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._outer = False
+
+    def __enter__(self) -> None:
+        self._store._lock.acquire()
+        self._outer = not self._store._db.in_transaction
+        if self._outer:
+            self._store._db.execute("BEGIN")
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if self._outer:
+                self._store._db.execute("ROLLBACK" if exc_type else "COMMIT")
+        finally:
+            self._store._lock.release()

@@ -1,0 +1,53 @@
+"""cortex-nb: fine-tune and sample language models on GPUs from a Jupyter notebook.
+
+    import cortex_nb
+    client = cortex_nb.Client.local()           # or Client(url, token), Client.from_profile()
+    job = client.create_training_job("tiny")
+    job.forward_backward(batch).result(); job.step().result()
+
+In IPython: `%load_ext cortex_nb`, then `%cortex?`. Importing this package never imports torch.
+"""
+
+from .client import Client, PollPolicy
+from .errors import (
+    AuthError,
+    BackendError,
+    BadRequestError,
+    ConflictError,
+    ConnectionError,
+    CortexError,
+    NotFoundError,
+    PermissionError,
+    RateLimitError,
+    RequestFailed,
+    TimeoutError,
+    VersionMismatchError,
+)
+from .futures import APIFuture
+from .training import GenerateResult, Sampler, TrainingJob
+from .transport import RetryPolicy
+from .version import API_VERSION, __version__
+
+__all__ = [
+    "API_VERSION",
+    "APIFuture",
+    "AuthError",
+    "BackendError",
+    "BadRequestError",
+    "Client",
+    "ConflictError",
+    "ConnectionError",
+    "CortexError",
+    "GenerateResult",
+    "NotFoundError",
+    "PermissionError",
+    "PollPolicy",
+    "RateLimitError",
+    "RequestFailed",
+    "RetryPolicy",
+    "Sampler",
+    "TimeoutError",
+    "TrainingJob",
+    "VersionMismatchError",
+    "__version__",
+]

@@ -1,0 +1,349 @@
+"""`cortex_nb.Client`: the low-level SDK. Method names follow the public Cortex Training SDK.
+
+Data-plane calls (`forward_backward`, `step`, `generate`, `forward`) return a request id at once;
+`poll_request` waits for its result. `TrainingJob` and `Sampler` (training.py) wrap these in futures.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import errors, profiles, wire
+from .losses import LOSS_INPUTS
+from .routes import route
+from .states import JOB_RUNNING, JOB_TERMINAL, REQUEST_SUCCEEDED, REQUEST_TERMINAL
+from .transport import RetryPolicy, Transport
+from .version import API_VERSION, api_major
+
+
+@dataclass
+class PollPolicy:
+    """How long-running things are awaited. With `long_poll` the backend holds each poll open until
+    something changes (up to `long_poll_s`); the interval knobs pace plain polling."""
+
+    interval_s: float = 0.5
+    multiplier: float = 1.25
+    max_interval_s: float = 6.0
+    timeout_s: float = 1800.0
+    long_poll: bool = True
+    long_poll_s: float = 25.0
+
+    def intervals(self) -> Iterator[float]:
+        interval = self.interval_s
+        while True:
+            yield interval
+            interval = min(interval * self.multiplier, self.max_interval_s)
+
+
+INT_TENSORS = ("input_ids", "target_tokens", "attention_mask")
+
+
+def as_batch(batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Lists or arrays -> numpy with the dtypes the wire expects (ids int64, the rest float32)."""
+    arrays = {}
+    for name, value in batch.items():
+        array = np.asarray(value)
+        arrays[name] = array.astype(np.int64) if name in INT_TENSORS else array.astype(np.float32)
+    return arrays
+
+
+class Client:
+    """A connection to one backend. Use as a context manager, or call `close()`."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout_s: float = 60.0,
+        retry: RetryPolicy | None = None,
+        poll: PollPolicy | None = None,
+        check_version: bool = True,
+        auth_scheme: str = "Bearer",
+        extra_headers: dict[str, str] | None = None,
+        cookies: dict[str, str] | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.poll = poll or PollPolicy()
+        self.transport = Transport(
+            self.url, token, auth_scheme=auth_scheme, timeout_s=timeout_s, retry=retry,
+            extra_headers=extra_headers, cookies=cookies,
+        )
+        self.backend_version: dict[str, Any] | None = None
+        self._local_backend = None
+        if check_version:
+            self.check_version()
+
+    # construction --------------------------------------------------------------------------------
+    @classmethod
+    def from_profile(cls, name: str | None = None, **kwargs: Any) -> Client:
+        """Env `CORTEX_URL`/`CORTEX_TOKEN` (when no name is given), else the named or default profile."""
+        endpoint = (profiles.from_env() if name is None else None) or profiles.from_profile(name)
+        if endpoint is None:
+            raise errors.CortexError(
+                f"no backend configured: set CORTEX_URL and CORTEX_TOKEN, add a profile to {profiles.config_path()},"
+                " or use Client.local() for an embedded backend",
+                code="invalid_request",
+            )
+        return cls(endpoint.url, endpoint.token, **kwargs)
+
+    @classmethod
+    def local(cls, data_dir: str | Path | None = None, **kwargs: Any) -> Client:
+        """An embedded backend on this machine (started if none runs for `data_dir`, stopped at exit)."""
+        from .local import ensure_local_backend
+
+        backend = ensure_local_backend(data_dir, **{k: kwargs.pop(k) for k in list(kwargs) if k in ("models", "devices", "warm_workers")})
+        client = cls(backend.url, backend.token, **kwargs)
+        client._local_backend = backend
+        return client
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __repr__(self) -> str:
+        version = (self.backend_version or {}).get("version", "?")
+        return f"<cortex_nb.Client {self.url} backend {version}>"
+
+    def _call(self, name: str, *, path_params: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
+        spec = route(name)
+        return self.transport.json(spec.method, spec.url(**(path_params or {})), **kwargs)
+
+    # meta ----------------------------------------------------------------------------------------
+    def check_version(self) -> dict[str, Any]:
+        info = self._call("version")
+        if api_major(str(info.get("api_version", "0"))) != api_major(API_VERSION):
+            raise errors.VersionMismatchError(
+                f"the backend at {self.url} speaks API {info.get('api_version')} but this client speaks {API_VERSION};"
+                " install matching versions of cortex-nb on both sides",
+                code="version_mismatch",
+            )
+        self.backend_version = info
+        return info
+
+    def whoami(self) -> dict[str, Any]:
+        return self._call("whoami")
+
+    def get_capacity(self) -> dict[str, Any]:
+        return self._call("capacity")
+
+    def list_models(self) -> list[dict[str, Any]]:
+        return self._call("list_models")["models"]
+
+    def tokenize(self, model: str, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        body = {"texts": list(texts), "add_special_tokens": add_special_tokens}
+        return self._call("tokenize", path_params={"model": model}, json=body)["tokens"]
+
+    def tokenizer_info(self, model: str) -> dict[str, Any]:
+        return self._call("tokenize", path_params={"model": model}, json={"texts": []})
+
+    def detokenize(self, model: str, tokens: list[list[int]]) -> list[str]:
+        return self._call("detokenize", path_params={"model": model}, json={"tokens": tokens})["texts"]
+
+    # jobs ----------------------------------------------------------------------------------------
+    def create_job(
+        self,
+        sub_jobs: list[dict[str, Any]],
+        job_id: str | None = None,
+        experiment_name: str | None = None,
+        hardware: dict[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        idle_timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        body = {"sub_jobs": sub_jobs, "job_id": job_id, "experiment": experiment_name, "hardware": hardware,
+                "name": name, "idle_timeout_s": idle_timeout_s}
+        return self._call("create_job", json={key: value for key, value in body.items() if value is not None})
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return self._call("get_job", path_params={"job_id": job_id})
+
+    def list_jobs(self, status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        jobs: list[dict[str, Any]] = []
+        cursor = None
+        while len(jobs) < limit:
+            page = self._call("list_jobs", params={"status": status, "limit": min(limit - len(jobs), 500), "cursor": cursor})
+            jobs.extend(page["jobs"])
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
+        return jobs
+
+    def wait_for_job(self, job_id: str, until: tuple[str, ...] = (JOB_RUNNING, *JOB_TERMINAL), timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait until the job reaches one of `until` (default: running or finished)."""
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.poll.timeout_s)
+        intervals = self.poll.intervals()
+        job = self.get_job(job_id)
+        while job["status"] not in until:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise errors.TimeoutError(f"job {job_id} is still {job['status']} after waiting; it keeps going", code="timeout")
+            if self.poll.long_poll:
+                job = self._call("get_job", path_params={"job_id": job_id},
+                                 params={"wait": min(self.poll.long_poll_s, remaining), "while_status": job["status"]},
+                                 timeout_s=self.poll.long_poll_s + 30)
+            else:
+                time.sleep(min(next(intervals), remaining))
+                job = self.get_job(job_id)
+        return job
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        return self._call("cancel_job", path_params={"job_id": job_id})
+
+    def complete_job(self, job_id: str) -> dict[str, Any]:
+        """End a job normally once its queued requests finish, freeing its devices."""
+        return self._call("complete_job", path_params={"job_id": job_id})
+
+    # data plane ----------------------------------------------------------------------------------
+    def _submit_frame(self, name: str, job_id: str, frame: bytes, sub_job: str | None) -> str:
+        spec = route(name)
+        path = spec.url(job_id=job_id)
+        params = {"sub_job": sub_job}
+        if len(frame) <= wire.MAX_BODY_BYTES:
+            response = self.transport.json(spec.method, path, content=frame, params=params,
+                                           headers={"Content-Type": wire.FRAME_CONTENT_TYPE})
+            return response["request_id"]
+        upload_id = "up-" + uuid.uuid4().hex
+        chunks = wire.split_chunks(frame)
+        for chunk in chunks:
+            self.transport.request(
+                "PUT", route("upload_chunk").url(upload_id=upload_id, index=str(chunk.index)), content=chunk.data,
+                headers={wire.CHUNK_SHA_HEADER: chunk.sha256, wire.CHUNK_COUNT_HEADER: str(len(chunks))},
+                idempotency_key=f"{upload_id}-{chunk.index}",
+            )
+        response = self.transport.json(
+            spec.method, path, params=params, idempotency_key=upload_id,
+            headers={wire.UPLOAD_HEADER: upload_id, wire.UPLOAD_SHA_HEADER: wire.sha256_hex(frame)},
+        )
+        return response["request_id"]
+
+    def forward_backward(
+        self,
+        job_id: str,
+        batch: Mapping[str, Any],
+        loss_fn: str = "cross_entropy",
+        loss_fn_config: dict[str, float] | None = None,
+        *,
+        sub_job: str | None = None,
+    ) -> str:
+        """Queue a forward+backward pass; gradients accumulate until `step`. Returns the request id."""
+        if loss_fn not in LOSS_INPUTS:
+            raise errors.BadRequestError(f"loss_fn must be one of {sorted(LOSS_INPUTS)}, got {loss_fn!r}", code="unknown_loss")
+        frame = wire.encode_frame(as_batch(batch), {"loss_fn": loss_fn, "loss_fn_config": loss_fn_config or {}})
+        return self._submit_frame("forward_backward", job_id, frame, sub_job)
+
+    def forward(self, job_id: str, batch: Mapping[str, Any], *, sub_job: str | None = None) -> str:
+        """Queue a scoring pass: log p(target_tokens) per position, no gradients."""
+        return self._submit_frame("forward", job_id, wire.encode_frame(as_batch(batch)), sub_job)
+
+    def step(self, job_id: str, learning_rate: float | None = None, *, sub_job: str | None = None) -> str:
+        body = {"learning_rate": learning_rate} if learning_rate is not None else {}
+        return self._call("step", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})["request_id"]
+
+    def generate(
+        self,
+        job_id: str,
+        prompts: list[str] | list[list[int]],
+        sampling_params: dict[str, Any] | None = None,
+        *,
+        sub_job: str | None = None,
+    ) -> str:
+        body = {"prompts": list(prompts), "sampling_params": sampling_params or {}}
+        return self._call("generate", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})["request_id"]
+
+    def noop(self, job_id: str, *, sub_job: str | None = None) -> str:
+        """A request that does nothing in the worker: measures the round trip."""
+        return self._call("noop", path_params={"job_id": job_id}, json={}, params={"sub_job": sub_job})["request_id"]
+
+    # requests ------------------------------------------------------------------------------------
+    def get_request_status(self, job_id: str, request_id: str, cursor: int = 0, wait_s: float = 0.0) -> dict[str, Any]:
+        return self._call(
+            "get_request", path_params={"job_id": job_id, "request_id": request_id},
+            params={"cursor": cursor, "wait": wait_s or None}, timeout_s=wait_s + 30 if wait_s else None,
+        )
+
+    def poll_request(self, job_id: str, request_id: str, timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait for a request to finish and return its result (with `tensors` decoded, if any).
+
+        Raises `RequestFailed` (with the failure code) if it failed or was cancelled, and
+        `TimeoutError` if waiting locally runs out; the request itself keeps running.
+        """
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.poll.timeout_s)
+        intervals = self.poll.intervals()
+        cursor = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            wait_s = min(self.poll.long_poll_s, max(remaining, 0)) if self.poll.long_poll else 0.0
+            status = self.get_request_status(job_id, request_id, cursor, wait_s)
+            cursor = status["cursor"]
+            if status["status"] in REQUEST_TERMINAL:
+                return self._finished_result(job_id, status)
+            if time.monotonic() >= deadline:
+                raise errors.TimeoutError(
+                    f"request {request_id} is still {status['status']}; it keeps running. Poll again or cancel it.",
+                    code="timeout",
+                )
+            if not self.poll.long_poll:
+                time.sleep(min(next(intervals), max(deadline - time.monotonic(), 0)))
+
+    def _finished_result(self, job_id: str, status: dict[str, Any]) -> dict[str, Any]:
+        if status["status"] != REQUEST_SUCCEEDED:
+            error = status.get("error") or {}
+            raise errors.RequestFailed(
+                f"{status['op']} request {status['request_id']} {status['status']}: {error.get('message', '')}".strip(),
+                code=error.get("code", status["status"]),
+                detail={"request": status},
+            )
+        result = dict(status.get("result") or {})
+        if status.get("has_tensors"):
+            response = self.transport.request(
+                "GET", route("get_request_tensors").url(job_id=job_id, request_id=status["request_id"])
+            )
+            data = response.content
+            expected = response.headers.get("X-Cortex-Sha256")
+            if expected and wire.sha256_hex(data) != expected:
+                raise errors.BackendError("the result tensors arrived corrupted (SHA-256 mismatch); retry the poll", code="chunk_mismatch")
+            result["tensors"], _ = wire.decode_frame(data)
+        return result
+
+    def cancel_request(self, job_id: str, request_id: str) -> dict[str, Any]:
+        return self._call("cancel_request", path_params={"job_id": job_id, "request_id": request_id})
+
+    def list_requests(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
+        return self._call("list_requests", path_params={"job_id": job_id}, params={"limit": limit})["requests"]
+
+    # logs ----------------------------------------------------------------------------------------
+    def tail_logs(self, job_id: str, cursor: int | None = None, limit: int = 1000, sub_job: str | None = None) -> dict[str, Any]:
+        """One page of log lines after `cursor`: {lines, cursor, dropped, job_status}."""
+        return self._call("job_logs", path_params={"job_id": job_id},
+                          params={"cursor": cursor or 0, "limit": limit, "sub_job": sub_job})
+
+    # higher-level objects ------------------------------------------------------------------------
+    def create_training_job(self, base_model: str = "tiny", **kwargs: Any):
+        """A `TrainingJob` (training sub-job, plus `samplers` sampling sub-jobs)."""
+        from .training import TrainingJob
+
+        return TrainingJob.create(self, base_model, **kwargs)
+
+    def create_sampler(self, base_model: str = "tiny", **kwargs: Any):
+        from .training import Sampler
+
+        return Sampler.create(self, base_model, **kwargs)
+
+    def training_job(self, job_id: str):
+        """Attach to an existing job."""
+        from .training import TrainingJob
+
+        return TrainingJob(self, self.get_job(job_id))

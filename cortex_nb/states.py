@@ -1,0 +1,51 @@
+"""Job, sub-job and request states, and the failure codes a job or request can end with.
+
+One definition for the backend, the client, the widgets and (through a generated copy checked by a
+test) the sidebar panel.
+"""
+
+from __future__ import annotations
+
+# Jobs and sub-jobs: pending -> starting -> running -> done | failed | cancelled
+JOB_PENDING = "pending"
+JOB_STARTING = "starting"
+JOB_RUNNING = "running"
+JOB_DONE = "done"
+JOB_FAILED = "failed"
+JOB_CANCELLED = "cancelled"
+JOB_STATES = (JOB_PENDING, JOB_STARTING, JOB_RUNNING, JOB_DONE, JOB_FAILED, JOB_CANCELLED)
+JOB_TERMINAL = frozenset({JOB_DONE, JOB_FAILED, JOB_CANCELLED})
+
+# Data-plane requests: queued -> running -> succeeded | failed | cancelled
+REQUEST_QUEUED = "queued"
+REQUEST_RUNNING = "running"
+REQUEST_SUCCEEDED = "succeeded"
+REQUEST_FAILED = "failed"
+REQUEST_CANCELLED = "cancelled"
+REQUEST_STATES = (REQUEST_QUEUED, REQUEST_RUNNING, REQUEST_SUCCEEDED, REQUEST_FAILED, REQUEST_CANCELLED)
+REQUEST_TERMINAL = frozenset({REQUEST_SUCCEEDED, REQUEST_FAILED, REQUEST_CANCELLED})
+
+# Sub-job types
+TRAINING = "training"
+SAMPLING = "sampling"
+LOG_PROBABILITY = "log_probability"
+SUB_JOB_TYPES = (TRAINING, SAMPLING, LOG_PROBABILITY)
+
+# Which operations each sub-job type serves.
+OPERATIONS_BY_TYPE: dict[str, frozenset[str]] = {
+    TRAINING: frozenset({"forward_backward", "step", "generate", "forward", "save", "load", "noop"}),
+    SAMPLING: frozenset({"generate", "forward", "load", "noop"}),
+    LOG_PROBABILITY: frozenset({"forward", "load", "noop"}),
+}
+
+# Failure codes a job, sub-job or request ends with. Stable: users match on them.
+FAILURE_CODES = {
+    "worker_crashed": "the worker process serving the sub-job died",
+    "worker_start_failed": "the worker could not load the model or start",
+    "backend_restarted": "the backend restarted while this was in flight",
+    "cancelled": "cancelled by the user",
+    "idle_timeout": "no request arrived within the job's idle timeout",
+    "out_of_memory": "the device ran out of memory",
+    "invalid_batch": "the batch did not fit the model",
+    "operation_failed": "the operation raised an error; see the message",
+}

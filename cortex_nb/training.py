@@ -1,0 +1,201 @@
+"""Tinker-style objects over the client: a `TrainingJob` (trainer, optional samplers) and a `Sampler`.
+
+Each call returns an `APIFuture` immediately; `.result()` waits. Use a job as a context manager to
+complete it (freeing its device) when the block ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .batching import next_token_batch
+from .futures import APIFuture
+from .states import JOB_RUNNING, JOB_TERMINAL, LOG_PROBABILITY, SAMPLING, TRAINING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .client import Client
+
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs", "ignore_eos")
+
+
+class GenerateResult:
+    """The samples of one generate call, in prompt order (`n` samples per prompt)."""
+
+    def __init__(self, raw: dict[str, Any], prompts: Sequence[Any]) -> None:
+        self.raw = raw
+        self.prompts = list(prompts)
+        self.samples: list[dict[str, Any]] = raw["samples"]
+        self.weight_version: int | None = raw.get("weight_version")
+        self.seed = raw.get("seed")
+
+    @property
+    def texts(self) -> list[str]:
+        return [sample["text"] for sample in self.samples]
+
+    @property
+    def tokens(self) -> list[list[int]]:
+        return [sample["tokens"] for sample in self.samples]
+
+    def to_dataframe(self) -> pd.DataFrame:
+        from .views import samples_frame
+
+        return samples_frame(self)
+
+    def __repr__(self) -> str:
+        return f"<GenerateResult {len(self.samples)} sample(s) from {len(self.prompts)} prompt(s), weights v{self.weight_version}>"
+
+
+class _JobHandle:
+    def __init__(self, client: Client, job: dict[str, Any]) -> None:
+        self.client = client
+        self.job_id: str = job["job_id"]
+        self.info = job
+
+    @property
+    def base_model(self) -> str:
+        return self.info["sub_jobs"][0]["base_model"]
+
+    def sub_jobs(self, kind: str) -> list[str]:
+        return [sub["sub_job_id"] for sub in self.info["sub_jobs"] if sub["type"] == kind]
+
+    def refresh(self) -> dict[str, Any]:
+        self.info = self.client.get_job(self.job_id)
+        return self.info
+
+    @property
+    def status(self) -> str:
+        return self.refresh()["status"]
+
+    def wait_ready(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait until the workers are up (or the job ended); raises if it failed to start."""
+        self.info = self.client.wait_for_job(self.job_id, (JOB_RUNNING, *JOB_TERMINAL), timeout_s)
+        if self.info["status"] in JOB_TERMINAL:
+            from .errors import RequestFailed
+
+            raise RequestFailed(
+                f"job {self.job_id} ended {self.info['status']} before it was ready: {self.info.get('failure_message')}",
+                code=self.info.get("failure_code") or self.info["status"],
+            )
+        return self.info
+
+    def cancel(self) -> dict[str, Any]:
+        self.info = self.client.cancel_job(self.job_id)
+        return self.info
+
+    def complete(self) -> dict[str, Any]:
+        self.info = self.client.complete_job(self.job_id)
+        return self.info
+
+    def logs(self, cursor: int | None = None, limit: int = 1000) -> dict[str, Any]:
+        return self.client.tail_logs(self.job_id, cursor, limit)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.info.get("status") not in JOB_TERMINAL:
+            (self.cancel if exc_type is KeyboardInterrupt else self.complete)()
+
+    # shared data-plane helpers -----------------------------------------------------------------
+    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], *, sub_job: str | None = None, **sampling: Any) -> APIFuture[GenerateResult]:
+        unknown = sorted(set(sampling) - set(SAMPLING_KEYS))
+        if unknown:
+            raise TypeError(f"unknown sampling parameter(s) {unknown}; allowed: {list(SAMPLING_KEYS)}")
+        prompts = [p if isinstance(p, str) else list(p) for p in prompts]
+        request_id = self.client.generate(self.job_id, prompts, sampling, sub_job=sub_job)
+        return APIFuture(self.client, self.job_id, request_id, "generate", lambda raw: GenerateResult(raw, prompts))
+
+    def forward(self, batch: Mapping[str, Any], *, sub_job: str | None = None) -> APIFuture[dict[str, Any]]:
+        return APIFuture(self.client, self.job_id, self.client.forward(self.job_id, batch, sub_job=sub_job), "forward")
+
+    def compute_logprobs(self, sequences: Sequence[Sequence[int]], *, sub_job: str | None = None) -> APIFuture[list[np.ndarray]]:
+        """log p(token t | tokens < t) for t >= 1 of each sequence (one array per sequence, length len-1)."""
+        lengths = [len(seq) - 1 for seq in sequences]
+        batch = next_token_batch(sequences)
+        request_id = self.client.forward(self.job_id, batch, sub_job=sub_job)
+
+        def split(raw: dict[str, Any]) -> list[np.ndarray]:
+            logprobs = raw["tensors"]["logprobs"]
+            return [logprobs[i, :n] for i, n in enumerate(lengths)]
+
+        return APIFuture(self.client, self.job_id, request_id, "forward", split)
+
+
+class TrainingJob(_JobHandle):
+    """A training sub-job (base model + LoRA + AdamW), with optional sampling sub-jobs."""
+
+    @classmethod
+    def create(
+        cls,
+        client: Client,
+        base_model: str = "tiny",
+        *,
+        lora: dict[str, Any] | None = None,
+        optimizer: dict[str, Any] | None = None,
+        samplers: int = 0,
+        max_seq_len: int | None = None,
+        seed: int = 0,
+        name: str | None = None,
+        experiment: str | None = None,
+        job_id: str | None = None,
+        idle_timeout_s: float | None = None,
+        wait: bool = True,
+    ) -> TrainingJob:
+        trainer = {"type": TRAINING, "base_model": base_model, "lora": lora or {}, "optimizer": optimizer or {}, "seed": seed}
+        if max_seq_len:
+            trainer["max_seq_len"] = max_seq_len
+        subs = [trainer] + [
+            {"type": SAMPLING, "base_model": base_model, "seed": seed, **({"max_seq_len": max_seq_len} if max_seq_len else {})}
+            for _ in range(samplers)
+        ]
+        job = cls(client, client.create_job(subs, job_id=job_id, experiment_name=experiment, name=name, idle_timeout_s=idle_timeout_s))
+        if wait:
+            job.wait_ready()
+        return job
+
+    def forward_backward(
+        self, batch: Mapping[str, Any], loss_fn: str = "cross_entropy", loss_fn_config: dict[str, float] | None = None
+    ) -> APIFuture[dict[str, Any]]:
+        request_id = self.client.forward_backward(self.job_id, batch, loss_fn, loss_fn_config)
+        return APIFuture(self.client, self.job_id, request_id, "forward_backward")
+
+    def step(self, learning_rate: float | None = None) -> APIFuture[dict[str, Any]]:
+        return APIFuture(self.client, self.job_id, self.client.step(self.job_id, learning_rate), "step")
+
+    def __repr__(self) -> str:
+        return f"<TrainingJob {self.job_id} {self.base_model} {self.info.get('status')}>"
+
+
+class Sampler(_JobHandle):
+    """A job with one sampling (or log-probability) sub-job on a base model."""
+
+    @classmethod
+    def create(
+        cls,
+        client: Client,
+        base_model: str = "tiny",
+        *,
+        lora: dict[str, Any] | None = None,
+        kind: str = SAMPLING,
+        max_seq_len: int | None = None,
+        seed: int = 0,
+        name: str | None = None,
+        wait: bool = True,
+    ) -> Sampler:
+        if kind not in (SAMPLING, LOG_PROBABILITY):
+            raise ValueError(f"kind must be {SAMPLING!r} or {LOG_PROBABILITY!r}")
+        sub = {"type": kind, "base_model": base_model, "lora": lora or {}, "seed": seed}
+        if max_seq_len:
+            sub["max_seq_len"] = max_seq_len
+        sampler = cls(client, client.create_job([sub], name=name))
+        if wait:
+            sampler.wait_ready()
+        return sampler
+
+    def __repr__(self) -> str:
+        return f"<Sampler {self.job_id} {self.base_model} {self.info.get('status')}>"

@@ -1,0 +1,117 @@
+"""HTTP to the backend: auth header, typed errors, and retries that are safe to make.
+
+Every POST/PUT carries an Idempotency-Key that stays the same across its retries, so a retried
+request runs once. 429, 5xx and connection failures are retried with capped exponential backoff
+(honouring Retry-After); everything else raises at once.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from . import errors
+from .version import __version__
+
+
+@dataclass
+class RetryPolicy:
+    """Retries for 429 / 5xx / connection errors."""
+
+    max_attempts: int = 5
+    initial_backoff_s: float = 0.25
+    multiplier: float = 2.0
+    max_backoff_s: float = 8.0
+
+    def delay(self, attempt: int, retry_after: str | None = None) -> float:
+        if retry_after:
+            try:
+                return min(float(retry_after), self.max_backoff_s * 4)
+            except ValueError:
+                pass
+        base = min(self.initial_backoff_s * self.multiplier ** (attempt - 1), self.max_backoff_s)
+        return base * (0.5 + random.random() / 2)
+
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class Transport:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        auth_scheme: str = "Bearer",
+        timeout_s: float = 60.0,
+        retry: RetryPolicy | None = None,
+        extra_headers: dict[str, str] | None = None,
+        cookies: dict[str, str] | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.retry = retry or RetryPolicy()
+        headers = {"User-Agent": f"cortex-nb/{__version__}", **(extra_headers or {})}
+        if token:
+            headers["Authorization"] = f"{auth_scheme} {token}"
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, cookies=cookies)
+        # How many attempts the last call took (for telemetry and tests).
+        self.last_attempts = 0
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
+        """Send with retries; return the 2xx response or raise the typed error."""
+        headers = dict(headers or {})
+        if method in ("POST", "PUT", "DELETE"):
+            headers.setdefault("Idempotency-Key", idempotency_key or uuid.uuid4().hex)
+        params = {key: value for key, value in (params or {}).items() if value is not None}
+        attempt = 0
+        while True:
+            attempt += 1
+            self.last_attempts = attempt
+            try:
+                response = self._http.request(
+                    method, path, json=json, content=content, params=params, headers=headers,
+                    timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
+                )
+            except httpx.TransportError as exc:
+                if attempt >= self.retry.max_attempts:
+                    raise errors.ConnectionError(
+                        f"could not reach the backend at {self.url} after {attempt} attempt(s): {type(exc).__name__}: {exc}",
+                        code="backend_unavailable",
+                    ) from exc
+                time.sleep(self.retry.delay(attempt))
+                continue
+            if response.status_code < 400:
+                return response
+            if response.status_code in RETRY_STATUSES and attempt < self.retry.max_attempts:
+                time.sleep(self.retry.delay(attempt, response.headers.get("Retry-After")))
+                continue
+            raise errors.error_from_response(response.status_code, _json_or_text(response))
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.request(method, path, **kwargs).json()
+
+
+def _json_or_text(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return response.text

@@ -1,0 +1,70 @@
+"""pandas views of what the backend returns: jobs, samples, capacity, models, requests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .training import GenerateResult
+
+
+def _time(value: float | None):
+    return datetime.fromtimestamp(value, tz=timezone.utc) if value else None
+
+
+def jobs_frame(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    import pandas as pd
+
+    rows = [
+        {
+            "job_id": job["job_id"],
+            "name": job.get("name"),
+            "status": job["status"],
+            "failure_code": job.get("failure_code"),
+            "base_model": job["sub_jobs"][0]["base_model"] if job["sub_jobs"] else None,
+            "sub_jobs": ", ".join(sub["sub_job_id"] for sub in job["sub_jobs"]),
+            "devices": ", ".join(sorted({sub["device"] for sub in job["sub_jobs"] if sub.get("device")})),
+            "created_at": _time(job.get("created_at")),
+            "finished_at": _time(job.get("finished_at")),
+        }
+        for job in jobs
+    ]
+    columns = ["job_id", "name", "status", "failure_code", "base_model", "sub_jobs", "devices", "created_at", "finished_at"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def samples_frame(result: GenerateResult) -> pd.DataFrame:
+    import pandas as pd
+
+    rows = []
+    for sample in result.samples:
+        prompt = result.prompts[sample["prompt_index"]]
+        rows.append(
+            {
+                "prompt": prompt if isinstance(prompt, str) else str(prompt),
+                "sample_index": sample["sample_index"],
+                "sample": sample["text"] if sample["text"] is not None else str(sample["tokens"]),
+                "logprob": sample["logprob"],
+                "num_tokens": len(sample["tokens"]),
+                "finish_reason": sample["finish_reason"],
+            }
+        )
+    return pd.DataFrame(rows, columns=["prompt", "sample_index", "sample", "logprob", "num_tokens", "finish_reason"])
+
+
+def capacity_frame(capacity: dict[str, Any]) -> pd.DataFrame:
+    import pandas as pd
+
+    columns = ["id", "kind", "name", "memory_bytes", "slots", "slots_in_use", "slots_available"]
+    return pd.DataFrame([{key: device.get(key) for key in columns} for device in capacity["devices"]], columns=columns)
+
+
+def models_frame(models: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    import pandas as pd
+
+    columns = ["name", "kind", "architecture", "vocab_size", "max_positions", "hidden_size", "num_layers"]
+    return pd.DataFrame([{key: model.get(key) for key in columns} for model in models], columns=columns)
