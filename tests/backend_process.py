@@ -1,0 +1,73 @@
+"""Start and stop a real backend process on loopback for tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+@dataclass
+class BackendProcess:
+    url: str
+    token: str
+    data_dir: Path
+    process: subprocess.Popen
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+    def kill(self) -> None:
+        """Die without cleaning up (as in a power cut): SIGKILL the whole process group."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def log(self) -> str:
+        return (self.data_dir / "backend.log").read_text(errors="replace")
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(self.url + "/version", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+def start_backend(data_dir: Path, *args: str, timeout_s: float = 60.0) -> BackendProcess:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    endpoint = data_dir / "backend.json"
+    endpoint.unlink(missing_ok=True)
+    log = open(data_dir / "backend.log", "ab")  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(data_dir), *args],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    log.close()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"backend exited {process.returncode}:\n{(data_dir / 'backend.log').read_text()[-3000:]}")
+        if endpoint.exists():
+            info = json.loads(endpoint.read_text())
+            if info["pid"] == process.pid:
+                token = Path(info["token_file"]).read_text().strip()
+                return BackendProcess(info["url"], token, data_dir, process)
+        time.sleep(0.05)
+    process.kill()
+    raise RuntimeError("backend did not start in time")

@@ -1,0 +1,42 @@
+"""Build a small real Hugging Face model directory for tests: a GPT-2 with random weights and a
+byte-level BPE tokenizer trained on a few lines, saved as safetensors, as a user's model would be."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "a model registered from a local directory loads from safetensors only",
+    "lora adapters train fast and export to peft",
+    "0123456789 + - * / = ( ) . , ; : ! ?",
+]
+
+
+def build_gpt2_dir(path: Path, seed: int = 7) -> Path:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+    tokenizer.save(str(path / "tokenizer.json"))
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "model_max_length": 256, "tokenizer_class": "GPT2Tokenizer"}
+    ))
+    config = GPT2Config(
+        vocab_size=tokenizer.get_vocab_size(), n_positions=256, n_embd=64, n_layer=2, n_head=4,
+        bos_token_id=eos, eos_token_id=eos,
+    )
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(config)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
