@@ -28,6 +28,20 @@ from .training import GenerateResult, Sampler, TrainingJob
 from .transport import RetryPolicy
 from .version import API_VERSION, __version__
 
+
+def load_ipython_extension(ipython) -> None:
+    """`%load_ext cortex_nb`: register `%cortex` / `%%cortex` (IPython and widgets load only now)."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    from .magics import unload_ipython_extension as unload
+
+    unload(ipython)
+
+
 __all__ = [
     "API_VERSION",
     "APIFuture",

@@ -1,0 +1,73 @@
+"""How `%cortex connect` finds a backend: explicit target, or the chain env -> default profile ->
+(with the server extension) the Jupyter server's proxy -> instructions.
+
+An explicit source that is configured but unreachable is an error, never a silent fall-through:
+a user who set CORTEX_URL wants that backend, not another one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import profiles
+from .client import Client
+
+
+@dataclass
+class Connection:
+    client: Client
+    source: str  # where the endpoint came from, for messages
+
+    def describe(self) -> str:
+        version = (self.client.backend_version or {}).get("version", "?")
+        return f"connected to {self.client.url} (backend {version}) via {self.source}"
+
+
+def how_to_connect() -> str:
+    """What to do when nothing is configured."""
+    return "\n".join([
+        "no cortex backend is configured. Connect with one of:",
+        "  %cortex connect --local                           an embedded backend on this machine",
+        "  %cortex connect http://HOST:8765 --token-env VAR  a backend URL; the token is read from $VAR",
+        f"  %cortex connect PROFILE                           a profile in {profiles.config_path()}",
+        "  or set CORTEX_URL and CORTEX_TOKEN in the kernel's environment, then %cortex connect.",
+        "Connecting through the Jupyter server proxy arrives with the cortex server extension.",
+    ])
+
+
+def discover(**client_options: Any) -> Connection | None:
+    """The first configured source: env CORTEX_URL/CORTEX_TOKEN, then the default profile."""
+    endpoint = profiles.from_env() or profiles.from_profile(None)
+    if endpoint is None:
+        return None
+    return Connection(Client(endpoint.url, endpoint.token, **client_options), endpoint.source)
+
+
+def connect_profile(name: str, **client_options: Any) -> Connection:
+    endpoint = profiles.from_profile(name)
+    assert endpoint is not None  # from_profile raises for a missing name
+    return Connection(Client(endpoint.url, endpoint.token, **client_options), endpoint.source)
+
+
+def connect_url(url: str, token_env: str | None = None, **client_options: Any) -> Connection:
+    """A URL, with the token from `$token_env` (default CORTEX_TOKEN, if set)."""
+    from .errors import CortexError
+
+    variable = token_env or "CORTEX_TOKEN"
+    token = os.environ.get(variable)
+    if token_env and not token:
+        raise CortexError(f"${token_env} is not set in the kernel's environment; set it or pass --token-env",
+                          code="invalid_request")
+    source = f"{url} with the token from ${variable}" if token else f"{url} without a token"
+    return Connection(Client(url, token, **client_options), source)
+
+
+def connect_local(data_dir: str | Path | None = None, **client_options: Any) -> Connection:
+    from .local import default_local_dir
+
+    client = Client.local(data_dir, **client_options)
+    where = Path(data_dir).expanduser() if data_dir else default_local_dir()
+    return Connection(client, f"the embedded backend in {where}")

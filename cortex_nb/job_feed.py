@@ -1,0 +1,195 @@
+"""Following a job on the backend for a live view: log lines (long-poll), status, device metrics,
+and, for a job no loop in this kernel drives, its steps and loss read back from request results.
+
+Everything lands in a `JobState`; this module never touches a widget.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import errors
+from .kernel_threads import start_thread
+from .routes import ROUTES_BY_NAME, route
+from .states import JOB_TERMINAL, REQUEST_SUCCEEDED, REQUEST_TERMINAL
+from .widgets.state import JobState
+
+if TYPE_CHECKING:
+    from .client import Client
+
+LOG_PAGE = 1000
+
+
+def read_log_page(client: Client, job_id: str, cursor: int = 0, wait_s: float = 0.0, limit: int = LOG_PAGE) -> dict[str, Any]:
+    """One page of log lines after `cursor`; with `wait_s` the backend holds the call until a line arrives."""
+    params = {"cursor": cursor, "limit": limit, "wait": wait_s or None}
+    return client.transport.json("GET", route("job_logs").url(job_id=job_id), params=params,
+                                 timeout_s=(wait_s + 30) if wait_s else None)
+
+
+def read_metrics(client: Client, job_id: str, since: float | None = None) -> dict[str, Any]:
+    """Device samples for a job: {samples, next_since, gpu_unavailable_reason}.
+
+    Raises `NotFoundError` with code `route_not_found` on a backend that serves no metrics.
+    """
+    spec = ROUTES_BY_NAME.get("job_metrics")
+    path = spec.url(job_id=job_id) if spec is not None else route("get_job").url(job_id=job_id) + "/metrics"
+    return client.transport.json("GET", path, params={"since": since})
+
+
+class RequestProgress:
+    """Steps and per-token loss of a job driven elsewhere, read back from its finished requests.
+
+    forward_backward results carry `loss` (a sum) and `metrics["weights:sum"]`; a `step` result closes
+    the accumulated batches into one point.
+    """
+
+    def __init__(self, client: Client, job_id: str) -> None:
+        self.client = client
+        self.job_id = job_id
+        self._after = 0.0
+        self._seen_at_edge: set[str] = set()
+        self._loss_sum = 0.0
+        self._weights = 0.0
+        self._tokens = 0
+
+    def poll(self, state: JobState, limit: int) -> int:
+        """Fold new finished requests into `state`; returns how many steps were added."""
+        requests = sorted(self.client.list_requests(self.job_id, limit=limit), key=lambda r: r["created_at"])
+        added = 0
+        for request in requests:
+            if request["created_at"] < self._after or request["id"] in self._seen_at_edge:
+                continue
+            if request["status"] not in REQUEST_TERMINAL:
+                break  # keep submission order: come back for this one and what follows
+            if request["created_at"] > self._after:
+                self._after, self._seen_at_edge = request["created_at"], set()
+            self._seen_at_edge.add(request["id"])
+            if request["status"] != REQUEST_SUCCEEDED or request["op"] not in ("forward_backward", "step"):
+                continue
+            result = self.client.get_request_status(self.job_id, request["id"]).get("result") or {}
+            if request["op"] == "forward_backward":
+                metrics = result.get("metrics") or {}
+                if "weights:sum" in metrics:
+                    self._loss_sum += float(result.get("loss", 0.0))
+                    self._weights += float(metrics["weights:sum"])
+                self._tokens += int(metrics.get("tokens:sum", 0))
+            elif "step" in result:
+                loss = self._loss_sum / self._weights if self._weights else None
+                state.record_step(int(result["step"]), loss, self._tokens, at=request.get("finished_at"))
+                self._loss_sum = self._weights = 0.0
+                self._tokens = 0
+                added += 1
+        return added
+
+
+class JobFeed:
+    """One background thread per view that keeps a `JobState` current from the backend."""
+
+    LOG_WAIT_S = 2.0
+    STATUS_EVERY_S = 5.0
+    METRICS_EVERY_S = 2.0
+    REQUESTS_EVERY_S = 3.0
+    # After a loop here ends, the job may stay up (for sampling); follow it a little longer, then rest.
+    LINGER_S = 10.0
+
+    def __init__(
+        self,
+        client: Client,
+        state: JobState,
+        follow_requests: bool = False,
+        run_finished: Callable[[], bool] | None = None,
+    ) -> None:
+        self.client = client
+        self.state = state
+        self.requests = RequestProgress(client, state.job_id) if follow_requests else None
+        self.run_finished = run_finished
+        self.log_cursor = 0
+        self.metrics_since: float | None = None
+        self.metrics_available = True
+        self.rounds = 0
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._due: dict[str, float] = {}
+        self._first_requests_poll = True
+
+    def start(self, parent: Any = None) -> JobFeed:
+        if self._thread is None or not self._thread.is_alive():
+            self._closed.clear()
+            self._thread = start_thread(self._loop, f"cortex-feed-{self.state.job_id}", parent)
+        return self
+
+    def stop(self) -> None:
+        self._closed.set()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        backoff = 1.0
+        finishing_since: float | None = None
+        while not self._closed.is_set():
+            try:
+                self.poll_once(wait_s=0.0 if finishing_since else self.LOG_WAIT_S)
+                backoff = 1.0
+            except errors.NotFoundError as exc:
+                self.state.note(exc.message)
+                return
+            except errors.CortexError as exc:
+                self.state.add_log_lines([f"[cortex] lost touch with the backend, retrying: {exc.message}"])
+                self._closed.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            if self.state.job_status in JOB_TERMINAL:
+                if finishing_since is not None:
+                    return  # one more round after the end collected the last lines and samples
+                finishing_since = time.monotonic()
+            elif self.run_finished is not None and self.run_finished():
+                finishing_since = finishing_since or time.monotonic()
+                if time.monotonic() - finishing_since > self.LINGER_S:
+                    return
+                self._closed.wait(1.0)
+
+    def poll_once(self, wait_s: float = 0.0) -> None:
+        """One round: new log lines (waiting up to `wait_s`), then whatever else is due."""
+        page = read_log_page(self.client, self.state.job_id, self.log_cursor, wait_s)
+        self.log_cursor = page["cursor"]
+        if page["lines"] or page.get("dropped"):
+            self.state.add_log_lines([line["line"] for line in page["lines"]], page.get("dropped", 0))
+        status = page.get("job_status")
+        ended = status in JOB_TERMINAL
+        if self._is_due("status", self.STATUS_EVERY_S) or (ended and status != self.state.job_status):
+            self.state.set_job(self.client.get_job(self.state.job_id))
+        if self.metrics_available and (self._is_due("metrics", self.METRICS_EVERY_S) or ended):
+            self._poll_metrics()
+        if self.requests is not None and (self._is_due("requests", self.REQUESTS_EVERY_S) or ended):
+            self.requests.poll(self.state, limit=400 if self._first_requests_poll else 100)
+            self._first_requests_poll = False
+        self.rounds += 1
+
+    def _poll_metrics(self) -> None:
+        try:
+            page = read_metrics(self.client, self.state.job_id, self.metrics_since)
+        except errors.NotFoundError as exc:
+            if exc.code != "route_not_found":
+                raise
+            self.metrics_available = False
+            self.state.add_metrics([], note="this backend serves no device metrics")
+            return
+        self.metrics_since = page.get("next_since", self.metrics_since)
+        self.state.add_metrics(page.get("samples") or [], note=page.get("gpu_unavailable_reason"))
+
+    def _is_due(self, name: str, every_s: float) -> bool:
+        now = time.monotonic()
+        if now >= self._due.get(name, 0.0):
+            self._due[name] = now + every_s
+            return True
+        return False

@@ -1,0 +1,149 @@
+"""Training rows for `%%cortex train`: read JSONL or a notebook variable, tokenize on the backend's
+tokenizer, and pack into fixed-length rows.
+
+A row is `{"text": ...}` (every token is trained on) or `{"prompt": ..., "completion": ...}` (only the
+completion carries loss). Tokenizing on the backend means the ids always match the model's.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .batching import pack_sequences
+from .train_spec import SpecError
+
+if TYPE_CHECKING:
+    from .client import Client
+
+TOKENIZE_CHUNK = 256
+Row = tuple[list[int], list[float]]
+
+
+@dataclass
+class Example:
+    prompt: str | None
+    text: str  # the whole text, or the completion when there is a prompt
+
+
+@dataclass
+class PackedData:
+    """Rows of `seq_len + 1` tokens with per-token loss weights, ready for `rows_to_batch`."""
+
+    rows: list[Row]
+    examples: int
+    tokens: int
+    pad_id: int
+
+    def batches(self, batch_size: int, seed: int) -> Iterator[list[Row]]:
+        """Shuffled batches, epoch after epoch, each epoch in a fresh order (seeded)."""
+        order = list(range(len(self.rows)))
+        rng = random.Random(seed)
+        while True:
+            rng.shuffle(order)
+            for start in range(0, len(order), batch_size):
+                yield [self.rows[i] for i in order[start : start + batch_size]]
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return -(-len(self.rows) // batch_size)
+
+
+def load_examples(ref: str, namespace: Mapping[str, Any], key: str = "data") -> list[Example]:
+    """`ref` is a JSONL path, a plain `.txt` file (one document), or `$name` of a list of dicts or a
+    DataFrame in `namespace`."""
+    if ref.startswith("$"):
+        return _examples_from_variable(ref[1:], namespace, key)
+    path = Path(ref).expanduser()
+    if not path.is_file():
+        raise SpecError(f"{key}: no file {ref!r} (looked for {path.resolve()}); give a JSONL path or a $variable")
+    if path.suffix == ".txt":
+        text = path.read_text(encoding="utf-8")
+        if not text.strip():
+            raise SpecError(f"{key}: {ref} is empty")
+        return [Example(None, text)]
+    examples = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SpecError(f"{key}: {ref} line {number} is not valid JSON ({exc.msg})") from None
+            examples.append(_example(record, f"{ref} line {number}", key))
+    if not examples:
+        raise SpecError(f"{key}: {ref} holds no rows")
+    return examples
+
+
+def _examples_from_variable(name: str, namespace: Mapping[str, Any], key: str) -> list[Example]:
+    if name not in namespace:
+        raise SpecError(f"{key}: ${name} is not defined in the notebook")
+    value = namespace[name]
+    if hasattr(value, "to_dict") and hasattr(value, "columns"):  # a pandas DataFrame
+        records: Sequence[Any] = value.to_dict("records")
+    elif isinstance(value, (list, tuple)):
+        records = value
+    else:
+        raise SpecError(f"{key}: ${name} is a {type(value).__name__}; give a list of dicts or a DataFrame")
+    if not records:
+        raise SpecError(f"{key}: ${name} is empty")
+    return [_example(record, f"${name}[{index}]", key) for index, record in enumerate(records)]
+
+
+def _example(record: Any, where: str, key: str) -> Example:
+    if isinstance(record, str):
+        return Example(None, record)
+    if not isinstance(record, Mapping):
+        raise SpecError(f"{key}: {where} is a {type(record).__name__}; each row needs \"text\" or \"prompt\"/\"completion\"")
+    if isinstance(record.get("prompt"), str) and isinstance(record.get("completion"), str):
+        return Example(record["prompt"], record["completion"])
+    if isinstance(record.get("text"), str):
+        return Example(None, record["text"])
+    raise SpecError(f"{key}: {where} has neither a \"text\" string nor \"prompt\" and \"completion\" strings")
+
+
+def tokenize_and_pack(client: Client, model: str, examples: Sequence[Example], seq_len: int) -> PackedData:
+    """Tokenize on the backend, end each example with EOS, and pack; prompt tokens get weight 0."""
+    info = client.tokenizer_info(model)
+    eos = info.get("eos_token_id")
+    pad_id = info.get("pad_token_id")
+    pad_id = pad_id if pad_id is not None else (eos if eos is not None else 0)
+    prompts = [example.prompt for example in examples if example.prompt is not None]
+    prompt_tokens = iter(_tokenize(client, model, prompts, add_special_tokens=True))
+    first_texts = _tokenize(client, model, [example.text for example in examples if example.prompt is None], True)
+    completions = _tokenize(client, model, [example.text for example in examples if example.prompt is not None], False)
+    texts_iter, completions_iter = iter(first_texts), iter(completions)
+    token_lists: list[list[int]] = []
+    weight_lists: list[list[float]] = []
+    for example in examples:
+        if example.prompt is None:
+            tokens = list(next(texts_iter))
+            weights = [1.0] * len(tokens)
+        else:
+            prompt = list(next(prompt_tokens))
+            completion = list(next(completions_iter))
+            tokens = prompt + completion
+            weights = [0.0] * len(prompt) + [1.0] * len(completion)
+        if eos is not None:
+            tokens.append(eos)
+            weights.append(1.0)
+        token_lists.append(tokens)
+        weight_lists.append(weights)
+    total = sum(len(tokens) for tokens in token_lists)
+    # Rows whose targets all have weight 0 (a long prompt's middle) would add nothing but cost.
+    rows = [row for row in pack_sequences(token_lists, seq_len, weight_lists) if sum(row[1][1:]) > 0]
+    if not rows:
+        raise SpecError("data: no trainable tokens after tokenizing (empty texts or completions?)")
+    return PackedData(rows, len(examples), total, int(pad_id))
+
+
+def _tokenize(client: Client, model: str, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+    tokens: list[list[int]] = []
+    for start in range(0, len(texts), TOKENIZE_CHUNK):
+        tokens.extend(client.tokenize(model, texts[start : start + TOKENIZE_CHUNK], add_special_tokens=add_special_tokens))
+    return tokens
