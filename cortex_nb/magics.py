@@ -372,8 +372,7 @@ class CortexMagics(Magics):
         self.connection: discovery.Connection | None = None
 
     def set_connection(self, connection: discovery.Connection) -> None:
-        if self.connection is not None and self.connection.client is not connection.client:
-            self.connection.client.close()
+        # The previous client stays open: runs and widgets started through it keep using it.
         self.connection = connection
 
     def client(self):

@@ -36,3 +36,5 @@ def client(backend) -> Client:
         yield client
 
 
+# notebook front: an IPython shell with the extension loaded, connected to `backend` ---------------
+from .notebook_fixtures import cortex_shell  # noqa: E402,F401

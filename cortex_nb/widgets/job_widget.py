@@ -94,6 +94,7 @@ class JobWidget(widgets.VBox):
                             run_finished=(lambda: run.done) if run is not None else None)
         self.throttle = RenderThrottle(self.render, self._finished)
         self.action_errors: list[str] = []
+        self._display_handle: Any = None
         state.subscribe(self.throttle.mark_dirty)
         self.render()
 
@@ -102,7 +103,9 @@ class JobWidget(widgets.VBox):
         """Display under the current cell and start following; the parent is captured here."""
         parent = capture_parent()
         self.throttle.parent = parent
-        display(self)
+        handle = display(self, display_id=True)
+        # In a kernel, the final state also replaces the text/plain saved with the output.
+        self._display_handle = handle if parent else None
         self.feed.start(parent)
         self.throttle.mark_dirty()
         return self
@@ -177,6 +180,9 @@ class JobWidget(widgets.VBox):
         self.logs.value = logs_html(snap)
         self.cancel_button.disabled = snap.job_status in JOB_TERMINAL
         self.save_button.disabled = snap.job_status in JOB_TERMINAL
+        if self._display_handle is not None and snap.status in RUN_TERMINAL | JOB_TERMINAL:
+            handle, self._display_handle = self._display_handle, None
+            handle.update(self)
 
     def __repr__(self) -> str:
         return job_repr(self.state.snapshot())

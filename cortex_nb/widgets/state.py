@@ -36,7 +36,8 @@ RUN_TERMINAL = frozenset({RUN_DONE, RUN_FAILED, RUN_CANCELLED, RUN_STOPPED})
 
 class DecimatedSeries:
     """At most `capacity` (x, y) points. When full, neighbours merge pairwise (averaged) and later
-    points are averaged over the doubled stride, so a long run keeps its shape in bounded memory."""
+    points are averaged over the doubled stride, so a long run keeps its shape in bounded memory.
+    The very first point is kept as recorded."""
 
     def __init__(self, capacity: int = CHART_POINTS) -> None:
         self.capacity = max(4, capacity - capacity % 2)
@@ -56,7 +57,9 @@ class DecimatedSeries:
             self._points.append(_mean(self._bucket))
             self._bucket = []
         if len(self._points) >= self.capacity:
-            self._points = [_mean(self._points[i : i + 2]) for i in range(0, len(self._points), 2)]
+            # The first point stays as it was: where a curve starts (the initial loss) matters most.
+            head, rest = self._points[0], self._points[1:]
+            self._points = [head] + [_mean(rest[i : i + 2]) for i in range(0, len(rest), 2)]
             self.stride *= 2
 
     def points(self) -> list[tuple[float, float]]:

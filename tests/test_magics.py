@@ -1,0 +1,344 @@
+"""%cortex / %%cortex in a real IPython shell against the real backend on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections import OrderedDict
+
+import pandas as pd
+import pytest
+
+from cortex_nb import Client, TrainingJob
+from cortex_nb.magics import SUBCOMMANDS, CortexMagics
+from cortex_nb.train_loop import live_run
+from cortex_nb.widgets import job_widget
+
+from .notebook_fixtures import DEMO_TEXT, run_cell, train_spec, wait_until
+
+
+def train_20_steps(shell, backend):
+    """A finished 20-step run of `tiny` on the shipped text; the job stays up for sampling."""
+    ran = run_cell(shell, "%%cortex train --wait --name magic-test\n" + train_spec(20))
+    assert ran.success, ran.stderr
+    job = ran.result
+    yield job
+    with Client(backend.url, backend.token) as client:
+        client.cancel_job(job.job_id)
+
+
+@pytest.fixture(scope="module")
+def trained_job(cortex_shell, backend):
+    """Shared by the tests that only read from the job."""
+    yield from train_20_steps(cortex_shell, backend)
+
+
+@pytest.fixture
+def own_trained_job(cortex_shell, backend):
+    """For tests that cancel the job."""
+    yield from train_20_steps(cortex_shell, backend)
+
+
+def magics_instance(shell) -> CortexMagics:
+    return shell.magics_manager.registry["CortexMagics"]
+
+
+# connect ------------------------------------------------------------------------------------------
+def test_connect_follows_env_then_default_profile_then_prints_how(cortex_shell, backend, tmp_path, monkeypatch):
+    magics = magics_instance(cortex_shell)
+    previous = magics.connection
+    try:
+        monkeypatch.setenv("CORTEX_URL", backend.url)
+        monkeypatch.setenv("CORTEX_TOKEN", backend.token)
+        ran = run_cell(cortex_shell, "%cortex connect")
+        assert ran.success, ran.stderr
+        assert "via environment (CORTEX_URL)" in ran.stdout
+        assert magics.connection.client.url == backend.url
+
+        monkeypatch.delenv("CORTEX_URL")
+        monkeypatch.delenv("CORTEX_TOKEN")
+        config = tmp_path / "config.toml"
+        config.write_text(f'default = "lab"\n[profiles.lab]\nurl = "{backend.url}"\ntoken_env = "LAB_TOKEN"\n')
+        monkeypatch.setenv("CORTEX_CONFIG", str(config))
+        monkeypatch.setenv("LAB_TOKEN", backend.token)
+        ran = run_cell(cortex_shell, "%cortex connect")
+        assert ran.success, ran.stderr
+        assert "via profile 'lab'" in ran.stdout
+        assert magics.connection.client.whoami()["owner"] == "admin"
+
+        monkeypatch.setenv("CORTEX_CONFIG", str(tmp_path / "absent.toml"))
+        connected_before = magics.connection
+        ran = run_cell(cortex_shell, "%cortex connect")
+        assert ran.success
+        assert "no cortex backend is configured" in ran.stdout and "%cortex connect --local" in ran.stdout
+        assert magics.connection is connected_before
+
+        ran = run_cell(cortex_shell, "%cortex connect nosuch")
+        assert not ran.success
+        assert len(ran.error_lines) == 1 and "no profile 'nosuch'" in ran.error_lines[0]
+    finally:
+        magics.connection = previous
+
+
+def test_connect_to_url_reads_token_from_named_variable(cortex_shell, backend, monkeypatch):
+    magics = magics_instance(cortex_shell)
+    previous = magics.connection
+    try:
+        monkeypatch.setenv("MY_CORTEX_TOKEN", backend.token)
+        ran = run_cell(cortex_shell, f"%cortex connect {backend.url} --token-env MY_CORTEX_TOKEN")
+        assert ran.success, ran.stderr
+        assert magics.connection.client.whoami()["scopes"] == ["admin"]
+        ran = run_cell(cortex_shell, f"%cortex connect {backend.url} --token-env UNSET_VARIABLE_X")
+        assert not ran.success and "$UNSET_VARIABLE_X is not set" in ran.error_lines[0]
+    finally:
+        magics.connection = previous
+
+
+# train ----------------------------------------------------------------------------------------------
+def test_train_20_steps_returns_job_and_widget_shows_falling_loss(cortex_shell, trained_job, backend):
+    assert isinstance(trained_job, TrainingJob)
+    assert cortex_shell.user_ns["_"] is trained_job
+    run = live_run(trained_job.job_id)
+    snap = run.state.snapshot()
+    assert snap.status == "done" and snap.step == 20 and snap.total_steps == 20
+    assert len(snap.loss) == 20
+    first, last = snap.loss[0][1], snap.loss[-1][1]
+    assert last < first * 0.9, (first, last)
+    widget = job_widget._WIDGETS[trained_job.job_id]
+    widget.throttle.flush()
+    assert widget.progress.value == 20 and widget.progress.max == 20
+    assert widget.progress.bar_style == "success"
+    assert ">done<" in widget.header.value and "tiny" in widget.header.value
+    assert "<polyline" in widget.loss_chart.value
+    assert repr(widget) == f"<cortex job {trained_job.job_id} done step 20/20 loss {snap.last_loss:.4f}>"
+    with Client(backend.url, backend.token) as client:
+        job = client.get_job(trained_job.job_id)
+    assert job["status"] == "running" and job["name"] == "magic-test"  # stays up for sampling
+
+
+def test_train_without_wait_leaves_the_notebook_free(cortex_shell, backend):
+    ran = run_cell(cortex_shell, "%%cortex train -o bg_job\n" + train_spec(300))
+    assert ran.success, ran.stderr
+    job = cortex_shell.user_ns["bg_job"]
+    run = live_run(job.job_id)
+    try:
+        # The cell returned while the loop runs; other cells run meanwhile.
+        assert not run.done
+        other = run_cell(cortex_shell, "21 * 2")
+        assert other.result == 42
+        wait_until(lambda: run.state.step >= 2, 120)
+        assert not run.done
+    finally:
+        run_cell(cortex_shell, f"%cortex cancel {job.job_id}")
+    wait_until(lambda: run.done, 60)
+    assert run.status == "cancelled"
+
+
+def test_train_with_eval_and_samples_from_a_dataframe_variable(cortex_shell, backend):
+    text = DEMO_TEXT.read_text()
+    cortex_shell.user_ns["pairs"] = pd.DataFrame(
+        [{"prompt": "Q: what did the keeper write? A:", "completion": " " + line} for line in text.splitlines()] * 4
+    )
+    body = (
+        "base_model: tiny\ndata: $pairs\nsteps: 12\nbatch_size: 2\nmax_seq_len: 48\noptimizer: {lr: 0.003}\n"
+        f"eval: {{every: 5, data: {DEMO_TEXT}}}\n"
+        "sample: {every: 6, prompts: ['Q: what did the keeper write? A:'], max_tokens: 8}\n"
+    )
+    ran = run_cell(cortex_shell, "%%cortex train --wait -o qa_job\n" + body)
+    assert ran.success, ran.stderr
+    job = cortex_shell.user_ns["qa_job"]
+    try:
+        state = live_run(job.job_id).state
+        snap = state.snapshot()
+        assert snap.status == "done"
+        assert [step for step, _ in snap.eval_loss] == [5, 10, 12]  # every 5, and at the end
+        assert snap.samples_step == 12 and snap.samples[0][0] == "Q: what did the keeper write? A:"
+        assert len(snap.samples[0][1]) > 0
+        assert "eval loss" in ran.stdout
+    finally:
+        job.cancel()
+
+
+def test_noninteractive_train_blocks_and_prints_progress_and_summary(cortex_shell, monkeypatch):
+    monkeypatch.setenv("CORTEX_NONINTERACTIVE", "1")
+    ran = run_cell(cortex_shell, "%%cortex train -o ci_job\n" + train_spec(10))
+    assert ran.success, ran.stderr
+    job = cortex_shell.user_ns["ci_job"]
+    try:
+        lines = ran.stdout.strip().splitlines()
+        assert lines[0].startswith(f"{job.job_id}: training tiny for 10 steps")
+        progress = [line for line in lines if line.startswith(f"{job.job_id} step ")]
+        steps = [int(line.split()[2].split("/")[0]) for line in progress]
+        assert steps == sorted(set(steps)) and 1 <= len(steps) <= 10  # compact: at most one line per tenth
+        assert progress[-1].startswith(f"{job.job_id} step 10/10  loss ")
+        assert lines[-1].startswith(f"{job.job_id} (tiny) done: 10/10 steps")
+        assert job.job_id not in job_widget._WIDGETS  # no widget in non-interactive mode
+        assert live_run(job.job_id).done
+    finally:
+        job.cancel()
+
+
+def test_ctrl_c_in_blocking_train_stops_loop_and_cancels_queued_requests(cortex_shell, backend):
+    from cortex_nb import train_loop
+
+    before = set(train_loop._RUNS)
+    stop_watching = threading.Event()
+
+    def press_ctrl_c_once_training() -> None:
+        while not stop_watching.wait(0.05):
+            runs = [run for job_id, run in list(train_loop._RUNS.items()) if job_id not in before]
+            if runs and runs[0].state.step >= 3:
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+
+    watcher = threading.Thread(target=press_ctrl_c_once_training, daemon=True)
+    watcher.start()
+    try:
+        ran = run_cell(cortex_shell, "%%cortex train --wait -o interrupted_job\n" + train_spec(2000))
+    finally:
+        stop_watching.set()
+    assert ran.success, ran.stderr
+    job = cortex_shell.user_ns["interrupted_job"]
+    run = live_run(job.job_id)
+    try:
+        assert run.done and run.status == "stopped"
+        assert 0 < run.state.step < 2000
+        assert f"interrupted: stopped {job.job_id} at step {run.state.step}/2000" in ran.stdout
+        with Client(backend.url, backend.token) as client:
+            assert client.get_job(job.job_id)["status"] == "running"
+            wait_until(lambda: all(r["status"] in ("succeeded", "cancelled") for r in client.list_requests(job.job_id)), 30)
+            statuses = [r["status"] for r in client.list_requests(job.job_id, limit=1000)]
+        assert statuses.count("succeeded") >= 2 * run.state.step
+    finally:
+        job.cancel()
+
+
+# sample -----------------------------------------------------------------------------------------------
+def test_sample_from_a_trained_job_returns_a_dataframe(cortex_shell, trained_job):
+    ran = run_cell(cortex_shell, f"%%cortex sample --job {trained_job.job_id} --temperature 0 --max-tokens 12\n"
+                                 "The lighthouse keeper\nOn stormy nights\n")
+    assert ran.success, ran.stderr
+    frame = ran.result
+    assert isinstance(frame, pd.DataFrame)
+    assert {"prompt", "sample", "logprob", "finish_reason"} <= set(frame.columns)
+    assert list(frame["prompt"]) == ["The lighthouse keeper", "On stormy nights"]
+    assert (frame["num_tokens"] <= 12).all() and (frame["logprob"] < 0).all()
+    # Greedy from the same weights is the same text again, and matches the SDK's own generate.
+    again = run_cell(cortex_shell, f"%%cortex sample --job {trained_job.job_id} --temperature 0 --max-tokens 12 -o again\n"
+                                   "- The lighthouse keeper\n- On stormy nights\n")
+    assert again.success and again.result is None
+    assert list(cortex_shell.user_ns["again"]["sample"]) == list(frame["sample"])
+    direct = trained_job.generate(["The lighthouse keeper"], temperature=0.0, max_tokens=12).result()
+    assert direct.texts[0] == frame["sample"][0]
+
+
+def test_sample_from_a_model_uses_a_short_lived_sampler(cortex_shell, backend):
+    ran = run_cell(cortex_shell, "%%cortex sample --model tiny --n 3 --seed 5 --max-tokens 6\nhello\n")
+    assert ran.success, ran.stderr
+    frame = ran.result
+    assert len(frame) == 3 and set(frame["sample_index"]) == {0, 1, 2}
+    with Client(backend.url, backend.token) as client:
+        samplers = [job for job in client.list_jobs(limit=50) if job["name"] == "%%cortex sample"]
+    assert samplers and samplers[0]["status"] == "done"  # completed, its device freed
+
+
+# tables, logs, cancel, job ----------------------------------------------------------------------------
+def test_jobs_capacity_and_models_come_back_as_dataframes(cortex_shell, trained_job):
+    jobs = run_cell(cortex_shell, "%cortex jobs --status running").result
+    assert isinstance(jobs, pd.DataFrame) and trained_job.job_id in set(jobs["job_id"])
+    assert set(jobs["status"]) == {"running"}
+    done = run_cell(cortex_shell, "%cortex jobs --status done --limit 5").result
+    assert trained_job.job_id not in set(done["job_id"]) and len(done) <= 5
+    capacity = run_cell(cortex_shell, "%cortex capacity").result
+    assert isinstance(capacity, pd.DataFrame) and (capacity["kind"] == "cpu").all() and len(capacity) >= 1
+    models = run_cell(cortex_shell, "%cortex models").result
+    assert {"tiny", "small-gpt2"} <= set(models["name"])
+    status = run_cell(cortex_shell, "%cortex status")
+    assert status.success and "token: owner admin" in status.stdout and "jobs: " in status.stdout
+
+
+def test_logs_prints_the_last_lines(cortex_shell, trained_job):
+    ran = run_cell(cortex_shell, f"%cortex logs {trained_job.job_id} -n 5")
+    assert ran.success, ran.stderr
+    lines = ran.stdout.strip().splitlines()
+    assert len(lines) == 5
+    assert lines[-1].startswith("[engine] step=20 ")
+
+
+def test_cancel_magic_cancels_the_job_on_the_backend(cortex_shell, backend, own_trained_job):
+    job_id = own_trained_job.job_id
+    ran = run_cell(cortex_shell, f"%cortex cancel {job_id}")
+    assert ran.success and ran.stdout.strip() == f"{job_id}: cancelled"
+    with Client(backend.url, backend.token) as client:
+        assert client.get_job(job_id)["status"] == "cancelled"
+    again = run_cell(cortex_shell, f"%cortex cancel {job_id}")  # idempotent
+    assert again.success and again.stdout.strip() == f"{job_id}: cancelled"
+
+
+def test_job_widget_is_rebuilt_from_the_backend_after_a_restart(cortex_shell, own_trained_job, monkeypatch):
+    trained_job = own_trained_job
+    live = live_run(trained_job.job_id).state.snapshot()
+    # A kernel restart loses this kernel's runs and widgets; only the backend remembers.
+    monkeypatch.setattr("cortex_nb.train_loop._RUNS", OrderedDict())
+    monkeypatch.setattr(job_widget, "_WIDGETS", OrderedDict())
+    ran = run_cell(cortex_shell, f"%cortex job {trained_job.job_id}")
+    assert ran.success, ran.stderr
+    widget = job_widget._WIDGETS[trained_job.job_id]
+    assert widget.run is None
+    wait_until(lambda: widget.state.step == 20 and len(widget.state.log_tail) >= 20, 30)
+    rebuilt = widget.state.snapshot()
+    assert [step for step, _ in rebuilt.loss] == list(range(1, 21))
+    assert [loss for _, loss in rebuilt.loss] == pytest.approx([loss for _, loss in live.loss], rel=1e-6)
+    assert rebuilt.model == "tiny" and rebuilt.job_status == "running"
+    widget.cancel_button.click()
+    wait_until(lambda: widget.state.job_status == "cancelled", 30)
+
+
+# errors: one clear line each -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("cell", "expected"),
+    [
+        ("%%cortex train\nbase_model: tiny\nsteps: 5: 6\n", "not valid YAML at line 2, column 9: mapping values"),
+        ("%%cortex train\nbase_model: tiny\ndata: x.jsonl\nsteps: 5\nlearning_rate: 0.1\n", "unknown key learning_rate"),
+        ("%%cortex train\ndata: x.jsonl\nsteps: 5\nlora: {rank: 8}\n", "unknown key in lora lora.rank"),
+        ("%%cortex train\ndata: /no/such/train.jsonl\nsteps: 5\n", "data: no file '/no/such/train.jsonl'"),
+        ("%%cortex train\ndata: $not_defined_here\nsteps: 5\n", "data: $not_defined_here is not defined"),
+        ("%%cortex train\ndata: x.jsonl\n", "give exactly one of steps"),
+        ("%cortex job job-doesnotexist", "[job_not_found] no job 'job-doesnotexist'"),
+        ("%cortex logs job-doesnotexist", "[job_not_found]"),
+        ("%cortex cancel job-doesnotexist", "[job_not_found]"),
+        ("%cortex jobs --status sleeping", "invalid choice: 'sleeping'"),
+        ("%cortex frobnicate", "no subcommand 'frobnicate'"),
+        ("%cortex train", "is a cell magic"),
+        ("%%cortex sample\nhello\n", "exactly one of --job ID or --model NAME"),
+    ],
+)
+def test_problems_print_one_clear_line(cortex_shell, cell, expected):
+    ran = run_cell(cortex_shell, cell)
+    assert not ran.success
+    assert len(ran.error_lines) == 1, ran.stderr
+    assert ran.error_lines[0].startswith("UsageError: cortex")
+    assert expected in ran.error_lines[0]
+    assert "Traceback" not in ran.stdout + ran.stderr
+
+
+def test_bad_jsonl_row_is_named(cortex_shell, tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"txt": "typo"}) + "\n")
+    ran = run_cell(cortex_shell, f"%%cortex train\ndata: {data}\nsteps: 2\n")
+    assert not ran.success and len(ran.error_lines) == 1
+    assert "line 2 has neither a \"text\" string nor \"prompt\" and \"completion\"" in ran.error_lines[0]
+
+
+# help ------------------------------------------------------------------------------------------------------
+def test_help_documents_every_subcommand_and_the_train_keys(cortex_shell):
+    doc = cortex_shell.find_magic("cortex").__doc__
+    for name in SUBCOMMANDS:
+        assert f"%cortex {name}" in doc, name
+    for key in ("base_model", "lora", "optimizer", "data", "batch_size", "max_seq_len", "steps", "epochs", "eval", "sample"):
+        assert f"\n  {key} " in doc, key
+    assert {"connect", "status", "capacity", "models", "jobs", "job", "logs", "cancel", "train", "sample"} <= set(SUBCOMMANDS)
+    ran = run_cell(cortex_shell, "%cortex help logs")
+    assert ran.success and "%cortex logs [-n LINES] [-f] job_id" in ran.stdout

@@ -1,0 +1,98 @@
+"""A notebook using the magics and the widget, executed by nbclient in a real ipykernel."""
+
+from __future__ import annotations
+
+import nbformat
+from nbclient import NotebookClient
+
+from .notebook_fixtures import DEMO_TEXT
+
+TRAIN_CELL = f"""%%cortex train --wait -o job --name notebook-run
+base_model: tiny
+data: {DEMO_TEXT}
+steps: 15
+batch_size: 4
+max_seq_len: 64
+optimizer: {{lr: 0.003}}
+lora: {{r: 16, alpha: 32}}
+"""
+
+CELLS = [
+    "%load_ext cortex_nb",
+    "%cortex connect",
+    TRAIN_CELL,
+    "%%cortex sample --job {job.job_id} --temperature 0 --max-tokens 10\nThe lighthouse keeper\n",
+    "%cortex jobs --status running",
+    (
+        "from cortex_nb.train_loop import live_run\n"
+        "state = live_run(job.job_id).state\n"
+        "points = [loss for _, loss in state.snapshot().loss]\n"
+        "assert state.status == 'done' and len(points) == 15 and points[-1] < points[0], points\n"
+        "print('loss fell', round(points[0], 3), '->', round(points[-1], 3))"
+    ),
+    "job.cancel()['status']",
+]
+
+
+def execute(tmp_path, monkeypatch, backend, noninteractive: bool) -> nbformat.NotebookNode:
+    monkeypatch.setenv("CORTEX_URL", backend.url)
+    monkeypatch.setenv("CORTEX_TOKEN", backend.token)
+    if noninteractive:
+        monkeypatch.setenv("CORTEX_NONINTERACTIVE", "1")
+    else:
+        monkeypatch.delenv("CORTEX_NONINTERACTIVE", raising=False)
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
+    client = NotebookClient(notebook, timeout=300, kernel_name="python3", store_widget_state=True,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()  # raises CellExecutionError on any error in any cell
+    nbformat.write(notebook, tmp_path / "executed.ipynb")
+    return notebook
+
+
+def texts(cell) -> str:
+    parts = []
+    for output in cell.outputs:
+        if output.output_type == "stream":
+            parts.append(output.text)
+        elif "data" in output and "text/plain" in output.data:
+            parts.append(output.data["text/plain"])
+    return "\n".join(parts)
+
+
+def test_notebook_with_widgets_runs_in_a_real_kernel(tmp_path, monkeypatch, backend):
+    notebook = execute(tmp_path, monkeypatch, backend, noninteractive=False)
+    connect, train, sample, jobs, check, cancel = notebook.cells[1:]
+    assert texts(connect).startswith(f"connected to {backend.url}")
+    summary = [line for line in texts(train).splitlines() if "(tiny) done: 15/15 steps" in line]
+    assert len(summary) == 1 and "loss " in summary[0]
+    job_id = summary[0].split()[0]
+    widget_outputs = [o for o in train.outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert len(widget_outputs) == 1
+    # Its saved text is the final state, not the one at display.
+    assert widget_outputs[0].data["text/plain"].startswith(f"<cortex job {job_id} done step 15/15 loss ")
+    # The trait updates made on background threads reached the frontend: the saved widget state
+    # holds the finished progress bar and the falling loss chart.
+    state = notebook.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+    bars = [m["state"] for m in state.values() if m["model_name"] == "IntProgressModel"]
+    assert any(bar["value"] == 15 and bar["max"] == 15 and bar["bar_style"] == "success" for bar in bars)
+    html = [m["state"].get("value", "") for m in state.values() if m["model_name"] == "HTMLModel"]
+    assert any("<polyline" in value and "loss per token" in value for value in html)
+    assert any(f'data-cortex-open-job="{job_id}"' in value for value in html)
+    assert "The lighthouse keeper" in texts(sample) and "finish_reason" in texts(sample)
+    assert job_id in texts(jobs)
+    assert texts(check).startswith("loss fell")
+    assert texts(cancel) == "'cancelled'"
+
+
+def test_notebook_in_noninteractive_mode_prints_progress_and_summary(tmp_path, monkeypatch, backend):
+    notebook = execute(tmp_path, monkeypatch, backend, noninteractive=True)
+    train = notebook.cells[2]
+    text = texts(train)
+    lines = text.strip().splitlines()
+    job_id = lines[0].split(":")[0]
+    assert lines[0].startswith(f"{job_id}: training tiny for 15 steps")
+    assert any(line.startswith(f"{job_id} step 15/15  loss ") for line in lines)
+    assert lines[-1].startswith(f"{job_id} (tiny) done: 15/15 steps")
+    assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in train.outputs)
+    assert texts(notebook.cells[-1]) == "'cancelled'"

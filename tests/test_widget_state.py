@@ -1,0 +1,81 @@
+"""The bounded data behind job views, and the SVG charts drawn from it (no backend needed)."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+
+from cortex_nb.widgets import job_widget
+from cortex_nb.widgets.state import CHART_POINTS, LOG_LINE_CHARS, LOG_TAIL_LINES, DecimatedSeries, JobState
+from cortex_nb.widgets.svg import Line, line_chart
+
+
+def test_decimated_series_stays_bounded_and_keeps_the_shape():
+    series = DecimatedSeries(64)
+    for step in range(1, 100_001):
+        series.append(step, 1000.0 / step)
+    points = series.points()
+    assert len(points) <= 64 and series.count == 100_000
+    assert series.first == (1, 1000.0) and series.last == (100_000, 0.01)
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points]
+    assert xs == sorted(xs) and points[0] == (1, 1000.0) and xs[-1] > 99_000  # spans the whole run
+    assert ys == sorted(ys, reverse=True)  # a falling curve still falls
+
+
+def test_job_state_caps_log_lines_and_their_length():
+    state = JobState("job-x")
+    state.add_log_lines([f"line {i}" for i in range(5000)] + ["x" * 10_000])
+    sizes = state.retained_sizes()
+    assert sizes["log_lines"] == LOG_TAIL_LINES
+    tail = state.snapshot().log_tail
+    assert tail[-2] == "line 4999" and len(tail[-1]) == LOG_LINE_CHARS
+
+
+def test_device_metrics_draw_gpu_when_present_and_cpu_ram_otherwise():
+    gpu = JobState("job-gpu")
+    gpu.add_metrics([{"at": 100.0 + i, "device": "gpu:0", "gpu_utilization_percent": 50 + i, "gpu_memory_used_bytes": 4 << 30,
+                      "gpu_memory_total_bytes": 16 << 30, "cpu_percent": 10.0, "ram_used_bytes": 1, "ram_total_bytes": 2}
+                     for i in range(5)])
+    snap = gpu.snapshot()
+    assert snap.metric_kind == "gpu" and snap.metrics["gpu_memory_percent"][0] == (0.0, 25.0)
+    svg = job_widget.device_chart_svg(snap)
+    assert "GPU util %" in svg and "CPU %" not in svg
+    ElementTree.fromstring(svg)
+
+    cpu = JobState("job-cpu")
+    cpu.add_metrics([{"at": 5.0, "device": "cpu", "cpu_percent": 42.0, "ram_used_bytes": 3 << 30, "ram_total_bytes": 12 << 30}],
+                    note="no NVIDIA GPU on this host")
+    snap = cpu.snapshot()
+    assert snap.metric_kind == "cpu" and snap.metrics["ram_percent"] == [(0.0, 25.0)]
+    assert "gpu_utilization_percent" not in snap.metrics
+    assert "CPU / RAM (no GPU)" in job_widget.device_chart_svg(snap)
+
+
+def test_loss_chart_is_wellformed_svg_with_both_series():
+    state = JobState("job-l")
+    for step in range(1, 301):
+        state.record_step(step, 5.0 - step / 100, tokens=64)
+        if step % 50 == 0:
+            state.record_eval(step, 5.1 - step / 100)
+    svg = job_widget.loss_chart_svg(state.snapshot())
+    root = ElementTree.fromstring(svg)
+    lines = root.findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == 2
+    assert len(lines[0].get("points").split()) <= CHART_POINTS
+    empty = line_chart("nothing", [Line("a", "#000", [])], empty_text="waiting <here>")
+    assert "waiting &lt;here&gt;" in empty
+    ElementTree.fromstring(empty)
+
+
+def test_summary_and_repr_read_well_as_text():
+    state = JobState("job-s", model="tiny")
+    state.set_plan(10)
+    state.set_run_status("training")
+    for step in range(1, 11):
+        state.record_step(step, 3.0 - step * 0.1, tokens=100, at=1000.0 + step)
+    state.record_eval(10, 2.5)
+    state.set_run_status("done")
+    summary = state.summary()
+    assert summary.startswith("job-s (tiny) done: 10/10 steps in ")
+    assert "loss 2.9000 -> 2.0000" in summary and "eval loss 2.5000" in summary and "100 tok/s" in summary
+    assert job_widget.job_repr(state.snapshot()) == "<cortex job job-s done step 10/10 loss 2.0000>"
