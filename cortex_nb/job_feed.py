@@ -95,6 +95,8 @@ class JobFeed:
     REQUESTS_EVERY_S = 3.0
     # After a loop here ends, the job may stay up (for sampling); follow it a little longer, then rest.
     LINGER_S = 10.0
+    # Consecutive failed rounds (with backoff, about five minutes) before a view stops following.
+    MAX_FAILURES = 12
 
     def __init__(
         self,
@@ -135,6 +137,7 @@ class JobFeed:
 
     def _loop(self) -> None:
         backoff = 1.0
+        failures = 0
         finishing_since: float | None = None
         while not self._closed.is_set():
             try:
@@ -144,10 +147,15 @@ class JobFeed:
                 self.state.note(exc.message)
                 return
             except errors.CortexError as exc:
+                failures += 1
+                if failures >= self.MAX_FAILURES:
+                    self.state.note(f"stopped following: {exc.message} (%cortex job {self.state.job_id} follows again)")
+                    return
                 self.state.add_log_lines([f"[cortex] lost touch with the backend, retrying: {exc.message}"])
                 self._closed.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
                 continue
+            failures = 0
             if self.state.job_status in JOB_TERMINAL:
                 if finishing_since is not None:
                     return  # one more round after the end collected the last lines and samples

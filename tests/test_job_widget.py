@@ -89,3 +89,24 @@ def test_open_in_sidebar_is_an_element_the_lab_extension_can_find():
     assert 'class="cortex-open-in-sidebar' in html and 'data-cortex-open-job="job-abc123"' in html
     quoted = job_widget.open_in_sidebar_html('job-"x"')
     assert 'data-cortex-open-job="job-&quot;x&quot;"' in quoted
+
+
+def test_a_widget_whose_backend_dies_stops_following_without_hanging(tmp_path, monkeypatch, cortex_shell):
+    from cortex_nb import RetryPolicy
+    from cortex_nb.job_feed import JobFeed
+
+    from .backend_process import start_backend
+
+    monkeypatch.setattr(JobFeed, "MAX_FAILURES", 2)
+    own = start_backend(tmp_path / "backend", "--devices", "cpu:1")
+    try:
+        client = Client(own.url, own.token, retry=RetryPolicy(max_attempts=1))
+        job = client.create_training_job("tiny")
+        widget = job_widget.show_job(client, job.job_id)
+        wait_until(lambda: widget.feed.rounds >= 1 and widget.state.job_status == "running", 30)
+    finally:
+        own.kill()
+    widget.feed.join(60)
+    assert not widget.feed.alive
+    assert widget.state.message.startswith("stopped following:")
+    assert any(line.startswith("[cortex] lost touch with the backend") for line in widget.state.log_tail)

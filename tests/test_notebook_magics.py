@@ -96,3 +96,26 @@ def test_notebook_in_noninteractive_mode_prints_progress_and_summary(tmp_path, m
     assert lines[-1].startswith(f"{job_id} (tiny) done: 15/15 steps")
     assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in train.outputs)
     assert texts(notebook.cells[-1]) == "'cancelled'"
+
+
+THREAD_CELLS = [
+    (
+        "import time\n"
+        "from cortex_nb.kernel_threads import capture_parent, start_thread\n"
+        "start_thread(lambda: (time.sleep(1.0), print('adopted thread output')), 'adopted', capture_parent())"
+    ),
+    "time.sleep(2.5)",
+    "start_thread(lambda: (time.sleep(1.0), print('orphan thread output')), 'orphan', None)",
+    "time.sleep(2.5)",
+]
+
+
+def test_background_threads_keep_output_out_of_later_cells(tmp_path):
+    """ipykernel >= 7 sends a thread's output to the latest cell unless the thread adopts a parent;
+    ours adopt the one captured at display (the orphan is the control that shows the difference)."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in THREAD_CELLS]
+    NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    later_with_adopted, later_with_orphan = texts(notebook.cells[1]), texts(notebook.cells[3])
+    assert "adopted thread output" not in later_with_adopted
+    assert "orphan thread output" in later_with_orphan
