@@ -155,6 +155,10 @@ class JobFeed:
                 self._closed.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
                 continue
+            except Exception as exc:  # e.g. the client was closed under us: stop, visibly, never crash a thread
+                if not self._closed.is_set():
+                    self.state.note(f"stopped following: {type(exc).__name__}: {exc}")
+                return
             failures = 0
             if self.state.job_status in JOB_TERMINAL:
                 if finishing_since is not None:

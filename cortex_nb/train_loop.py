@@ -86,8 +86,10 @@ class TrainingRun:
         data: PackedData,
         eval_data: PackedData | None = None,
         state: JobState | None = None,
+        pipeline_depth: int = PIPELINE_DEPTH,
     ) -> None:
         self.job = job
+        self.pipeline_depth = pipeline_depth
         self.spec = spec
         self.data = data
         self.total_steps = planned_steps(spec, data)
@@ -185,7 +187,7 @@ class TrainingRun:
             with self._lock:
                 self._in_flight.append(pending)
             # Read the previous step only now that this one is queued behind it.
-            while len(self._in_flight) > PIPELINE_DEPTH:
+            while len(self._in_flight) > self.pipeline_depth:
                 self._finish(self._in_flight[0])
         while self._in_flight and not self._stop.is_set():
             self._finish(self._in_flight[0])
