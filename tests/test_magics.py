@@ -342,3 +342,13 @@ def test_help_documents_every_subcommand_and_the_train_keys(cortex_shell):
     assert {"connect", "status", "capacity", "models", "jobs", "job", "logs", "cancel", "train", "sample"} <= set(SUBCOMMANDS)
     ran = run_cell(cortex_shell, "%cortex help logs")
     assert ran.success and "%cortex logs [-n LINES] [-f] job_id" in ran.stdout
+
+
+def test_importing_cortex_nb_loads_no_torch_ipython_or_widgets():
+    import subprocess
+    import sys
+
+    code = ("import sys, cortex_nb\n"
+            "print(sorted(m for m in ('torch', 'IPython', 'ipywidgets', 'yaml') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"

@@ -1,0 +1,83 @@
+"""`%cortex` / `%%cortex`: the notebook front of cortex-nb.
+
+One magic, many subcommands (`line_commands`, `train`, `sample`), each parsed by IPython's
+`magic_arguments`. Problems print one `UsageError:` line naming what went wrong (no traceback) and
+end the cell as failed, so "Run all" stops where the problem is. Blocking calls turn Ctrl-C into a
+cancel on the backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import parse_argstring
+
+from .. import discovery, errors
+from ..train_spec import SpecError
+from . import line_commands, sample, train  # noqa: F401  (each registers its subcommands)
+from .help import overview
+from .registry import SUBCOMMANDS, noninteractive
+
+__all__ = ["SUBCOMMANDS", "CortexMagics", "load_ipython_extension", "noninteractive", "unload_ipython_extension"]
+
+
+@magics_class
+class CortexMagics(Magics):
+    """Holds this kernel's connection; `%cortex` dispatches to the subcommands above."""
+
+    def __init__(self, shell: Any = None) -> None:
+        super().__init__(shell)
+        self.connection: discovery.Connection | None = None
+
+    def set_connection(self, connection: discovery.Connection) -> None:
+        # The previous client stays open: runs and widgets started through it keep using it.
+        self.connection = connection
+
+    def client(self):
+        if self.connection is None:
+            raise UsageError("not connected: run %cortex connect first (or %cortex connect --local)")
+        return self.connection.client
+
+    @line_cell_magic
+    def cortex(self, line: str, cell: str | None = None):
+        name, _, rest = line.strip().partition(" ")
+        if not name:
+            print(overview())
+            return None
+        command = SUBCOMMANDS.get(name)
+        if command is None:
+            raise UsageError(f"cortex: no subcommand {name!r}; subcommands: {', '.join(SUBCOMMANDS)} (see %cortex?)")
+        if command.kind == "cell" and cell is None:
+            raise UsageError(f"cortex {name} is a cell magic: write %%cortex {name} on the first line of a cell")
+        if command.kind == "line" and cell is not None:
+            raise UsageError(f"cortex {name} is a line magic: use %cortex {name} (one percent sign)")
+        try:
+            args = parse_argstring(command.func, rest)
+        except UsageError as exc:
+            raise UsageError(f"cortex {name}: {exc} (see %cortex help {name})") from None
+        try:
+            return command.func(self, args, cell)
+        except SpecError as exc:
+            raise UsageError(f"cortex {name}: {one_line(exc.message)}") from None
+        except errors.CortexError as exc:
+            raise UsageError(f"cortex {name}: [{exc.code}] {one_line(exc.message)}") from None
+
+
+def one_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[0] + (" …" if len(lines) > 1 else "") if lines else ""
+
+
+CortexMagics.cortex.__doc__ = overview()
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    ipython.register_magics(CortexMagics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    for kind in ("line", "cell"):
+        ipython.magics_manager.magics[kind].pop("cortex", None)
+    ipython.magics_manager.registry.pop("CortexMagics", None)

@@ -1,0 +1,181 @@
+"""The line subcommands: connect, status, capacity, models, jobs, job, logs, cancel, checkpoints, help.
+
+Tables come back as DataFrames (so `df = %cortex jobs` works); the rest print.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from .. import discovery
+from ..states import JOB_STATES, JOB_TERMINAL
+from ..train_spec import save_supported
+from .registry import checkpoints_supported, noninteractive, subcommand
+
+if TYPE_CHECKING:
+    from . import CortexMagics
+
+
+@subcommand("connect", "line", "connect to a backend (profile, URL, --local, or discovered)")
+@magic_arguments(name="cortex connect")
+@argument("target", nargs="?", help="a profile name or a backend URL (http://host:port)")
+@argument("--token-env", metavar="VAR", help="with a URL: read the token from $VAR (default $CORTEX_TOKEN)")
+@argument("--local", action="store_true", help="start (or reuse) an embedded backend on this machine")
+@argument("--data-dir", metavar="DIR", help="with --local: the embedded backend's data dir")
+def connect_command(self: CortexMagics, args: Any, cell: str | None) -> None:
+    """Connect to a cortex backend. With no argument it tries, in order: env CORTEX_URL/CORTEX_TOKEN,
+    the default profile, then prints how to connect. (Discovery through the Jupyter server proxy
+    arrives with the cortex server extension.)"""
+    if args.local:
+        connection = discovery.connect_local(args.data_dir)
+    elif args.target and "://" in args.target:
+        connection = discovery.connect_url(args.target, args.token_env)
+    elif args.target:
+        connection = discovery.connect_profile(args.target)
+    else:
+        connection = discovery.discover()
+        if connection is None:
+            print(discovery.how_to_connect())
+            return
+    self.set_connection(connection)
+    print(connection.describe())
+
+
+@subcommand("status", "line", "connection, backend version, token, devices and jobs at a glance")
+@magic_arguments(name="cortex status")
+def status_command(self: CortexMagics, args: Any, cell: str | None) -> None:
+    """Print where this notebook is connected and what the backend holds."""
+    client = self.client()
+    version = client.check_version()
+    me = client.whoami()
+    capacity = client.get_capacity()
+    jobs = client.list_jobs(limit=500)
+    counts: dict[str, int] = {}
+    for job in jobs:
+        counts[job["status"]] = counts.get(job["status"], 0) + 1
+    kinds = sorted({device.get("kind", "?") for device in capacity["devices"]})
+    print(self.connection.describe())
+    print(f"backend {version.get('service')} {version.get('version')}, API {version.get('api_version')}")
+    print(f"token: owner {me.get('owner')}, scopes {', '.join(me.get('scopes', []))}")
+    print(f"devices: {len(capacity['devices'])} ({', '.join(kinds)}), slots {capacity['slots_available']}"
+          f"/{capacity['slots_total']} free, {capacity.get('pending', 0)} job(s) queued")
+    print("jobs: " + (", ".join(f"{count} {status}" for status, count in sorted(counts.items())) or "none"))
+
+
+@subcommand("capacity", "line", "devices, slots in use and available (DataFrame)")
+@magic_arguments(name="cortex capacity")
+def capacity_command(self: CortexMagics, args: Any, cell: str | None):
+    """Devices and their slots, as a DataFrame."""
+    from ..views import capacity_frame
+
+    return capacity_frame(self.client().get_capacity())
+
+
+@subcommand("models", "line", "models this backend can load (DataFrame)")
+@magic_arguments(name="cortex models")
+def models_command(self: CortexMagics, args: Any, cell: str | None):
+    """The built-in and registered models, as a DataFrame."""
+    from ..views import models_frame
+
+    return models_frame(self.client().list_models())
+
+
+@subcommand("jobs", "line", "your jobs, newest first (DataFrame)")
+@magic_arguments(name="cortex jobs")
+@argument("--status", choices=JOB_STATES, help="only jobs in this state")
+@argument("--limit", type=int, default=50, help="at most this many (default 50)")
+def jobs_command(self: CortexMagics, args: Any, cell: str | None):
+    """Jobs visible to this token, newest first, as a DataFrame."""
+    from ..views import jobs_frame
+
+    return jobs_frame(self.client().list_jobs(status=args.status, limit=args.limit))
+
+
+@subcommand("job", "line", "a live widget for an existing job (also after a kernel restart)")
+@magic_arguments(name="cortex job")
+@argument("job_id")
+def job_command(self: CortexMagics, args: Any, cell: str | None):
+    """Show a job live: this kernel's run if it started it, otherwise rebuilt from the backend (status,
+    steps and loss from its requests, logs, device metrics)."""
+    client = self.client()
+    if noninteractive():
+        from ..job_feed import RequestProgress
+        from ..widgets.state import JobState
+
+        state = JobState(args.job_id)
+        state.set_job(client.get_job(args.job_id))
+        RequestProgress(client, args.job_id).poll(state, limit=400)
+        print(state.summary())
+        return None
+    from ..widgets.job_widget import show_job
+
+    show_job(client, args.job_id, save_supported())
+    return None
+
+
+@subcommand("logs", "line", "print a job's last log lines; -f follows new ones")
+@magic_arguments(name="cortex logs")
+@argument("job_id")
+@argument("-n", "--lines", type=int, default=50, help="how many of the last lines (default 50)")
+@argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends (Ctrl-C stops)")
+def logs_command(self: CortexMagics, args: Any, cell: str | None) -> None:
+    """Print a job's log tail; with -f keep following it."""
+    from ..job_feed import read_log_page
+
+    client = self.client()
+    tail: deque[str] = deque(maxlen=max(args.lines, 0))
+    cursor, dropped = 0, 0
+    while True:
+        page = read_log_page(client, args.job_id, cursor, limit=5000)
+        dropped += page.get("dropped", 0)
+        tail.extend(line["line"] for line in page["lines"])
+        cursor = page["cursor"]
+        if not page["lines"]:
+            break
+    if dropped:
+        print(f"[{dropped} older lines were dropped by the backend's log retention]")
+    for line in tail:
+        print(line)
+    if not args.follow:
+        return
+    try:
+        while True:
+            page = read_log_page(client, args.job_id, cursor, wait_s=10.0)
+            cursor = page["cursor"]
+            for line in page["lines"]:
+                print(line["line"], flush=True)
+            if page.get("job_status") in JOB_TERMINAL and not page["lines"]:
+                print(f"[job {args.job_id} is {page['job_status']}]")
+                return
+    except KeyboardInterrupt:
+        print(f"[stopped following {args.job_id}]")
+
+
+@subcommand("cancel", "line", "cancel a job (idempotent)")
+@magic_arguments(name="cortex cancel")
+@argument("job_id")
+def cancel_command(self: CortexMagics, args: Any, cell: str | None) -> None:
+    """Cancel a job on the backend; a training loop this kernel runs for it stops too."""
+    from ..train_loop import live_run
+    from ..widgets.state import RUN_CANCELLED
+
+    run = live_run(args.job_id)
+    if run is not None and not run.done:
+        run.stop(RUN_CANCELLED)
+    job = self.client().cancel_job(args.job_id)
+    note = f" ({job['failure_code']})" if job.get("failure_code") and job["status"] != "cancelled" else ""
+    print(f"{args.job_id}: {job['status']}{note}")
+
+
+@subcommand("checkpoints", "line", "a job's checkpoints (DataFrame)", available=checkpoints_supported)
+@magic_arguments(name="cortex checkpoints")
+@argument("job_id")
+def checkpoints_command(self: CortexMagics, args: Any, cell: str | None):
+    """A job's checkpoints, as a DataFrame."""
+    from ..training import TrainingJob
+
+    client = self.client()
+    return TrainingJob(client, client.get_job(args.job_id)).checkpoints()
