@@ -13,7 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cortex-nb {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="fine-tune the built-in tiny model on the embedded backend")
-    demo.add_argument("--steps", type=int, default=300)
+    demo.add_argument("--steps", type=int, default=200)
     demo.add_argument("--lr", type=float, default=3e-3)
     demo.add_argument("--data-dir", default=None, help="the embedded backend's data dir (default: ~/.local/share/cortex-nb/local)")
     backend = commands.add_parser("backend", help="run or administer the backend service (needs cortex-nb[backend])")

@@ -76,6 +76,9 @@ class Client:
             self.url, token, auth_scheme=auth_scheme, timeout_s=timeout_s, retry=retry,
             extra_headers=extra_headers, cookies=cookies,
         )
+        # Frames above `max_body_bytes` travel as chunks of `chunk_bytes` (each with its SHA-256).
+        self.max_body_bytes = wire.MAX_BODY_BYTES
+        self.chunk_bytes = wire.CHUNK_BYTES
         self.backend_version: dict[str, Any] | None = None
         self._local_backend = None
         if check_version:
@@ -211,12 +214,12 @@ class Client:
         spec = route(name)
         path = spec.url(job_id=job_id)
         params = {"sub_job": sub_job}
-        if len(frame) <= wire.MAX_BODY_BYTES:
+        if len(frame) <= self.max_body_bytes:
             response = self.transport.json(spec.method, path, content=frame, params=params,
                                            headers={"Content-Type": wire.FRAME_CONTENT_TYPE})
             return response["request_id"]
         upload_id = "up-" + uuid.uuid4().hex
-        chunks = wire.split_chunks(frame)
+        chunks = wire.split_chunks(frame, self.chunk_bytes)
         for chunk in chunks:
             self.transport.request(
                 "PUT", route("upload_chunk").url(upload_id=upload_id, index=str(chunk.index)), content=chunk.data,

@@ -31,6 +31,7 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--warm-workers", type=int, default=1, help="idle pre-started worker processes per device")
     serve.add_argument("--worker-threads", type=int, default=None, help="torch threads per CPU worker")
     serve.add_argument("--idle-timeout", type=float, default=3600.0, help="seconds without requests before a job is completed")
+    serve.add_argument("--parent-pid", type=int, default=None, help="stop when this process exits (used by Client.local())")
 
     token = commands.add_parser("token", help="manage API tokens")
     token_commands = token.add_subparsers(dest="token_command", required=True)
@@ -47,13 +48,20 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
 
 def run_backend_command(args: argparse.Namespace) -> int:
     if args.backend_command == "serve":
+        from .models import ModelCatalog
         from .server import serve
 
-        serve(BackendSettings(
+        settings = BackendSettings(
             host=args.host, port=args.port, data_dir=args.data_dir, models=dict(args.model), devices=args.devices,
             sub_jobs_per_device=args.sub_jobs_per_device, warm_workers=args.warm_workers,
-            worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout,
-        ))
+            worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout, parent_pid=args.parent_pid,
+        )
+        try:
+            ModelCatalog(settings.models)  # refuse unsafe or broken model directories before starting
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        serve(settings)
         return 0
     from .auth import create_token
     from .store import Store

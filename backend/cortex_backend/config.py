@@ -35,6 +35,8 @@ class BackendSettings:
     max_body_bytes: int = wire.MAX_BODY_BYTES
     # Log lines kept per job; older lines are dropped and the logs say how many.
     log_retention_lines: int = 100_000
+    # Stop when this process exits (the embedded backend follows the kernel that started it).
+    parent_pid: int | None = None
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).expanduser().resolve()
