@@ -12,7 +12,6 @@ import sys
 import tarfile
 import threading
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
