@@ -32,6 +32,10 @@ class Service:
     def __init__(self, settings: BackendSettings, executor: Executor | None = None) -> None:
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+        # The store (job specs, logs, token hashes) and the admin token live here: only the backend's user
+        # may enter. mkdir's default left the SQLite file readable by every local user.
+        with contextlib.suppress(OSError):
+            settings.data_dir.chmod(0o700)
         self.store = Store(settings.db_path)
         self.catalog = ModelCatalog(settings.models)
         self.devices = detect_devices(settings.devices, settings.sub_jobs_per_device)
