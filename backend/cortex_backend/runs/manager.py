@@ -342,6 +342,9 @@ class RunManager:
                 if run_id in self._stop_reasons:
                     sandbox.stop()
                 result = await sandbox.wait()
+                if uid is not None:
+                    # Nothing of the run may still be changing its work dir while the outputs are read.
+                    await self._kill_leftovers(run_id, uid)
                 outcome, report = await self._conclude(run, result, devices, workdir, config)
         except Exception as exc:
             log.exception("run %s failed in the backend", run_id)
@@ -352,9 +355,7 @@ class RunManager:
                 timer.cancel()
             self._sandboxes.pop(run_id, None)
             if uid is not None:
-                killed = await asyncio.to_thread(kill_processes_of, {uid})
-                if killed:
-                    self._system_log(run_id, f"killed {killed} process(es) still running as the run's uid")
+                await self._kill_leftovers(run_id, uid)
                 self.uids.release(uid)
             await asyncio.to_thread(shutil.rmtree, workdir, True)
             (run_dir / "source.tar").unlink(missing_ok=True)
@@ -364,6 +365,11 @@ class RunManager:
             self._finish(run_id, *outcome, report)
             self.scheduler.release(run_id)
             self.admit()
+
+    async def _kill_leftovers(self, run_id: str, uid: int) -> None:
+        killed = await asyncio.to_thread(kill_processes_of, {uid})
+        if killed:
+            self._system_log(run_id, f"killed {killed} process(es) still running as the run's uid")
 
     def _prepare_workdir(self, run: dict[str, Any], workdir: Path, uid: int | None) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
