@@ -1,6 +1,6 @@
 """The sandbox supervisor: the program the backend starts for each source run.
 
-    python -m cortex_backend.runs.sandbox CONFIG_JSON STATUS_FD
+    python -I -S .../cortex_backend/runs/sandbox.py CONFIG_JSON STATUS_FD
 
 It puts the run in new network, mount, PID, IPC and UTS namespaces (one `unshare`, plus a user
 namespace when the backend is not root), hides the backend's data dir, gives the run a private /tmp,
@@ -13,7 +13,7 @@ command exits or the run is stopped, everything left in the namespace is killed,
 started (double forks and `setsid` daemons included) outlives it. Without namespaces the supervisor is
 a child subreaper: orphans are re-parented to it and it kills every descendant it can see in /proc.
 
-This module runs as its own small process: it imports nothing from the backend but the standard library.
+This module runs as its own small process, started by path: it imports nothing but the standard library.
 """
 
 from __future__ import annotations
@@ -411,7 +411,7 @@ def _guarded(function, *args: Any) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        print("usage: python -m cortex_backend.runs.sandbox CONFIG_JSON STATUS_FD", file=sys.stderr)
+        print("usage: python -I -S sandbox.py CONFIG_JSON STATUS_FD", file=sys.stderr)
         sys.exit(2)
     try:
         sys.exit(main(sys.argv))
