@@ -115,6 +115,7 @@ def test_run_finds_no_token_file_and_no_secrets_in_its_environment(runs_client, 
                 found[f"home:{home}"] = os.listdir(home)
             except OSError as exc:
                 found[f"home:{home}"] = type(exc).__name__
+        found["capabilities"] = [line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff:")][0]
         json.dump(found, open("found.json", "w"))
     """, name="secrets", command=["python", "main.py", str(token_path), str(db_path), str(runs_backend.data_dir)],
         outputs={"found": {"path": "found.json", "max_bytes": 1 << 20}})
@@ -128,6 +129,7 @@ def test_run_finds_no_token_file_and_no_secrets_in_its_environment(runs_client, 
     assert not any(key.startswith(("CORTEX_", "HF_TOKEN", "JUPYTER", "RUNS_TEST")) for key in found["env"])
     for secret in secrets:
         assert secret not in raw
+    assert int(found["capabilities"], 16) == 0  # so it cannot unmount what hides the data dir
     # Only the sandbox's own processes are visible: its init and the command.
     assert len({key.split("/")[0] for key in found["proc"]}) <= 3
     # /root shows at most the Python runtime the run needs (bound back read-only), never root's other files.
