@@ -170,6 +170,10 @@ def test_failing_command_reports_exit_code(runs_client, tmp_path):
     assert final["failure_code"] == "workload_runtime_failed" and final["exit_code"] == 3
     assert "code 3" in final["failure_message"] and "bad input" in final["failure_message"]
     assert handle.report()["exit_code"] == 3
+    missing = runs_client.run(write_project(tmp_path / "missing", "", name="no-such-command", command=["no-such-command"]))
+    final = missing.wait(120)
+    assert final["failure_code"] == "workload_runtime_failed" and "could not start the command" in final["failure_message"]
+    assert final["exit_code"] == 127
 
 
 def test_command_string_runs_through_sh(runs_client, tmp_path):
@@ -229,6 +233,10 @@ def test_duplicate_submission_id_runs_once(runs_client, tmp_path):
     assert [run["run_id"] for run in runs_client.list_runs(submission_id=submission_id)] == [first.run_id]
     assert first.logs().count(marker) == 1
     assert runs_client.resume(submission_id).run_id == first.run_id
+    (tmp_path / "main.py").write_text("print('something else')")
+    with pytest.raises(ConflictError) as caught:
+        runs_client.run(spec, submission_id=submission_id)  # same id, other files: refused, not run
+    assert caught.value.detail["run_id"] == first.run_id
 
 
 class _DropRunAnswers(http.server.BaseHTTPRequestHandler):

@@ -226,11 +226,11 @@ class RunManager:
             raise ApiError("invalid_field", "submission_id: 1-64 letters, digits, '_', '.', '-'", {"field": "submission_id"})
         existing = self.store.run_by_submission(principal.owner, submission_id)
         if existing is not None:
-            return existing, False
+            return self._same_submission(existing, body), False
         key = (principal.owner, submission_id)
         in_flight = self._submitting.get(key)
         if in_flight is not None:
-            return await asyncio.shield(in_flight), False
+            return self._same_submission(await asyncio.shield(in_flight), body), False
         future = asyncio.get_running_loop().create_future()
         self._submitting[key] = future
         try:
@@ -243,6 +243,15 @@ class RunManager:
             raise
         finally:
             del self._submitting[key]
+
+    def _same_submission(self, run: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """A repeated submission id must carry the same spec and files: it is a retry, never a new run."""
+        spec = validate_run_spec(body.get("spec"), self.catalog, self.scheduler)
+        manifest = validate_manifest(body.get("manifest", []), spec)
+        if spec != run["spec"] or manifest != run["manifest"]:
+            raise ApiError("conflict", f"submission id {run['submission_id']!r} already made run {run['id']} with another"
+                           " spec or other files; use a new submission id for a new run", {"run_id": run["id"]})
+        return run
 
     async def _create(self, principal: Principal, submission_id: str, body: dict[str, Any]) -> dict[str, Any]:
         spec = validate_run_spec(body.get("spec"), self.catalog, self.scheduler)
