@@ -4,12 +4,12 @@ to their listener; a run's environment names exactly its GPUs. GPUs are the one 
 from __future__ import annotations
 
 import pytest
-
 from cortex_backend.devices import Device
 from cortex_backend.models import ModelCatalog
 from cortex_backend.runs.manager import run_environment
 from cortex_backend.runs.spec import validate_run_spec
 from cortex_backend.scheduler import Scheduler
+
 from cortex_nb.errors import ApiError
 
 GIB = 2**30

@@ -242,7 +242,6 @@ class Supervisor:
         self.stop_requested = False
         self.main_pid: int | None = None
         self.main_status: int | None = None
-        self.main_usage: resource.struct_rusage | None = None
 
     def request_stop(self, *_: Any) -> None:
         self.stop_requested = True
@@ -270,13 +269,13 @@ class Supervisor:
         """Reap exited children; False once there are none left at all."""
         while True:
             try:
-                pid, status, usage = os.wait4(-1, os.WNOHANG)
+                pid, status, _ = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return False
             if pid == 0:
                 return True
             if pid == self.main_pid:
-                self.main_status, self.main_usage = status, usage
+                self.main_status = status
 
     def run(self, cwd: str, isolation: dict[str, str]) -> int:
         config = self.config
