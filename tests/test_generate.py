@@ -37,7 +37,7 @@ def test_greedy_matches_transformers_generate(client: Client, gpt2_dir, model):
         prompts = [rng.integers(0, vocab, size=n).tolist() for n in (3, 9, 5)]
         result = job.generate(prompts, max_tokens=24, temperature=0.0).result()
         reference.model.eval()
-        for prompt, sample in zip(prompts, result.samples):
+        for prompt, sample in zip(prompts, result.samples, strict=True):
             expected = hf_greedy(reference.model, prompt, 24)
             assert sample["tokens"] == expected[: len(sample["tokens"])]
             if sample["finish_reason"] == "length":

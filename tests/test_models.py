@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from cortex_backend.models import ModelCatalog, inspect_model_dir
 
 
