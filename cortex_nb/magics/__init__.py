@@ -1,6 +1,6 @@
 """`%cortex` / `%%cortex`: the notebook front of cortex-nb.
 
-One magic, many subcommands (`line_commands`, `train`, `sample`), each parsed by IPython's
+One magic, many subcommands (`line_commands`, `train`, `sample`, `run`), each parsed by IPython's
 `magic_arguments`. Problems print one `UsageError:` line naming what went wrong (no traceback) and
 end the cell as failed, so "Run all" stops where the problem is. Blocking calls turn Ctrl-C into a
 cancel on the backend.
@@ -16,7 +16,7 @@ from IPython.core.magic_arguments import parse_argstring
 
 from .. import discovery, errors
 from ..train_spec import SpecError
-from . import line_commands, sample, train  # noqa: F401  (each registers its subcommands)
+from . import line_commands, run, sample, train  # noqa: F401  (each registers its subcommands)
 from .help import overview
 from .registry import SUBCOMMANDS, noninteractive
 

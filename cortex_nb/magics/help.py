@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from . import CortexMagics
 
 # The order the overview lists subcommands in: connect first, the cell magics last.
-ORDER = ("connect", "status", "capacity", "models", "jobs", "job", "logs", "cancel", "checkpoints", "help", "train", "sample")
+ORDER = ("connect", "status", "capacity", "models", "jobs", "job", "logs", "cancel", "checkpoints", "runs", "help",
+         "train", "sample", "run")
 
 
 def ordered() -> list[Subcommand]:
@@ -23,7 +24,7 @@ def ordered() -> list[Subcommand]:
 
 def overview() -> str:
     """The text `%cortex?` and `%cortex` show: every subcommand, then each one's options."""
-    lines = ["%cortex SUBCOMMAND [options]      line subcommands", "%%cortex train|sample [options]  cell subcommands (the cell is the body)", ""]
+    lines = ["%cortex SUBCOMMAND [options]      line subcommands", "%%cortex train|sample|run [options]  cell subcommands (the cell is the body)", ""]
     for kind in ("line", "cell"):
         lines.append("Line subcommands:" if kind == "line" else "Cell subcommands:")
         lines.extend(f"  {c.name:<12} {c.summary}" for c in ordered() if c.kind == kind)
