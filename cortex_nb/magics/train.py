@@ -71,10 +71,11 @@ def train_command(self: CortexMagics, args: Any, cell: str | None):
 
 def interrupted_note(run: Any) -> str:
     """What Ctrl-C left behind, and how to go on from there."""
-    text = (f"interrupted: stopped {run.job.job_id} at step {run.state.step}/{run.total_steps}; its queued requests"
-            " were cancelled and the job stays up (job.cancel() ends it)")
+    job_id = run.job.job_id
+    text = (f"interrupted: stopped {job_id} at step {run.state.step}/{run.total_steps}; its queued requests"
+            f" were cancelled and the job stays up (%cortex cancel {job_id} ends it)")
     if run.last_checkpoint:
-        text += f"; last checkpoint {run.last_checkpoint!r}: resume with job.load({run.last_checkpoint!r})"
+        text += f"; last checkpoint {run.last_checkpoint!r}: resume with .load({run.last_checkpoint!r}) on this job or a new one"
     elif save_supported():
         text += "; no checkpoint was saved (add save: {every: N} to the spec)"
     return text
