@@ -47,6 +47,8 @@ class RequestProgress:
     the accumulated batches into one point.
     """
 
+    MAX_FETCHES = 400
+
     def __init__(self, client: Client, job_id: str) -> None:
         self.client = client
         self.job_id = job_id
@@ -56,11 +58,14 @@ class RequestProgress:
         self._weights = 0.0
         self._tokens = 0
 
-    def poll(self, state: JobState, limit: int) -> int:
-        """Fold new finished requests into `state`; returns how many steps were added."""
-        requests = sorted(self.client.list_requests(self.job_id, limit=limit), key=lambda r: r["created_at"])
-        added = 0
-        for request in requests:
+    def poll(self, state: JobState, limit: int = 1000) -> int:
+        """Fold new finished requests into `state`; returns how many steps were added.
+
+        At most `MAX_FETCHES` results are read per poll (the newest): a fast loop elsewhere leaves gaps
+        in the chart rather than a flood of requests from a view.
+        """
+        fresh = []
+        for request in sorted(self.client.list_requests(self.job_id, limit=limit), key=lambda r: r["created_at"]):
             if request["created_at"] < self._after or request["id"] in self._seen_at_edge:
                 continue
             if request["status"] not in REQUEST_TERMINAL:
@@ -68,8 +73,14 @@ class RequestProgress:
             if request["created_at"] > self._after:
                 self._after, self._seen_at_edge = request["created_at"], set()
             self._seen_at_edge.add(request["id"])
-            if request["status"] != REQUEST_SUCCEEDED or request["op"] not in ("forward_backward", "step"):
-                continue
+            if request["status"] == REQUEST_SUCCEEDED and request["op"] in ("forward_backward", "step"):
+                fresh.append(request)
+        if len(fresh) > self.MAX_FETCHES:
+            fresh = fresh[-self.MAX_FETCHES :]
+            self._loss_sum = self._weights = 0.0
+            self._tokens = 0
+        added = 0
+        for request in fresh:
             result = self.client.get_request_status(self.job_id, request["id"]).get("result") or {}
             if request["op"] == "forward_backward":
                 metrics = result.get("metrics") or {}
@@ -116,7 +127,6 @@ class JobFeed:
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self._due: dict[str, float] = {}
-        self._first_requests_poll = True
 
     def start(self, parent: Any = None) -> JobFeed:
         if self._thread is None or not self._thread.is_alive():
@@ -183,8 +193,7 @@ class JobFeed:
         if self.metrics_available and (self._is_due("metrics", self.METRICS_EVERY_S) or ended):
             self._poll_metrics()
         if self.requests is not None and (self._is_due("requests", self.REQUESTS_EVERY_S) or ended):
-            self.requests.poll(self.state, limit=400 if self._first_requests_poll else 100)
-            self._first_requests_poll = False
+            self.requests.poll(self.state)
         self.rounds += 1
 
     def _poll_metrics(self) -> None:

@@ -352,3 +352,13 @@ def test_importing_cortex_nb_loads_no_torch_ipython_or_widgets():
             "print(sorted(m for m in ('torch', 'IPython', 'ipywidgets', 'yaml') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]"
+
+
+def test_noninteractive_job_prints_what_the_backend_knows(cortex_shell, trained_job, monkeypatch):
+    monkeypatch.setenv("CORTEX_NONINTERACTIVE", "1")
+    live = live_run(trained_job.job_id).state.snapshot()
+    ran = run_cell(cortex_shell, f"%cortex job {trained_job.job_id}")
+    assert ran.success, ran.stderr
+    line = ran.stdout.strip()
+    assert line.startswith(f"{trained_job.job_id} (tiny) running: 20 steps")
+    assert f"loss {live.first_loss:.4f} -> {live.last_loss:.4f}" in line

@@ -107,7 +107,7 @@ def job_command(self: CortexMagics, args: Any, cell: str | None):
 
         state = JobState(args.job_id)
         state.set_job(client.get_job(args.job_id))
-        RequestProgress(client, args.job_id).poll(state, limit=400)
+        RequestProgress(client, args.job_id).poll(state)
         print(state.summary())
         return None
     from ..widgets.job_widget import show_job
