@@ -65,7 +65,7 @@ ROUTES: tuple[Route, ...] = (
     Route("tokenize", "POST", "/v1/models/{model}/tokenize", READ),
     Route("detokenize", "POST", "/v1/models/{model}/detokenize", READ),
     # tokens: never through the proxy
-    Route("whoami", "GET", "/v1/whoami", READ),
+    Route("whoami", "GET", "/v1/whoami", READ, proxied=False),
 )
 
 ROUTES_BY_NAME: dict[str, Route] = {route.name: route for route in ROUTES}
