@@ -47,12 +47,12 @@ class CortexServerApp(ExtensionApp):
             self.backend_url, self.token_file,
             connect_timeout_s=self.connect_timeout_s, request_timeout_s=self.request_timeout_s,
         )
-        base_url = self.serverapp.base_url
-        api_prefix = url_path_join(base_url, API_PATH)
+        # ExtensionApp prepends base_url to these patterns (JupyterHub's /user/NAME/ included).
+        api_prefix = url_path_join(self.serverapp.base_url, API_PATH)
         arguments = {"connection": self.connection, "api_prefix": api_prefix}
         self.handlers.extend([
-            (url_path_join(base_url, API_PATH, "status"), StatusHandler, arguments),
-            (url_path_join(base_url, API_PATH, r"(version|v1/.*)"), ProxyHandler, arguments),
+            (url_path_join("/", API_PATH, "status"), StatusHandler, arguments),
+            (url_path_join("/", API_PATH, r"(version|v1/.*)"), ProxyHandler, arguments),
         ])
         self.log.info("cortex_server: forwarding %s to %s", api_prefix, self.connection.url)
 

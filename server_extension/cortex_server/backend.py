@@ -95,7 +95,7 @@ class BackendConnection:
         streaming_callback: Callable[[bytes], None] | None = None,
     ) -> HTTPRequest:
         outgoing = HTTPHeaders(headers or {})
-        outgoing["User-Agent"] = f"cortex-server/{__version__} " + outgoing.get("User-Agent", "")
+        outgoing["User-Agent"] = f"cortex-server/{__version__} {outgoing.get('User-Agent', '')}".strip()
         if authenticated:
             outgoing["Authorization"] = f"Bearer {self.token_file.read()}"
         if body is None and method in ("POST", "PUT", "PATCH"):
