@@ -204,16 +204,14 @@ export function deviceRows(capacity: ICapacity | null, samples: IMetricSample[])
   const hostWide = latest.get('') ?? latest.get('host') ?? null;
   return capacity.devices.map((device: IDevice) => {
     const sample = latest.get(device.id) ?? (device.kind === 'cpu' ? hostWide : null) ?? null;
-    const gpu = sample?.gpu_utilization_percent !== undefined;
-    const utilization = sample ? (gpu ? sample.gpu_utilization_percent! : sample.cpu_percent ?? null) : null;
-    const memoryUsed = sample ? (gpu ? sample.gpu_memory_used_bytes ?? null : sample.ram_used_bytes ?? null) : null;
-    const memoryTotal = sample
-      ? gpu
-        ? sample.gpu_memory_total_bytes ?? device.memory_bytes
-        : sample.ram_total_bytes ?? null
-      : device.memory_bytes;
+    // A GPU shows only GPU fields; a CPU device shows the host's CPU and RAM.
+    const gpu = device.kind !== 'cpu';
+    const utilization = (gpu ? sample?.gpu_utilization_percent : sample?.cpu_percent) ?? null;
+    const memoryUsed = (gpu ? sample?.gpu_memory_used_bytes : sample?.ram_used_bytes) ?? null;
+    const memoryTotal = (gpu ? sample?.gpu_memory_total_bytes ?? device.memory_bytes : sample?.ram_total_bytes) ?? null;
     const memoryFraction = memoryUsed !== null && memoryTotal ? Math.min(1, memoryUsed / memoryTotal) : null;
     const what = gpu ? 'GPU' : 'CPU';
+    const memoryName = gpu ? 'memory' : 'RAM';
     return {
       id: device.id,
       name: device.name,
@@ -223,12 +221,12 @@ export function deviceRows(capacity: ICapacity | null, samples: IMetricSample[])
       utilization,
       utilizationLabel: utilization === null ? `${what} –` : `${what} ${Math.round(utilization)}%`,
       memoryUsed,
-      memoryTotal: memoryTotal ?? null,
+      memoryTotal,
       memoryFraction,
       memoryLabel:
         memoryUsed === null
-          ? `${gpu ? 'memory' : 'RAM'} ${formatBytes(memoryTotal)}`
-          : `${gpu ? 'memory' : 'RAM'} ${formatBytes(memoryUsed)} / ${formatBytes(memoryTotal)}`,
+          ? `${memoryName} ${formatBytes(memoryTotal)}`
+          : `${memoryName} ${formatBytes(memoryUsed)} / ${formatBytes(memoryTotal)}`,
       temperatureC: sample?.gpu_temperature_c ?? null,
       powerW: sample?.gpu_power_watts ?? null
     };
