@@ -14,9 +14,6 @@ from .model_factory import build_gpt2_dir
 
 os.environ.setdefault("CORTEX_DISABLE_TELEMETRY", "1")
 
-# Jupyter side: jp_fetch, jp_serverapp and friends for the server extension tests.
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
-
 
 @pytest.fixture(scope="session")
 def gpt2_dir(tmp_path_factory) -> Path:

@@ -76,6 +76,14 @@ def start_jupyter(
     token = secrets.token_hex(16)
     port = free_port()
     module = {"server": "jupyter_server", "lab": "jupyterlab"}[app]
+    if app == "lab":
+        # No news or update toasts: nothing outside loopback is reachable, and a toast steals focus.
+        (home / "config").mkdir(exist_ok=True)
+        (home / "config" / "jupyter_server_config.json").write_text(json.dumps({"LabApp": {
+            "news_url": None, "check_for_updates_class": "jupyterlab.handlers.announcements.NeverCheckForUpdate"}}))
+        settings = home / "config" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+        settings.mkdir(parents=True, exist_ok=True)
+        (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
     log_path = home / f"jupyter-{app}.log"
     log = open(log_path, "ab")  # noqa: SIM115
     process = subprocess.Popen(

@@ -128,6 +128,11 @@ export function jobProgress(job: IJob, requests: IRequestSummary[] = []): IProgr
   return { step, total, fraction, label };
 }
 
+/** A request's id: `request_id` in a request's own JSON, `id` in the job's request list. */
+export function requestIdOf(request: IRequestSummary): string | null {
+  return request.request_id ?? request.id ?? null;
+}
+
 export interface IJobRow {
   jobId: string;
   title: string;

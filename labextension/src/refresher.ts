@@ -5,7 +5,7 @@
 import { Poll } from '@lumino/polling';
 
 import { CortexApi, CortexApiError } from './api';
-import { PanelModel } from './model';
+import { PanelModel, requestIdOf } from './model';
 import { RouteUnavailableError, hasRoute } from './routes';
 import { IMetricSample, IRequestSummary } from './types';
 
@@ -63,10 +63,9 @@ export class PanelRefresher {
         updatedAt: Date.now()
       });
     } catch (error) {
-      if (error instanceof CortexApiError) {
-        model.update({ error: `${error.code}: ${error.message}`, updatedAt: Date.now() });
-      }
-      throw error;
+      const message = error instanceof CortexApiError ? `${error.code}: ${error.message}` : String(error);
+      model.update({ error: message, updatedAt: Date.now() });
+      throw error;  // the poll backs off
     }
   }
 
@@ -82,7 +81,10 @@ export class PanelRefresher {
     return { samples, reason: page.gpu_unavailable_reason ?? null };
   }
 
-  /** For each active job, its newest finished `step` request (whose result holds the step number). */
+  /**
+   * For each active job, its newest finished `step` request (whose result holds the step number).
+   * Best effort: a job whose progress cannot be read still shows, without a step.
+   */
   private async _progress(jobIds: string[]): Promise<Record<string, IRequestSummary[]>> {
     const progress: Record<string, IRequestSummary[]> = {};
     await Promise.all(
@@ -90,14 +92,13 @@ export class PanelRefresher {
         try {
           const requests = await this._api.listRequests(jobId, 20);
           const lastStep = requests.find(r => r.op === 'step' && r.status === 'succeeded');
-          if (lastStep) {
-            progress[jobId] = [
-              await this._api.call<IRequestSummary>('get_request', { job_id: jobId, request_id: lastStep.request_id })
-            ];
+          const requestId = lastStep ? requestIdOf(lastStep) : null;
+          if (requestId) {
+            progress[jobId] = [await this._api.call<IRequestSummary>('get_request', { job_id: jobId, request_id: requestId })];
           }
         } catch (error) {
           if (!(error instanceof CortexApiError || error instanceof RouteUnavailableError)) {
-            throw error;
+            console.warn(`cortex-nb: cannot read the progress of ${jobId}`, error);
           }
         }
       })

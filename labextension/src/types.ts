@@ -107,7 +107,8 @@ export interface ICheckpoint {
 }
 
 export interface IRequestSummary {
-  request_id: string;
+  request_id?: string;
+  id?: string;
   op: string;
   status: string;
   created_at: number;

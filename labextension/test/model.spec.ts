@@ -9,6 +9,7 @@ import {
   formatBytes,
   jobProgress,
   jobRow,
+  requestIdOf,
   sortJobs,
   versionWarnings
 } from '../src/model';
@@ -152,6 +153,13 @@ describe('jobs', () => {
     ];
     expect(jobProgress(job(), requests)).toMatchObject({ step: 7, total: null, fraction: null, label: 'step 7' });
     expect(jobProgress(job())).toMatchObject({ step: null, label: '' });
+  });
+});
+
+describe('request ids', () => {
+  it('reads the id from either shape the backend sends', () => {
+    expect(requestIdOf({ request_id: 'r1', op: 'step', status: 'succeeded', created_at: 1, result: null })).toBe('r1');
+    expect(requestIdOf({ id: 'r2', op: 'step', status: 'succeeded', created_at: 1, result: null })).toBe('r2');
   });
 });
 

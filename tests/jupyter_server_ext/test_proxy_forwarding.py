@@ -11,7 +11,7 @@ import tornado.web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from .test_jupyter_server_extension import server_config
+from .test_server_extension import server_config
 
 
 class RecordingUpstream:
