@@ -34,6 +34,15 @@ export const PROXIED_ROUTES: Readonly<Record<string, IRouteSpec>> = {
   list_models: { name: "list_models", method: "GET", template: "/v1/models" },
   tokenize: { name: "tokenize", method: "POST", template: "/v1/models/{model}/tokenize" },
   detokenize: { name: "detokenize", method: "POST", template: "/v1/models/{model}/detokenize" },
+  create_run: { name: "create_run", method: "POST", template: "/v1/runs" },
+  list_runs: { name: "list_runs", method: "GET", template: "/v1/runs" },
+  get_run: { name: "get_run", method: "GET", template: "/v1/runs/{run_id}" },
+  cancel_run: { name: "cancel_run", method: "POST", template: "/v1/runs/{run_id}/cancel" },
+  run_logs: { name: "run_logs", method: "GET", template: "/v1/runs/{run_id}/logs" },
+  run_report: { name: "run_report", method: "GET", template: "/v1/runs/{run_id}/report" },
+  list_run_outputs: { name: "list_run_outputs", method: "GET", template: "/v1/runs/{run_id}/outputs" },
+  get_run_output: { name: "get_run_output", method: "GET", template: "/v1/runs/{run_id}/outputs/{name}" },
+  upload_run_chunk: { name: "upload_run_chunk", method: "PUT", template: "/v1/runs/uploads/{upload_id}/chunks/{index}" },
 };
 
 export const JOB_STATES = ["pending", "starting", "running", "done", "failed", "cancelled"] as const;
