@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from cortex_nb import Client, errors
+from cortex_nb import Client, errors, routes
 
 from .backend_process import start_backend
 from .jupyter_process import start_jupyter
@@ -84,6 +84,11 @@ def page(browser, lab_setup):
     context.close()
 
 
+def _proxied(name: str) -> bool:
+    route = routes.ROUTES_BY_NAME.get(name)
+    return route is not None and route.proxied
+
+
 def open_sidebar(page: Page) -> None:
     # The tab toggles, and JupyterLab may have restored the sidebar open from the last test's layout.
     if not page.locator("#cortex-nb-sidebar").is_visible():
@@ -127,6 +132,19 @@ def test_sidebar_job_view_logs_and_cancel(page, lab_setup):
             "n => (document.querySelector('.cortex-job-view .cortex-log').innerText.match(/\\[engine\\] step=/g) || []).length > n",
             arg=seen, timeout=30_000)
         assert log_step_lines(page) > seen
+        # Metrics and checkpoints: drawn when this backend serves them, otherwise the view says so.
+        if _proxied("job_metrics"):
+            # A line through at least two samples (a flat line has no height, so "visible" would not do).
+            expect(view.locator("path.cortex-chart-line").first).to_have_attribute(
+                "d", re.compile(r"^M[\d.]+,[\d.]+ L"), timeout=30_000)
+        else:
+            expect(view).to_contain_text("This backend does not serve job metrics yet.")
+        if _proxied("host_metrics"):
+            expect(sidebar.locator('.cortex-device[data-device="cpu"] [role="meter"][aria-valuenow]')).to_have_count(2, timeout=30_000)
+        if _proxied("list_checkpoints"):
+            expect(view.locator(".cortex-job-checkpoints")).to_contain_text("no checkpoints", timeout=30_000)
+        else:
+            expect(view).to_contain_text("This backend does not list checkpoints yet.")
         page.screenshot(path=str(SCREENSHOTS / "jupyterlab-job-view.png"))
 
         view.locator(".cortex-cancel").click()
