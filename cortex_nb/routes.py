@@ -66,6 +66,13 @@ ROUTES: tuple[Route, ...] = (
     Route("detokenize", "POST", "/v1/models/{model}/detokenize", READ),
     # tokens: never through the proxy
     Route("whoami", "GET", "/v1/whoami", READ),
+    # observability: device metrics, the event feed, client telemetry, operator metrics
+    Route("job_metrics", "GET", "/v1/jobs/{job_id}/metrics", READ),
+    Route("host_metrics", "GET", "/v1/host/metrics", READ),
+    Route("list_events", "GET", "/v1/events", READ),
+    Route("client_telemetry", "POST", "/v1/telemetry", READ),
+    Route("recent_telemetry", "GET", "/v1/telemetry", ADMIN, proxied=False),
+    Route("operator_metrics", "GET", "/metrics", READ, proxied=False),
 )
 
 ROUTES_BY_NAME: dict[str, Route] = {route.name: route for route in ROUTES}

@@ -1,4 +1,4 @@
-"""pandas views of what the backend returns: jobs, samples, capacity, models, requests."""
+"""pandas views of what the backend returns: jobs, samples, capacity, models, requests, device metrics."""
 
 from __future__ import annotations
 
@@ -68,3 +68,24 @@ def models_frame(models: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
     columns = ["name", "kind", "architecture", "vocab_size", "max_positions", "hidden_size", "num_layers"]
     return pd.DataFrame([{key: model.get(key) for key in columns} for model in models], columns=columns)
+
+
+# observability ---------------------------------------------------------------------------------------
+METRIC_COLUMNS = (
+    "gpu_utilization_percent", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_temperature_c", "gpu_power_watts",
+    "cpu_percent", "ram_used_bytes", "ram_total_bytes",
+)
+
+
+def metrics_frame(samples: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Device samples, one row per device per tick. A GPU column appears only when some sample has
+    it: on a host without NVML there are no GPU columns at all, rather than columns of zeros."""
+    import pandas as pd
+
+    present = [name for name in METRIC_COLUMNS if any(name in sample for sample in samples)]
+    rows = [
+        {"at": _time(sample["at"]), "device": sample["device"], **{name: sample.get(name) for name in present},
+         "sub_job_ids": ", ".join(sample.get("sub_job_ids", []))}
+        for sample in samples
+    ]
+    return pd.DataFrame(rows, columns=["at", "device", *present, "sub_job_ids"])

@@ -6,7 +6,7 @@ import tornado.web
 
 from cortex_nb import routes
 
-from .handlers import jobs, logs, meta, requests, uploads
+from .handlers import jobs, logs, meta, observability, requests, uploads
 from .handlers.base import NotFoundHandler
 from .service import Service
 
@@ -34,6 +34,13 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "cancel_request": requests.RequestCancelHandler,
     "upload_chunk": uploads.UploadChunkHandler,
     "job_logs": logs.JobLogsHandler,
+    # observability
+    "job_metrics": observability.JobMetricsHandler,
+    "host_metrics": observability.HostMetricsHandler,
+    "list_events": observability.EventsHandler,
+    "client_telemetry": observability.TelemetryHandler,
+    "recent_telemetry": observability.TelemetryHandler,
+    "operator_metrics": observability.OperatorMetricsHandler,
 }
 
 # Hard cap on any body Tornado will read at all (larger connections are dropped).

@@ -18,6 +18,19 @@ def _model_option(value: str) -> tuple[str, str]:
     return name, path
 
 
+def _at_least(low: float, kind: type = float):
+    def parse(value: str):
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a{'n integer' if kind is int else ' number'}: {value!r}") from None
+        if number < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}")
+        return number
+
+    return parse
+
+
 def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="backend_command", required=True)
     serve = commands.add_parser("serve", help="run the backend service")
@@ -31,6 +44,12 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--warm-workers", type=int, default=1, help="idle pre-started worker processes per device")
     serve.add_argument("--worker-threads", type=int, default=None, help="torch threads per CPU worker")
     serve.add_argument("--idle-timeout", type=float, default=3600.0, help="seconds without requests before a job is completed")
+    # observability
+    serve.add_argument("--log-retention-lines", type=_at_least(1, int), default=100_000,
+                       help="log lines kept per job; older ones are dropped and reads say how many")
+    serve.add_argument("--monitor-interval", type=_at_least(0.0), default=1.0,
+                       help="seconds between device samples (GPU via NVML, CPU/RAM via psutil); 0 turns sampling off")
+    serve.add_argument("--metrics-retention-hours", type=_at_least(0.01), default=24.0, help="how long device samples are kept")
 
     token = commands.add_parser("token", help="manage API tokens")
     token_commands = token.add_subparsers(dest="token_command", required=True)
@@ -53,6 +72,8 @@ def run_backend_command(args: argparse.Namespace) -> int:
             host=args.host, port=args.port, data_dir=args.data_dir, models=dict(args.model), devices=args.devices,
             sub_jobs_per_device=args.sub_jobs_per_device, warm_workers=args.warm_workers,
             worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout,
+            log_retention_lines=args.log_retention_lines, monitor_interval_s=args.monitor_interval,
+            metrics_retention_s=args.metrics_retention_hours * 3600.0,
         ))
         return 0
     from .auth import create_token
