@@ -94,7 +94,8 @@ class LogStream:
                         elif kind == "end":
                             self.job_status = record.get("job_status")
                             return
-            except (errors.ConnectionError, json.JSONDecodeError) as exc:
+            except (errors.ConnectionError, errors.BackendError, errors.RateLimitError, json.JSONDecodeError) as exc:
+                # A dropped connection, a backend restarting, or a line cut in half: resume from the cursor.
                 last_error: Exception = exc
             else:
                 last_error = errors.ConnectionError("the log stream closed before the job ended", code="backend_unavailable")
