@@ -64,8 +64,8 @@ def test_a_failed_job_carries_its_failure_code(client):
 
 
 def test_a_user_sees_only_events_of_their_own_jobs(backend, client):
-    with Client(backend.url, create_token(backend, "walter")) as walter, \
-         Client(backend.url, create_token(backend, "jesse")) as jesse:
+    with Client(backend.url, create_token(backend.data_dir, "walter", "jobs:read", "jobs:write")) as walter, \
+         Client(backend.url, create_token(backend.data_dir, "jesse", "jobs:read", "jobs:write")) as jesse:
         mine = walter.create_training_job("tiny", lora={"r": 1}, wait=False)
         theirs = jesse.create_training_job("tiny", lora={"r": 1}, wait=False)
         walter.cancel_job(mine.job_id)

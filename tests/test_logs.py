@@ -180,7 +180,7 @@ def test_download_writes_stdout_per_sub_job(client, tmp_path):
 
 def test_logs_of_another_owner_are_not_found(backend, client):
     job = client.create_training_job("tiny", lora={"r": 1})
-    with Client(backend.url, create_token(backend, "mallory")) as other:
+    with Client(backend.url, create_token(backend.data_dir, "mallory", "jobs:read", "jobs:write")) as other:
         with pytest.raises(NotFoundError):
             other.tail_logs(job.job_id)
         with pytest.raises(NotFoundError):

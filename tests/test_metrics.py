@@ -124,7 +124,7 @@ def test_downloads_and_dataframe_match_the_endpoint(metered, finished_job, tmp_p
 
 
 def test_metrics_of_another_owner_are_not_found_and_bad_arguments_are_refused(metered, finished_job):
-    with Client(metered.url, create_token(metered, "eve")) as other:
+    with Client(metered.url, create_token(metered.data_dir, "eve", "jobs:read", "jobs:write")) as other:
         with pytest.raises(NotFoundError):
             other.get_job_metrics(finished_job["job_id"])
     response = httpx.get(f"{metered.url}/v1/jobs/{finished_job['job_id']}/metrics", params={"since": "yesterday"},
@@ -246,6 +246,9 @@ def test_monitor_ticks_persist_attribute_and_trim(tmp_path):
     store.insert_job({"id": "job-a", "owner": "ann", "status": "running", "spec": {}},
                      [{"id": "training-0", "type": "training", "status": "running", "spec": {}}])
     store.update_sub_job("job-a", "training-0", device="cpu")
+    store.insert_run({"id": "run-b", "owner": "bo", "submission_id": "s1", "name": "b", "status": "running", "spec": {},
+                      "manifest": {}})
+    store.update_run("run-b", devices=["cpu"])
     monitor = Monitor(store, detect_devices("cpu", 2), interval_s=0.05, retention_s=3600)
     monitor.start()
     deadline = time.monotonic() + 10
@@ -254,7 +257,7 @@ def test_monitor_ticks_persist_attribute_and_trim(tmp_path):
     monitor.stop()
     stored = store.device_samples(["cpu"], 0.0, None, 100)
     assert len(stored) == monitor.samples_taken >= 5
-    assert all(sample["sub_jobs"] == ["job-a/training-0"] for sample in stored)
+    assert all(sample["sub_jobs"] == ["job-a/training-0", "run-b/main"] for sample in stored)
     assert monitor.latest()[0] == stored[-1]
     assert monitor.errors == 0
     assert store.trim_device_samples(stored[2]["at"]) == 2

@@ -195,13 +195,14 @@ def test_malformed_telemetry_is_refused_or_counted_not_trusted(backend):
         value(before, "cortex_telemetry_records_rejected", "cortex_telemetry_records_rejected_total") + 1
     assert SECRET not in after["text"]
     assert all(SECRET not in str(record) for record in admin_recent_telemetry(backend))
-    denied = httpx.get(f"{backend.url}/v1/telemetry", headers={"Authorization": f"Bearer {create_token(backend, 'ursula')}"})
+    reader = create_token(backend.data_dir, "ursula", "jobs:read", "jobs:write")
+    denied = httpx.get(f"{backend.url}/v1/telemetry", headers={"Authorization": f"Bearer {reader}"})
     assert denied.status_code == 403
 
 
 # a secret in an error message, end to end -----------------------------------------------------------
 def test_a_secret_in_an_error_message_reaches_only_its_owner(backend, telemetry_on):
-    owner_token = create_token(backend, "olive")
+    owner_token = create_token(backend.data_dir, "olive", "jobs:read", "jobs:write")
     with Client(backend.url, owner_token) as owner:
         # peft refuses the unknown module by name: the secret lands in the worker's traceback and the job's failure.
         job = owner.create_training_job("tiny", lora={"target_modules": [SECRET]}, wait=False)
@@ -219,7 +220,7 @@ def test_a_secret_in_an_error_message_reaches_only_its_owner(backend, telemetry_
         assert "ctx_[REDACTED]" in owner.telemetry.recent[-1]["message"]
         assert all(SECRET not in str(record) for record in owner.telemetry.recent)
 
-    with Client(backend.url, create_token(backend, "nosy")) as stranger:
+    with Client(backend.url, create_token(backend.data_dir, "nosy", "jobs:read", "jobs:write")) as stranger:
         with pytest.raises(NotFoundError) as hidden:
             stranger.tail_logs(job.job_id)
         assert SECRET not in str(hidden.value)

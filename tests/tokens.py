@@ -1,17 +1,16 @@
-"""Tokens for other users of a running test backend, made with the real CLI."""
+"""Create tokens the way an operator does: with the CLI, against the backend's data dir."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
-from .backend_process import BackendProcess
 
-
-def create_token(backend: BackendProcess, name: str, scopes: tuple[str, ...] = ("jobs:read", "jobs:write")) -> str:
-    output = subprocess.run(
-        [sys.executable, "-m", "cortex_backend", "token", "create", "--name", name, "--scopes", *scopes,
-         "--data-dir", str(backend.data_dir)],
-        check=True, capture_output=True, text=True,
+def create_token(data_dir: Path, name: str, *scopes: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "cortex_nb.cli", "backend", "token", "create", "--name", name, "--data-dir", str(data_dir),
+         "--scopes", *scopes],
+        capture_output=True, text=True, check=True,
     )
-    return output.stdout.strip()
+    return result.stdout.strip()

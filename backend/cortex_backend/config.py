@@ -35,6 +35,25 @@ class BackendSettings:
     max_body_bytes: int = wire.MAX_BODY_BYTES
     # Log lines kept per job; older lines are dropped and the logs say how many.
     log_retention_lines: int = 100_000
+    # Stop when this process exits (the embedded backend follows the kernel that started it).
+    parent_pid: int | None = None
+
+    # Source runs (docs/job-spec.md) ------------------------------------------------------------
+    # Where runs' work dirs live; emptied at every start-up. Default: DATA_DIR/workspace.
+    runs_workspace: Path | None = None
+    # "auto": network, mount and PID namespaces where the host allows them; "off": never (tier none).
+    run_namespaces: str = "auto"
+    # Per-process address-space limit. None: the host's RAM for CPU runs, none for GPU runs (CUDA
+    # reserves far more virtual address space than it uses).
+    run_address_space_mib: int | None = None
+    run_max_file_mib: int = 16 * 1024
+    run_max_processes: int = 512
+    # How long a stopped run's processes get between SIGTERM and SIGKILL.
+    run_kill_grace_s: float = 5.0
+    # Size cap of a run's private /tmp (a tmpfs: it counts against memory only as it is filled).
+    run_tmp_mib: int = 1024
+    # When the backend is root, each concurrent run executes as its own uid from this pool.
+    run_uid_base: int = 1_500_000_000
 
     # observability --------------------------------------------------------------------------
     # Seconds between device samples (pynvml + psutil); 0 turns the monitor off.
@@ -47,6 +66,8 @@ class BackendSettings:
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).expanduser().resolve()
         self.models = {name: Path(path).expanduser().resolve() for name, path in self.models.items()}
+        if self.runs_workspace is not None:
+            self.runs_workspace = Path(self.runs_workspace).expanduser().resolve()
 
     @property
     def db_path(self) -> Path:
@@ -64,3 +85,12 @@ class BackendSettings:
     @property
     def uploads_dir(self) -> Path:
         return self.data_dir / "uploads"
+
+    @property
+    def runs_dir(self) -> Path:
+        """Each run's verified source archive, sandbox config and collected outputs."""
+        return self.data_dir / "runs"
+
+    @property
+    def workspace_dir(self) -> Path:
+        return self.runs_workspace or self.data_dir / "workspace"

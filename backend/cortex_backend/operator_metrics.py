@@ -44,8 +44,10 @@ class LiveState:
         latest_samples: Callable[[], list[dict[str, Any]]],
         gpu_unavailable_reason: Callable[[], str | None],
         log_counts: Callable[[], dict[str, int]],
+        active_sub_jobs: Callable[[], int],
     ) -> None:
         self.capacity = capacity
+        self.active_sub_jobs = active_sub_jobs
         self.job_counts = job_counts
         self.latest_samples = latest_samples
         self.gpu_unavailable_reason = gpu_unavailable_reason
@@ -58,14 +60,14 @@ class _StateCollector:
 
     def collect(self) -> Iterator[Metric]:
         capacity = self.state.capacity()
-        queue = GaugeMetricFamily("cortex_queue_depth", "jobs waiting for a device slot")
+        queue = GaugeMetricFamily("cortex_queue_depth", "jobs and source runs waiting for a device slot")
         queue.add_metric([], capacity.get("pending", 0))
         yield queue
-        active = GaugeMetricFamily("cortex_active_sub_jobs", "sub-jobs placed on a device (starting or running)")
-        active.add_metric([], capacity.get("slots_in_use", 0))
+        active = GaugeMetricFamily("cortex_active_sub_jobs", "sub-jobs and source runs placed on a device (starting or running)")
+        active.add_metric([], self.state.active_sub_jobs())
         yield active
-        in_use = GaugeMetricFamily("cortex_device_slots_in_use", "sub-job slots in use per device", labels=["device"])
-        total = GaugeMetricFamily("cortex_device_slots", "sub-job slots per device", labels=["device"])
+        in_use = GaugeMetricFamily("cortex_device_slots_in_use", "slots in use per device (sub-jobs and runs)", labels=["device"])
+        total = GaugeMetricFamily("cortex_device_slots", "slots per device", labels=["device"])
         for device in capacity.get("devices", []):
             in_use.add_metric([device["id"]], device["slots_in_use"])
             total.add_metric([device["id"]], device["slots"])

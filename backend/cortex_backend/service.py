@@ -23,6 +23,7 @@ from .models import ModelCatalog
 from .monitor import Monitor
 from .operator_metrics import LiveState, OperatorMetrics
 from .requests import RequestManager
+from .runs.manager import RunManager
 from .scheduler import Scheduler
 from .store import Store
 from .telemetry import TelemetrySink
@@ -38,6 +39,10 @@ class Service:
     def __init__(self, settings: BackendSettings, executor: Executor | None = None) -> None:
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+        # The store (job specs, logs, token hashes) and the admin token live here: only the backend's user
+        # may enter. mkdir's default left the SQLite file readable by every local user.
+        with contextlib.suppress(OSError):
+            settings.data_dir.chmod(0o700)
         self.store = Store(settings.db_path)
         self.catalog = ModelCatalog(settings.models)
         self.devices = detect_devices(settings.devices, settings.sub_jobs_per_device)
@@ -48,6 +53,7 @@ class Service:
         self.logs = LogBook(self.store, settings.log_retention_lines)
         self.uploads = UploadStore(settings.uploads_dir)
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.waiters.notify(job_id))
+        self.runs = RunManager(settings, self.store, self.catalog, self.scheduler, self.logs, self.uploads, self.jobs.admit)
         self._sweeper: asyncio.Task | None = None
         # observability
         self.monitor = Monitor(self.store, self.devices, settings.monitor_interval_s, settings.metrics_retention_s)
@@ -59,6 +65,7 @@ class Service:
             latest_samples=self.monitor.latest,
             gpu_unavailable_reason=lambda: self.monitor.gpu_unavailable_reason,
             log_counts=lambda: {"appended": self.logs.lines_appended, "dropped": self.logs.lines_dropped},
+            active_sub_jobs=lambda: len(self.store.active_sub_jobs()),
         ))
         self.telemetry = TelemetrySink(self.operator_metrics)
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.forget(job_id))
@@ -71,6 +78,7 @@ class Service:
         self.requests.recover_after_restart()
         if failed:
             log.warning("%d job(s) were in flight at the last stop and are now failed (backend_restarted)", failed)
+        await self.runs.start()
         await self.executor.start()
         self._sweeper = asyncio.create_task(self._sweep_idle_jobs())
         self.monitor.start()
@@ -83,6 +91,7 @@ class Service:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.events.stop()
+        await self.runs.stop()
         await self.executor.shutdown()
         self.monitor.stop()
         self.store.close()

@@ -96,6 +96,26 @@ CREATE TABLE IF NOT EXISTS logs (
     line TEXT NOT NULL,
     PRIMARY KEY (job_id, seq)
 );
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    submission_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    status TEXT NOT NULL,
+    failure_code TEXT,
+    failure_message TEXT,
+    spec TEXT NOT NULL,
+    manifest TEXT NOT NULL,
+    devices TEXT NOT NULL DEFAULT '[]',
+    isolation TEXT,
+    outputs TEXT NOT NULL DEFAULT '{}',
+    report TEXT NOT NULL DEFAULT '{}',
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    UNIQUE (owner, submission_id)
+);
+CREATE INDEX IF NOT EXISTS runs_owner_created ON runs(owner, created_at);
 -- observability: the event feed, written by triggers so no status change can bypass it ------------
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -383,6 +403,63 @@ class Store:
         rows = self._rows("SELECT COALESCE(MIN(seq), 0) AS seq FROM logs WHERE job_id = ?", (job_id,))
         return rows[0]["seq"]
 
+    # source runs ------------------------------------------------------------------------------
+    _RUN_JSON = ("spec", "manifest", "devices", "isolation", "outputs", "report")
+
+    def _run_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        for name in self._RUN_JSON:
+            row[name] = _loads(row[name])
+        return row
+
+    def insert_run(self, run: dict[str, Any]) -> None:
+        self._execute(
+            "INSERT INTO runs (id, owner, submission_id, name, status, spec, manifest, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (run["id"], run["owner"], run["submission_id"], run["name"], run["status"], json.dumps(run["spec"]),
+             json.dumps(run["manifest"]), time.time()),
+        )
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM runs WHERE id = ?", (run_id,))
+        return self._run_row(rows[0]) if rows else None
+
+    def run_by_submission(self, owner: str, submission_id: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM runs WHERE owner = ? AND submission_id = ?", (owner, submission_id))
+        return self._run_row(rows[0]) if rows else None
+
+    def list_runs(
+        self, owner: str | None, status: str | None, limit: int, before: tuple[float, str] | None
+    ) -> list[dict[str, Any]]:
+        """Newest first; `before` is the (created_at, id) of the last run of the previous page."""
+        clauses, params = [], []
+        if owner is not None:
+            clauses.append("owner = ?")
+            params.append(owner)
+        if status is not None:
+            clauses.append("status = ?")
+            params.append(status)
+        if before is not None:
+            clauses.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            params.extend([before[0], before[0], before[1]])
+        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        rows = self._rows(f"SELECT * FROM runs {where} ORDER BY created_at DESC, id DESC LIMIT ?", [*params, limit])
+        return [self._run_row(row) for row in rows]
+
+    def runs_with_status(self, statuses: Iterable[str]) -> list[dict[str, Any]]:
+        statuses = list(statuses)
+        marks = ",".join("?" * len(statuses))
+        rows = self._rows(f"SELECT * FROM runs WHERE status IN ({marks}) ORDER BY created_at, id", statuses)
+        return [self._run_row(row) for row in rows]
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        if not fields:
+            return
+        for name in self._RUN_JSON:
+            if name in fields:
+                fields[name] = json.dumps(fields[name])
+        columns = ", ".join(f"{name} = ?" for name in fields)
+        self._execute(f"UPDATE runs SET {columns} WHERE id = ?", [*fields.values(), run_id])
+
 
     # observability: events ---------------------------------------------------------------------
     def events_after(self, after: int, owner: str | None, limit: int) -> list[dict[str, Any]]:
@@ -432,11 +509,16 @@ class Store:
         return self._execute("DELETE FROM device_samples WHERE at < ?", (older_than,)).rowcount
 
     def active_sub_jobs(self) -> list[dict[str, Any]]:
-        """Sub-jobs placed on a device and not finished: who a device sample is attributed to."""
-        return self._rows(
+        """Sub-jobs (and source runs, as sub-job 'main' of the run, as in their logs) placed on a device
+        and not finished: who a device sample is attributed to."""
+        rows = self._rows(
             "SELECT job_id, id AS sub_job_id, device FROM sub_jobs WHERE status IN ('starting', 'running')"
             " AND device IS NOT NULL ORDER BY job_id, position"
         )
+        for run in self._rows("SELECT id, devices FROM runs WHERE status IN ('starting', 'running') ORDER BY created_at"):
+            for device in sorted(set(json.loads(run["devices"] or "[]"))):
+                rows.append({"job_id": run["id"], "sub_job_id": "main", "device": device})
+        return rows
 
     def job_counts_by_status(self) -> dict[str, int]:
         return {row["status"]: row["n"] for row in self._rows("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status")}

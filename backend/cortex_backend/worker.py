@@ -59,7 +59,7 @@ class Worker:
         self.state = ModelState(info, spec)
         if self.sub_job_type == "training":
             self.trainer = Trainer(self.state, spec.get("optimizer"))
-        described = self.state.describe()
+        described = {**self.state.describe(), "pid": os.getpid()}
         print(
             f"[engine] {message['sub_job_id']} ready: {info.name} on {described['device']} ({described['dtype']}),"
             f" {described['trainable_parameters']:,} trainable of {described['total_parameters']:,} parameters",
