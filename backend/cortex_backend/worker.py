@@ -33,6 +33,7 @@ class Worker:
         self.state = None
         self.trainer = None
         self.sub_job_type = ""
+        self.forward_backward_calls = 0
         self.operations: dict[str, Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]]] = {
             "noop": self.noop,
             "forward_backward": self.forward_backward,
@@ -73,6 +74,14 @@ class Worker:
     def forward_backward(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         tensors, metadata = wire.decode_frame(blob)
         result, out = self.trainer.forward_backward(tensors, metadata["loss_fn"], metadata.get("loss_fn_config") or {})
+        self.forward_backward_calls += 1
+        speed = result.get("tokens_per_second")
+        print(
+            f"[engine] forward_backward={self.forward_backward_calls} loss={result['loss']:.4g}"
+            f" tokens={result['metrics']['tokens:sum']} tokens/s={speed or 0:.0f}"
+            f" peak_memory={result['peak_memory_bytes'] / 2**20:.0f}MiB",
+            flush=True,
+        )
         return result, wire.encode_frame(out)
 
     def step(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:

@@ -43,6 +43,10 @@ export const PROXIED_ROUTES: Readonly<Record<string, IRouteSpec>> = {
   list_run_outputs: { name: "list_run_outputs", method: "GET", template: "/v1/runs/{run_id}/outputs" },
   get_run_output: { name: "get_run_output", method: "GET", template: "/v1/runs/{run_id}/outputs/{name}" },
   upload_run_chunk: { name: "upload_run_chunk", method: "PUT", template: "/v1/runs/uploads/{upload_id}/chunks/{index}" },
+  job_metrics: { name: "job_metrics", method: "GET", template: "/v1/jobs/{job_id}/metrics" },
+  host_metrics: { name: "host_metrics", method: "GET", template: "/v1/host/metrics" },
+  list_events: { name: "list_events", method: "GET", template: "/v1/events" },
+  client_telemetry: { name: "client_telemetry", method: "POST", template: "/v1/telemetry" },
 };
 
 export const JOB_STATES = ["pending", "starting", "running", "done", "failed", "cancelled"] as const;

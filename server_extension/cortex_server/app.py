@@ -52,7 +52,8 @@ class CortexServerApp(ExtensionApp):
         arguments = {"connection": self.connection, "api_prefix": api_prefix}
         self.handlers.extend([
             (url_path_join("/", API_PATH, "status"), StatusHandler, arguments),
-            (url_path_join("/", API_PATH, r"(version|v1/.*)"), ProxyHandler, arguments),
+            # Every other path under cortex/api goes through the allowlist, which names what it refuses.
+            (url_path_join("/", API_PATH, r"(.+)"), ProxyHandler, arguments),
         ])
         self.log.info("cortex_server: forwarding %s to %s", api_prefix, self.connection.url)
 
