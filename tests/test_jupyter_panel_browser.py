@@ -142,7 +142,9 @@ def test_sidebar_job_view_logs_and_cancel(page, lab_setup):
         if _proxied("host_metrics"):
             expect(sidebar.locator('.cortex-device[data-device="cpu"] [role="meter"][aria-valuenow]')).to_have_count(2, timeout=30_000)
         if _proxied("list_checkpoints"):
-            expect(view.locator(".cortex-job-checkpoints")).to_contain_text("no checkpoints", timeout=30_000)
+            client.poll_request(job_id, client.save(job_id, checkpoint_id="from-the-browser-test"), timeout_s=120)
+            expect(view.locator('.cortex-job-checkpoints tr[data-checkpoint-id="from-the-browser-test"]')).to_be_visible(
+                timeout=30_000)
         else:
             expect(view).to_contain_text("This backend does not list checkpoints yet.")
         page.screenshot(path=str(SCREENSHOTS / "jupyterlab-job-view.png"))
