@@ -46,7 +46,6 @@ def batch(rows: int, length: int) -> dict[str, np.ndarray]:
 
 def in_process_model():
     import torch
-
     from cortex_backend.engine.loading import build_tiny
     from cortex_backend.engine.lora import apply_lora
 

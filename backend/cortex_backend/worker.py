@@ -157,10 +157,26 @@ class Worker:
                 self.cancelled.discard(request_id)
 
 
+def die_with_parent() -> None:
+    """A worker must not outlive a backend killed without cleanup (it would hold a GPU and compute for no
+    one): ask Linux to SIGKILL it when its parent dies. Elsewhere the closed socket still ends it."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the request took effect
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="cortex-nb worker (started by the backend)")
     parser.add_argument("--fd", type=int, required=True)
     args = parser.parse_args(argv)
+    die_with_parent()
     sock = socket.socket(fileno=args.fd)
     channel = BlockingChannel(sock)
     channel.send({"type": "hello", "pid": os.getpid()})
