@@ -31,6 +31,8 @@ ERROR_STATUS: dict[str, int] = {
     # 401 / 403
     "unauthenticated": 401,
     "forbidden": 403,
+    # Jupyter proxy (server_extension): a backend route it never forwards
+    "route_not_proxied": 403,
     # 404
     "not_found": 404,
     "job_not_found": 404,
@@ -56,6 +58,8 @@ ERROR_STATUS: dict[str, int] = {
     "internal_error": 500,
     "backend_unavailable": 502,
     "version_mismatch": 502,
+    # Jupyter proxy (server_extension): the server has no backend token to forward with
+    "proxy_not_configured": 501,
 }
 
 

@@ -1,0 +1,133 @@
+/**
+ * Calls to the Jupyter server extension: `{baseUrl}cortex/api/status` and the proxied backend routes
+ * `{baseUrl}cortex/api/<backend path>`. Jupyter adds its auth and XSRF headers; the backend token never
+ * reaches the browser.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import { QueryValue, routePath } from './routes';
+import {
+  ICapacity,
+  ICheckpoint,
+  IJob,
+  ILogPage,
+  IMetricsPage,
+  IRequestSummary,
+  IStatus
+} from './types';
+
+export const API_PATH = 'cortex/api';
+
+/** A refusal or failure, with the backend's (or the extension's) stable error code. */
+export class CortexApiError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+    readonly detail: Record<string, unknown> = {}
+  ) {
+    super(message);
+    this.name = 'CortexApiError';
+  }
+}
+
+export class CortexApi {
+  constructor(readonly settings: ServerConnection.ISettings = ServerConnection.makeSettings()) {}
+
+  /** Absolute URL of a path under the extension's mount point. */
+  url(path: string): string {
+    return URLExt.join(this.settings.baseUrl, API_PATH, path);
+  }
+
+  async request<T>(method: string, path: string, body?: unknown, signal?: AbortSignal): Promise<T> {
+    const init: RequestInit = { method, signal };
+    if (body !== undefined) {
+      init.body = JSON.stringify(body);
+      init.headers = { 'Content-Type': 'application/json' };
+    }
+    let response: Response;
+    try {
+      response = await ServerConnection.makeRequest(this.url(path), init, this.settings);
+    } catch (error) {
+      if ((error as Error)?.name === 'AbortError') {
+        throw error;
+      }
+      throw new CortexApiError(0, 'jupyter_unreachable', `cannot reach the Jupyter server: ${error}`);
+    }
+    const text = await response.text();
+    let data: any = null;
+    try {
+      data = text ? JSON.parse(text) : null;
+    } catch {
+      data = null;
+    }
+    if (!response.ok) {
+      const error = data?.error;
+      if (error && typeof error.code === 'string') {
+        throw new CortexApiError(response.status, error.code, error.message ?? '', error.detail ?? {});
+      }
+      throw new CortexApiError(
+        response.status,
+        response.status === 404 ? 'extension_missing' : 'http_error',
+        response.status === 404
+          ? 'the cortex-nb server extension is not enabled on this Jupyter server'
+          : `HTTP ${response.status} ${response.statusText}`
+      );
+    }
+    return data as T;
+  }
+
+  /** Call a backend route by its name in the route table. */
+  call<T>(
+    name: string,
+    params: Record<string, string> = {},
+    query: Record<string, QueryValue> = {},
+    body?: unknown,
+    signal?: AbortSignal
+  ): Promise<T> {
+    const { method, path } = routePath(name, params, query);
+    return this.request<T>(method, path, body, signal);
+  }
+
+  status(): Promise<IStatus> {
+    return this.request<IStatus>('GET', 'status');
+  }
+
+  capacity(): Promise<ICapacity> {
+    return this.call<ICapacity>('capacity');
+  }
+
+  hostMetrics(since: number | null): Promise<IMetricsPage> {
+    return this.call<IMetricsPage>('host_metrics', {}, { since });
+  }
+
+  async listJobs(limit = 50): Promise<IJob[]> {
+    return (await this.call<{ jobs: IJob[] }>('list_jobs', {}, { limit })).jobs;
+  }
+
+  getJob(jobId: string): Promise<IJob> {
+    return this.call<IJob>('get_job', { job_id: jobId });
+  }
+
+  cancelJob(jobId: string): Promise<IJob> {
+    return this.call<IJob>('cancel_job', { job_id: jobId }, {}, {});
+  }
+
+  async listRequests(jobId: string, limit = 50): Promise<IRequestSummary[]> {
+    return (await this.call<{ requests: IRequestSummary[] }>('list_requests', { job_id: jobId }, { limit })).requests;
+  }
+
+  /** Log lines after `cursor`; with `waitS` the backend holds the call until lines arrive (long-poll). */
+  logs(jobId: string, cursor: number, waitS = 0, signal?: AbortSignal): Promise<ILogPage> {
+    return this.call<ILogPage>('job_logs', { job_id: jobId }, { cursor, wait: waitS || undefined, limit: 1000 }, undefined, signal);
+  }
+
+  jobMetrics(jobId: string, since: number | null): Promise<IMetricsPage> {
+    return this.call<IMetricsPage>('job_metrics', { job_id: jobId }, { since });
+  }
+
+  async checkpoints(jobId: string): Promise<ICheckpoint[]> {
+    return (await this.call<{ checkpoints: ICheckpoint[] }>('list_checkpoints', { job_id: jobId })).checkpoints;
+  }
+}

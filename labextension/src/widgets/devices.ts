@@ -1,0 +1,32 @@
+/** The sidebar's devices section: one card per GPU (or CPU slot group) with live bars. */
+import { meter } from '../charts/meter';
+import { h } from '../dom';
+import { IDeviceRow } from '../model';
+
+export function renderDevices(rows: IDeviceRow[], gpuUnavailableReason: string | null): HTMLElement {
+  const section = h('section', { class: 'cortex-section cortex-devices' }, h('h3', {}, 'Devices'));
+  if (!rows.length) {
+    section.appendChild(h('div', { class: 'cortex-muted' }, 'no devices reported yet'));
+  }
+  for (const row of rows) {
+    const extras = [
+      row.temperatureC !== null ? `${Math.round(row.temperatureC)}°C` : '',
+      row.powerW !== null ? `${Math.round(row.powerW)} W` : ''
+    ].filter(Boolean);
+    section.appendChild(
+      h('div', { class: 'cortex-device', 'data-device': row.id },
+        h('div', { class: 'cortex-device-head' },
+          h('span', { class: 'cortex-device-name' }, `${row.id} · ${row.name}`),
+          h('span', { class: 'cortex-muted' }, `${row.slotsInUse}/${row.slots} in use`)
+        ),
+        meter(row.utilizationLabel, row.utilization === null ? null : row.utilization / 100, 'util'),
+        meter(row.memoryLabel, row.memoryFraction, 'memory'),
+        extras.length ? h('div', { class: 'cortex-muted' }, extras.join(' · ')) : null
+      )
+    );
+  }
+  if (gpuUnavailableReason) {
+    section.appendChild(h('div', { class: 'cortex-muted cortex-gpu-reason' }, `No GPU metrics: ${gpuUnavailableReason}`));
+  }
+  return section;
+}

@@ -1,0 +1,34 @@
+"""The panel's TypeScript copy of the contract (labextension/src/contract.ts) matches the Python source
+of truth, and the labextension's version is the package's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from cortex_nb import routes, states
+from cortex_nb.version import __version__
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_generated_contract_is_up_to_date():
+    result = subprocess.run([sys.executable, "scripts/generate_contract.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_contract_holds_every_proxied_route_and_state():
+    text = (ROOT / "labextension" / "src" / "contract.ts").read_text()
+    for route in routes.ROUTES:
+        entry = f'{route.name}: {{ name: "{route.name}", method: "{route.method}", template: "{route.template}" }}'
+        assert (entry in text) == route.proxied, route.name
+    for state in (*states.JOB_STATES, *states.REQUEST_STATES, *states.FAILURE_CODES):
+        assert f'"{state}"' in text
+
+
+def test_labextension_version_is_the_package_version():
+    package = json.loads((ROOT / "labextension" / "package.json").read_text())
+    assert package["version"] == __version__
+    assert package["jupyterlab"]["outputDir"] == "../cortex_nb/labextension"
