@@ -1,5 +1,5 @@
 """How `%cortex connect` finds a backend: explicit target, or the chain env -> default profile ->
-(with the server extension) the Jupyter server's proxy -> instructions.
+the proxy of the Jupyter server this kernel runs under -> instructions.
 
 An explicit source that is configured but unreachable is an error, never a silent fall-through:
 a user who set CORTEX_URL wants that backend, not another one.
@@ -33,17 +33,24 @@ def how_to_connect() -> str:
         "  %cortex connect --local                           an embedded backend on this machine",
         "  %cortex connect http://HOST:8765 --token-env VAR  a backend URL; the token is read from $VAR",
         f"  %cortex connect PROFILE                           a profile in {profiles.config_path()}",
-        "  or set CORTEX_URL and CORTEX_TOKEN in the kernel's environment, then %cortex connect.",
-        "Connecting through the Jupyter server proxy arrives with the cortex server extension.",
+        "  or set CORTEX_URL and CORTEX_TOKEN in the kernel's environment, then %cortex connect;",
+        "  or run the kernel under a Jupyter server with the cortex-nb server extension configured",
+        "  (docs/jupyter.md): %cortex connect then goes through its proxy.",
     ])
 
 
 def discover(**client_options: Any) -> Connection | None:
-    """The first configured source: env CORTEX_URL/CORTEX_TOKEN, then the default profile."""
+    """The first configured source: env CORTEX_URL/CORTEX_TOKEN, the default profile, then the proxy
+    of the Jupyter server running this kernel (the backend token then never enters the kernel)."""
     endpoint = profiles.from_env() or profiles.from_profile(None)
-    if endpoint is None:
-        return None
-    return Connection(Client(endpoint.url, endpoint.token, **client_options), endpoint.source)
+    if endpoint is not None:
+        return Connection(Client(endpoint.url, endpoint.token, **client_options), endpoint.source)
+    from .jupyter_proxy import find_proxy_endpoint
+
+    proxy = find_proxy_endpoint()  # raises, saying why, when a server was found but its proxy cannot serve
+    if proxy is not None:
+        return Connection(Client(proxy.url, proxy.token, **proxy.client_kwargs(), **client_options), proxy.source)
+    return None
 
 
 def connect_profile(name: str, **client_options: Any) -> Connection:

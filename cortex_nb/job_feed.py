@@ -13,32 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .kernel_threads import start_thread
-from .routes import ROUTES_BY_NAME, route
 from .states import JOB_TERMINAL, REQUEST_SUCCEEDED, REQUEST_TERMINAL
 from .widgets.state import JobState
 
 if TYPE_CHECKING:
     from .client import Client
-
-LOG_PAGE = 1000
-
-
-def read_log_page(client: Client, job_id: str, cursor: int = 0, wait_s: float = 0.0, limit: int = LOG_PAGE) -> dict[str, Any]:
-    """One page of log lines after `cursor`; with `wait_s` the backend holds the call until a line arrives."""
-    params = {"cursor": cursor, "limit": limit, "wait": wait_s or None}
-    return client.transport.json("GET", route("job_logs").url(job_id=job_id), params=params,
-                                 timeout_s=(wait_s + 30) if wait_s else None)
-
-
-def read_metrics(client: Client, job_id: str, since: float | None = None) -> dict[str, Any]:
-    """Device samples for a job: {samples, next_since, gpu_unavailable_reason}.
-
-    Raises `NotFoundError` with code `route_not_found` on a backend that serves no metrics.
-    """
-    spec = ROUTES_BY_NAME.get("job_metrics")
-    path = spec.url(job_id=job_id) if spec is not None else route("get_job").url(job_id=job_id) + "/metrics"
-    return client.transport.json("GET", path, params={"since": since})
-
 
 class RequestProgress:
     """Steps and per-token loss of a job driven elsewhere, read back from its finished requests.
@@ -182,7 +161,7 @@ class JobFeed:
 
     def poll_once(self, wait_s: float = 0.0) -> None:
         """One round: new log lines (waiting up to `wait_s`), then whatever else is due."""
-        page = read_log_page(self.client, self.state.job_id, self.log_cursor, wait_s)
+        page = self.client.tail_logs(self.state.job_id, self.log_cursor, wait_s=wait_s)
         self.log_cursor = page["cursor"]
         if page["lines"] or page.get("dropped"):
             self.state.add_log_lines([line["line"] for line in page["lines"]], page.get("dropped", 0))
@@ -198,9 +177,9 @@ class JobFeed:
 
     def _poll_metrics(self) -> None:
         try:
-            page = read_metrics(self.client, self.state.job_id, self.metrics_since)
+            page = self.client.get_job_metrics(self.state.job_id, self.metrics_since)
         except errors.NotFoundError as exc:
-            if exc.code != "route_not_found":
+            if exc.code != "route_not_found":  # an older backend, without GET /v1/jobs/{id}/metrics
                 raise
             self.metrics_available = False
             self.state.add_metrics([], note="this backend serves no device metrics")

@@ -69,6 +69,7 @@ def test_connect_follows_env_then_default_profile_then_prints_how(cortex_shell, 
         assert magics.connection.client.whoami()["owner"] == "admin"
 
         monkeypatch.setenv("CORTEX_CONFIG", str(tmp_path / "absent.toml"))
+        monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "no-jupyter-here"))  # no server to go through
         connected_before = magics.connection
         ran = run_cell(cortex_shell, "%cortex connect")
         assert ran.success
@@ -116,6 +117,21 @@ def test_train_20_steps_returns_job_and_widget_shows_falling_loss(cortex_shell, 
     with Client(backend.url, backend.token) as client:
         job = client.get_job(trained_job.job_id)
     assert job["status"] == "running" and job["name"] == "magic-test"  # stays up for sampling
+
+
+def test_widget_device_chart_shows_cpu_and_ram_from_the_backend_monitor(trained_job):
+    """This host has no NVIDIA GPU: the backend's samples carry CPU/RAM only, and so does the chart."""
+    state = live_run(trained_job.job_id).state
+    wait_until(lambda: len(state.snapshot().metrics.get("cpu_percent", [])) >= 2, 30)
+    snap = state.snapshot()
+    assert snap.metric_kind == "cpu" and snap.metrics_device == snap.devices[0]
+    assert set(snap.metrics) == {"cpu_percent", "ram_percent"}  # no GPU series, not even zeros
+    assert all(0 <= value <= 100 for _, value in snap.metrics["ram_percent"])
+    widget = job_widget._WIDGETS[trained_job.job_id]
+    widget.throttle.mark_dirty()
+    widget.throttle.flush()
+    wait_until(lambda: "<polyline" in widget.device_chart.value, 10)
+    assert f"CPU / RAM (no GPU) {snap.metrics_device}" in widget.device_chart.value
 
 
 def test_train_without_wait_leaves_the_notebook_free(cortex_shell, backend):
@@ -292,6 +308,7 @@ def test_job_widget_is_rebuilt_from_the_backend_after_a_restart(cortex_shell, ow
     assert [step for step, _ in rebuilt.loss] == list(range(1, 21))
     assert [loss for _, loss in rebuilt.loss] == pytest.approx([loss for _, loss in live.loss], rel=1e-6)
     assert rebuilt.model == "tiny" and rebuilt.job_status == "running"
+    wait_until(lambda: widget.state.metric_kind == "cpu", 30)  # device samples since the job started
     widget.cancel_button.click()
     wait_until(lambda: widget.state.job_status == "cancelled", 30)
 

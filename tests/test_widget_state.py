@@ -42,6 +42,13 @@ def test_device_metrics_draw_gpu_when_present_and_cpu_ram_otherwise():
     assert "GPU util %" in svg and "CPU %" not in svg
     ElementTree.fromstring(svg)
 
+    two = JobState("job-two-devices")
+    two.add_metrics([{"at": 1.0, "device": "gpu:1", "gpu_utilization_percent": 10},
+                     {"at": 1.0, "device": "gpu:0", "gpu_utilization_percent": 90},
+                     {"at": 2.0, "device": "gpu:1", "gpu_utilization_percent": 20}])
+    assert two.snapshot().metrics_device == "gpu:1"
+    assert two.snapshot().metrics["gpu_utilization_percent"] == [(0.0, 10.0), (1.0, 20.0)]  # one device per chart
+
     cpu = JobState("job-cpu")
     cpu.add_metrics([{"at": 5.0, "device": "cpu", "cpu_percent": 42.0, "ram_used_bytes": 3 << 30, "ram_total_bytes": 12 << 30}],
                     note="no NVIDIA GPU on this host")

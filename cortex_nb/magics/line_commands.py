@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .. import discovery
+from .. import discovery, errors
 from ..states import JOB_STATES, JOB_TERMINAL
 from ..train_spec import save_supported
 from .registry import checkpoints_supported, noninteractive, subcommand
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 @argument("--data-dir", metavar="DIR", help="with --local: the embedded backend's data dir")
 def connect_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     """Connect to a cortex backend. With no argument it tries, in order: env CORTEX_URL/CORTEX_TOKEN,
-    the default profile, then prints how to connect. (Discovery through the Jupyter server proxy
-    arrives with the cortex server extension.)"""
+    the default profile, the proxy of the Jupyter server running this kernel (the backend token never
+    enters the kernel), then prints how to connect."""
     if args.local:
         connection = discovery.connect_local(args.data_dir)
     elif args.target and "://" in args.target:
@@ -50,7 +50,13 @@ def status_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     """Print where this notebook is connected and what the backend holds."""
     client = self.client()
     version = client.check_version()
-    me = client.whoami()
+    try:
+        me = client.whoami()
+        token = f"owner {me.get('owner')}, scopes {', '.join(me.get('scopes', []))}"
+    except errors.CortexError as exc:
+        if exc.code != "route_not_proxied":
+            raise
+        token = "the Jupyter server's (token details are not forwarded by its proxy)"
     capacity = client.get_capacity()
     jobs = client.list_jobs(limit=500)
     counts: dict[str, int] = {}
@@ -59,7 +65,7 @@ def status_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     kinds = sorted({device.get("kind", "?") for device in capacity["devices"]})
     print(self.connection.describe())
     print(f"backend {version.get('service')} {version.get('version')}, API {version.get('api_version')}")
-    print(f"token: owner {me.get('owner')}, scopes {', '.join(me.get('scopes', []))}")
+    print(f"token: {token}")
     print(f"devices: {len(capacity['devices'])} ({', '.join(kinds)}), slots {capacity['slots_available']}"
           f"/{capacity['slots_total']} free, {capacity.get('pending', 0)} job(s) queued")
     print("jobs: " + (", ".join(f"{count} {status}" for status, count in sorted(counts.items())) or "none"))
@@ -123,13 +129,11 @@ def job_command(self: CortexMagics, args: Any, cell: str | None):
 @argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends (Ctrl-C stops)")
 def logs_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     """Print a job's log tail; with -f keep following it."""
-    from ..job_feed import read_log_page
-
     client = self.client()
     tail: deque[str] = deque(maxlen=max(args.lines, 0))
     cursor, dropped = 0, 0
     while True:
-        page = read_log_page(client, args.job_id, cursor, limit=5000)
+        page = client.tail_logs(args.job_id, cursor, limit=5000)
         dropped += page.get("dropped", 0)
         tail.extend(line["line"] for line in page["lines"])
         cursor = page["cursor"]
@@ -143,7 +147,7 @@ def logs_command(self: CortexMagics, args: Any, cell: str | None) -> None:
         return
     try:
         while True:
-            page = read_log_page(client, args.job_id, cursor, wait_s=10.0)
+            page = client.tail_logs(args.job_id, cursor, wait_s=10.0)
             cursor = page["cursor"]
             for line in page["lines"]:
                 print(line["line"], flush=True)

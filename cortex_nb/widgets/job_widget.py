@@ -253,7 +253,8 @@ def device_chart_svg(snap: Snapshot) -> str:
         lines = [Line("CPU %", COLORS["util"], snap.metrics.get("cpu_percent", [])),
                  Line("RAM %", COLORS["memory"], snap.metrics.get("ram_percent", []))]
         title = "CPU / RAM (no GPU)" if snap.metric_kind == "cpu" else "device"
-    devices = f" {', '.join(snap.devices)}" if snap.devices else ""
+    shown = snap.metrics_device or ", ".join(snap.devices)
+    devices = f" {shown}" if shown else ""
     return line_chart(title + devices, lines, x_label="seconds", y_range=(0.0, 100.0),
                       empty_text=snap.metrics_note or "waiting for device metrics")
 

@@ -109,6 +109,7 @@ class Snapshot:
     metric_kind: str | None
     metrics: dict[str, list[tuple[float, float]]]
     metrics_note: str | None
+    metrics_device: str | None
     log_tail: list[str]
     logs_dropped: int
     samples_step: int | None
@@ -137,6 +138,7 @@ class JobState:
         self.metrics: dict[str, DecimatedSeries] = {}
         self.metrics_note: str | None = None
         self.metrics_origin: float | None = None
+        self.metrics_device: str | None = None
         self.log_tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self.logs_dropped = 0
         self.samples_step: int | None = None
@@ -231,6 +233,10 @@ class JobState:
             if note:
                 self.metrics_note = note
             for sample in samples:
+                # One device on the chart: the first the job's samples name (its trainer's, as a rule).
+                self.metrics_device = self.metrics_device or sample.get("device")
+                if sample.get("device") != self.metrics_device:
+                    continue
                 at = float(sample.get("at") or time.time())
                 if self.metrics_origin is None:
                     self.metrics_origin = at
@@ -294,7 +300,7 @@ class JobState:
                 last_eval=self.eval_loss.last[1] if self.eval_loss.last else None,
                 loss=self.loss.points(), eval_loss=self.eval_loss.points(), metric_kind=self.metric_kind,
                 metrics={name: series.points() for name, series in self.metrics.items()},
-                metrics_note=self.metrics_note, log_tail=list(self.log_tail), logs_dropped=self.logs_dropped,
+                metrics_note=self.metrics_note, metrics_device=self.metrics_device, log_tail=list(self.log_tail), logs_dropped=self.logs_dropped,
                 samples_step=self.samples_step, samples=list(self.samples), checkpoints=list(self.checkpoints),
             )
 
