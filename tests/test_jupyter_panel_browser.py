@@ -5,6 +5,7 @@ commands, and "Open in sidebar" links from notebook outputs. Saves the README's 
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from pathlib import Path
@@ -18,7 +19,8 @@ from .backend_process import start_backend
 from .jupyter_process import start_jupyter
 
 ROOT = Path(__file__).resolve().parent.parent
-SCREENSHOTS = ROOT / "docs" / "images"
+# Screenshots land in artifacts/ (ignored by git); copy them to docs/images/ to refresh the README's.
+SCREENSHOTS = Path(os.environ.get("CORTEX_SCREENSHOT_DIR", ROOT / "artifacts" / "screenshots"))
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

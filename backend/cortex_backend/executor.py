@@ -108,7 +108,12 @@ def worker_environment(device: Device) -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         TRANSFORMERS_VERBOSITY="error",
+        # Library deprecation notices are not the user's to act on; they drown the job's own lines.
+        PYTHONWARNINGS="ignore::FutureWarning",
     )
+    # Sleeping, not spinning, between parallel regions: several CPU workers (and anything else) share
+    # the cores, and spinning OpenMP threads make a loaded host ten times slower (bench_core measures it).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env.update(device.worker_env())
     return env
 
