@@ -209,11 +209,12 @@ class TrainingRun:
             pending.samples = self.job.generate(sample.prompts, max_tokens=sample.max_tokens, temperature=sample.temperature)
         save = self.spec.save
         if save and (final or step % save.every == 0):
-            pending.save = self._submit_save(step, save.type)
+            pending.save = self._submit_save(save.type)
         return pending
 
-    def _submit_save(self, step: int, kind: str) -> APIFuture:
-        return self.job.save(f"step-{step}", checkpoint_type=kind)
+    def _submit_save(self, kind: str) -> APIFuture:
+        # Queued right after this step's `step`, so the backend names it step-<step>.
+        return self.job.save(checkpoint_type=kind)
 
     def _finish(self, pending: _InFlight) -> None:
         """Read one step's results into the state (blocks until the backend has them)."""
