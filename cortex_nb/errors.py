@@ -26,6 +26,7 @@ ERROR_STATUS: dict[str, int] = {
     "chunk_mismatch": 400,
     "spec_invalid": 400,
     "exceeds_capacity": 400,
+    "incompatible_adapter": 400,
     # 401 / 403
     "unauthenticated": 401,
     "forbidden": 403,
@@ -45,6 +46,7 @@ ERROR_STATUS: dict[str, int] = {
     "idempotency_key_reused": 409,
     "checkpoint_in_use": 409,
     "checkpoint_exists": 409,
+    "checkpoint_corrupted": 409,
     # 413 / 429 / 5xx
     "body_too_large": 413,
     "quota_exceeded": 413,

@@ -1,4 +1,4 @@
-"""pandas views of what the backend returns: jobs, samples, capacity, models, requests."""
+"""pandas views of what the backend returns: jobs, samples, capacity, models, requests, checkpoints."""
 
 from __future__ import annotations
 
@@ -68,3 +68,14 @@ def models_frame(models: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
     columns = ["name", "kind", "architecture", "vocab_size", "max_positions", "hidden_size", "num_layers"]
     return pd.DataFrame([{key: model.get(key) for key in columns} for model in models], columns=columns)
+
+
+def checkpoints_frame(checkpoints: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    import pandas as pd
+
+    columns = ["checkpoint_id", "type", "step", "created_at", "size_bytes", "sub_job_id", "base_model", "state_hash"]
+    rows = [
+        {**{key: checkpoint.get(key) for key in columns}, "created_at": _time(checkpoint.get("created_at"))}
+        for checkpoint in checkpoints
+    ]
+    return pd.DataFrame(rows, columns=columns)

@@ -18,6 +18,25 @@ def _model_option(value: str) -> tuple[str, str]:
     return name, path
 
 
+def _byte_count(value: str) -> int:
+    units = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+    text = value.strip().upper().removesuffix("B")
+    number = text.rstrip("KMGTI")
+    unit = text[len(number):]
+    if not number.isdigit() or unit not in units:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a byte count; use e.g. 1000000, 500M, 50G or 8GiB")
+    return int(number) * units[unit]
+
+
+def _fault_option(value: str) -> str:
+    from .faults import parse_fault
+
+    try:
+        return parse_fault(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="backend_command", required=True)
     serve = commands.add_parser("serve", help="run the backend service")
@@ -31,6 +50,10 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--warm-workers", type=int, default=1, help="idle pre-started worker processes per device")
     serve.add_argument("--worker-threads", type=int, default=None, help="torch threads per CPU worker")
     serve.add_argument("--idle-timeout", type=float, default=3600.0, help="seconds without requests before a job is completed")
+    serve.add_argument("--checkpoint-quota-bytes", type=_byte_count, default=None, metavar="BYTES",
+                       help="most bytes of checkpoints one token owner may keep (e.g. 50000000000 or 50G); default: no cap")
+    serve.add_argument("--fault-injection", action="append", type=_fault_option, default=[], metavar="NAME[=SUB_JOB]",
+                       help=argparse.SUPPRESS)  # testing only: see cortex_backend/faults.py
 
     token = commands.add_parser("token", help="manage API tokens")
     token_commands = token.add_subparsers(dest="token_command", required=True)
@@ -53,6 +76,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
             host=args.host, port=args.port, data_dir=args.data_dir, models=dict(args.model), devices=args.devices,
             sub_jobs_per_device=args.sub_jobs_per_device, warm_workers=args.warm_workers,
             worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout,
+            checkpoint_quota_bytes=args.checkpoint_quota_bytes, fault_injection=tuple(args.fault_injection),
         ))
         return 0
     from .auth import create_token
