@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -36,6 +38,18 @@ class ModelState:
         if self.info.path is not None and (self.info.path / "tokenizer.json").exists():
             return FileTokenizer(self.info.path)
         return None
+
+    @contextlib.contextmanager
+    def inference(self) -> Iterator[None]:
+        """Every module in eval mode and no autograd; each module's mode is restored afterwards."""
+        modes = [(module, module.training) for module in self.model.modules()]
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            for module, training in modes:
+                module.training = training
 
     def as_tensor(self, array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
         tensor = torch.from_numpy(array.copy()) if not isinstance(array, torch.Tensor) else array

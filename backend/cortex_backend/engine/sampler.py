@@ -168,17 +168,12 @@ def generate(
         generator.manual_seed(int(seed))
     rows = [(p, s, prompt) for p, prompt in enumerate(prompts) for s in range(n)]
     samples: list[dict[str, Any]] = []
-    was_training = state.model.training
-    state.model.eval()
-    try:
-        with torch.no_grad():
-            for start in range(0, len(rows), ROWS_PER_BATCH):
-                batch = rows[start : start + ROWS_PER_BATCH]
-                outputs = _generate_rows(state, [row[2] for row in batch], params, generator, should_cancel)
-                for (prompt_index, sample_index, _), output in zip(batch, outputs):
-                    samples.append({"prompt_index": prompt_index, "sample_index": sample_index, **output})
-    finally:
-        state.model.train(was_training)
+    with state.inference():
+        for start in range(0, len(rows), ROWS_PER_BATCH):
+            batch = rows[start : start + ROWS_PER_BATCH]
+            outputs = _generate_rows(state, [row[2] for row in batch], params, generator, should_cancel)
+            for (prompt_index, sample_index, _), output in zip(batch, outputs):
+                samples.append({"prompt_index": prompt_index, "sample_index": sample_index, **output})
     elapsed = time.perf_counter() - started
     new_tokens = sum(len(sample["tokens"]) for sample in samples)
     return {

@@ -19,13 +19,8 @@ def model_logits(state: ModelState, tensors: dict[str, np.ndarray]) -> torch.Ten
 
 
 def forward(state: ModelState, tensors: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    was_training = state.model.training
-    state.model.eval()
-    try:
-        with torch.no_grad():
-            logits = model_logits(state, tensors)
-            logprobs = target_logprobs(logits, state.as_tensor(tensors["target_tokens"], torch.long))
-    finally:
-        state.model.train(was_training)
+    with state.inference():
+        logits = model_logits(state, tensors)
+        logprobs = target_logprobs(logits, state.as_tensor(tensors["target_tokens"], torch.long))
     out = logprobs.float().cpu().numpy()
     return {"weight_version": state.weight_version, "shape": list(out.shape)}, {"logprobs": out}

@@ -15,6 +15,18 @@ from .memory import peak_memory, reset_peak
 from .model_state import ModelState
 from .scoring import model_logits
 
+def set_training_mode(model: torch.nn.Module) -> None:
+    """Base-model dropout off, LoRA dropout (the sub-job's `lora.dropout`) on.
+
+    A pretrained model's own dropout (GPT-2 ships 0.1) would make every step random and differ from
+    run to run; fine-tuning regularisation is the adapter's dropout, which the user sets.
+    """
+    model.eval()
+    for name, module in model.named_modules():
+        if name.endswith("lora_dropout") or ".lora_dropout." in name:
+            module.train()
+
+
 DEFAULT_OPTIMIZER: dict[str, Any] = {
     "lr": 1e-4,
     "betas": (0.9, 0.999),
@@ -39,7 +51,7 @@ class Trainer:
         self.step_count = 0
         self.pending_batches = 0
         self.pending_tokens = 0
-        state.model.train()
+        set_training_mode(state.model)
 
     def forward_backward(
         self, tensors: dict[str, np.ndarray], loss_fn: str, loss_fn_config: dict[str, Any]
