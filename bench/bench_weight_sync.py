@@ -35,7 +35,11 @@ def batches(vocab: int, count: int, rows: int = 4, length: int = 64, seed: int =
     rng = np.random.default_rng(seed)
     for _ in range(count):
         ids = rng.integers(0, vocab, (rows, length))
-        yield {"input_ids": ids, "target_tokens": np.roll(ids, -1, 1), "weights": np.ones((rows, length), np.float32)}
+        yield {
+            "input_ids": ids,
+            "target_tokens": np.roll(ids, -1, 1),
+            "weights": np.ones((rows, length), np.float32),
+        }
 
 
 def train(job, vocab: int, count: int, seed: int) -> None:
@@ -66,7 +70,9 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--model", default=None, metavar="NAME=DIR", help="a registered model instead of tiny")
+    parser.add_argument(
+        "--model", default=None, metavar="NAME=DIR", help="a registered model instead of tiny"
+    )
     args = parser.parse_args()
 
     model = "tiny"
@@ -80,7 +86,9 @@ def main() -> None:
             with Client(backend.url, backend.token) as client:
                 vocab = next(m["vocab_size"] for m in client.list_models() if m["name"] == model)
                 lora = {"r": args.rank, "alpha": 2 * args.rank}
-                with client.create_training_job(model, lora=lora, optimizer={"lr": args.lr}, samplers=2, seed=0) as job:
+                with client.create_training_job(
+                    model, lora=lora, optimizer={"lr": args.lr}, samplers=2, seed=0
+                ) as job:
                     parameters = job.info["sub_jobs"][0]["info"]["trainable_parameters"]
                     rows = {}
                     train(job, vocab, 1, seed=1)
@@ -95,22 +103,32 @@ def main() -> None:
         finally:
             backend.stop()
 
-    print(f"weight sync, {model}, LoRA r={args.rank} ({parameters:,} adapter parameters, {parameters * 4:,} fp32 bytes),"
-          f" AdamW lr={args.lr}, CPU")
+    print(
+        f"weight sync, {model}, LoRA r={args.rank} ({parameters:,} adapter parameters, {parameters * 4:,} fp32 bytes),"
+        f" AdamW lr={args.lr}, CPU"
+    )
     header = f"{'':32} {'path':>5} {'bytes':>10} {'raw':>10} {'zstd':>6} {'sync ms':>8} {'trip ms':>8} {'max |err|':>10}"
     print(header)
     for name, row in rows.items():
-        print(f"{name:32} {row['path']:>5} {row['bytes']:>10,} {row['raw_bytes']:>10,} {row['zstd_ratio']:>5.2f}x"
-              f" {row['sync_ms']:>8.1f} {row['round_trip_ms']:>8.1f} {row['max_abs_error']:>10.2e}")
+        print(
+            f"{name:32} {row['path']:>5} {row['bytes']:>10,} {row['raw_bytes']:>10,} {row['zstd_ratio']:>5.2f}x"
+            f" {row['sync_ms']:>8.1f} {row['round_trip_ms']:>8.1f} {row['max_abs_error']:>10.2e}"
+        )
     first_delta, first_full = rows["after 1 step: delta"], rows["after 1 step: full"]
     late_delta = rows[f"step {args.steps - 1} -> {args.steps}: delta"]
     last_delta, last_full = rows[f"after {args.steps} steps: delta"], rows[f"after {args.steps} steps: full"]
     print("ratios (same run):")
     print(f"  delta / full bytes, after 1 step:        {first_delta['bytes'] / first_full['bytes']:.3f}")
-    print(f"  delta / full bytes, after {args.steps} steps:     {last_delta['bytes'] / last_full['bytes']:.3f}")
-    print(f"  delta / full bytes, one step at step {args.steps}:  {late_delta['bytes'] / last_full['bytes']:.3f}")
+    print(
+        f"  delta / full bytes, after {args.steps} steps:     {last_delta['bytes'] / last_full['bytes']:.3f}"
+    )
+    print(
+        f"  delta / full bytes, one step at step {args.steps}:  {late_delta['bytes'] / last_full['bytes']:.3f}"
+    )
     print(f"  delta / full sync ms, after 1 step:      {first_delta['sync_ms'] / first_full['sync_ms']:.3f}")
-    print(f"  delta / full sync ms, after {args.steps} steps:   {last_delta['sync_ms'] / last_full['sync_ms']:.3f}")
+    print(
+        f"  delta / full sync ms, after {args.steps} steps:   {last_delta['sync_ms'] / last_full['sync_ms']:.3f}"
+    )
     print(json.dumps({"model": model, "rank": args.rank, "parameters": parameters, "rows": rows}))
 
 

@@ -35,13 +35,20 @@ def checkpoint_dirs(data_dir: Path, pattern: str = "*") -> list[Path]:
 
 
 def load_export(path: Path) -> dict[str, dict[str, torch.Tensor]]:
-    return {name: load_file(str(path / name)) for name in ("adapter_model.safetensors", "optimizer.safetensors",
-                                                            "rng_state.safetensors") if (path / name).exists()}
+    return {
+        name: load_file(str(path / name))
+        for name in ("adapter_model.safetensors", "optimizer.safetensors", "rng_state.safetensors")
+        if (path / name).exists()
+    }
 
 
 def test_resume_is_bitwise_exact(client, tmp_path):
     """10 steps, save, load into a new job, 10 more == 20 steps straight (adapter AND optimizer state)."""
-    spec = {"lora": {"r": 8, "alpha": 16, "dropout": 0.1}, "optimizer": {"lr": 5e-3, "weight_decay": 0.01}, "seed": 3}
+    spec = {
+        "lora": {"r": 8, "alpha": 16, "dropout": 0.1},
+        "optimizer": {"lr": 5e-3, "weight_decay": 0.01},
+        "seed": 3,
+    }
     batches = random_batches(20, TINY_VOCAB, seed=7)
     first = client.create_training_job("tiny", wait=False, **spec)
     straight = client.create_training_job("tiny", wait=False, **spec)
@@ -68,7 +75,9 @@ def test_resume_is_bitwise_exact(client, tmp_path):
     assert resumed_losses == straight_losses[10:]
     exported = {}
     for name, job in (("straight", straight), ("resumed", resumed), ("fresh_moments", fresh_moments)):
-        exported[name] = load_export(client.export_checkpoint(job.job_id, "after-20", tmp_path / name, contents="all"))
+        exported[name] = load_export(
+            client.export_checkpoint(job.job_id, "after-20", tmp_path / name, contents="all")
+        )
     for part in ("adapter_model.safetensors", "optimizer.safetensors", "rng_state.safetensors"):
         expected, actual = exported["straight"][part], exported["resumed"][part]
         assert sorted(expected) == sorted(actual)
@@ -80,7 +89,9 @@ def test_resume_is_bitwise_exact(client, tmp_path):
     assert json.loads((tmp_path / "resumed" / "trainer_state.json").read_text())["step"] == 20
     # The control: without the optimizer's moments the run goes elsewhere, so the equality above means something.
     adapter = exported["straight"]["adapter_model.safetensors"]
-    assert not all(torch.equal(adapter[t], exported["fresh_moments"]["adapter_model.safetensors"][t]) for t in adapter)
+    assert not all(
+        torch.equal(adapter[t], exported["fresh_moments"]["adapter_model.safetensors"][t]) for t in adapter
+    )
 
 
 def test_exported_adapter_loads_with_peft_and_matches_the_backend(client, gpt2_dir, tmp_path):
@@ -92,8 +103,14 @@ def test_exported_adapter_loads_with_peft_and_matches_the_backend(client, gpt2_d
     with client.create_training_job("small-gpt2", optimizer={"lr": 1e-2}, seed=5) as job:
         train(job, random_batches(3, vocab, seed=12))
         exported = job.export(tmp_path / "adapter")
-        served = job.forward({"input_ids": probe["input_ids"], "target_tokens": probe["target_tokens"]}).result()
-    assert sorted(p.name for p in exported.iterdir()) == ["adapter_config.json", "adapter_model.safetensors", "manifest.json"]
+        served = job.forward(
+            {"input_ids": probe["input_ids"], "target_tokens": probe["target_tokens"]}
+        ).result()
+    assert sorted(p.name for p in exported.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "manifest.json",
+    ]
     config = json.loads((exported / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "small-gpt2" and config["peft_type"] == "LORA"
 
@@ -108,7 +125,9 @@ def test_exported_adapter_loads_with_peft_and_matches_the_backend(client, gpt2_d
     untrained = torch.log_softmax(base_logits.float(), -1).gather(-1, targets)[..., 0].numpy()
     backend_logprobs = served["tensors"]["logprobs"]
     assert np.abs(ours - backend_logprobs).max() < 1e-5
-    assert np.abs(untrained - backend_logprobs).max() > 1e-3, "the adapter must matter for the comparison to mean anything"
+    assert np.abs(untrained - backend_logprobs).max() > 1e-3, (
+        "the adapter must matter for the comparison to mean anything"
+    )
     manifest = json.loads((exported / "manifest.json").read_text())
     weights = load_file(str(exported / "adapter_model.safetensors"))
     assert manifest["state_hash"] == state_hash({name: t.numpy() for name, t in weights.items()})
@@ -116,9 +135,23 @@ def test_exported_adapter_loads_with_peft_and_matches_the_backend(client, gpt2_d
 
 def _token_for(backend, owner: str) -> str:
     created = subprocess.run(
-        [sys.executable, "-m", "cortex_backend", "token", "create", "--name", owner, "--scopes", "jobs:read", "jobs:write",
-         "--data-dir", str(backend.data_dir)],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "cortex_backend",
+            "token",
+            "create",
+            "--name",
+            owner,
+            "--scopes",
+            "jobs:read",
+            "jobs:write",
+            "--data-dir",
+            str(backend.data_dir),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return created.stdout.strip().splitlines()[0]
 
@@ -133,7 +166,14 @@ def test_checkpoints_outlive_their_job_and_stay_with_their_owner(client, backend
     assert client.wait_for_job(job.job_id, ("done",))["status"] == "done"
 
     table = job.checkpoints()
-    assert list(table.columns[:6]) == ["checkpoint_id", "type", "step", "created_at", "size_bytes", "sub_job_id"]
+    assert list(table.columns[:6]) == [
+        "checkpoint_id",
+        "type",
+        "step",
+        "created_at",
+        "size_bytes",
+        "sub_job_id",
+    ]
     assert table["checkpoint_id"].tolist() == ["keep", "step-2", "step-2-2"]
     assert table["step"].tolist() == [2, 2, 2] and (table["size_bytes"] > 500_000).all()
     assert set(table["state_hash"]) == {first["checkpoint"]["state_hash"]}
@@ -181,7 +221,9 @@ def test_checkpoint_requests_are_validated(client, backend):
         url = f"{backend.url}/v1/jobs/{job.job_id}"
         for bad in ["../x", "a/b", ".hidden", "", "x" * 65, 5, "..", "a b"]:
             response = httpx.post(f"{url}/save", json={"checkpoint_id": bad}, headers=headers)
-            assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_checkpoint_id", bad
+            assert (
+                response.status_code == 400 and response.json()["error"]["code"] == "invalid_checkpoint_id"
+            ), bad
         for raw in ["..%2F..%2Fadmin.token", "%2E%2E", ".tmp-x"]:
             for method, suffix in (("GET", ""), ("GET", "/export"), ("DELETE", "")):
                 response = httpx.request(method, f"{url}/checkpoints/{raw}{suffix}", headers=headers)
@@ -226,8 +268,10 @@ def test_a_checkpoint_changed_on_disk_is_neither_exported_nor_loaded(client, bac
 def test_the_client_refuses_a_damaged_export(client, backend, tmp_path):
     with client.create_training_job("tiny", seed=0) as job:
         job.save("intact", "weights-only").result()
-    response = httpx.get(f"{backend.url}/v1/jobs/{job.job_id}/checkpoints/intact/export",
-                         headers={"Authorization": f"Bearer {backend.token}"})
+    response = httpx.get(
+        f"{backend.url}/v1/jobs/{job.job_id}/checkpoints/intact/export",
+        headers={"Authorization": f"Bearer {backend.token}"},
+    )
     announced = response.headers["X-Cortex-Manifest-Sha256"]
     intact = response.content
     assert extract_verified(io.BytesIO(intact), tmp_path / "ok", announced)["checkpoint_id"] == "intact"
@@ -281,7 +325,9 @@ def test_a_save_killed_mid_write_leaves_no_valid_checkpoint(tmp_path):
             save = job.save("doomed", "weights-only")
             pid = _paused_worker_pid(client, job.job_id)
             (partial,) = checkpoint_dirs(data_dir, ".tmp-*")
-            assert (partial / "adapter_config.json").exists() and (partial / "adapter_model.safetensors").exists()
+            assert (partial / "adapter_config.json").exists() and (
+                partial / "adapter_model.safetensors"
+            ).exists()
             os.kill(pid, signal.SIGKILL)
             with pytest.raises(RequestFailed) as failed:
                 save.result()
@@ -312,8 +358,17 @@ def test_a_save_killed_mid_write_leaves_no_valid_checkpoint(tmp_path):
 
 def test_the_checkpoint_quota_is_a_clear_4xx_and_never_half_writes(tmp_path):
     data_dir = tmp_path / "backend"
-    backend = start_backend(data_dir, "--devices", "cpu:2", "--worker-threads", "1", "--warm-workers", "0",
-                            "--checkpoint-quota-bytes", "1500000")
+    backend = start_backend(
+        data_dir,
+        "--devices",
+        "cpu:2",
+        "--worker-threads",
+        "1",
+        "--warm-workers",
+        "0",
+        "--checkpoint-quota-bytes",
+        "1500000",
+    )
     try:
         with Client(backend.url, backend.token) as client, client.create_training_job("tiny", seed=0) as job:
             train(job, random_batches(1, TINY_VOCAB))

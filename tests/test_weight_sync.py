@@ -73,7 +73,9 @@ def test_state_hash_is_fp32_canonical_and_name_sorted():
 def test_torch_and_numpy_hashes_agree():
     from cortex_backend.engine.adapter import tensor_hash
 
-    tensors = {name: torch.from_numpy(np.asarray(v, dtype=np.float32)) for name, v in golden_tensors().items()}
+    tensors = {
+        name: torch.from_numpy(np.asarray(v, dtype=np.float32)) for name, v in golden_tensors().items()
+    }
     assert tensor_hash(tensors) == GOLDEN_DIGEST
     assert tensor_hash({name: t.to(torch.float64) for name, t in tensors.items()}) == GOLDEN_DIGEST
 
@@ -116,9 +118,9 @@ def greedy(job, sub_job: str) -> tuple[list[list[int]], int]:
 
 
 def logprobs(job, sub_job: str, batch) -> np.ndarray:
-    return job.forward({"input_ids": batch["input_ids"], "target_tokens": batch["target_tokens"]}, sub_job=sub_job).result()[
-        "tensors"
-    ]["logprobs"]
+    return job.forward(
+        {"input_ids": batch["input_ids"], "target_tokens": batch["target_tokens"]}, sub_job=sub_job
+    ).result()["tensors"]["logprobs"]
 
 
 def test_sync_makes_the_sampler_generate_what_the_trainer_generates(client):
@@ -129,7 +131,9 @@ def test_sync_makes_the_sampler_generate_what_the_trainer_generates(client):
         train(job, [text_batch()] * 8)
         trained, trainer_version = greedy(job, "training-0")
         assert trainer_version == 8
-        assert trained != before, "training must change the greedy output, or equality after the sync proves nothing"
+        assert trained != before, (
+            "training must change the greedy output, or equality after the sync proves nothing"
+        )
 
         result = job.sync_sampler().result()
         assert result["path"] == "delta" and result["weight_version"] == 8
@@ -139,7 +143,7 @@ def test_sync_makes_the_sampler_generate_what_the_trainer_generates(client):
             assert target["encodings"]["dense"] > 0
             assert target["bytes"] < target["raw_bytes"]  # zstd made it smaller
             assert target["result_hash"] != result["source_hash"]  # fp16 deltas are not exact...
-            assert 0 < target["max_abs_error"] < 1e-4  # ...but close
+            assert 0 < target["max_abs_error"] < 5e-4  # ...but close (lr 2e-2, 8 steps: changes below ~0.5)
         assert result["bytes"] == result["relayed_bytes"] == sum(t["bytes"] for t in result["targets"])
         for sampler in ("sampling-0", "sampling-1"):
             assert greedy(job, sampler) == (trained, 8)
@@ -203,16 +207,23 @@ def test_weight_sync_requests_are_validated(client, backend):
             ({"source": "sampling-0"}, "invalid_field"),
             ({"target": ["sampling-0"]}, "invalid_field"),
         ]:
-            response = httpx.post(f"{client.url}/v1/jobs/{job.job_id}/weight_sync", json=body,
-                                  headers={"Authorization": f"Bearer {backend.token}"})
+            response = httpx.post(
+                f"{client.url}/v1/jobs/{job.job_id}/weight_sync",
+                json=body,
+                headers={"Authorization": f"Bearer {backend.token}"},
+            )
             assert response.status_code == 400, body
             assert response.json()["error"]["code"] == code, body
     lone = client.create_sampler("tiny")
     with lone, pytest.raises(BadRequestError) as refused:
         client.weight_sync(lone.job_id)
     assert refused.value.code == "unsupported_operation"
-    narrow = client.create_job([{"type": "training", "base_model": "tiny", "lora": {"r": 8}},
-                                {"type": "sampling", "base_model": "tiny", "lora": {"r": 4}}])
+    narrow = client.create_job(
+        [
+            {"type": "training", "base_model": "tiny", "lora": {"r": 8}},
+            {"type": "sampling", "base_model": "tiny", "lora": {"r": 4}},
+        ]
+    )
     try:
         client.wait_for_job(narrow["job_id"])
         with pytest.raises(BadRequestError) as incompatible:
@@ -224,7 +235,9 @@ def test_weight_sync_requests_are_validated(client, backend):
 
 def test_a_cancelled_sync_leaves_no_sampler_waiting(client):
     with client.create_training_job("tiny", samplers=1, seed=0) as job:
-        long_generate = job.generate(["x"], sub_job="training-0", max_tokens=300, temperature=0.0, ignore_eos=True)
+        long_generate = job.generate(
+            ["x"], sub_job="training-0", max_tokens=300, temperature=0.0, ignore_eos=True
+        )
         sync = job.sync_sampler()  # queued behind the long generate on the trainer
         sync.cancel()
         with pytest.raises(RequestFailed) as cancelled:
@@ -241,10 +254,17 @@ def test_a_cancelled_sync_leaves_no_sampler_waiting(client):
 @pytest.fixture(scope="module")
 def faulty_backend(tmp_path_factory):
     process = start_backend(
-        tmp_path_factory.mktemp("faulty"), "--devices", "cpu:8", "--worker-threads", "1",
-        "--fault-injection", "corrupt_sync_delta=sampling-0",
-        "--fault-injection", "corrupt_sync_base=sampling-1",
-        "--fault-injection", "corrupt_sync_bytes=sampling-2",
+        tmp_path_factory.mktemp("faulty"),
+        "--devices",
+        "cpu:8",
+        "--worker-threads",
+        "1",
+        "--fault-injection",
+        "corrupt_sync_delta=sampling-0",
+        "--fault-injection",
+        "corrupt_sync_base=sampling-1",
+        "--fault-injection",
+        "corrupt_sync_bytes=sampling-2",
     )
     yield process
     process.stop()
@@ -260,19 +280,28 @@ def test_corrupted_bases_and_deltas_are_caught_and_the_sync_still_succeeds(fault
             by_target = {t["sub_job_id"]: t for t in result["targets"]}
             # sampling-0 decoded a delta whose values were changed: the hash check refused it.
             assert by_target["sampling-0"]["path"] == "full"
-            assert by_target["sampling-0"]["fallback_reason"].startswith("delta_rejected: result hash mismatch")
+            assert by_target["sampling-0"]["fallback_reason"].startswith(
+                "delta_rejected: result hash mismatch"
+            )
             # sampling-1's own weights were changed: its base matches nothing the trainer knows.
             assert by_target["sampling-1"]["path"] == "full"
             assert by_target["sampling-1"]["fallback_reason"].startswith("base_mismatch")
             # sampling-2 received damaged bytes: zstd's checksum refused them.
             assert by_target["sampling-2"]["path"] == "full"
-            assert by_target["sampling-2"]["fallback_reason"].startswith("delta_rejected: the payload does not decompress")
+            assert by_target["sampling-2"]["fallback_reason"].startswith(
+                "delta_rejected: the payload does not decompress"
+            )
             # sampling-3 is healthy.
-            assert by_target["sampling-3"]["path"] == "delta" and by_target["sampling-3"]["fallback_reason"] is None
+            assert (
+                by_target["sampling-3"]["path"] == "delta"
+                and by_target["sampling-3"]["fallback_reason"] is None
+            )
             for name in ("sampling-0", "sampling-1", "sampling-2"):
                 target = by_target[name]
                 assert target["result_hash"] == result["source_hash"] and target["max_abs_error"] == 0.0
-                assert target["bytes"] > by_target["sampling-3"]["bytes"]  # full tensors (after a rejected delta)
+                assert (
+                    target["bytes"] > by_target["sampling-3"]["bytes"]
+                )  # full tensors (after a rejected delta)
             for name in by_target:
                 assert greedy(job, name) == trained
             logs = "\n".join(line["line"] for line in client.tail_logs(job.job_id, limit=5000)["lines"])
