@@ -17,13 +17,17 @@ from .errors import (
     ConnectionError,
     CortexError,
     NotFoundError,
+    OutputVerificationError,
     PermissionError,
     RateLimitError,
     RequestFailed,
+    RunFailed,
+    SubmissionOutcomeUnknown,
     TimeoutError,
     VersionMismatchError,
 )
 from .futures import APIFuture
+from .runs import RunHandle
 from .training import GenerateResult, Sampler, TrainingJob
 from .transport import RetryPolicy
 from .version import API_VERSION, __version__
@@ -40,12 +44,16 @@ __all__ = [
     "CortexError",
     "GenerateResult",
     "NotFoundError",
+    "OutputVerificationError",
     "PermissionError",
     "PollPolicy",
     "RateLimitError",
     "RequestFailed",
     "RetryPolicy",
+    "RunFailed",
+    "RunHandle",
     "Sampler",
+    "SubmissionOutcomeUnknown",
     "TimeoutError",
     "TrainingJob",
     "VersionMismatchError",

@@ -1,4 +1,4 @@
-"""The `cortex-nb` command: `demo`, and `backend serve|token` for the GPU host."""
+"""The `cortex-nb` command: `demo`, `run`/`runs` (source runs), and `backend serve|token` for the GPU host."""
 
 from __future__ import annotations
 
@@ -13,9 +13,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cortex-nb {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="fine-tune the built-in tiny model on the embedded backend")
-    demo.add_argument("--steps", type=int, default=300)
+    demo.add_argument("--steps", type=int, default=200)
     demo.add_argument("--lr", type=float, default=3e-3)
     demo.add_argument("--data-dir", default=None, help="the embedded backend's data dir (default: ~/.local/share/cortex-nb/local)")
+    run = commands.add_parser("run", help="run your own code on the backend host from a cortex.yaml job spec")
+    run.add_argument("spec", help="the job spec (docs/job-spec.md)")
+    run.add_argument("--wait", action="store_true", help="follow the logs until the run ends; exit 0 only if it is done")
+    run.add_argument("--outputs", metavar="DIR", default=None, help="with --wait: download the outputs (verified) into DIR")
+    run.add_argument("--submission-id", default=None, help="a submission id of your own; submitting it again never runs twice")
+    run.add_argument("--profile", default=None, help="connection profile (default: CORTEX_URL/CORTEX_TOKEN, then the default profile)")
+    runs = commands.add_parser("runs", help="list recent source runs")
+    runs.add_argument("--limit", type=int, default=20)
+    runs.add_argument("--profile", default=None)
     backend = commands.add_parser("backend", help="run or administer the backend service (needs cortex-nb[backend])")
     try:
         from cortex_backend.cli import add_backend_commands
@@ -33,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
 
         run_demo(steps=args.steps, learning_rate=args.lr, data_dir=args.data_dir)
         return
+    if args.command in ("run", "runs"):
+        sys.exit(run_command(args))
     if args.command == "backend":
         if getattr(args, "backend_missing", False):
             print("error: the backend is not installed here; pip install 'cortex-nb[backend]'", file=sys.stderr)
@@ -40,6 +51,44 @@ def main(argv: list[str] | None = None) -> None:
         from cortex_backend.cli import run_backend_command
 
         sys.exit(run_backend_command(args))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """`cortex-nb run` and `cortex-nb runs`."""
+    from .client import Client
+    from .errors import CortexError, SubmissionOutcomeUnknown
+    from .states import JOB_DONE
+
+    try:
+        with Client.from_profile(args.profile) as client:
+            if args.command == "runs":
+                frame = client.history(limit=args.limit)
+                print(frame.to_string(index=False) if len(frame) else "no runs yet")
+                return 0
+            handle = client.run(args.spec, submission_id=args.submission_id)
+            print(f"run {handle.run_id} ({handle.info['name']}) {handle.info['status']}; submission {handle.submission_id}",
+                  flush=True)
+            if not args.wait:
+                return 0
+            for entry in handle.follow_logs():
+                stream = sys.stderr if entry["stream"] == "stderr" else sys.stdout
+                print(f"[{entry['stream']}] {entry['line']}" if entry["stream"] == "system" else entry["line"], file=stream, flush=True)
+            final = handle.wait()
+            report = handle.report()
+            print(f"run {handle.run_id} {final['status']}"
+                  + (f" ({final['failure_code']}: {final['failure_message']})" if final.get("failure_code") else "")
+                  + f"; exit code {report.get('exit_code')}, {report.get('device_seconds')} device-seconds,"
+                  f" peak memory {report.get('peak_memory_bytes')} bytes, isolation {report.get('isolation_tier')}")
+            if args.outputs and final["status"] == JOB_DONE:
+                for name, path in sorted(handle.outputs(dest=args.outputs, keep_paths=True).items()):
+                    print(f"output {name}: {path} (verified)")
+            return 0 if final["status"] == JOB_DONE else 1
+    except SubmissionOutcomeUnknown as exc:
+        print(f"error: {exc}\nresubmit with --submission-id {exc.submission_id} (it never runs twice)", file=sys.stderr)
+        return 3
+    except CortexError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -76,6 +76,9 @@ class Client:
             self.url, token, auth_scheme=auth_scheme, timeout_s=timeout_s, retry=retry,
             extra_headers=extra_headers, cookies=cookies,
         )
+        # Frames above `max_body_bytes` travel as chunks of `chunk_bytes` (each with its SHA-256).
+        self.max_body_bytes = wire.MAX_BODY_BYTES
+        self.chunk_bytes = wire.CHUNK_BYTES
         self.backend_version: dict[str, Any] | None = None
         self._local_backend = None
         if check_version:
@@ -211,12 +214,12 @@ class Client:
         spec = route(name)
         path = spec.url(job_id=job_id)
         params = {"sub_job": sub_job}
-        if len(frame) <= wire.MAX_BODY_BYTES:
+        if len(frame) <= self.max_body_bytes:
             response = self.transport.json(spec.method, path, content=frame, params=params,
                                            headers={"Content-Type": wire.FRAME_CONTENT_TYPE})
             return response["request_id"]
         upload_id = "up-" + uuid.uuid4().hex
-        chunks = wire.split_chunks(frame)
+        chunks = wire.split_chunks(frame, self.chunk_bytes)
         for chunk in chunks:
             self.transport.request(
                 "PUT", route("upload_chunk").url(upload_id=upload_id, index=str(chunk.index)), content=chunk.data,
@@ -402,6 +405,102 @@ class Client:
         """One page of log lines after `cursor`: {lines, cursor, dropped, job_status}."""
         return self._call("job_logs", path_params={"job_id": job_id},
                           params={"cursor": cursor or 0, "limit": limit, "sub_job": sub_job})
+
+    # source runs ---------------------------------------------------------------------------------
+    def run(
+        self,
+        spec: str | Path | Mapping[str, Any],
+        *,
+        submission_id: str | None = None,
+        base_dir: str | Path | None = None,
+        files: Mapping[str, bytes | str] | None = None,
+    ):
+        """Run your own code on the backend host: a `cortex.yaml` path (or a spec mapping) -> `RunHandle`.
+
+        The included files and inputs are captured with a SHA-256 manifest and uploaded; this returns once
+        the backend has verified them and queued the run. If the answer is lost, `SubmissionOutcomeUnknown`
+        names the submission id to `resume`; the same submission id never runs twice.
+        """
+        from .runs import RunHandle, build_submission, load_spec, submit
+
+        checked, folder = load_spec(spec, base_dir)
+        submission = build_submission(checked, folder, files)
+        try:
+            return RunHandle(self, submit(self, submission, submission_id))
+        finally:
+            submission.close()
+
+    def resume(self, submission_id: str):
+        """The run a submission id created (after `SubmissionOutcomeUnknown`); `NotFoundError` if none was."""
+        from .runs import RunHandle
+
+        runs = self.list_runs(submission_id=submission_id)
+        if not runs:
+            raise errors.NotFoundError(
+                f"the backend has no run for submission {submission_id!r}: the submission never arrived."
+                " Submit again with the same submission_id", code="run_not_found", status=404)
+        return RunHandle(self, runs[0])
+
+    def run_handle(self, run_id: str):
+        """Attach to an existing run."""
+        from .runs import RunHandle
+
+        return RunHandle(self, self.get_run(run_id))
+
+    def history(self, limit: int = 20):
+        """Recent runs, newest first, as a pandas DataFrame."""
+        from .views import runs_frame
+
+        return runs_frame(self.list_runs(limit=limit))
+
+    def get_run(self, run_id: str, wait_s: float = 0.0, while_status: str | None = None) -> dict[str, Any]:
+        return self._call("get_run", path_params={"run_id": run_id},
+                          params={"wait": wait_s or None, "while_status": while_status if wait_s else None},
+                          timeout_s=wait_s + 30 if wait_s else None)
+
+    def list_runs(self, status: str | None = None, limit: int = 50, submission_id: str | None = None) -> list[dict[str, Any]]:
+        runs: list[dict[str, Any]] = []
+        cursor = None
+        while len(runs) < limit:
+            page = self._call("list_runs", params={"status": status, "limit": min(limit - len(runs), 500), "cursor": cursor,
+                                                   "submission_id": submission_id})
+            runs.extend(page["runs"])
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
+        return runs
+
+    def cancel_run(self, run_id: str) -> dict[str, Any]:
+        return self._call("cancel_run", path_params={"run_id": run_id})
+
+    def run_logs(self, run_id: str, cursor: int = 0, limit: int = 1000, wait_s: float = 0.0) -> dict[str, Any]:
+        return self._call("run_logs", path_params={"run_id": run_id},
+                          params={"cursor": cursor, "limit": limit, "wait": wait_s or None},
+                          timeout_s=wait_s + 30 if wait_s else None)
+
+    def run_report(self, run_id: str) -> dict[str, Any]:
+        return self._call("run_report", path_params={"run_id": run_id})
+
+    def list_run_outputs(self, run_id: str) -> dict[str, Any]:
+        return self._call("list_run_outputs", path_params={"run_id": run_id})
+
+    def download_run_output(self, run_id: str, name: str, dest: str | Path, expected: dict[str, Any] | None = None) -> Path:
+        """Save one output at `dest` after checking its length and SHA-256 against the backend's record."""
+        from .runs import verify_output_bytes
+
+        if expected is None:
+            rows = {row["name"]: row for row in self.list_run_outputs(run_id)["outputs"]}
+            if name not in rows:
+                raise errors.NotFoundError(f"run {run_id} declares no output {name!r}", code="output_not_declared", status=404)
+            expected = rows[name]
+        response = self.transport.request("GET", route("get_run_output").url(run_id=run_id, name=name))
+        verify_output_bytes(response.content, expected, f"output {name!r} of run {run_id}")
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        partial = dest.with_name(dest.name + ".partial")
+        partial.write_bytes(response.content)
+        partial.replace(dest)
+        return dest
 
     # higher-level objects ------------------------------------------------------------------------
     def create_training_job(self, base_model: str = "tiny", **kwargs: Any):

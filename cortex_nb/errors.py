@@ -26,6 +26,8 @@ ERROR_STATUS: dict[str, int] = {
     "chunk_mismatch": 400,
     "spec_invalid": 400,
     "exceeds_capacity": 400,
+    # source runs
+    "manifest_mismatch": 400,
     "incompatible_adapter": 400,
     # 401 / 403
     "unauthenticated": 401,
@@ -37,6 +39,7 @@ ERROR_STATUS: dict[str, int] = {
     "route_not_found": 404,
     "checkpoint_not_found": 404,
     "run_not_found": 404,
+    "output_not_declared": 404,
     # 405
     "method_not_allowed": 405,
     # 409: the request is fine but the state of things forbids it now
@@ -46,6 +49,7 @@ ERROR_STATUS: dict[str, int] = {
     "idempotency_key_reused": 409,
     "checkpoint_in_use": 409,
     "checkpoint_exists": 409,
+    "output_not_available": 409,
     "checkpoint_corrupted": 409,
     # 413 / 429 / 5xx
     "body_too_large": 413,
@@ -136,6 +140,32 @@ class TimeoutError(CortexError, builtins.TimeoutError):
 
 class VersionMismatchError(CortexError):
     """The backend speaks a different API major version than this client."""
+
+
+# source runs -------------------------------------------------------------------------------------
+class SubmissionOutcomeUnknown(CortexError):
+    """A run was submitted but no answer came back: it may or may not exist on the backend.
+
+    `client.resume(err.submission_id)` returns the run if it was created; submitting again with the same
+    `submission_id` is safe too (a submission id never runs twice).
+    """
+
+    def __init__(self, submission_id: str, cause: BaseException | None = None) -> None:
+        super().__init__(
+            f"the submission {submission_id} got no answer ({cause}); it may have been created."
+            f" Call client.resume({submission_id!r}) to get the run, or submit again with the same submission_id",
+            code="submission_outcome_unknown",
+            detail={"submission_id": submission_id},
+        )
+        self.submission_id = submission_id
+
+
+class OutputVerificationError(CortexError):
+    """A downloaded run output does not match the length or SHA-256 the backend recorded at collection."""
+
+
+class RunFailed(CortexError):
+    """A source run ended failed or cancelled; `code` is its failure code (`timed_out`, `output_missing`, ...)."""
 
 
 def error_class_for_status(status: int) -> type[CortexError]:

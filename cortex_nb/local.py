@@ -69,7 +69,7 @@ def ensure_local_backend(
         return LocalBackend(running["url"], Path(running["token_file"]).read_text().strip(), data_dir, None)
     endpoint_file.unlink(missing_ok=True)
     command = [sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(data_dir),
-               "--devices", devices, "--warm-workers", str(warm_workers)]
+               "--devices", devices, "--warm-workers", str(warm_workers), "--parent-pid", str(os.getpid())]
     for name, path in (models or {}).items():
         command += ["--model", f"{name}={path}"]
     log_file = open(data_dir / "backend.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime

@@ -72,6 +72,16 @@ ROUTES: tuple[Route, ...] = (
     Route("list_models", "GET", "/v1/models", READ),
     Route("tokenize", "POST", "/v1/models/{model}/tokenize", READ),
     Route("detokenize", "POST", "/v1/models/{model}/detokenize", READ),
+    # source runs: a user's own code on the backend host, with verified outputs (docs/job-spec.md)
+    Route("create_run", "POST", "/v1/runs", RUNS),
+    Route("list_runs", "GET", "/v1/runs", READ),
+    Route("get_run", "GET", "/v1/runs/{run_id}", READ),
+    Route("cancel_run", "POST", "/v1/runs/{run_id}/cancel", RUNS),
+    Route("run_logs", "GET", "/v1/runs/{run_id}/logs", READ),
+    Route("run_report", "GET", "/v1/runs/{run_id}/report", READ),
+    Route("list_run_outputs", "GET", "/v1/runs/{run_id}/outputs", READ),
+    Route("get_run_output", "GET", "/v1/runs/{run_id}/outputs/{name}", READ),
+    Route("upload_run_chunk", "PUT", "/v1/runs/uploads/{upload_id}/chunks/{index}", RUNS),
     # tokens: never through the proxy
     Route("whoami", "GET", "/v1/whoami", READ),
 )

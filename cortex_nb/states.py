@@ -55,3 +55,17 @@ FAILURE_CODES = {
     "weight_sync_failed": "a sampler could not take the trainer's weights; it kept its previous ones",
     "weight_sync_timeout": "a weight-sync participant did not answer in time",
 }
+
+# Failure codes a source run ends with (docs/job-spec.md). Stable: users match on them.
+RUN_FAILURE_CODES = {
+    "workload_runtime_failed": "the command exited non-zero or was killed by a signal; see exit_code and the logs",
+    "workload_out_of_memory": "the workload ran out of memory (its address-space limit, or the device's memory)",
+    "output_missing": "a required output was not written",
+    "output_too_large": "an output is larger than its max_bytes",
+    "timed_out": "the run passed its timeout_seconds and was stopped",
+    "cancelled": "cancelled by the user",
+    "isolation_unsupported": "isolation: required, and this host cannot give the run a network namespace",
+    "spec_invalid": "the spec was refused",
+    "sandbox_failed": "the backend could not set up the run's sandbox; see the message",
+    "backend_restarted": "the backend restarted while the run was in flight",
+}

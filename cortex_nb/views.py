@@ -1,4 +1,4 @@
-"""pandas views of what the backend returns: jobs, samples, capacity, models, requests, checkpoints."""
+"""pandas views of what the backend returns: jobs, samples, capacity, models, requests, runs, checkpoints."""
 
 from __future__ import annotations
 
@@ -68,6 +68,32 @@ def models_frame(models: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
     columns = ["name", "kind", "architecture", "vocab_size", "max_positions", "hidden_size", "num_layers"]
     return pd.DataFrame([{key: model.get(key) for key in columns} for model in models], columns=columns)
+
+
+RUN_COLUMNS = ["run_id", "name", "status", "failure_code", "exit_code", "isolation_tier", "devices", "created_at",
+               "finished_at", "submission_id"]
+
+
+def runs_frame(runs: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Source runs, one row each (what `client.history()` shows)."""
+    import pandas as pd
+
+    rows = [
+        {
+            "run_id": run["run_id"],
+            "name": run.get("name"),
+            "status": run["status"],
+            "failure_code": run.get("failure_code"),
+            "exit_code": run.get("exit_code"),
+            "isolation_tier": run.get("isolation_tier"),
+            "devices": ", ".join(run.get("devices") or []),
+            "created_at": _time(run.get("created_at")),
+            "finished_at": _time(run.get("finished_at")),
+            "submission_id": run.get("submission_id"),
+        }
+        for run in runs
+    ]
+    return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 
 def checkpoints_frame(checkpoints: Sequence[dict[str, Any]]) -> pd.DataFrame:

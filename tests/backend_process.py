@@ -49,7 +49,7 @@ class BackendProcess:
             return False
 
 
-def start_backend(data_dir: Path, *args: str, timeout_s: float = 60.0) -> BackendProcess:
+def start_backend(data_dir: Path, *args: str, timeout_s: float = 60.0, env: dict[str, str] | None = None) -> BackendProcess:
     data_dir.mkdir(parents=True, exist_ok=True)
     endpoint = data_dir / "backend.json"
     endpoint.unlink(missing_ok=True)
@@ -57,6 +57,7 @@ def start_backend(data_dir: Path, *args: str, timeout_s: float = 60.0) -> Backen
     process = subprocess.Popen(
         [sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(data_dir), *args],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        env={**os.environ, **env} if env else None,
     )
     log.close()
     deadline = time.monotonic() + timeout_s

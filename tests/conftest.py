@@ -36,3 +36,25 @@ def client(backend) -> Client:
         yield client
 
 
+# source runs -----------------------------------------------------------------------------------
+# Planted in the runs backend's environment: a run must never see them (tests/test_runs_sandbox.py).
+RUNS_BACKEND_SECRETS = {"CORTEX_TOKEN": "ctx_planted-secret-token", "HF_TOKEN": "hf_planted-secret", "RUNS_TEST_CANARY": "canary-4711"}
+
+
+@pytest.fixture(scope="session")
+def runs_backend(tmp_path_factory, gpt2_dir) -> BackendProcess:
+    """A backend for source runs: 4 CPU slots, a 1 GiB address-space limit (so a memory hog fails
+    fast), a 1 s kill grace, and planted secrets in its environment."""
+    process = start_backend(
+        tmp_path_factory.mktemp("runs-backend"), "--model", f"small-gpt2={gpt2_dir}", "--devices", "cpu:4",
+        "--warm-workers", "0", "--run-address-space-mib", "1024", "--run-kill-grace", "1",
+        env=RUNS_BACKEND_SECRETS,
+    )
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def runs_client(runs_backend) -> Client:
+    with Client(runs_backend.url, runs_backend.token) as client:
+        yield client

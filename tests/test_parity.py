@@ -8,7 +8,7 @@ import torch
 
 from cortex_nb import Client
 
-from .reference import ReferenceTrainer, reference_base, reference_logprobs, reference_lora, random_batch
+from .reference import ReferenceTrainer, random_batch, reference_base, reference_logprobs, reference_lora
 
 STEPS = 5
 LR = 1e-2

@@ -6,7 +6,7 @@ import tornado.web
 
 from cortex_nb import routes
 
-from .handlers import checkpoints, jobs, logs, meta, requests, uploads
+from .handlers import checkpoints, jobs, logs, meta, requests, runs, uploads
 from .handlers.base import NotFoundHandler
 from .service import Service
 
@@ -34,6 +34,16 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "cancel_request": requests.RequestCancelHandler,
     "upload_chunk": uploads.UploadChunkHandler,
     "job_logs": logs.JobLogsHandler,
+    # source runs
+    "create_run": runs.RunsHandler,
+    "list_runs": runs.RunsHandler,
+    "get_run": runs.RunHandler,
+    "cancel_run": runs.RunCancelHandler,
+    "run_logs": runs.RunLogsHandler,
+    "run_report": runs.RunReportHandler,
+    "list_run_outputs": runs.RunOutputsHandler,
+    "get_run_output": runs.RunOutputHandler,
+    "upload_run_chunk": runs.RunUploadChunkHandler,
     # checkpoints and weight sync
     "save": requests.OperationHandler,
     "load": requests.OperationHandler,

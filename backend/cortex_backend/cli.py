@@ -54,6 +54,18 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
                        help="most bytes of checkpoints one token owner may keep (e.g. 50000000000 or 50G); default: no cap")
     serve.add_argument("--fault-injection", action="append", type=_fault_option, default=[], metavar="NAME[=SUB_JOB]",
                        help=argparse.SUPPRESS)  # testing only: see cortex_backend/faults.py
+    serve.add_argument("--parent-pid", type=int, default=None, help="stop when this process exits (used by Client.local())")
+    runs = serve.add_argument_group("source runs (docs/job-spec.md)")
+    runs.add_argument("--runs-workspace", type=Path, default=None, help="where runs' work dirs live (default DATA_DIR/workspace)")
+    runs.add_argument("--run-namespaces", choices=("auto", "off"), default="auto",
+                      help="'auto': network, mount and PID namespaces where the host allows; 'off': none")
+    runs.add_argument("--run-address-space-mib", type=int, default=None,
+                      help="per-process address-space limit (default: host RAM for CPU runs, none for GPU runs)")
+    runs.add_argument("--run-max-file-mib", type=int, default=16 * 1024, help="largest file a run may write")
+    runs.add_argument("--run-max-processes", type=int, default=512, help="processes and threads per run")
+    runs.add_argument("--run-kill-grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL when a run is stopped")
+    runs.add_argument("--run-tmp-mib", type=int, default=1024, help="size cap of a run's private /tmp")
+    runs.add_argument("--run-uid-base", type=int, default=1_500_000_000, help="first uid runs execute as (root backends)")
 
     token = commands.add_parser("token", help="manage API tokens")
     token_commands = token.add_subparsers(dest="token_command", required=True)
@@ -70,14 +82,25 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
 
 def run_backend_command(args: argparse.Namespace) -> int:
     if args.backend_command == "serve":
+        from .models import ModelCatalog
         from .server import serve
 
-        serve(BackendSettings(
+        settings = BackendSettings(
             host=args.host, port=args.port, data_dir=args.data_dir, models=dict(args.model), devices=args.devices,
             sub_jobs_per_device=args.sub_jobs_per_device, warm_workers=args.warm_workers,
-            worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout,
+            worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout, parent_pid=args.parent_pid,
+            runs_workspace=args.runs_workspace, run_namespaces=args.run_namespaces,
+            run_address_space_mib=args.run_address_space_mib, run_max_file_mib=args.run_max_file_mib,
+            run_max_processes=args.run_max_processes, run_kill_grace_s=args.run_kill_grace, run_tmp_mib=args.run_tmp_mib,
+            run_uid_base=args.run_uid_base,
             checkpoint_quota_bytes=args.checkpoint_quota_bytes, fault_injection=tuple(args.fault_injection),
-        ))
+        )
+        try:
+            ModelCatalog(settings.models)  # refuse unsafe or broken model directories before starting
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        serve(settings)
         return 0
     from .auth import create_token
     from .store import Store

@@ -40,9 +40,31 @@ class BackendSettings:
     # Test-only fault injection (see faults.py): "NAME" or "NAME=SUB_JOB_ID". Empty in any real deployment.
     fault_injection: tuple[str, ...] = ()
 
+    # Stop when this process exits (the embedded backend follows the kernel that started it).
+    parent_pid: int | None = None
+
+    # Source runs (docs/job-spec.md) ------------------------------------------------------------
+    # Where runs' work dirs live; emptied at every start-up. Default: DATA_DIR/workspace.
+    runs_workspace: Path | None = None
+    # "auto": network, mount and PID namespaces where the host allows them; "off": never (tier none).
+    run_namespaces: str = "auto"
+    # Per-process address-space limit. None: the host's RAM for CPU runs, none for GPU runs (CUDA
+    # reserves far more virtual address space than it uses).
+    run_address_space_mib: int | None = None
+    run_max_file_mib: int = 16 * 1024
+    run_max_processes: int = 512
+    # How long a stopped run's processes get between SIGTERM and SIGKILL.
+    run_kill_grace_s: float = 5.0
+    # Size cap of a run's private /tmp (a tmpfs: it counts against memory only as it is filled).
+    run_tmp_mib: int = 1024
+    # When the backend is root, each concurrent run executes as its own uid from this pool.
+    run_uid_base: int = 1_500_000_000
+
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).expanduser().resolve()
         self.models = {name: Path(path).expanduser().resolve() for name, path in self.models.items()}
+        if self.runs_workspace is not None:
+            self.runs_workspace = Path(self.runs_workspace).expanduser().resolve()
 
     @property
     def db_path(self) -> Path:
@@ -64,3 +86,12 @@ class BackendSettings:
     @property
     def checkpoints_dir(self) -> Path:
         return self.data_dir / "checkpoints"
+
+    @property
+    def runs_dir(self) -> Path:
+        """Each run's verified source archive, sandbox config and collected outputs."""
+        return self.data_dir / "runs"
+
+    @property
+    def workspace_dir(self) -> Path:
+        return self.runs_workspace or self.data_dir / "workspace"

@@ -129,7 +129,7 @@ class JobManager:
                 "exceeds_capacity",
                 f"the job needs {slots} device slot(s)"
                 + (f" with at least {min_memory / 2**30:g} GiB" if min_memory else "")
-                + f" but this backend cannot give that (GET /v1/capacity shows its devices)",
+                + " but this backend cannot give that (GET /v1/capacity shows its devices)",
                 {"field": "sub_jobs"},
             )
         spec.setdefault("idle_timeout_s", self.default_idle_timeout_s)
@@ -155,7 +155,7 @@ class JobManager:
                 self.scheduler.release(job_id)
                 continue
             self._set_job_status(job_id, states.JOB_STARTING, started_at=time.time())
-            for sub, device in zip(job["sub_jobs"], placement):
+            for sub, device in zip(job["sub_jobs"], placement, strict=True):
                 self.store.update_sub_job(job_id, sub["id"], status=states.JOB_STARTING, device=device.id)
                 assignment = SubJobAssignment(
                     job_id, sub["id"], sub["type"], sub["spec"], self.catalog.get(sub["spec"]["base_model"]), device

@@ -37,6 +37,7 @@ TINY_CONFIG: dict[str, Any] = {
     "rms_norm_eps": 1e-5,
 }
 TINY_SEED = 1234
+TINY_HEAD_SCALE = 10.0
 
 
 @dataclass(frozen=True)

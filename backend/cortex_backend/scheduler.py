@@ -3,11 +3,16 @@
 Strict first-in, first-out: a job that does not fit blocks the ones behind it, so a large job is
 never starved by a stream of small ones. Each sub-job takes one slot on one device; a job's
 sub-jobs are kept on one device when they fit there (trainer and sampler share weights cheaply).
+
+Source runs wait in the same queue. A run that asks for N GPUs is `exclusive`: it takes N distinct
+GPUs whole (every slot on each), since a user's script may use all of a device's memory. Holders of
+a kind other than "job" are handed to that kind's admission listener instead of being returned.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from .devices import Device
 
@@ -18,21 +23,34 @@ class Scheduler:
         self._used: dict[str, int] = {device.id: 0 for device in devices}
         self._placements: dict[str, list[Device]] = {}
         self._pending: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        # Source runs ---------------------------------------------------------------------------
+        self._kinds: dict[str, str] = {}
+        self._exclusive: set[str] = set()
+        # kind -> called with (holder_id, placement) when a holder of that kind is admitted.
+        self.admission_listeners: dict[str, Callable[[str, list[Device]], None]] = {}
 
     @property
     def total_slots(self) -> int:
         return sum(device.slots for device in self.devices)
 
-    def fits_ever(self, slots: int, min_memory_bytes: int = 0) -> bool:
+    def fits_ever(self, slots: int, min_memory_bytes: int = 0, exclusive: bool = False) -> bool:
         eligible = [device for device in self.devices if self._has_memory(device, min_memory_bytes)]
+        if exclusive:
+            return slots <= len([device for device in eligible if device.kind == "cuda"])
         return slots <= sum(device.slots for device in eligible)
 
-    def enqueue(self, holder_id: str, slots: int, min_memory_bytes: int = 0) -> None:
+    def enqueue(self, holder_id: str, slots: int, min_memory_bytes: int = 0, *, kind: str = "job", exclusive: bool = False) -> None:
+        """Queue a holder. `exclusive`: `slots` distinct GPUs, each taken whole (source runs on GPUs)."""
         self._pending[holder_id] = (slots, min_memory_bytes)
+        self._kinds[holder_id] = kind
+        if exclusive:
+            self._exclusive.add(holder_id)
 
     def withdraw(self, holder_id: str) -> None:
         """Forget a pending holder (cancelled before it started)."""
         self._pending.pop(holder_id, None)
+        self._kinds.pop(holder_id, None)
+        self._exclusive.discard(holder_id)
 
     def is_pending(self, holder_id: str) -> bool:
         return holder_id in self._pending
@@ -40,16 +58,28 @@ class Scheduler:
     def admit(self) -> list[tuple[str, list[Device]]]:
         """Place pending holders in order until the first that does not fit."""
         admitted = []
+        others: list[tuple[str, str, list[Device]]] = []
         while self._pending:
             holder_id, (slots, min_memory_bytes) = next(iter(self._pending.items()))
-            placement = self._place(slots, min_memory_bytes)
+            if holder_id in self._exclusive:
+                placement = self._place_exclusive(slots, min_memory_bytes)
+            else:
+                placement = self._place(slots, min_memory_bytes)
             if placement is None:
                 break
             self._pending.popitem(last=False)
+            self._exclusive.discard(holder_id)
             for device in placement:
                 self._used[device.id] += 1
             self._placements[holder_id] = placement
-            admitted.append((holder_id, placement))
+            kind = self._kinds.pop(holder_id, "job")
+            if kind == "job":
+                admitted.append((holder_id, placement))
+            else:
+                others.append((kind, holder_id, placement))
+        # Listeners run after the queue is settled: they may release or admit in turn.
+        for kind, holder_id, placement in others:
+            self.admission_listeners[kind](holder_id, placement)
         return admitted
 
     def release(self, holder_id: str) -> bool:
@@ -81,6 +111,16 @@ class Scheduler:
         for device in by_free:
             placement.extend([device] * min(self._free(device), slots - len(placement)))
         return placement if len(placement) == slots else None
+
+    def _place_exclusive(self, count: int, min_memory_bytes: int) -> list[Device] | None:
+        """`count` distinct idle GPUs; the placement lists each once per slot, so release frees them whole."""
+        idle = [
+            device for device in self.devices
+            if device.kind == "cuda" and self._has_memory(device, min_memory_bytes) and self._free(device) == device.slots
+        ]
+        if len(idle) < count:
+            return None
+        return [device for device in idle[:count] for _ in range(device.slots)]
 
     def capacity(self) -> dict:
         devices = []

@@ -46,10 +46,27 @@ async def run(settings: BackendSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(_stop_when_parent_exits(settings.parent_pid, stop)) if settings.parent_pid else None
     await stop.wait()
+    if watcher is not None:
+        watcher.cancel()
     server.stop()
     await service.stop()
     settings.endpoint_path.unlink(missing_ok=True)
+
+
+async def _stop_when_parent_exits(pid: int, stop: asyncio.Event, interval_s: float = 2.0) -> None:
+    """An embedded backend must not outlive its kernel, even one killed without cleanup."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            log.info("parent process %d exited: stopping", pid)
+            stop.set()
+            return
+        except PermissionError:
+            pass
 
 
 def serve(settings: BackendSettings) -> None:

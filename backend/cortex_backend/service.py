@@ -19,6 +19,7 @@ from .jobs import JobManager
 from .logs import LogBook
 from .models import ModelCatalog
 from .requests import RequestManager
+from .runs.manager import RunManager
 from .scheduler import Scheduler
 from .store import Store
 from .uploads import UploadStore
@@ -33,6 +34,10 @@ class Service:
     def __init__(self, settings: BackendSettings, executor: Executor | None = None) -> None:
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+        # The store (job specs, logs, token hashes) and the admin token live here: only the backend's user
+        # may enter. mkdir's default left the SQLite file readable by every local user.
+        with contextlib.suppress(OSError):
+            settings.data_dir.chmod(0o700)
         self.store = Store(settings.db_path)
         self.catalog = ModelCatalog(settings.models)
         self.devices = detect_devices(settings.devices, settings.sub_jobs_per_device)
@@ -47,6 +52,7 @@ class Service:
         self.logs = LogBook(self.store, settings.log_retention_lines)
         self.uploads = UploadStore(settings.uploads_dir)
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.waiters.notify(job_id))
+        self.runs = RunManager(settings, self.store, self.catalog, self.scheduler, self.logs, self.uploads, self.jobs.admit)
         self._sweeper: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -59,6 +65,7 @@ class Service:
         self.requests.recover_after_restart()
         if failed:
             log.warning("%d job(s) were in flight at the last stop and are now failed (backend_restarted)", failed)
+        await self.runs.start()
         await self.executor.start()
         self._sweeper = asyncio.create_task(self._sweep_idle_jobs())
 
@@ -67,6 +74,7 @@ class Service:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+        await self.runs.stop()
         await self.executor.shutdown()
         self.store.close()
 

@@ -111,6 +111,26 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     PRIMARY KEY (job_id, id)
 );
 CREATE INDEX IF NOT EXISTS checkpoints_owner ON checkpoints(owner);
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    submission_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    status TEXT NOT NULL,
+    failure_code TEXT,
+    failure_message TEXT,
+    spec TEXT NOT NULL,
+    manifest TEXT NOT NULL,
+    devices TEXT NOT NULL DEFAULT '[]',
+    isolation TEXT,
+    outputs TEXT NOT NULL DEFAULT '{}',
+    report TEXT NOT NULL DEFAULT '{}',
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    UNIQUE (owner, submission_id)
+);
+CREATE INDEX IF NOT EXISTS runs_owner_created ON runs(owner, created_at);
 """
 
 
@@ -354,6 +374,63 @@ class Store:
     def first_log_seq(self, job_id: str) -> int:
         rows = self._rows("SELECT COALESCE(MIN(seq), 0) AS seq FROM logs WHERE job_id = ?", (job_id,))
         return rows[0]["seq"]
+
+    # source runs ------------------------------------------------------------------------------
+    _RUN_JSON = ("spec", "manifest", "devices", "isolation", "outputs", "report")
+
+    def _run_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        for name in self._RUN_JSON:
+            row[name] = _loads(row[name])
+        return row
+
+    def insert_run(self, run: dict[str, Any]) -> None:
+        self._execute(
+            "INSERT INTO runs (id, owner, submission_id, name, status, spec, manifest, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (run["id"], run["owner"], run["submission_id"], run["name"], run["status"], json.dumps(run["spec"]),
+             json.dumps(run["manifest"]), time.time()),
+        )
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM runs WHERE id = ?", (run_id,))
+        return self._run_row(rows[0]) if rows else None
+
+    def run_by_submission(self, owner: str, submission_id: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM runs WHERE owner = ? AND submission_id = ?", (owner, submission_id))
+        return self._run_row(rows[0]) if rows else None
+
+    def list_runs(
+        self, owner: str | None, status: str | None, limit: int, before: tuple[float, str] | None
+    ) -> list[dict[str, Any]]:
+        """Newest first; `before` is the (created_at, id) of the last run of the previous page."""
+        clauses, params = [], []
+        if owner is not None:
+            clauses.append("owner = ?")
+            params.append(owner)
+        if status is not None:
+            clauses.append("status = ?")
+            params.append(status)
+        if before is not None:
+            clauses.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            params.extend([before[0], before[0], before[1]])
+        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        rows = self._rows(f"SELECT * FROM runs {where} ORDER BY created_at DESC, id DESC LIMIT ?", [*params, limit])
+        return [self._run_row(row) for row in rows]
+
+    def runs_with_status(self, statuses: Iterable[str]) -> list[dict[str, Any]]:
+        statuses = list(statuses)
+        marks = ",".join("?" * len(statuses))
+        rows = self._rows(f"SELECT * FROM runs WHERE status IN ({marks}) ORDER BY created_at, id", statuses)
+        return [self._run_row(row) for row in rows]
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        if not fields:
+            return
+        for name in self._RUN_JSON:
+            if name in fields:
+                fields[name] = json.dumps(fields[name])
+        columns = ", ".join(f"{name} = ?" for name in fields)
+        self._execute(f"UPDATE runs SET {columns} WHERE id = ?", [*fields.values(), run_id])
 
     # checkpoints ----------------------------------------------------------------------------
     def insert_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -66,6 +66,36 @@ class UploadStore:
         (folder / "consumed").write_text("")
         return data
 
+    def take_to_file(self, principal: Principal, upload_id: str, sha256: str, dest: Path) -> int:
+        """Like `take`, but streams the chunks into `dest` (large source-run archives); returns the size."""
+        import hashlib
+
+        folder = self._dir(principal, upload_id)
+        if (folder / "consumed").exists():
+            raise ApiError("conflict", f"upload {upload_id} was already used; upload the archive again")
+        parts = sorted(folder.glob("*.*[0-9]")) if folder.exists() else []
+        if not parts:
+            raise ApiError("not_found", f"upload {upload_id} has no chunks; PUT them first")
+        count = int(parts[0].name.split(".")[1])
+        indices = {int(part.name.split(".")[0]) for part in parts}
+        missing = sorted(set(range(count)) - indices)
+        if missing:
+            raise ApiError("chunk_mismatch", f"upload {upload_id} lacks chunk(s) {missing[:10]} of {count}")
+        digest, size = hashlib.sha256(), 0
+        with open(dest, "wb") as out:
+            for part in parts:
+                data = part.read_bytes()
+                digest.update(data)
+                size += len(data)
+                out.write(data)
+        if digest.hexdigest() != sha256.lower():
+            dest.unlink(missing_ok=True)
+            raise ApiError("chunk_mismatch", f"upload {upload_id} does not match its SHA-256; upload it again")
+        for part in parts:
+            part.unlink()
+        (folder / "consumed").write_text("")
+        return size
+
     def clear(self) -> None:
         """Drop unfinished uploads (at start-up: nothing can resume them across a restart)."""
         shutil.rmtree(self.root, ignore_errors=True)

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 
 from cortex_nb.errors import ApiError
+from cortex_nb.losses import LOSS_INPUTS
 from cortex_nb.states import JOB_STATES, SUB_JOB_TYPES, TRAINING
 
-from cortex_nb.losses import LOSS_INPUTS
 from .models import ModelCatalog, ModelInfo
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

@@ -76,7 +76,7 @@ class Worker:
         self.mailbox = SyncMailbox()
         if self.trainer is not None:
             self.sync_source = SyncSource(self.state)
-        described = self.state.describe()
+        described = {**self.state.describe(), "pid": os.getpid()}
         described["adapter"] = signature(self.state.model, info.name)
         print(
             f"[engine] {message['sub_job_id']} ready: {info.name} on {described['device']} ({described['dtype']}),"

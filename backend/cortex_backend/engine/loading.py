@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models import TINY_CONFIG, TINY_SEED, ModelInfo
+from ..models import TINY_CONFIG, TINY_HEAD_SCALE, TINY_SEED, ModelInfo
 
 
 def pick_device() -> torch.device:
@@ -20,7 +20,11 @@ def pick_dtype(device: torch.device) -> torch.dtype:
 
 
 def build_tiny() -> torch.nn.Module:
-    """The built-in model: the same random weights every time, from a fixed seed, in fp32."""
+    """The built-in model: the same random weights every time, from a fixed seed, in fp32.
+
+    The output head is scaled up from the usual init: with a frozen random head at std 0.02, logits
+    stay nearly flat whatever the adapter learns, and LoRA could never make a confident prediction.
+    """
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = {key: value for key, value in TINY_CONFIG.items() if key not in ("architectures", "model_type")}
@@ -30,6 +34,8 @@ def build_tiny() -> torch.nn.Module:
         model = LlamaForCausalLM(LlamaConfig(**config))
     finally:
         torch.random.set_rng_state(state)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(TINY_HEAD_SCALE)
     return model
 
 

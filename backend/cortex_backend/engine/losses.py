@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 
-
 def target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(target) per position, in fp32, without materialising a [B, T, V] log-softmax copy."""
     batch, length, vocab = logits.shape

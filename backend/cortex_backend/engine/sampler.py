@@ -172,7 +172,7 @@ def generate(
         for start in range(0, len(rows), ROWS_PER_BATCH):
             batch = rows[start : start + ROWS_PER_BATCH]
             outputs = _generate_rows(state, [row[2] for row in batch], params, generator, should_cancel)
-            for (prompt_index, sample_index, _), output in zip(batch, outputs):
+            for (prompt_index, sample_index, _), output in zip(batch, outputs, strict=True):
                 samples.append({"prompt_index": prompt_index, "sample_index": sample_index, **output})
     elapsed = time.perf_counter() - started
     new_tokens = sum(len(sample["tokens"]) for sample in samples)

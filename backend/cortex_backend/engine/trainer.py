@@ -15,6 +15,7 @@ from .memory import peak_memory, reset_peak
 from .model_state import ModelState
 from .scoring import model_logits
 
+
 def set_training_mode(model: torch.nn.Module) -> None:
     """Base-model dropout off, LoRA dropout (the sub-job's `lora.dropout`) on.
 

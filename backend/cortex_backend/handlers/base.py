@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import logging
+import re
 from typing import Any
 
 import tornado.web

@@ -1,0 +1,62 @@
+"""The embedded backend and the demo, as a newcomer meets them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from cortex_nb import Client
+from cortex_nb.demo import demo_text
+
+
+def test_local_starts_once_and_is_reused(tmp_path):
+    first = Client.local(tmp_path)
+    try:
+        second = Client.local(tmp_path)
+        assert second.url == first.url
+        assert second._local_backend.process is None  # reused, not started again
+        assert first.whoami()["owner"] == "admin"
+    finally:
+        first._local_backend.stop()
+    assert not (tmp_path / "backend.json").exists()
+
+
+def test_the_embedded_backend_follows_its_parent(tmp_path):
+    """A kernel killed without cleanup does not leave its backend running."""
+    code = f"from cortex_nb import Client; c = Client.local({str(tmp_path)!r}); print(c.url, flush=True); import time; time.sleep(600)"
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().startswith("http://127.0.0.1:")
+        backend_pid = json.loads((tmp_path / "backend.json").read_text())["pid"]
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(backend_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+        else:
+            os.kill(backend_pid, signal.SIGKILL)
+            raise AssertionError("the embedded backend outlived its parent")
+    finally:
+        parent.kill()
+
+
+def test_demo_shows_loss_falling_and_the_text_appearing(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "cortex_nb.cli", "demo", "--steps", "80", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    first, last = map(float, re.search(r"loss/token ([\d.]+) -> ([\d.]+)", result.stdout).groups())
+    assert last < first / 5
+    after = re.search(r"greedy sample after: +'(.*)'", result.stdout).group(1)
+    assert after[:40] in demo_text()  # the model now continues the prompt with the shipped text
+    assert not (tmp_path / "backend.json").exists()  # the embedded backend stopped with the demo
