@@ -6,8 +6,10 @@ Data-plane calls (`forward_backward`, `step`, `generate`, `forward`) return a re
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +18,11 @@ from typing import Any
 import numpy as np
 
 from . import errors, profiles, wire
+from .log_stream import LogStream
 from .losses import LOSS_INPUTS
 from .routes import route
 from .states import JOB_RUNNING, JOB_TERMINAL, REQUEST_SUCCEEDED, REQUEST_TERMINAL
+from .telemetry import Telemetry, recorded
 from .transport import RetryPolicy, Transport
 from .version import API_VERSION, api_major
 
@@ -81,6 +85,7 @@ class Client:
         self.chunk_bytes = wire.CHUNK_BYTES
         self.backend_version: dict[str, Any] | None = None
         self._local_backend = None
+        self.telemetry = Telemetry(self.url, self.transport.headers, self.transport.cookies)
         if check_version:
             self.check_version()
 
@@ -114,6 +119,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        self.telemetry.close()
         self.transport.close()
 
     def __repr__(self) -> str:
@@ -125,6 +131,7 @@ class Client:
         return self.transport.json(spec.method, spec.url(**(path_params or {})), **kwargs)
 
     # meta ----------------------------------------------------------------------------------------
+    @recorded("check_version")
     def check_version(self) -> dict[str, Any]:
         info = self._call("version")
         if api_major(str(info.get("api_version", "0"))) != api_major(API_VERSION):
@@ -156,6 +163,7 @@ class Client:
         return self._call("detokenize", path_params={"model": model}, json={"tokens": tokens})["texts"]
 
     # jobs ----------------------------------------------------------------------------------------
+    @recorded("create_job")
     def create_job(
         self,
         sub_jobs: list[dict[str, Any]],
@@ -170,9 +178,11 @@ class Client:
                 "name": name, "idle_timeout_s": idle_timeout_s}
         return self._call("create_job", json={key: value for key, value in body.items() if value is not None})
 
+    @recorded("get_job")
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._call("get_job", path_params={"job_id": job_id})
 
+    @recorded("list_jobs")
     def list_jobs(self, status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         jobs: list[dict[str, Any]] = []
         cursor = None
@@ -184,6 +194,7 @@ class Client:
                 break
         return jobs
 
+    @recorded("wait_for_job")
     def wait_for_job(self, job_id: str, until: tuple[str, ...] = (JOB_RUNNING, *JOB_TERMINAL), timeout_s: float | None = None) -> dict[str, Any]:
         """Wait until the job reaches one of `until` (default: running or finished)."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.poll.timeout_s)
@@ -202,9 +213,11 @@ class Client:
                 job = self.get_job(job_id)
         return job
 
+    @recorded("cancel_job")
     def cancel_job(self, job_id: str) -> dict[str, Any]:
         return self._call("cancel_job", path_params={"job_id": job_id})
 
+    @recorded("complete_job")
     def complete_job(self, job_id: str) -> dict[str, Any]:
         """End a job normally once its queued requests finish, freeing its devices."""
         return self._call("complete_job", path_params={"job_id": job_id})
@@ -232,6 +245,7 @@ class Client:
         )
         return response["request_id"]
 
+    @recorded("forward_backward")
     def forward_backward(
         self,
         job_id: str,
@@ -247,14 +261,17 @@ class Client:
         frame = wire.encode_frame(as_batch(batch), {"loss_fn": loss_fn, "loss_fn_config": loss_fn_config or {}})
         return self._submit_frame("forward_backward", job_id, frame, sub_job)
 
+    @recorded("forward")
     def forward(self, job_id: str, batch: Mapping[str, Any], *, sub_job: str | None = None) -> str:
         """Queue a scoring pass: log p(target_tokens) per position, no gradients."""
         return self._submit_frame("forward", job_id, wire.encode_frame(as_batch(batch)), sub_job)
 
+    @recorded("step")
     def step(self, job_id: str, learning_rate: float | None = None, *, sub_job: str | None = None) -> str:
         body = {"learning_rate": learning_rate} if learning_rate is not None else {}
         return self._call("step", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})["request_id"]
 
+    @recorded("generate")
     def generate(
         self,
         job_id: str,
@@ -277,6 +294,7 @@ class Client:
             params={"cursor": cursor, "wait": wait_s or None}, timeout_s=wait_s + 30 if wait_s else None,
         )
 
+    @recorded("poll_request")
     def poll_request(self, job_id: str, request_id: str, timeout_s: float | None = None) -> dict[str, Any]:
         """Wait for a request to finish and return its result (with `tensors` decoded, if any).
 
@@ -321,6 +339,7 @@ class Client:
             result["tensors"], _ = wire.decode_frame(data)
         return result
 
+    @recorded("cancel_request")
     def cancel_request(self, job_id: str, request_id: str) -> dict[str, Any]:
         return self._call("cancel_request", path_params={"job_id": job_id, "request_id": request_id})
 
@@ -401,10 +420,97 @@ class Client:
         return Path(dest)
 
     # logs ----------------------------------------------------------------------------------------
-    def tail_logs(self, job_id: str, cursor: int | None = None, limit: int = 1000, sub_job: str | None = None) -> dict[str, Any]:
-        """One page of log lines after `cursor`: {lines, cursor, dropped, job_status}."""
+    @recorded("tail_logs")
+    def tail_logs(
+        self, job_id: str, cursor: int | None = None, limit: int = 1000, sub_job: str | None = None, wait_s: float = 0.0
+    ) -> dict[str, Any]:
+        """One page of log lines after `cursor`: {lines, cursor, dropped, job_status}. With `wait_s`,
+        the backend holds the call until the first new line arrives (or that many seconds pass)."""
         return self._call("job_logs", path_params={"job_id": job_id},
-                          params={"cursor": cursor or 0, "limit": limit, "sub_job": sub_job})
+                          params={"cursor": cursor or 0, "limit": limit, "sub_job": sub_job, "wait": wait_s or None},
+                          timeout_s=wait_s + 30 if wait_s else None)
+
+    def stream_logs(
+        self, job_id: str, follow: bool = True, *, cursor: int | None = None, sub_job: str | None = None,
+        heartbeat_s: float = 10.0,
+    ) -> LogStream:
+        """Iterate over log lines after `cursor`. With `follow`, keep going until the job ends,
+        resuming from the last line received if the connection drops; without, stop at the end."""
+        return LogStream(self, job_id, follow=follow, cursor=cursor or 0, sub_job=sub_job, heartbeat_s=heartbeat_s)
+
+    @recorded("download_stdout_logs")
+    def download_stdout_logs(self, job_id: str, out_dir: str | Path) -> dict[str, Path]:
+        """Write every retained line to `<out_dir>/<sub_job_id>/stdout.log` (and `stderr.log` when the
+        sub-job wrote to stderr). Returns the stdout.log path of each sub-job."""
+        out = Path(out_dir)
+        job = self.get_job(job_id)
+        paths = {sub["sub_job_id"]: out / sub["sub_job_id"] / "stdout.log" for sub in job["sub_jobs"]}
+        handles: dict[tuple[str, str], Any] = {}
+        stream = LogStream(self, job_id, follow=False)
+        try:
+            for path in paths.values():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                handles[(path.parent.name, "stdout")] = path.open("w", encoding="utf-8")
+            for line in stream:
+                key = (line["sub_job_id"], "stderr" if line["stream"] == "stderr" else "stdout")
+                if key not in handles:
+                    folder = out / key[0]
+                    folder.mkdir(parents=True, exist_ok=True)
+                    handles[key] = (folder / f"{key[1]}.log").open("w", encoding="utf-8")
+                    paths.setdefault(key[0], folder / "stdout.log")
+                handles[key].write(line["line"] + "\n")
+        finally:
+            for handle in handles.values():
+                handle.close()
+        if stream.dropped:
+            warnings.warn(f"job {job_id}: {stream.dropped} older log line(s) were dropped by the backend's retention"
+                          " before they could be downloaded", stacklevel=2)
+        return paths
+
+    # metrics and events ----------------------------------------------------------------------------
+    @recorded("get_job_metrics")
+    def get_job_metrics(self, job_id: str, since: float | None = None, limit: int = 1000) -> dict[str, Any]:
+        """One page of device samples of a job: {samples, next_since, gpu_unavailable_reason, ...}."""
+        return self._call("job_metrics", path_params={"job_id": job_id}, params={"since": since, "limit": limit})
+
+    def job_metric_samples(self, job_id: str, since: float | None = None) -> list[dict[str, Any]]:
+        """Every device sample of a job after `since` (all pages)."""
+        samples: list[dict[str, Any]] = []
+        since = since or 0.0
+        while True:
+            page = self.get_job_metrics(job_id, since, limit=10_000)
+            samples.extend(page["samples"])
+            if not page["samples"]:
+                return samples
+            since = page["next_since"]
+
+    @recorded("download_metrics")
+    def download_metrics(self, job_id: str, out_dir: str | Path) -> Path:
+        """Write a job's device samples to `<out_dir>/gpu.jsonl`, one JSON object per line."""
+        path = Path(out_dir) / "gpu.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        samples = self.job_metric_samples(job_id)
+        with path.open("w", encoding="utf-8") as handle:
+            for sample in samples:
+                handle.write(json.dumps(sample) + "\n")
+        return path
+
+    def metrics_df(self, job_id: str):
+        """A job's device samples as a pandas DataFrame (GPU columns only where GPUs were sampled)."""
+        from .views import metrics_frame
+
+        return metrics_frame(self.job_metric_samples(job_id))
+
+    def host_metrics(self, since: float | None = None) -> dict[str, Any]:
+        """The backend host's newest sample per device: {samples, devices, gpu_unavailable_reason, ...}."""
+        return self._call("host_metrics", params={"since": since})
+
+    @recorded("list_events")
+    def list_events(self, after: int = 0, limit: int = 100, wait_s: float = 0.0) -> dict[str, Any]:
+        """Job and request state changes after `after`: {events, cursor}. With `wait_s`, wait up to
+        that long for the first one. Reading removes nothing: ask again from the same cursor at will."""
+        return self._call("list_events", params={"after": after, "limit": limit, "wait": wait_s or None},
+                          timeout_s=wait_s + 30 if wait_s else None)
 
     # source runs ---------------------------------------------------------------------------------
     def run(

@@ -84,6 +84,13 @@ ROUTES: tuple[Route, ...] = (
     Route("upload_run_chunk", "PUT", "/v1/runs/uploads/{upload_id}/chunks/{index}", RUNS),
     # tokens: never through the proxy
     Route("whoami", "GET", "/v1/whoami", READ),
+    # observability: device metrics, the event feed, client telemetry, operator metrics
+    Route("job_metrics", "GET", "/v1/jobs/{job_id}/metrics", READ),
+    Route("host_metrics", "GET", "/v1/host/metrics", READ),
+    Route("list_events", "GET", "/v1/events", READ),
+    Route("client_telemetry", "POST", "/v1/telemetry", READ),
+    Route("recent_telemetry", "GET", "/v1/telemetry", ADMIN, proxied=False),
+    Route("operator_metrics", "GET", "/metrics", READ, proxied=False),
 )
 
 ROUTES_BY_NAME: dict[str, Route] = {route.name: route for route in ROUTES}

@@ -7,9 +7,12 @@ request runs once. 429, 5xx and connection failures are retried with capped expo
 
 from __future__ import annotations
 
+import contextlib
 import random
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -59,8 +62,13 @@ class Transport:
         if token:
             headers["Authorization"] = f"{auth_scheme} {token}"
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, cookies=cookies)
+        # What a side channel to the same backend (telemetry) needs to authenticate like this transport.
+        self.headers = dict(headers)
+        self.cookies = dict(cookies or {})
         # How many attempts the last call took (for telemetry and tests).
         self.last_attempts = 0
+        # Per-thread totals of calls and attempts: telemetry diffs them around an operation.
+        self._counts = threading.local()
 
     def close(self) -> None:
         self._http.close()
@@ -83,9 +91,11 @@ class Transport:
             headers.setdefault("Idempotency-Key", idempotency_key or uuid.uuid4().hex)
         params = {key: value for key, value in (params or {}).items() if value is not None}
         attempt = 0
+        self._count("calls")
         while True:
             attempt += 1
             self.last_attempts = attempt
+            self._count("attempts")
             try:
                 response = self._http.request(
                     method, path, json=json, content=content, params=params, headers=headers,
@@ -115,9 +125,11 @@ class Transport:
         Retried like `request`; the sink is truncated before each attempt."""
         params = {key: value for key, value in (params or {}).items() if value is not None}
         attempt = 0
+        self._count("calls")
         while True:
             attempt += 1
             self.last_attempts = attempt
+            self._count("attempts")
             sink.seek(0)
             sink.truncate()
             try:
@@ -140,6 +152,34 @@ class Transport:
                 time.sleep(self.retry.delay(attempt, response.headers.get("Retry-After")))
                 continue
             raise errors.error_from_response(response.status_code, _json_or_text(response))
+
+    @contextlib.contextmanager
+    def stream(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, timeout_s: float | None = None
+    ) -> Iterator[httpx.Response]:
+        """One streamed response (no retries: a streaming caller resumes from its own cursor).
+        An error status raises the typed error; a dropped connection raises `errors.ConnectionError`."""
+        params = {key: value for key, value in (params or {}).items() if value is not None}
+        self._count("calls")
+        self._count("attempts")
+        timeout = httpx.Timeout(self._http.timeout.connect, read=timeout_s) if timeout_s else httpx.USE_CLIENT_DEFAULT
+        try:
+            with self._http.stream(method, path, params=params, timeout=timeout) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise errors.error_from_response(response.status_code, _json_or_text(response))
+                yield response
+        except httpx.TransportError as exc:
+            raise errors.ConnectionError(
+                f"the stream from {self.url} was interrupted: {type(exc).__name__}: {exc}", code="backend_unavailable"
+            ) from exc
+
+    def counters(self) -> tuple[int, int]:
+        """(calls, attempts) made by this thread so far."""
+        return getattr(self._counts, "calls", 0), getattr(self._counts, "attempts", 0)
+
+    def _count(self, name: str) -> None:
+        setattr(self._counts, name, getattr(self._counts, name, 0) + 1)
 
 
 def _json_or_text(response: httpx.Response) -> Any:

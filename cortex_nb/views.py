@@ -1,4 +1,5 @@
-"""pandas views of what the backend returns: jobs, samples, capacity, models, requests, runs, checkpoints."""
+"""pandas views of what the backend returns: jobs, samples, capacity, models, requests, runs, device metrics,
+checkpoints."""
 
 from __future__ import annotations
 
@@ -94,6 +95,27 @@ def runs_frame(runs: Sequence[dict[str, Any]]) -> pd.DataFrame:
         for run in runs
     ]
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
+
+
+# observability ---------------------------------------------------------------------------------------
+METRIC_COLUMNS = (
+    "gpu_utilization_percent", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_temperature_c", "gpu_power_watts",
+    "cpu_percent", "ram_used_bytes", "ram_total_bytes",
+)
+
+
+def metrics_frame(samples: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Device samples, one row per device per tick. A GPU column appears only when some sample has
+    it: on a host without NVML there are no GPU columns at all, rather than columns of zeros."""
+    import pandas as pd
+
+    present = [name for name in METRIC_COLUMNS if any(name in sample for sample in samples)]
+    rows = [
+        {"at": _time(sample["at"]), "device": sample["device"], **{name: sample.get(name) for name in present},
+         "sub_job_ids": ", ".join(sample.get("sub_job_ids", []))}
+        for sample in samples
+    ]
+    return pd.DataFrame(rows, columns=["at", "device", *present, "sub_job_ids"])
 
 
 def checkpoints_frame(checkpoints: Sequence[dict[str, Any]]) -> pd.DataFrame:

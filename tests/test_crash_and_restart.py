@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -36,6 +37,15 @@ def test_killed_worker_fails_its_job_with_worker_crashed(client: Client):
         bystander.cancel()
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
 def test_restart_keeps_jobs_and_fails_the_ones_in_flight(tmp_path):
     first = start_backend(tmp_path, "--devices", "cpu:4")
     try:
@@ -45,8 +55,15 @@ def test_restart_keeps_jobs_and_fails_the_ones_in_flight(tmp_path):
             running = client.create_training_job("tiny")
             in_flight = running.generate(["x"] * 4, max_tokens=2000, temperature=1.0, ignore_eos=True)
             assert running.status == "running"
+            worker_pid = running.info["sub_jobs"][0]["info"]["pid"]
     finally:
-        first.kill()  # no graceful shutdown: as after a crash or power cut
+        os.kill(first.pid, signal.SIGKILL)  # no graceful shutdown: as after a crash or power cut
+        first.process.wait()
+    # Its workers die with it instead of computing for no one.
+    deadline = time.monotonic() + 30
+    while _alive(worker_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(worker_pid)
     second = start_backend(tmp_path, "--devices", "cpu:4")
     try:
         assert second.token == first.token  # the admin token survives a restart

@@ -6,7 +6,7 @@ import tornado.web
 
 from cortex_nb import routes
 
-from .handlers import checkpoints, jobs, logs, meta, requests, runs, uploads
+from .handlers import checkpoints, jobs, logs, meta, observability, requests, runs, uploads
 from .handlers.base import NotFoundHandler
 from .service import Service
 
@@ -44,6 +44,13 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "list_run_outputs": runs.RunOutputsHandler,
     "get_run_output": runs.RunOutputHandler,
     "upload_run_chunk": runs.RunUploadChunkHandler,
+    # observability
+    "job_metrics": observability.JobMetricsHandler,
+    "host_metrics": observability.HostMetricsHandler,
+    "list_events": observability.EventsHandler,
+    "client_telemetry": observability.TelemetryHandler,
+    "recent_telemetry": observability.TelemetryHandler,
+    "operator_metrics": observability.OperatorMetricsHandler,
     # checkpoints and weight sync
     "save": requests.OperationHandler,
     "load": requests.OperationHandler,

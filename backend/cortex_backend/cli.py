@@ -18,6 +18,19 @@ def _model_option(value: str) -> tuple[str, str]:
     return name, path
 
 
+def _at_least(low: float, kind: type = float):
+    def parse(value: str):
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a{'n integer' if kind is int else ' number'}: {value!r}") from None
+        if number < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}")
+        return number
+
+    return parse
+
+
 def _byte_count(value: str) -> int:
     units = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
     text = value.strip().upper().removesuffix("B")
@@ -66,6 +79,12 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     runs.add_argument("--run-kill-grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL when a run is stopped")
     runs.add_argument("--run-tmp-mib", type=int, default=1024, help="size cap of a run's private /tmp")
     runs.add_argument("--run-uid-base", type=int, default=1_500_000_000, help="first uid runs execute as (root backends)")
+    # observability
+    serve.add_argument("--log-retention-lines", type=_at_least(1, int), default=100_000,
+                       help="log lines kept per job; older ones are dropped and reads say how many")
+    serve.add_argument("--monitor-interval", type=_at_least(0.0), default=1.0,
+                       help="seconds between device samples (GPU via NVML, CPU/RAM via psutil); 0 turns sampling off")
+    serve.add_argument("--metrics-retention-hours", type=_at_least(0.01), default=24.0, help="how long device samples are kept")
 
     token = commands.add_parser("token", help="manage API tokens")
     token_commands = token.add_subparsers(dest="token_command", required=True)
@@ -93,6 +112,8 @@ def run_backend_command(args: argparse.Namespace) -> int:
             run_address_space_mib=args.run_address_space_mib, run_max_file_mib=args.run_max_file_mib,
             run_max_processes=args.run_max_processes, run_kill_grace_s=args.run_kill_grace, run_tmp_mib=args.run_tmp_mib,
             run_uid_base=args.run_uid_base,
+            log_retention_lines=args.log_retention_lines, monitor_interval_s=args.monitor_interval,
+            metrics_retention_s=args.metrics_retention_hours * 3600.0,
             checkpoint_quota_bytes=args.checkpoint_quota_bytes, fault_injection=tuple(args.fault_injection),
         )
         try:

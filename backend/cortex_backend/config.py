@@ -60,6 +60,14 @@ class BackendSettings:
     # When the backend is root, each concurrent run executes as its own uid from this pool.
     run_uid_base: int = 1_500_000_000
 
+    # observability --------------------------------------------------------------------------
+    # Seconds between device samples (pynvml + psutil); 0 turns the monitor off.
+    monitor_interval_s: float = 1.0
+    # How long device samples are kept (they back GET /v1/jobs/{id}/metrics after a job ends).
+    metrics_retention_s: float = 24 * 3600.0
+    # Job and request state changes kept in the event feed (oldest dropped first).
+    event_retention: int = 1_000_000
+
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).expanduser().resolve()
         self.models = {name: Path(path).expanduser().resolve() for name, path in self.models.items()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import nvml
@@ -28,23 +29,42 @@ class Device:
         }
 
     def worker_env(self) -> dict[str, str]:
-        """Environment that pins a worker process to this device."""
+        """Environment that pins a worker process to this device. PCI bus order makes CUDA number
+        GPUs as NVML does, so the worker's GPU is the one the monitor reads."""
         if self.kind == "cuda":
-            return {"CUDA_VISIBLE_DEVICES": str(self.index)}
+            return {"CUDA_VISIBLE_DEVICES": str(self.index), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         return {"CUDA_VISIBLE_DEVICES": ""}
 
 
-def _visible_gpu_indices(total: int) -> list[int]:
-    """NVML indices this process may use, honouring CUDA_VISIBLE_DEVICES when it lists indices."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+def visible_nvml_indices(visible: str | None, total: int, index_of_uuid: Callable[[str], int | None]) -> list[int]:
+    """NVML indices named by a CUDA_VISIBLE_DEVICES value: indices (in PCI bus order) or GPU/MIG UUIDs.
+
+    As CUDA does, the list ends at the first entry that names no device; None means every GPU.
+    """
     if visible is None:
         return list(range(total))
-    indices = []
+    indices: list[int] = []
     for part in visible.split(","):
         part = part.strip()
-        if part.isdigit() and int(part) < total:
-            indices.append(int(part))
+        index = int(part) if part.isdigit() else (index_of_uuid(part) if part else None)
+        if index is None or not 0 <= index < total:
+            break
+        if index not in indices:
+            indices.append(index)
     return indices
+
+
+def _visible_gpu_indices(total: int) -> list[int]:
+    """NVML indices this process may use, honouring CUDA_VISIBLE_DEVICES."""
+    lib = nvml.nvml()
+
+    def index_of_uuid(uuid: str) -> int | None:
+        try:
+            return int(lib.nvmlDeviceGetIndex(lib.nvmlDeviceGetHandleByUUID(uuid)))
+        except Exception:  # NVMLError: no such GPU (or a MIG instance NVML will not resolve)
+            return None
+
+    return visible_nvml_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), total, index_of_uuid)
 
 
 def _gpus(indices: list[int] | None, slots: int) -> list[Device]:

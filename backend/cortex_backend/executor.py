@@ -261,6 +261,10 @@ class LocalExecutor(Executor):
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         returncode = await worker.process.wait()
+        # Let its last stdout/stderr lines (a crash's traceback) reach the logs before the exit is reported.
+        readers = [task for task in worker.tasks if task is not asyncio.current_task()]
+        if readers:
+            await asyncio.wait(readers, timeout=2.0)
         self._on_exit(worker, returncode)
 
     def _on_message(self, worker: WorkerProcess, header: dict[str, Any], blob: bytes) -> None:

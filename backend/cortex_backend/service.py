@@ -1,4 +1,5 @@
-"""The service layer: wires store, catalog, scheduler, executor, jobs, requests and logs together.
+"""The service layer: wires store, catalog, scheduler, executor, jobs, requests, logs and the
+observability parts (device monitor, event feed, operator metrics, client telemetry) together.
 
 Handlers call into `Service`; the executor reports back to it. Nothing here runs torch.
 """
@@ -13,21 +14,27 @@ from typing import Any
 from .auth import ensure_admin_token
 from .checkpoints import CheckpointManager
 from .config import BackendSettings
+from .device_metrics import DeviceMetrics
 from .devices import detect_devices
+from .events import EventFeed
 from .executor import Executor, LocalExecutor
 from .jobs import JobManager
 from .logs import LogBook
 from .models import ModelCatalog
+from .monitor import Monitor
+from .operator_metrics import LiveState, OperatorMetrics
 from .requests import RequestManager
 from .runs.manager import RunManager
 from .scheduler import Scheduler
 from .store import Store
+from .telemetry import TelemetrySink
 from .uploads import UploadStore
 from .weight_sync import WeightSyncCoordinator
 
 log = logging.getLogger("cortex_backend.service")
 
 IDLE_SWEEP_S = 15.0
+HOUSEKEEPING_S = 60.0
 
 
 class Service:
@@ -54,6 +61,21 @@ class Service:
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.waiters.notify(job_id))
         self.runs = RunManager(settings, self.store, self.catalog, self.scheduler, self.logs, self.uploads, self.jobs.admit)
         self._sweeper: asyncio.Task | None = None
+        # observability
+        self.monitor = Monitor(self.store, self.devices, settings.monitor_interval_s, settings.metrics_retention_s)
+        self.device_metrics = DeviceMetrics(self.store, self.jobs, self.monitor)
+        self.events = EventFeed(self.store, settings.event_retention)
+        self.operator_metrics = OperatorMetrics(LiveState(
+            capacity=self.scheduler.capacity,
+            job_counts=self.store.job_counts_by_status,
+            latest_samples=self.monitor.latest,
+            gpu_unavailable_reason=lambda: self.monitor.gpu_unavailable_reason,
+            log_counts=lambda: {"appended": self.logs.lines_appended, "dropped": self.logs.lines_dropped},
+            active_sub_jobs=lambda: len(self.store.active_sub_jobs()),
+        ))
+        self.telemetry = TelemetrySink(self.operator_metrics)
+        self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.forget(job_id))
+        self._housekeeper: asyncio.Task | None = None
 
     async def start(self) -> None:
         ensure_admin_token(self.store, self.settings.admin_token_path)
@@ -68,15 +90,29 @@ class Service:
         await self.runs.start()
         await self.executor.start()
         self._sweeper = asyncio.create_task(self._sweep_idle_jobs())
+        self.monitor.start()
+        self._housekeeper = asyncio.create_task(self._housekeeping())
 
     async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        for task in (self._sweeper, self._housekeeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self.events.stop()
         await self.runs.stop()
         await self.executor.shutdown()
+        self.monitor.stop()
         self.store.close()
+
+    async def _housekeeping(self) -> None:
+        """Bound what grows without end: the event feed (device samples are trimmed by the monitor)."""
+        while True:
+            try:
+                self.events.trim()
+            except Exception:
+                log.exception("event feed trim failed")
+            await asyncio.sleep(HOUSEKEEPING_S)
 
     async def _sweep_idle_jobs(self) -> None:
         while True:

@@ -1,8 +1,9 @@
-"""SQLite persistence for tokens, jobs, sub-jobs, requests, request events, idempotency keys, logs
-and checkpoints.
+"""SQLite persistence for tokens, jobs, sub-jobs, requests, request events, idempotency keys, logs,
+the job/request event feed, device samples and checkpoints.
 
 Everything the service remembers goes through this one module, so another database can replace it.
-Calls are short and made from the IO loop thread; WAL keeps readers from blocking the writer.
+Calls are short and made from the IO loop thread (and the device monitor's thread, serialised by one
+lock); WAL keeps readers from blocking the writer.
 """
 
 from __future__ import annotations
@@ -131,6 +132,49 @@ CREATE TABLE IF NOT EXISTS runs (
     UNIQUE (owner, submission_id)
 );
 CREATE INDEX IF NOT EXISTS runs_owner_created ON runs(owner, created_at);
+-- observability: the event feed, written by triggers so no status change can bypass it ------------
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    job_id TEXT NOT NULL,
+    request_id TEXT,
+    sub_job_id TEXT,
+    op TEXT,
+    status TEXT NOT NULL,
+    failure_code TEXT
+);
+CREATE INDEX IF NOT EXISTS events_owner_seq ON events(owner, seq);
+CREATE TRIGGER IF NOT EXISTS events_job_created AFTER INSERT ON jobs BEGIN
+    INSERT INTO events (at, kind, owner, job_id, status, failure_code)
+    VALUES ((julianday('now') - 2440587.5) * 86400.0, 'job', NEW.owner, NEW.id, NEW.status, NEW.failure_code);
+END;
+CREATE TRIGGER IF NOT EXISTS events_job_status AFTER UPDATE OF status ON jobs WHEN NEW.status IS NOT OLD.status BEGIN
+    INSERT INTO events (at, kind, owner, job_id, status, failure_code)
+    VALUES ((julianday('now') - 2440587.5) * 86400.0, 'job', NEW.owner, NEW.id, NEW.status, NEW.failure_code);
+END;
+CREATE TRIGGER IF NOT EXISTS events_request_created AFTER INSERT ON requests BEGIN
+    INSERT INTO events (at, kind, owner, job_id, request_id, sub_job_id, op, status, failure_code)
+    VALUES ((julianday('now') - 2440587.5) * 86400.0, 'request',
+            COALESCE((SELECT owner FROM jobs WHERE id = NEW.job_id), ''), NEW.job_id, NEW.id, NEW.sub_job_id, NEW.op,
+            NEW.status, NEW.error_code);
+END;
+CREATE TRIGGER IF NOT EXISTS events_request_status AFTER UPDATE OF status ON requests WHEN NEW.status IS NOT OLD.status BEGIN
+    INSERT INTO events (at, kind, owner, job_id, request_id, sub_job_id, op, status, failure_code)
+    VALUES ((julianday('now') - 2440587.5) * 86400.0, 'request',
+            COALESCE((SELECT owner FROM jobs WHERE id = NEW.job_id), ''), NEW.job_id, NEW.id, NEW.sub_job_id, NEW.op,
+            NEW.status, NEW.error_code);
+END;
+-- observability: device samples from the monitor (one row per device per tick) ---------------------
+CREATE TABLE IF NOT EXISTS device_samples (
+    device TEXT NOT NULL,
+    at REAL NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (device, at)
+);
+CREATE INDEX IF NOT EXISTS device_samples_at ON device_samples(at);
+CREATE INDEX IF NOT EXISTS sub_jobs_status ON sub_jobs(status);
 """
 
 
@@ -464,6 +508,69 @@ class Store:
     def checkpoint_bytes(self, owner: str) -> int:
         rows = self._rows("SELECT COALESCE(SUM(size_bytes), 0) AS total FROM checkpoints WHERE owner = ?", (owner,))
         return int(rows[0]["total"])
+
+
+    # observability: events ---------------------------------------------------------------------
+    def events_after(self, after: int, owner: str | None, limit: int) -> list[dict[str, Any]]:
+        """Events with seq > `after`, oldest first; only `owner`'s unless owner is None (admin)."""
+        sql = "SELECT seq, at, kind, job_id, request_id, sub_job_id, op, status, failure_code FROM events WHERE seq > ?"
+        params: list[Any] = [after]
+        if owner is not None:
+            sql += " AND owner = ?"
+            params.append(owner)
+        return self._rows(sql + " ORDER BY seq LIMIT ?", [*params, limit])
+
+    def last_event_seq(self) -> int:
+        return self._rows("SELECT COALESCE(MAX(seq), 0) AS seq FROM events")[0]["seq"]
+
+    def trim_events(self, keep: int) -> int:
+        """Drop the oldest events beyond `keep`; returns how many were dropped."""
+        cutoff = self.last_event_seq() - keep
+        if cutoff <= 0:
+            return 0
+        return self._execute("DELETE FROM events WHERE seq <= ?", (cutoff,)).rowcount
+
+    # observability: device samples -----------------------------------------------------------------
+    def add_device_samples(self, samples: list[dict[str, Any]]) -> None:
+        """Persist monitor samples: each has `at` and `device`; the other fields are kept as JSON."""
+        rows = [
+            (sample["device"], sample["at"], json.dumps({k: v for k, v in sample.items() if k not in ("device", "at")}))
+            for sample in samples
+        ]
+        with self.transaction():
+            for row in rows:
+                self._execute("INSERT OR REPLACE INTO device_samples (device, at, data) VALUES (?, ?, ?)", row)
+
+    def device_samples(self, devices: list[str], since: float, until: float | None, limit: int) -> list[dict[str, Any]]:
+        """Samples of `devices` with since < at <= until, oldest first (ties by device)."""
+        if not devices:
+            return []
+        marks = ",".join("?" * len(devices))
+        sql = f"SELECT device, at, data FROM device_samples WHERE device IN ({marks}) AND at > ?"
+        params: list[Any] = [*devices, since]
+        if until is not None:
+            sql += " AND at <= ?"
+            params.append(until)
+        rows = self._rows(sql + " ORDER BY at, device LIMIT ?", [*params, limit])
+        return [{"at": row["at"], "device": row["device"], **json.loads(row["data"])} for row in rows]
+
+    def trim_device_samples(self, older_than: float) -> int:
+        return self._execute("DELETE FROM device_samples WHERE at < ?", (older_than,)).rowcount
+
+    def active_sub_jobs(self) -> list[dict[str, Any]]:
+        """Sub-jobs (and source runs, as sub-job 'main' of the run, as in their logs) placed on a device
+        and not finished: who a device sample is attributed to."""
+        rows = self._rows(
+            "SELECT job_id, id AS sub_job_id, device FROM sub_jobs WHERE status IN ('starting', 'running')"
+            " AND device IS NOT NULL ORDER BY job_id, position"
+        )
+        for run in self._rows("SELECT id, devices FROM runs WHERE status IN ('starting', 'running') ORDER BY created_at"):
+            for device in sorted(set(json.loads(run["devices"] or "[]"))):
+                rows.append({"job_id": run["id"], "sub_job_id": "main", "device": device})
+        return rows
+
+    def job_counts_by_status(self) -> dict[str, int]:
+        return {row["status"]: row["n"] for row in self._rows("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status")}
 
 
 class _Transaction:

@@ -35,6 +35,7 @@ class Worker:
         self.state = None
         self.trainer = None
         self.sub_job_type = ""
+        self.forward_backward_calls = 0
         # checkpoints and weight sync
         self.sub_job_id = ""
         self.faults = Faults()
@@ -92,6 +93,14 @@ class Worker:
     def forward_backward(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         tensors, metadata = wire.decode_frame(blob)
         result, out = self.trainer.forward_backward(tensors, metadata["loss_fn"], metadata.get("loss_fn_config") or {})
+        self.forward_backward_calls += 1
+        speed = result.get("tokens_per_second")
+        print(
+            f"[engine] forward_backward={self.forward_backward_calls} loss={result['loss']:.4g}"
+            f" tokens={result['metrics']['tokens:sum']} tokens/s={speed or 0:.0f}"
+            f" peak_memory={result['peak_memory_bytes'] / 2**20:.0f}MiB",
+            flush=True,
+        )
         return result, wire.encode_frame(out)
 
     def step(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
@@ -216,10 +225,26 @@ class Worker:
                 self.cancelled.discard(request_id)
 
 
+def die_with_parent() -> None:
+    """A worker must not outlive a backend killed without cleanup (it would hold a GPU and compute for no
+    one): ask Linux to SIGKILL it when its parent dies. Elsewhere the closed socket still ends it."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the request took effect
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="cortex-nb worker (started by the backend)")
     parser.add_argument("--fd", type=int, required=True)
     args = parser.parse_args(argv)
+    die_with_parent()
     sock = socket.socket(fileno=args.fd)
     channel = BlockingChannel(sock)
     channel.send({"type": "hello", "pid": os.getpid()})

@@ -158,6 +158,18 @@ class BaseHandler(tornado.web.RequestHandler):
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.finish(json.dumps({"error": {"code": code, "message": message, "detail": detail}}))
 
+    # observability ------------------------------------------------------------------------------
+    # Set by handlers that hold a request open (long-poll, log stream): their time is waiting, not work.
+    waited = False
+
+    def on_finish(self) -> None:
+        metrics = getattr(self.service, "operator_metrics", None)
+        if metrics is None:
+            return
+        waited = self.waited or self.get_query_argument("wait", "") not in ("", "0", "0.0")
+        name = self.route.name if self.route is not None else "unmatched"
+        metrics.observe_request(name, self.request.method, self.get_status(), self.request.request_time(), waited)
+
     def log_exception(self, typ, value, tb) -> None:
         if isinstance(value, ApiError):
             return  # an expected refusal, answered with its code

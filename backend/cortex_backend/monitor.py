@@ -1,0 +1,176 @@
+"""The device monitor: one sampler thread per backend that reads every device at a set interval.
+
+Each tick yields one sample per device the backend serves ("cuda:N" by NVML index, or "cpu"): GPU
+utilisation, memory, temperature and power from NVML (through `nvml.py`, the single init), and host
+CPU and RAM from psutil. GPU fields are absent, never zero, when NVML cannot answer. Samples are
+attributed to the sub-jobs placed on the device at that moment, persisted for the job metrics
+endpoint, and the latest ones are kept in memory for the live host view and /metrics.
+
+It runs on its own thread, never on the IO loop and never near torch: a tick costs a few NVML calls,
+two /proc reads and one small SQLite transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import psutil
+
+from . import nvml
+from .devices import Device
+from .store import Store
+
+log = logging.getLogger("cortex_backend.monitor")
+
+# How often old samples are trimmed (seconds of wall time), whatever the sampling interval.
+TRIM_EVERY_S = 60.0
+
+
+class GpuReader:
+    """NVML readings for one GPU; a field NVML refuses (NotSupported on some boards) is left out."""
+
+    def __init__(self, lib: Any, index: int) -> None:
+        self.lib = lib
+        self.index = index
+        self.handle = lib.nvmlDeviceGetHandleByIndex(index)
+
+    def read(self) -> dict[str, Any]:
+        lib, handle, fields = self.lib, self.handle, {}
+        try:
+            fields["gpu_utilization_percent"] = float(lib.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except lib.NVMLError:
+            pass
+        try:
+            memory = lib.nvmlDeviceGetMemoryInfo(handle)
+            fields["gpu_memory_used_bytes"] = int(memory.used)
+            fields["gpu_memory_total_bytes"] = int(memory.total)
+        except lib.NVMLError:
+            pass
+        try:
+            fields["gpu_temperature_c"] = float(lib.nvmlDeviceGetTemperature(handle, lib.NVML_TEMPERATURE_GPU))
+        except lib.NVMLError:
+            pass
+        try:
+            fields["gpu_power_watts"] = lib.nvmlDeviceGetPowerUsage(handle) / 1000.0  # NVML reports milliwatts
+        except lib.NVMLError:
+            pass
+        return fields
+
+
+def read_host() -> dict[str, Any]:
+    """Host CPU (percent of all cores since the previous call) and RAM (used = total - available)."""
+    memory = psutil.virtual_memory()
+    return {
+        "cpu_percent": float(psutil.cpu_percent(interval=None)),
+        "ram_used_bytes": int(memory.total - memory.available),
+        "ram_total_bytes": int(memory.total),
+    }
+
+
+def gpu_unavailable_reason(devices: list[Device]) -> str | None:
+    """Why samples carry no GPU fields (None when the backend serves GPUs NVML can read)."""
+    reason = nvml.unavailable_reason()
+    if reason is not None:
+        return reason
+    if not any(device.kind == "cuda" for device in devices):
+        return "this backend serves CPU devices only (see --devices); GPU metrics are not collected"
+    return None
+
+
+class Monitor:
+    def __init__(self, store: Store | None, devices: list[Device], interval_s: float = 1.0, retention_s: float = 86400.0) -> None:
+        self.store = store
+        self.devices = devices
+        self.interval_s = interval_s
+        self.retention_s = retention_s
+        self.gpu_unavailable_reason = gpu_unavailable_reason(devices)
+        self.samples_taken = 0
+        self.errors = 0
+        self._gpus: dict[str, GpuReader] = {}
+        lib = nvml.nvml()
+        if lib is not None:
+            for device in devices:
+                if device.kind == "cuda" and device.index is not None:
+                    try:
+                        self._gpus[device.id] = GpuReader(lib, device.index)
+                    except lib.NVMLError as exc:
+                        log.warning("GPU metrics for %s are unavailable: %s", device.id, exc)
+        self._latest: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_trim = 0.0
+        read_host()  # psutil's cpu_percent measures since the previous call: prime it
+
+    # the thread -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.gpu_unavailable_reason:
+            log.info("GPU metrics unavailable: %s", self.gpu_unavailable_reason)
+        if self.interval_s <= 0 or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="cortex-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def _run(self) -> None:
+        next_tick = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # a bad tick must not end monitoring; log the first few
+                self.errors += 1
+                if self.errors <= 3:
+                    log.exception("device sampling failed")
+            next_tick += self.interval_s
+            delay = next_tick - time.monotonic()
+            if delay < 0:  # fell behind (a slow disk, a suspended host): skip, don't burst
+                next_tick, delay = time.monotonic(), 0.0
+            self._stop.wait(delay)
+
+    # one tick -------------------------------------------------------------------------------------
+    def sample(self) -> list[dict[str, Any]]:
+        """One sample per device, read now (no persistence)."""
+        at = time.time()
+        host = read_host()
+        samples = []
+        for device in self.devices:
+            sample: dict[str, Any] = {"at": at, "device": device.id}
+            reader = self._gpus.get(device.id)
+            if reader is not None:
+                sample.update(reader.read())
+            sample.update(host)
+            samples.append(sample)
+        return samples
+
+    def tick(self) -> list[dict[str, Any]]:
+        """Sample, attribute to the sub-jobs on each device, persist, and publish as the latest."""
+        samples = self.sample()
+        if self.store is not None:
+            placed: dict[str, list[str]] = {}
+            for row in self.store.active_sub_jobs():
+                placed.setdefault(row["device"], []).append(f"{row['job_id']}/{row['sub_job_id']}")
+            for sample in samples:
+                sample["sub_jobs"] = placed.get(sample["device"], [])
+            self.store.add_device_samples(samples)
+            now = time.monotonic()
+            if now - self._last_trim >= TRIM_EVERY_S:
+                self._last_trim = now
+                self.store.trim_device_samples(time.time() - self.retention_s)
+        with self._lock:
+            for sample in samples:
+                self._latest[sample["device"]] = sample
+            self.samples_taken += len(samples)
+        return samples
+
+    def latest(self) -> list[dict[str, Any]]:
+        """The newest sample of each device, in device order."""
+        with self._lock:
+            return [dict(self._latest[device.id]) for device in self.devices if device.id in self._latest]

@@ -1,0 +1,110 @@
+"""Following a job's logs from the client: an iterator over lines that survives dropped connections.
+
+It reads the backend's follow stream (`GET .../logs?follow=1`, newline-delimited JSON) and remembers
+the last sequence number it yielded. When the connection drops, it reconnects from that cursor with
+the transport's backoff, so every line arrives once, in order. Without `follow` it pages through
+what is there now and stops.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from . import errors
+from .routes import route
+
+if TYPE_CHECKING:
+    from .client import Client
+
+PAGE_LIMIT = 5000
+HEARTBEAT_S = 10.0
+
+
+class LogStream:
+    """Iterate to get log lines ({seq, sub_job_id, at, stream, line}). After (or during) iteration:
+    `cursor` is the last seq received, `dropped` how many lines retention removed before they could
+    be read, `job_status` the job's status as last reported, `reconnects` how often it resumed."""
+
+    def __init__(
+        self,
+        client: Client,
+        job_id: str,
+        *,
+        follow: bool = True,
+        cursor: int = 0,
+        sub_job: str | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+    ) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.follow = follow
+        self.cursor = cursor
+        self.sub_job = sub_job
+        self.heartbeat_s = heartbeat_s
+        self.dropped = 0
+        self.job_status: str | None = None
+        self.reconnects = 0
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self._follow() if self.follow else self._pages()
+
+    def __repr__(self) -> str:
+        return f"<LogStream {self.job_id} cursor={self.cursor} dropped={self.dropped} status={self.job_status}>"
+
+    def _pages(self) -> Iterator[dict[str, Any]]:
+        while True:
+            page = self.client.tail_logs(self.job_id, self.cursor, PAGE_LIMIT, self.sub_job)
+            self.dropped += page.get("dropped", 0)
+            self.job_status = page.get("job_status")
+            for line in page["lines"]:
+                if line["seq"] > self.cursor:
+                    self.cursor = line["seq"]
+                    yield line
+            self.cursor = max(self.cursor, page["cursor"])
+            if not page["lines"]:
+                return
+
+    def _follow(self) -> Iterator[dict[str, Any]]:
+        path = route("job_logs").url(job_id=self.job_id)
+        retry = self.client.transport.retry
+        failures = 0
+        while True:
+            params = {"cursor": self.cursor, "follow": 1, "sub_job": self.sub_job, "heartbeat": self.heartbeat_s}
+            try:
+                # A read timeout of a few heartbeats: a silent, dead connection is noticed and resumed.
+                with self.client.transport.stream("GET", path, params=params, timeout_s=self.heartbeat_s * 3 + 5) as response:
+                    for raw in response.iter_lines():
+                        if not raw:
+                            continue
+                        record = json.loads(raw)
+                        failures = 0
+                        kind = record.pop("type", "line")
+                        if kind == "line":
+                            if record["seq"] > self.cursor:  # never twice, even across a resume
+                                self.cursor = record["seq"]
+                                yield record
+                        elif kind == "dropped":
+                            self.dropped += record["dropped"]
+                            self.cursor = max(self.cursor, record["cursor"])
+                        elif kind == "heartbeat":
+                            self.job_status = record.get("job_status")
+                        elif kind == "end":
+                            self.job_status = record.get("job_status")
+                            return
+            except (errors.ConnectionError, errors.BackendError, errors.RateLimitError, json.JSONDecodeError) as exc:
+                # A dropped connection, a backend restarting, or a line cut in half: resume from the cursor.
+                last_error: Exception = exc
+            else:
+                last_error = errors.ConnectionError("the log stream closed before the job ended", code="backend_unavailable")
+            failures += 1
+            if failures >= retry.max_attempts:
+                raise errors.ConnectionError(
+                    f"lost the log stream of job {self.job_id} {failures} times in a row at cursor {self.cursor};"
+                    f" resume with stream_logs(..., cursor={self.cursor}). Last error: {last_error}",
+                    code="backend_unavailable",
+                ) from last_error
+            self.reconnects += 1
+            time.sleep(retry.delay(failures))

@@ -1,0 +1,252 @@
+"""Client telemetry: the outcome of each essential `Client` operation, reported to the backend.
+
+A record says which operation ran, whether it succeeded, how long it took, how many HTTP attempts
+and retries it needed, and on failure the error type, HTTP status, error code and a short message
+with credentials redacted (`redaction.py`). Failures are sent by default, best-effort, to
+`POST /v1/telemetry`; successes only with CORTEX_ENABLE_SUCCESS_TELEMETRY=1;
+CORTEX_DISABLE_TELEMETRY=1 turns it all off. The operator sees the aggregates in `/metrics`.
+
+Telemetry never changes an outcome: recording is wrapped so that nothing it does can raise into the
+caller, and sending happens on a background thread through a bounded queue (a full queue drops
+records rather than wait), so an operation pays for building one small dict.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import httpx
+
+from .redaction import bounded
+from .version import __version__
+
+log = logging.getLogger("cortex_nb.telemetry")
+
+ENV_DISABLE = "CORTEX_DISABLE_TELEMETRY"
+ENV_SUCCESSES = "CORTEX_ENABLE_SUCCESS_TELEMETRY"
+TELEMETRY_PATH = "/v1/telemetry"
+
+# The operations that are recorded. The backend counts anything else as "other", keeping /metrics bounded.
+ESSENTIAL_OPERATIONS = frozenset({
+    "check_version", "create_job", "get_job", "list_jobs", "wait_for_job", "cancel_job", "complete_job",
+    "forward_backward", "forward", "step", "generate", "poll_request", "cancel_request",
+    "tail_logs", "download_stdout_logs", "get_job_metrics", "download_metrics", "list_events",
+})
+# Error types the backend accepts as labels (the client's exception classes, plus interruption).
+ERROR_TYPES = frozenset({
+    "CortexError", "ApiError", "BadRequestError", "AuthError", "PermissionError", "NotFoundError", "ConflictError",
+    "RateLimitError", "BackendError", "ConnectionError", "RequestFailed", "TimeoutError", "VersionMismatchError",
+    "KeyboardInterrupt", "ValueError", "TypeError", "OSError",
+})
+MAX_MESSAGE_CHARS = 500
+MAX_BATCH = 100  # the backend's limit per POST
+BATCH_WINDOW_S = 0.5
+QUEUE_SIZE = 1000
+SEND_TIMEOUT_S = 2.0
+
+_active = threading.local()
+T = TypeVar("T")
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class Telemetry:
+    """Records operations for one `Client` and sends them from a background thread."""
+
+    def __init__(
+        self,
+        url: str,
+        headers: dict[str, str] | None = None,
+        cookies: dict[str, str] | None = None,
+        *,
+        enabled: bool | None = None,
+        send_successes: bool | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.enabled = (not _env_flag(ENV_DISABLE)) if enabled is None else enabled
+        self.send_successes = _env_flag(ENV_SUCCESSES) if send_successes is None else send_successes
+        self.recent: deque[dict[str, Any]] = deque(maxlen=100)
+        self.sent = 0
+        self.dropped = 0
+        self.send_failures = 0
+        self._headers = dict(headers or {})
+        self._cookies = cookies
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=QUEUE_SIZE)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._in_flight = 0
+        self._closed = False
+        self._closing = threading.Event()
+
+    # recording --------------------------------------------------------------------------------
+    def record(
+        self,
+        operation: str,
+        *,
+        success: bool,
+        duration_ms: float,
+        attempts: int = 0,
+        retries: int = 0,
+        error: BaseException | None = None,
+    ) -> dict[str, Any] | None:
+        """Build a record and queue it for sending if the settings say so; returns it (None when off)."""
+        if not self.enabled:
+            return None
+        record: dict[str, Any] = {
+            "operation": operation,
+            "success": success,
+            "duration_ms": round(duration_ms, 3),
+            "attempts": attempts,
+            "retries": retries,
+            "at": time.time(),
+            "client_version": __version__,
+        }
+        if error is not None:
+            record["error_type"] = type(error).__name__
+            record["http_status"] = getattr(error, "status", None)
+            record["error_code"] = getattr(error, "code", None)
+            record["message"] = bounded(str(error), MAX_MESSAGE_CHARS)
+        self.recent.append(record)
+        if not success or self.send_successes:
+            self._enqueue(record)
+        return record
+
+    def _enqueue(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._queue.put_nowait(record)
+            except queue.Full:
+                self.dropped += 1
+                return
+            self._in_flight += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._send_loop, name="cortex-telemetry", daemon=True)
+                self._thread.start()
+
+    # sending ----------------------------------------------------------------------------------
+    def _send_loop(self) -> None:
+        http = httpx.Client(base_url=self.url, headers=self._headers, cookies=self._cookies, timeout=SEND_TIMEOUT_S)
+        try:
+            while True:
+                first = self._queue.get()
+                if first is None:
+                    return
+                # Let a batch gather: the sender wakes once per window, not once per operation, so a
+                # busy caller pays for a queue put and nothing else. close() cuts the window short.
+                self._closing.wait(BATCH_WINDOW_S)
+                batch, stop = [first], False
+                while True:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        stop = True
+                        break
+                    batch.append(item)
+                for start in range(0, len(batch), MAX_BATCH):
+                    self._deliver(http, batch[start:start + MAX_BATCH])
+                if stop:
+                    return
+        finally:
+            http.close()
+
+    def _deliver(self, http: httpx.Client, batch: list[dict[str, Any]]) -> None:
+        try:
+            response = http.post(TELEMETRY_PATH, json={"records": batch})
+            if response.status_code >= 400:
+                raise RuntimeError(f"HTTP {response.status_code}")
+            self.sent += len(batch)
+        except Exception as exc:  # best-effort: a lost report is acceptable, a raised one is not
+            self.send_failures += 1
+            log.debug("telemetry not delivered: %s", exc)
+        with self._lock:
+            self._in_flight -= len(batch)
+            self._idle.notify_all()
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until queued records were delivered (or failed); True if nothing is left."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._in_flight > 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def close(self) -> None:
+        """Stop accepting records; the sender delivers what is queued and ends (never waited for)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._closing.set()
+            if self._thread is None:
+                return
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass  # the daemon thread ends with the process
+
+
+def recorded(operation: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Decorate a `Client` method so its outcome is recorded. Nested recorded calls (poll_request
+    inside a future's result, get_job inside wait_for_job) count once, as the outermost operation."""
+
+    def wrap(method: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(method)
+        def run(self: Any, *args: Any, **kwargs: Any) -> T:
+            telemetry: Telemetry | None = getattr(self, "telemetry", None)
+            if telemetry is None or not telemetry.enabled or getattr(_active, "depth", 0):
+                return method(self, *args, **kwargs)
+            _active.depth = 1
+            started = time.perf_counter()
+            before = _attempt_counts(self)
+            try:
+                result = method(self, *args, **kwargs)
+            except BaseException as exc:
+                _active.depth = 0
+                _safe_record(telemetry, operation, self, started, before, exc)
+                raise
+            _active.depth = 0
+            _safe_record(telemetry, operation, self, started, before, None)
+            return result
+
+        return run
+
+    return wrap
+
+
+def _attempt_counts(client: Any) -> tuple[int, int]:
+    try:
+        return client.transport.counters()
+    except Exception:
+        return (0, 0)
+
+
+def _safe_record(
+    telemetry: Telemetry, operation: str, client: Any, started: float, before: tuple[int, int], error: BaseException | None
+) -> None:
+    try:
+        calls, attempts = _attempt_counts(client)
+        calls, attempts = calls - before[0], attempts - before[1]
+        telemetry.record(
+            operation, success=error is None, duration_ms=(time.perf_counter() - started) * 1000.0,
+            attempts=attempts, retries=max(0, attempts - calls), error=error,
+        )
+    except Exception:  # telemetry must never change what the caller sees
+        log.debug("telemetry record failed", exc_info=True)
