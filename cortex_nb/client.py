@@ -346,6 +346,79 @@ class Client:
     def list_requests(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
         return self._call("list_requests", path_params={"job_id": job_id}, params={"limit": limit})["requests"]
 
+    # checkpoints and weight sync -----------------------------------------------------------------
+    def save(
+        self, job_id: str, checkpoint_id: str | None = None, checkpoint_type: str = "resumable", *, sub_job: str | None = None
+    ) -> str:
+        """Queue a save of the trainer's adapter ("weights-only") or adapter + optimizer + step + RNG
+        ("resumable"). The result names the checkpoint (`step-N` unless `checkpoint_id` is given)."""
+        body: dict[str, Any] = {"type": checkpoint_type}
+        if checkpoint_id is not None:
+            body["checkpoint_id"] = checkpoint_id
+        return self._call("save", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})["request_id"]
+
+    def load(
+        self,
+        job_id: str,
+        checkpoint_id: str,
+        source_job_id: str | None = None,
+        target_sub_job_id: str | None = None,
+        *,
+        restore_optimizer: bool = True,
+    ) -> str:
+        """Queue a load of a checkpoint (of this job, or of `source_job_id`, another job of yours) into the
+        trainer or `target_sub_job_id`. A resumable checkpoint loaded into a trainer also restores its
+        optimizer state, step counter and RNG state unless `restore_optimizer` is False."""
+        body: dict[str, Any] = {"checkpoint_id": checkpoint_id, "restore_optimizer": restore_optimizer}
+        if source_job_id is not None:
+            body["source_job_id"] = source_job_id
+        if target_sub_job_id is not None:
+            body["target_sub_job_id"] = target_sub_job_id
+        return self._call("load", path_params={"job_id": job_id}, json=body)["request_id"]
+
+    def weight_sync(
+        self,
+        job_id: str,
+        source_sub_job_id: str | None = None,
+        target_sub_job_ids: list[str] | None = None,
+        weight_format: str = "lora",
+    ) -> str:
+        """Queue a sync of the trainer's current weights into sampling sub-jobs (all of them by default).
+        "lora" sends fp16 deltas where the sampler's weights are known (else the full tensors);
+        "full" always sends the exact float32 tensors. The result reports path, bytes and ms."""
+        body: dict[str, Any] = {"format": weight_format}
+        if source_sub_job_id is not None:
+            body["source"] = source_sub_job_id
+        if target_sub_job_ids is not None:
+            body["targets"] = list(target_sub_job_ids)
+        return self._call("weight_sync", path_params={"job_id": job_id}, json=body)["request_id"]
+
+    def list_checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's valid checkpoints, oldest first (a finished job's too)."""
+        return self._call("list_checkpoints", path_params={"job_id": job_id})["checkpoints"]
+
+    def get_checkpoint(self, job_id: str, checkpoint_id: str) -> dict[str, Any]:
+        return self._call("get_checkpoint", path_params={"job_id": job_id, "checkpoint_id": checkpoint_id})
+
+    def delete_checkpoint(self, job_id: str, checkpoint_id: str) -> dict[str, Any]:
+        """Delete a checkpoint; refused (ConflictError, `checkpoint_in_use`) while a load or export reads it."""
+        return self._call("delete_checkpoint", path_params={"job_id": job_id, "checkpoint_id": checkpoint_id})
+
+    def export_checkpoint(self, job_id: str, checkpoint_id: str, dest: str | Path, *, contents: str = "adapter") -> Path:
+        """Download a checkpoint into `dest` (a new or empty directory): a PEFT adapter directory
+        (`adapter_config.json` + `adapter_model.safetensors` + `manifest.json`), or with
+        `contents="all"` every file of the checkpoint. Every file's SHA-256 is checked on arrival;
+        nothing is left in `dest` if one does not match."""
+        import tempfile
+
+        from .checkpoint_files import extract_verified
+
+        path = route("export_checkpoint").url(job_id=job_id, checkpoint_id=checkpoint_id)
+        with tempfile.TemporaryFile() as archive:
+            headers = self.transport.download(path, archive, params={"contents": contents})
+            extract_verified(archive, Path(dest), headers.get("X-Cortex-Manifest-Sha256"))
+        return Path(dest)
+
     # logs ----------------------------------------------------------------------------------------
     @recorded("tail_logs")
     def tail_logs(

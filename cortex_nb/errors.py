@@ -28,6 +28,7 @@ ERROR_STATUS: dict[str, int] = {
     "exceeds_capacity": 400,
     # source runs
     "manifest_mismatch": 400,
+    "incompatible_adapter": 400,
     # 401 / 403
     "unauthenticated": 401,
     "forbidden": 403,
@@ -51,6 +52,7 @@ ERROR_STATUS: dict[str, int] = {
     "checkpoint_in_use": 409,
     "checkpoint_exists": 409,
     "output_not_available": 409,
+    "checkpoint_corrupted": 409,
     # 413 / 429 / 5xx
     "body_too_large": 413,
     "quota_exceeded": 413,

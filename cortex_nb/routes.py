@@ -55,6 +55,14 @@ ROUTES: tuple[Route, ...] = (
     Route("get_request", "GET", "/v1/jobs/{job_id}/requests/{request_id}", READ),
     Route("get_request_tensors", "GET", "/v1/jobs/{job_id}/requests/{request_id}/tensors", READ),
     Route("cancel_request", "POST", "/v1/jobs/{job_id}/requests/{request_id}/cancel", WRITE),
+    # checkpoints and weight sync: save, load and weight_sync answer 202 {request_id} like the data plane
+    Route("save", "POST", "/v1/jobs/{job_id}/save", WRITE),
+    Route("load", "POST", "/v1/jobs/{job_id}/load", WRITE),
+    Route("weight_sync", "POST", "/v1/jobs/{job_id}/weight_sync", WRITE),
+    Route("list_checkpoints", "GET", "/v1/jobs/{job_id}/checkpoints", READ),
+    Route("get_checkpoint", "GET", "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}", READ),
+    Route("delete_checkpoint", "DELETE", "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}", WRITE),
+    Route("export_checkpoint", "GET", "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/export", READ),
     # chunked uploads for large frames
     Route("upload_chunk", "PUT", "/v1/uploads/{upload_id}/chunks/{index}", WRITE),
     # logs

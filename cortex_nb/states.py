@@ -48,6 +48,12 @@ FAILURE_CODES = {
     "out_of_memory": "the device ran out of memory",
     "invalid_batch": "the batch did not fit the model",
     "operation_failed": "the operation raised an error; see the message",
+    # checkpoints and weight sync
+    "checkpoint_corrupted": "a checkpoint file no longer matches its SHA-256; it was not loaded",
+    "incompatible_adapter": "the weights do not fit the sub-job's adapter (base model, rank or target modules)",
+    "quota_exceeded": "the owner's checkpoint quota would be exceeded; nothing was kept",
+    "weight_sync_failed": "a sampler could not take the trainer's weights; it kept its previous ones",
+    "weight_sync_timeout": "a weight-sync participant did not answer in time",
 }
 
 # Failure codes a source run ends with (docs/job-spec.md). Stable: users match on them.

@@ -7,6 +7,7 @@ complete it (freeing its device) when the block ends.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -125,6 +126,26 @@ class _JobHandle:
 
         return APIFuture(self.client, self.job_id, request_id, "forward", split)
 
+    # checkpoints ---------------------------------------------------------------------------------
+    def load(
+        self,
+        checkpoint_id: str,
+        source_job_id: str | None = None,
+        target_sub_job_id: str | None = None,
+        *,
+        restore_optimizer: bool = True,
+    ) -> APIFuture[dict[str, Any]]:
+        """Load a checkpoint of this job (or of `source_job_id`, another job of yours) into a sub-job."""
+        request_id = self.client.load(self.job_id, checkpoint_id, source_job_id, target_sub_job_id,
+                                      restore_optimizer=restore_optimizer)
+        return APIFuture(self.client, self.job_id, request_id, "load")
+
+    def checkpoints(self) -> pd.DataFrame:
+        """This job's checkpoints as a table, oldest first."""
+        from .views import checkpoints_frame
+
+        return checkpoints_frame(self.client.list_checkpoints(self.job_id))
+
 
 class TrainingJob(_JobHandle):
     """A training sub-job (base model + LoRA + AdamW), with optional sampling sub-jobs."""
@@ -166,6 +187,26 @@ class TrainingJob(_JobHandle):
 
     def step(self, learning_rate: float | None = None) -> APIFuture[dict[str, Any]]:
         return APIFuture(self.client, self.job_id, self.client.step(self.job_id, learning_rate), "step")
+
+    # checkpoints and weight sync -------------------------------------------------------------------
+    def save(self, checkpoint_id: str | None = None, checkpoint_type: str = "resumable") -> APIFuture[dict[str, Any]]:
+        """Save the trainer: "resumable" (adapter, optimizer, step, RNG) or "weights-only" (the adapter).
+        The result's `checkpoint_id` names it (`step-N` unless given)."""
+        request_id = self.client.save(self.job_id, checkpoint_id, checkpoint_type)
+        return APIFuture(self.client, self.job_id, request_id, "save")
+
+    def export(self, dest: str | Path, checkpoint_id: str | None = None, *, contents: str = "adapter") -> Path:
+        """Download a PEFT adapter directory into `dest` (hashes checked). Without `checkpoint_id`, the
+        trainer's current adapter is saved first (weights-only) and that checkpoint is exported."""
+        if checkpoint_id is None:
+            checkpoint_id = self.save(checkpoint_type="weights-only").result()["checkpoint_id"]
+        return self.client.export_checkpoint(self.job_id, checkpoint_id, dest, contents=contents)
+
+    def sync_sampler(self, targets: Sequence[str] | None = None, weight_format: str = "lora") -> APIFuture[dict[str, Any]]:
+        """Send the trainer's current weights to this job's sampling sub-jobs (or `targets`). Requests
+        queued before the sync see the old weights; those queued after it see the new ones."""
+        request_id = self.client.weight_sync(self.job_id, None, list(targets) if targets is not None else None, weight_format)
+        return APIFuture(self.client, self.job_id, request_id, "weight_sync")
 
     def __repr__(self) -> str:
         return f"<TrainingJob {self.job_id} {self.base_model} {self.info.get('status')}>"

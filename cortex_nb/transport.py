@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -118,6 +118,40 @@ class Transport:
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.request(method, path, **kwargs).json()
+
+    def download(self, path: str, sink: BinaryIO, *, params: dict[str, Any] | None = None,
+                 timeout_s: float | None = None) -> httpx.Headers:
+        """GET a (possibly large) body into `sink` without holding it in memory; returns the headers.
+        Retried like `request`; the sink is truncated before each attempt."""
+        params = {key: value for key, value in (params or {}).items() if value is not None}
+        attempt = 0
+        self._count("calls")
+        while True:
+            attempt += 1
+            self.last_attempts = attempt
+            self._count("attempts")
+            sink.seek(0)
+            sink.truncate()
+            try:
+                with self._http.stream("GET", path, params=params,
+                                       timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT) as response:
+                    if response.status_code < 400:
+                        for block in response.iter_bytes():
+                            sink.write(block)
+                        return response.headers
+                    response.read()
+            except httpx.TransportError as exc:
+                if attempt >= self.retry.max_attempts:
+                    raise errors.ConnectionError(
+                        f"could not download {path} from {self.url} after {attempt} attempt(s): {type(exc).__name__}: {exc}",
+                        code="backend_unavailable",
+                    ) from exc
+                time.sleep(self.retry.delay(attempt))
+                continue
+            if response.status_code in RETRY_STATUSES and attempt < self.retry.max_attempts:
+                time.sleep(self.retry.delay(attempt, response.headers.get("Retry-After")))
+                continue
+            raise errors.error_from_response(response.status_code, _json_or_text(response))
 
     @contextlib.contextmanager
     def stream(

@@ -1,4 +1,5 @@
-"""pandas views of what the backend returns: jobs, samples, capacity, models, requests, runs, device metrics."""
+"""pandas views of what the backend returns: jobs, samples, capacity, models, requests, runs, device metrics,
+checkpoints."""
 
 from __future__ import annotations
 
@@ -115,3 +116,14 @@ def metrics_frame(samples: Sequence[dict[str, Any]]) -> pd.DataFrame:
         for sample in samples
     ]
     return pd.DataFrame(rows, columns=["at", "device", *present, "sub_job_ids"])
+
+
+def checkpoints_frame(checkpoints: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    import pandas as pd
+
+    columns = ["checkpoint_id", "type", "step", "created_at", "size_bytes", "sub_job_id", "base_model", "state_hash"]
+    rows = [
+        {**{key: checkpoint.get(key) for key in columns}, "created_at": _time(checkpoint.get("created_at"))}
+        for checkpoint in checkpoints
+    ]
+    return pd.DataFrame(rows, columns=columns)

@@ -16,7 +16,7 @@ TOLERANCE = 1e-5
 
 
 @pytest.mark.parametrize("model", ["tiny", "small-gpt2"])
-def test_lora_training_matches_in_process_reference(client: Client, gpt2_dir, model):
+def test_lora_training_matches_in_process_reference(client: Client, gpt2_dir, model, tmp_path):
     vocab = next(m for m in client.list_models() if m["name"] == model)["vocab_size"]
     job = client.create_training_job(model, lora={"r": 8, "alpha": 16}, optimizer={"lr": LR}, seed=3)
     reference = ReferenceTrainer(reference_lora(reference_base(model, gpt2_dir), r=8, alpha=16, seed=3), lr=LR)
@@ -39,6 +39,15 @@ def test_lora_training_matches_in_process_reference(client: Client, gpt2_dir, mo
         with torch.no_grad():
             expected_logprobs = reference_logprobs(reference.model, probe).numpy()
         np.testing.assert_allclose(remote_logprobs, expected_logprobs, rtol=0, atol=TOLERANCE)
+        # And so do the adapter tensors themselves, exported as a PEFT adapter directory.
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        exported = load_file(str(job.export(tmp_path / "adapter") / "adapter_model.safetensors"))
+        expected_adapter = get_peft_model_state_dict(reference.model)
+        assert sorted(exported) == sorted(expected_adapter)
+        for name, tensor in expected_adapter.items():
+            torch.testing.assert_close(exported[name], tensor.detach(), rtol=0, atol=TOLERANCE, msg=name)
     finally:
         job.cancel()
 

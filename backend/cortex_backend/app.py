@@ -6,7 +6,7 @@ import tornado.web
 
 from cortex_nb import routes
 
-from .handlers import jobs, logs, meta, observability, requests, runs, uploads
+from .handlers import checkpoints, jobs, logs, meta, observability, requests, runs, uploads
 from .handlers.base import NotFoundHandler
 from .service import Service
 
@@ -51,6 +51,14 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "client_telemetry": observability.TelemetryHandler,
     "recent_telemetry": observability.TelemetryHandler,
     "operator_metrics": observability.OperatorMetricsHandler,
+    # checkpoints and weight sync
+    "save": requests.OperationHandler,
+    "load": requests.OperationHandler,
+    "weight_sync": requests.OperationHandler,
+    "list_checkpoints": checkpoints.CheckpointsHandler,
+    "get_checkpoint": checkpoints.CheckpointHandler,
+    "delete_checkpoint": checkpoints.CheckpointHandler,
+    "export_checkpoint": checkpoints.CheckpointExportHandler,
 }
 
 # Hard cap on any body Tornado will read at all (larger connections are dropped).

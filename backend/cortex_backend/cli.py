@@ -31,6 +31,25 @@ def _at_least(low: float, kind: type = float):
     return parse
 
 
+def _byte_count(value: str) -> int:
+    units = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+    text = value.strip().upper().removesuffix("B")
+    number = text.rstrip("KMGTI")
+    unit = text[len(number):]
+    if not number.isdigit() or unit not in units:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a byte count; use e.g. 1000000, 500M, 50G or 8GiB")
+    return int(number) * units[unit]
+
+
+def _fault_option(value: str) -> str:
+    from .faults import parse_fault
+
+    try:
+        return parse_fault(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="backend_command", required=True)
     serve = commands.add_parser("serve", help="run the backend service")
@@ -44,6 +63,10 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--warm-workers", type=int, default=1, help="idle pre-started worker processes per device")
     serve.add_argument("--worker-threads", type=int, default=None, help="torch threads per CPU worker")
     serve.add_argument("--idle-timeout", type=float, default=3600.0, help="seconds without requests before a job is completed")
+    serve.add_argument("--checkpoint-quota-bytes", type=_byte_count, default=None, metavar="BYTES",
+                       help="most bytes of checkpoints one token owner may keep (e.g. 50000000000 or 50G); default: no cap")
+    serve.add_argument("--fault-injection", action="append", type=_fault_option, default=[], metavar="NAME[=SUB_JOB]",
+                       help=argparse.SUPPRESS)  # testing only: see cortex_backend/faults.py
     serve.add_argument("--parent-pid", type=int, default=None, help="stop when this process exits (used by Client.local())")
     runs = serve.add_argument_group("source runs (docs/job-spec.md)")
     runs.add_argument("--runs-workspace", type=Path, default=None, help="where runs' work dirs live (default DATA_DIR/workspace)")
@@ -91,6 +114,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
             run_uid_base=args.run_uid_base,
             log_retention_lines=args.log_retention_lines, monitor_interval_s=args.monitor_interval,
             metrics_retention_s=args.metrics_retention_hours * 3600.0,
+            checkpoint_quota_bytes=args.checkpoint_quota_bytes, fault_injection=tuple(args.fault_injection),
         )
         try:
             ModelCatalog(settings.models)  # refuse unsafe or broken model directories before starting

@@ -35,6 +35,11 @@ class BackendSettings:
     max_body_bytes: int = wire.MAX_BODY_BYTES
     # Log lines kept per job; older lines are dropped and the logs say how many.
     log_retention_lines: int = 100_000
+    # checkpoints: the most bytes of checkpoints one owner may keep (None: no cap).
+    checkpoint_quota_bytes: int | None = None
+    # Test-only fault injection (see faults.py): "NAME" or "NAME=SUB_JOB_ID". Empty in any real deployment.
+    fault_injection: tuple[str, ...] = ()
+
     # Stop when this process exits (the embedded backend follows the kernel that started it).
     parent_pid: int | None = None
 
@@ -85,6 +90,10 @@ class BackendSettings:
     @property
     def uploads_dir(self) -> Path:
         return self.data_dir / "uploads"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.data_dir / "checkpoints"
 
     @property
     def runs_dir(self) -> Path:

@@ -40,6 +40,9 @@ class ExecutorListener(Protocol):
 
     def log_lines(self, job_id: str, sub_job_id: str, stream: str, lines: list[tuple[float, str]]) -> None: ...
 
+    def sync_message(self, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes) -> None:
+        """A weight-sync message from a sub-job's worker, for another sub-job of the same job."""
+
 
 @dataclass
 class SubJobAssignment:
@@ -76,6 +79,10 @@ class Executor(abc.ABC):
 
     async def shutdown(self) -> None:
         """Stop everything (service exit)."""
+
+    def deliver(self, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes) -> None:
+        """Hand a message to a running sub-job at once, outside its request queue (weight-sync messages)."""
+        raise NotImplementedError(f"{type(self).__name__} does not relay weight-sync messages")
 
     def worker_pid(self, job_id: str, sub_job_id: str) -> int | None:
         """The OS process serving a sub-job, where there is one on this host."""
@@ -121,11 +128,14 @@ def worker_environment(device: Device) -> dict[str, str]:
 class LocalExecutor(Executor):
     """One worker process per sub-job on this host, plus warm spares per device."""
 
-    def __init__(self, listener: ExecutorListener, devices: list[Device], warm_workers: int = 1, worker_threads: int | None = None) -> None:
+    def __init__(self, listener: ExecutorListener, devices: list[Device], warm_workers: int = 1, worker_threads: int | None = None,
+                 faults: tuple[str, ...] = ()) -> None:
         super().__init__(listener)
         self.devices = {device.id: device for device in devices}
         self.warm_workers = warm_workers
         self.worker_threads = worker_threads
+        # Test-only fault injection (faults.py), passed to every worker.
+        self.faults = tuple(faults)
         self._spares: dict[str, list[WorkerProcess]] = defaultdict(list)
         self._workers: dict[tuple[str, str], WorkerProcess] = {}
         self._backlog: dict[tuple[str, str], list[tuple[dict[str, Any], bytes]]] = defaultdict(list)
@@ -194,6 +204,7 @@ class LocalExecutor(Executor):
                 "model": assignment.model.to_wire(),
                 "env": assignment.device.worker_env(),
                 "threads": self.worker_threads,
+                "faults": list(self.faults),
             }
         )
 
@@ -215,6 +226,11 @@ class LocalExecutor(Executor):
     def worker_pid(self, job_id: str, sub_job_id: str) -> int | None:
         worker = self._workers.get((job_id, sub_job_id))
         return worker.process.pid if worker else None
+
+    def deliver(self, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes) -> None:
+        worker = self._workers.get((job_id, sub_job_id))
+        if worker is not None:
+            worker.send(header, blob)
 
     async def stop_sub_job(self, job_id: str, sub_job_id: str) -> None:
         self._backlog.pop((job_id, sub_job_id), None)
@@ -276,6 +292,8 @@ class LocalExecutor(Executor):
             self.listener.request_started(assignment.job_id, header["request_id"])
         elif kind == "finished":
             self.listener.request_finished(assignment.job_id, header["request_id"], header, blob)
+        elif kind == "sync":
+            self.listener.sync_message(assignment.job_id, assignment.sub_job_id, header, blob)
 
     def _on_exit(self, worker: WorkerProcess, returncode: int) -> None:
         assignment = worker.assignment

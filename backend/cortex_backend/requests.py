@@ -15,6 +15,7 @@ from cortex_nb.errors import ApiError
 from cortex_nb.losses import LOSS_INPUTS
 
 from .auth import Principal
+from .checkpoints import CheckpointManager
 from .executor import Executor
 from .jobs import JobManager
 from .models import ModelCatalog
@@ -27,6 +28,7 @@ from .validation import (
     validate_token_batch,
 )
 from .waiters import Waiters
+from .weight_sync import WeightSyncCoordinator
 
 # Which sub-job serves an operation when the caller does not name one, in order of preference.
 DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
@@ -35,6 +37,10 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "generate": (states.SAMPLING, states.TRAINING),
     "forward": (states.LOG_PROBABILITY, states.TRAINING, states.SAMPLING),
     "noop": (states.TRAINING, states.SAMPLING, states.LOG_PROBABILITY),
+    # checkpoints and weight sync (weight_sync's source is chosen by WeightSyncCoordinator.source)
+    "save": (states.TRAINING,),
+    "load": (states.TRAINING, states.SAMPLING, states.LOG_PROBABILITY),
+    "weight_sync": (states.TRAINING,),
 }
 FRAME_OPERATIONS = frozenset({"forward_backward", "forward"})
 MAX_WAIT_S = 60.0
@@ -50,11 +56,22 @@ def max_seq_len(sub: dict[str, Any], catalog: ModelCatalog) -> int:
 
 
 class RequestManager:
-    def __init__(self, store: Store, catalog: ModelCatalog, jobs: JobManager, executor: Executor) -> None:
+    def __init__(
+        self,
+        store: Store,
+        catalog: ModelCatalog,
+        jobs: JobManager,
+        executor: Executor,
+        *,
+        checkpoints: CheckpointManager,
+        weight_sync: WeightSyncCoordinator,
+    ) -> None:
         self.store = store
         self.catalog = catalog
         self.jobs = jobs
         self.executor = executor
+        self.checkpoints = checkpoints
+        self.weight_sync = weight_sync
         self.waiters = Waiters()
         self._active: dict[str, set[str]] = {}
         jobs.on_job_ended.append(self._job_ended)
@@ -81,8 +98,25 @@ class RequestManager:
             f"{op} needs one of {list(DEFAULT_TARGETS[op])}",
         )
 
-    def prepare(self, op: str, sub: dict[str, Any], body: bytes, json_body: dict[str, Any] | None) -> tuple[dict[str, Any], bytes]:
+    def prepare(
+        self,
+        op: str,
+        sub: dict[str, Any],
+        body: bytes,
+        json_body: dict[str, Any] | None,
+        *,
+        job: dict[str, Any] | None = None,
+        principal: Principal | None = None,
+        request_id: str = "",
+    ) -> tuple[dict[str, Any], bytes]:
         """Validate the payload for `op`; return the worker's params and binary frame."""
+        # checkpoints and weight sync: a save reserves its id and bytes, a load holds its checkpoint
+        if op == "save":
+            return self.checkpoints.prepare_save(request_id, job, sub, json_body or {}), b""
+        if op == "load":
+            return self.checkpoints.prepare_load(request_id, principal, job, sub, json_body or {}), b""
+        if op == "weight_sync":
+            return self.weight_sync.prepare(job, sub, json_body or {}), b""
         info = self.catalog.get(sub["spec"]["base_model"])
         limit = max_seq_len(sub, self.catalog)
         if op == "forward_backward":
@@ -126,9 +160,14 @@ class RequestManager:
             )
         if self.jobs.is_completing(job_id):
             raise ApiError("job_finished", f"job {job_id} is completing and takes no new requests")
-        sub = self.choose_sub_job(job, op, sub_job)
-        params, blob = self.prepare(op, sub, body, json_body)
+        if op == "weight_sync":
+            sub = self.weight_sync.source(job, json_body or {})
+        else:
+            if op == "load" and (json_body or {}).get("target_sub_job_id") is not None:
+                sub_job = str(json_body["target_sub_job_id"])
+            sub = self.choose_sub_job(job, op, sub_job)
         request_id = new_request_id()
+        params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
         self.store.insert_request(
             {"id": request_id, "job_id": job_id, "sub_job_id": sub["id"], "op": op, "status": states.REQUEST_QUEUED,
              "params": {key: value for key, value in params.items() if key != "prompt_tokens"}}
@@ -136,7 +175,10 @@ class RequestManager:
         self.store.add_request_event(request_id, "queued", {"sub_job_id": sub["id"]})
         self._active.setdefault(job_id, set()).add(request_id)
         self.store.touch_job(job_id)
-        self.executor.submit(job_id, sub["id"], request_id, op, params, blob)
+        if op == "weight_sync":
+            self.weight_sync.dispatch(job_id, request_id, sub["id"], params)
+        else:
+            self.executor.submit(job_id, sub["id"], request_id, op, params, blob)
         return self.store.get_request(request_id)
 
     # reading ----------------------------------------------------------------------------------
@@ -199,8 +241,19 @@ class RequestManager:
         if request is None or request["status"] in states.REQUEST_TERMINAL:
             return
         status = message["status"]
+        result = message.get("result")
+        if status == states.REQUEST_SUCCEEDED and request["op"] == "save":
+            # A save is valid only once the service has renamed and recorded it.
+            try:
+                result = {"checkpoint": self.checkpoints.commit_save(request_id, result or {})}
+                result.update({key: result["checkpoint"][key] for key in ("checkpoint_id", "step", "size_bytes", "type")})
+            except ApiError as exc:
+                self._finish(job_id, request_id, states.REQUEST_FAILED, error=(exc.code, exc.message))
+                return
+        if status == states.REQUEST_SUCCEEDED and request["op"] == "weight_sync":
+            result = {**(result or {}), "relayed_bytes": self.weight_sync.relayed_bytes(request_id)}
         if status == states.REQUEST_SUCCEEDED:
-            self._finish(job_id, request_id, status, result=message.get("result"), tensors=blob or None)
+            self._finish(job_id, request_id, status, result=result, tensors=blob or None)
         else:
             self._finish(job_id, request_id, status, error=(message.get("code", "operation_failed"), message.get("message", "")))
 
@@ -219,6 +272,8 @@ class RequestManager:
         self.store.update_request(request_id, **fields)
         self.store.add_request_event(request_id, status, {"error_code": error[0]} if error else {})
         self.store.touch_job(job_id)
+        self.checkpoints.request_ended(request_id)
+        self.weight_sync.request_ended(job_id, request_id, status)
         self.waiters.notify(request_id)
         active = self._active.get(job_id)
         if active is not None:

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from .auth import ensure_admin_token
+from .checkpoints import CheckpointManager
 from .config import BackendSettings
 from .device_metrics import DeviceMetrics
 from .devices import detect_devices
@@ -28,6 +29,7 @@ from .scheduler import Scheduler
 from .store import Store
 from .telemetry import TelemetrySink
 from .uploads import UploadStore
+from .weight_sync import WeightSyncCoordinator
 
 log = logging.getLogger("cortex_backend.service")
 
@@ -47,9 +49,13 @@ class Service:
         self.catalog = ModelCatalog(settings.models)
         self.devices = detect_devices(settings.devices, settings.sub_jobs_per_device)
         self.scheduler = Scheduler(self.devices)
-        self.executor = executor or LocalExecutor(self, self.devices, settings.warm_workers, settings.worker_threads)
+        self.executor = executor or LocalExecutor(self, self.devices, settings.warm_workers, settings.worker_threads,
+                                                  faults=settings.fault_injection)
         self.jobs = JobManager(self.store, self.catalog, self.scheduler, self.executor, settings.idle_timeout_s)
-        self.requests = RequestManager(self.store, self.catalog, self.jobs, self.executor)
+        self.checkpoints = CheckpointManager(self.store, settings.checkpoints_dir, settings.checkpoint_quota_bytes)
+        self.weight_sync = WeightSyncCoordinator(self.executor)
+        self.requests = RequestManager(self.store, self.catalog, self.jobs, self.executor,
+                                       checkpoints=self.checkpoints, weight_sync=self.weight_sync)
         self.logs = LogBook(self.store, settings.log_retention_lines)
         self.uploads = UploadStore(settings.uploads_dir)
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.waiters.notify(job_id))
@@ -74,6 +80,9 @@ class Service:
     async def start(self) -> None:
         ensure_admin_token(self.store, self.settings.admin_token_path)
         self.uploads.clear()
+        self.checkpoints.recover()
+        if self.settings.fault_injection:
+            log.warning("FAULT INJECTION IS ON (%s): this backend is for tests only", ", ".join(self.settings.fault_injection))
         failed = self.jobs.recover_after_restart()
         self.requests.recover_after_restart()
         if failed:
@@ -128,3 +137,6 @@ class Service:
 
     def log_lines(self, job_id: str, sub_job_id: str, stream: str, lines: list[tuple[float, str]]) -> None:
         self.logs.append(job_id, sub_job_id, stream, lines)
+
+    def sync_message(self, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes) -> None:
+        self.weight_sync.route(job_id, sub_job_id, header, blob)

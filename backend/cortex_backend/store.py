@@ -1,5 +1,5 @@
 """SQLite persistence for tokens, jobs, sub-jobs, requests, request events, idempotency keys, logs,
-the job/request event feed and device samples.
+the job/request event feed, device samples and checkpoints.
 
 Everything the service remembers goes through this one module, so another database can replace it.
 Calls are short and made from the IO loop thread (and the device monitor's thread, serialised by one
@@ -96,6 +96,22 @@ CREATE TABLE IF NOT EXISTS logs (
     line TEXT NOT NULL,
     PRIMARY KEY (job_id, seq)
 );
+-- A row exists only for a checkpoint whose directory is complete and renamed into place.
+CREATE TABLE IF NOT EXISTS checkpoints (
+    job_id TEXT NOT NULL,
+    id TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    sub_job_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    base_model TEXT NOT NULL,
+    manifest TEXT NOT NULL,
+    request_id TEXT,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (job_id, id)
+);
+CREATE INDEX IF NOT EXISTS checkpoints_owner ON checkpoints(owner);
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
@@ -459,6 +475,39 @@ class Store:
                 fields[name] = json.dumps(fields[name])
         columns = ", ".join(f"{name} = ?" for name in fields)
         self._execute(f"UPDATE runs SET {columns} WHERE id = ?", [*fields.values(), run_id])
+
+    # checkpoints ----------------------------------------------------------------------------
+    def insert_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._execute(
+            "INSERT INTO checkpoints (job_id, id, owner, sub_job_id, type, step, size_bytes, base_model, manifest,"
+            " request_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (checkpoint["job_id"], checkpoint["id"], checkpoint["owner"], checkpoint["sub_job_id"], checkpoint["type"],
+             checkpoint["step"], checkpoint["size_bytes"], checkpoint["base_model"], json.dumps(checkpoint["manifest"]),
+             checkpoint.get("request_id"), checkpoint.get("created_at", time.time())),
+        )
+
+    def _checkpoint_rows(self, sql: str, params: Iterable[Any]) -> list[dict[str, Any]]:
+        rows = self._rows(sql, params)
+        for row in rows:
+            row["manifest"] = json.loads(row["manifest"])
+        return rows
+
+    def get_checkpoint(self, job_id: str, checkpoint_id: str) -> dict[str, Any] | None:
+        rows = self._checkpoint_rows("SELECT * FROM checkpoints WHERE job_id = ? AND id = ?", (job_id, checkpoint_id))
+        return rows[0] if rows else None
+
+    def list_checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+        return self._checkpoint_rows("SELECT * FROM checkpoints WHERE job_id = ? ORDER BY created_at, id", (job_id,))
+
+    def all_checkpoints(self) -> list[dict[str, Any]]:
+        return self._rows("SELECT job_id, id, owner FROM checkpoints")
+
+    def delete_checkpoint(self, job_id: str, checkpoint_id: str) -> bool:
+        return self._execute("DELETE FROM checkpoints WHERE job_id = ? AND id = ?", (job_id, checkpoint_id)).rowcount > 0
+
+    def checkpoint_bytes(self, owner: str) -> int:
+        rows = self._rows("SELECT COALESCE(SUM(size_bytes), 0) AS total FROM checkpoints WHERE owner = ?", (owner,))
+        return int(rows[0]["total"])
 
 
     # observability: events ---------------------------------------------------------------------

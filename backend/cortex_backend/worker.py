@@ -16,10 +16,12 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from cortex_nb import wire
 
+from .faults import Faults
 from .ipc import BlockingChannel
 from .models import ModelInfo
 
@@ -34,12 +36,21 @@ class Worker:
         self.trainer = None
         self.sub_job_type = ""
         self.forward_backward_calls = 0
+        # checkpoints and weight sync
+        self.sub_job_id = ""
+        self.faults = Faults()
+        self.mailbox = None
+        self.sync_source = None
         self.operations: dict[str, Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]]] = {
             "noop": self.noop,
             "forward_backward": self.forward_backward,
             "step": self.step,
             "generate": self.generate,
             "forward": self.forward,
+            "save": self.save,
+            "load": self.load,
+            "weight_sync": self.weight_sync,
+            "weight_sync_apply": self.weight_sync_apply,
         }
 
     # set-up -------------------------------------------------------------------------------------
@@ -50,8 +61,10 @@ class Worker:
         threads = message.get("threads")
         if threads:
             torch.set_num_threads(int(threads))
+        from .engine.adapter import signature
         from .engine.model_state import ModelState
         from .engine.trainer import Trainer
+        from .engine.weight_sync import SyncMailbox, SyncSource
 
         spec = message["spec"]
         info = ModelInfo.from_wire(message["model"])
@@ -59,7 +72,13 @@ class Worker:
         self.state = ModelState(info, spec)
         if self.sub_job_type == "training":
             self.trainer = Trainer(self.state, spec.get("optimizer"))
+        self.sub_job_id = message["sub_job_id"]
+        self.faults = Faults(message.get("faults") or (), self.sub_job_id)
+        self.mailbox = SyncMailbox()
+        if self.trainer is not None:
+            self.sync_source = SyncSource(self.state)
         described = {**self.state.describe(), "pid": os.getpid()}
+        described["adapter"] = signature(self.state.model, info.name)
         print(
             f"[engine] {message['sub_job_id']} ready: {info.name} on {described['device']} ({described['dtype']}),"
             f" {described['trainable_parameters']:,} trainable of {described['total_parameters']:,} parameters",
@@ -107,6 +126,51 @@ class Worker:
         result, out = forward(self.state, tensors)
         return result, wire.encode_frame(out)
 
+    # checkpoints and weight sync -------------------------------------------------------------------
+    def save(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        from .engine.checkpoint_io import write_checkpoint
+
+        manifest = write_checkpoint(self.state, self.trainer, Path(params["directory"]), params["type"], self.faults)
+        print(f"[engine] saved a {params['type']} checkpoint at step {manifest['step']}", flush=True)
+        return {"manifest": manifest}, b""
+
+    def load(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        from .engine.checkpoint_io import load_checkpoint
+
+        result = load_checkpoint(self.state, self.trainer, Path(params["directory"]), params["manifest"],
+                                 bool(params.get("restore_optimizer", True)))
+        print(f"[engine] loaded checkpoint {params['checkpoint_id']} from {params['source_job_id']} (step {result['step']})", flush=True)
+        return {**result, "checkpoint_id": params["checkpoint_id"], "source_job_id": params["source_job_id"]}, b""
+
+    def _sync_sender(self, sync_id: str) -> Callable[[str, str, dict[str, Any], bytes], None]:
+        def send(to: str, kind: str, fields: dict[str, Any], blob: bytes) -> None:
+            self.channel.send({**fields, "type": "sync", "request_id": sync_id, "to": to, "kind": kind}, blob)
+
+        return send
+
+    def weight_sync(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        """The trainer's side of a sync (the service queued each target's side as `weight_sync_apply`)."""
+        from .engine.errors import OperationError
+
+        if self.sync_source is None:
+            raise OperationError("unsupported_operation", "only a training sub-job is a weight-sync source")
+        sync_id = self.current
+        try:
+            result = self.sync_source.run(sync_id, list(params["targets"]), params["format"], self.trainer.step_count,
+                                          self.mailbox, self._sync_sender(sync_id), lambda: sync_id in self.cancelled)
+        finally:
+            self.mailbox.close(sync_id)
+        print(f"[engine] weight_sync step={result['weight_version']} path={result['path']} bytes={result['bytes']}"
+              f" ms={result['ms']:.1f}", flush=True)
+        return result, b""
+
+    def weight_sync_apply(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        from .engine.weight_sync import run_target
+
+        barrier_id = self.current
+        return run_target(self.state, params["sync_id"], params["source"], self.mailbox, self._sync_sender(params["sync_id"]),
+                          lambda: barrier_id in self.cancelled, self.faults), b""
+
     # loop -----------------------------------------------------------------------------------------
     def read_loop(self) -> None:
         """Runs on its own thread: cancels take effect at once, requests queue in order."""
@@ -118,6 +182,10 @@ class Worker:
                     self.requests.put((header, blob))
                 elif kind == "cancel":
                     self.cancelled.add(header["request_id"])
+                    if self.mailbox is not None:  # a cancelled sync takes no more messages
+                        self.mailbox.close(header["request_id"])
+                elif kind == "sync" and self.mailbox is not None:
+                    self.mailbox.put(header, blob)
                 elif kind == "shutdown":
                     break
         except (EOFError, OSError):

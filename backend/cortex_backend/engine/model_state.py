@@ -24,6 +24,9 @@ class ModelState:
         base = load_base_model(info, self.device, self.dtype)
         self.model = apply_lora(base, spec.get("lora") or {}, self.seed)
         self.model.to(self.device)
+        # The process RNG drives LoRA dropout: seed it from the sub-job so a run is repeatable (and a
+        # resumable checkpoint's saved RNG state continues exactly that sequence).
+        torch.manual_seed(self.seed)
         self.tokenizer: Tokenizer | None = self._tokenizer()
         self.max_seq_len = int(spec.get("max_seq_len") or info.max_positions or 2048)
         # The trainer step whose weights this model holds (0 = the freshly initialised adapter).

@@ -1,0 +1,40 @@
+"""Fault injection for tests of failure paths that cannot be produced on demand otherwise.
+
+A corrupted weight transfer or a process killed in the middle of writing a file are real events on
+real machines, but no test can wait for one. A backend started with `--fault-injection NAME` (or
+`NAME=SUB_JOB_ID` to limit it to one sub-job) makes its workers misbehave in that one named way.
+Off by default; the backend logs a warning when any fault is on. Never enable it in production.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+FAULTS: dict[str, str] = {
+    "pause_mid_save": "a save writes half of adapter_model.safetensors, then sleeps for 120 s (kill it then)",
+    "corrupt_sync_base": "a weight-sync target perturbs one of its weights before reporting its base hash",
+    "corrupt_sync_delta": "a weight-sync target changes one value of a delta after decoding it",
+    "corrupt_sync_bytes": "a weight-sync target flips one byte of a compressed delta before decoding it",
+}
+
+
+def parse_fault(value: str) -> str:
+    """Validate `NAME` or `NAME=SUB_JOB_ID` (argparse type)."""
+    name = value.partition("=")[0]
+    if name not in FAULTS:
+        raise ValueError(f"unknown fault {name!r}; known: {sorted(FAULTS)}")
+    return value
+
+
+class Faults:
+    """The faults active in one sub-job's worker."""
+
+    def __init__(self, specs: Iterable[str] = (), sub_job_id: str = "") -> None:
+        self.active_names: set[str] = set()
+        for spec in specs:
+            name, _, only = spec.partition("=")
+            if not only or only == sub_job_id:
+                self.active_names.add(name)
+
+    def active(self, name: str) -> bool:
+        return name in self.active_names

@@ -1,0 +1,77 @@
+"""Checkpoints of a job: list, read one, delete one, and export one as a streamed tar."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+from ..checkpoints import MANIFEST, CheckpointManager, public_checkpoint
+from ..tar_stream import END_OF_ARCHIVE, archive_size, member_header, padding
+from .base import BaseHandler
+
+EXPORT_READ_BYTES = 1 << 20
+MANIFEST_HEADER = "X-Cortex-Manifest-Sha256"
+
+
+class CheckpointsHandler(BaseHandler):
+    def get(self, job_id: str) -> None:
+        job = self.service.jobs.visible_job(self.principal, job_id)
+        self.write_json({"job_id": job_id, "checkpoints": self.service.checkpoints.list(job)})
+
+
+class CheckpointHandler(BaseHandler):
+    def get(self, job_id: str, checkpoint_id: str) -> None:
+        job = self.service.jobs.visible_job(self.principal, job_id)
+        self.write_json(public_checkpoint(self.service.checkpoints.get(self.principal, job, checkpoint_id)))
+
+    def delete(self, job_id: str, checkpoint_id: str) -> None:
+        if self.replay_if_seen():
+            return
+        job = self.service.jobs.visible_job(self.principal, job_id)
+        response = self.service.checkpoints.delete(self.principal, job, checkpoint_id)
+        self.remember(200, response)
+        self.write_json(response)
+
+
+class CheckpointExportHandler(BaseHandler):
+    """A tar of the adapter directory (or, with ?contents=all, every checkpoint file), manifest first.
+
+    The files are checked against their SHA-256 before the first byte is sent; the manifest's own
+    SHA-256 travels in a header so the client can check everything on arrival.
+    """
+
+    async def get(self, job_id: str, checkpoint_id: str) -> None:
+        job = self.service.jobs.visible_job(self.principal, job_id)
+        contents = self.get_query_argument("contents", "adapter")
+        plan = self.service.checkpoints.begin_export(self.principal, job, checkpoint_id, contents)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, CheckpointManager.verify_files, plan)
+            mtime = plan.checkpoint["created_at"]
+            self.set_header("Content-Type", "application/x-tar")
+            self.set_header(
+                "Content-Length",
+                str(archive_size([len(plan.manifest)] + [size for _, _, size in plan.files])),
+            )
+            self.set_header("Content-Disposition", f'attachment; filename="{job_id}-{checkpoint_id}.tar"')
+            self.set_header(MANIFEST_HEADER, hashlib.sha256(plan.manifest).hexdigest())
+            self.write(
+                member_header(MANIFEST, len(plan.manifest), mtime)
+                + plan.manifest
+                + padding(len(plan.manifest))
+            )
+            for name, path, size in plan.files:
+                self.write(member_header(name, size, mtime))
+                with open(path, "rb") as handle:
+                    while True:
+                        block = await loop.run_in_executor(None, handle.read, EXPORT_READ_BYTES)
+                        if not block:
+                            break
+                        self.write(block)
+                        await self.flush()
+                self.write(padding(size))
+            self.write(END_OF_ARCHIVE)
+            await self.flush()
+        finally:
+            self.service.checkpoints.end_export(plan)
+        self.finish()
