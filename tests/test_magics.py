@@ -354,9 +354,11 @@ def test_help_documents_every_subcommand_and_the_train_keys(cortex_shell):
     doc = cortex_shell.find_magic("cortex").__doc__
     for name in SUBCOMMANDS:
         assert f"%cortex {name}" in doc, name
-    for key in ("base_model", "lora", "optimizer", "data", "batch_size", "max_seq_len", "steps", "epochs", "eval", "sample"):
+    for key in ("base_model", "lora", "optimizer", "data", "batch_size", "max_seq_len", "steps", "epochs", "eval", "sample",
+                "save", "seed"):
         assert f"\n  {key} " in doc, key
-    assert {"connect", "status", "capacity", "models", "jobs", "job", "logs", "cancel", "train", "sample"} <= set(SUBCOMMANDS)
+    assert {"connect", "status", "capacity", "models", "jobs", "job", "logs", "cancel", "checkpoints", "runs", "train", "sample",
+            "run", "help"} == set(SUBCOMMANDS)
     ran = run_cell(cortex_shell, "%cortex help logs")
     assert ran.success and "%cortex logs [-n LINES] [-f] job_id" in ran.stdout
 

@@ -1,6 +1,7 @@
 """The job widget in a real JupyterLab, in a real Chromium: a notebook connects through the Jupyter
 proxy, runs `%%cortex train`, and the widget shows the run live; its "Open in sidebar" opens the
-panel's job view and its Cancel cancels on the backend. Saves the README's widget screenshot."""
+panel's job view, Save checkpoint and Cancel act on the backend. Saves a screenshot of the widget
+under artifacts/screenshots (or $CORTEX_SCREENSHOT_DIR); docs/images holds the README's copy."""
 
 from __future__ import annotations
 
@@ -84,6 +85,10 @@ def test_widget_runs_live_in_jupyterlab_and_opens_the_sidebar(lab):
 
             job_id = widget.locator("[data-cortex-open-job]").get_attribute("data-cortex-open-job")
             assert job_id and job_id.startswith("job-")
+            widget.locator("button.jupyter-button").filter(has_text="Save checkpoint").click()
+            wait_until(lambda: [c["checkpoint_id"] for c in client.list_checkpoints(job_id)] == ["step-80"], 60)
+            expect(widget).to_contain_text("saved checkpoint step-80", timeout=30_000)
+
             cancel = widget.locator("button.jupyter-button").filter(has_text="Cancel")
             cancel.click()
             wait_until(lambda: client.get_job(job_id)["status"] == "cancelled", 60)
