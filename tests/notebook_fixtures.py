@@ -51,8 +51,13 @@ def cortex_shell(backend):
 
     shell = InteractiveShell.instance()
     assert run_cell(shell, "%load_ext cortex_nb").success
+    # The token is read once, at connect; it must not stay in this process's environment, which
+    # Jupyter servers and kernels started by later tests inherit.
     os.environ["CORTEX_TEST_TOKEN"] = backend.token
-    connected = run_cell(shell, f"%cortex connect {backend.url} --token-env CORTEX_TEST_TOKEN")
+    try:
+        connected = run_cell(shell, f"%cortex connect {backend.url} --token-env CORTEX_TEST_TOKEN")
+    finally:
+        del os.environ["CORTEX_TEST_TOKEN"]
     assert connected.success, connected.stderr
     return shell
 
