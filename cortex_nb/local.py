@@ -22,6 +22,9 @@ from .errors import CortexError
 
 
 def default_local_dir() -> Path:
+    """$CORTEX_LOCAL_DIR if set (CI, a scratch disk), else $XDG_DATA_HOME/cortex-nb/local."""
+    if os.environ.get("CORTEX_LOCAL_DIR"):
+        return Path(os.environ["CORTEX_LOCAL_DIR"]).expanduser()
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "cortex-nb" / "local"
 

@@ -60,3 +60,20 @@ def test_demo_shows_loss_falling_and_the_text_appearing(tmp_path):
     after = re.search(r"greedy sample after: +'(.*)'", result.stdout).group(1)
     assert after[:40] in demo_text()  # the model now continues the prompt with the shipped text
     assert not (tmp_path / "backend.json").exists()  # the embedded backend stopped with the demo
+
+
+def test_cortex_local_dir_moves_the_default_data_dir(tmp_path, monkeypatch):
+    """CI and scratch disks keep the embedded backend's store out of the user's home."""
+    from cortex_nb.local import default_local_dir
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("CORTEX_LOCAL_DIR", raising=False)
+    assert default_local_dir() == tmp_path / "xdg" / "cortex-nb" / "local"
+    monkeypatch.setenv("CORTEX_LOCAL_DIR", str(tmp_path / "scratch"))
+    assert default_local_dir() == tmp_path / "scratch"
+    client = Client.local()
+    try:
+        assert client._local_backend.data_dir == (tmp_path / "scratch").resolve()
+        assert (tmp_path / "scratch" / "backend.json").exists()
+    finally:
+        client._local_backend.stop()
