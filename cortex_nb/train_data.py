@@ -107,8 +107,16 @@ def _example(record: Any, where: str, key: str) -> Example:
     raise SpecError(f"{key}: {where} has neither a \"text\" string nor \"prompt\" and \"completion\" strings")
 
 
-def tokenize_and_pack(client: Client, model: str, examples: Sequence[Example], seq_len: int) -> PackedData:
-    """Tokenize on the backend, end each example with EOS, and pack; prompt tokens get weight 0."""
+def tokenize_and_pack(
+    client: Client, model: str, examples: Sequence[Example], seq_len: int, packing: bool | None = None
+) -> PackedData:
+    """Tokenize on the backend, end each example with EOS, and cut into rows; prompt tokens get weight 0.
+
+    With `packing`, examples are concatenated and cut into full rows (no padding wasted). Without it,
+    each example gets rows of its own (padded in the batch; a long one is cut into several). The
+    default (None) packs plain text but not prompt/completion examples: a model trained on packed
+    pairs learns to answer from the pairs before it in the row, and then answers a lone prompt badly.
+    """
     info = client.tokenizer_info(model)
     eos = info.get("eos_token_id")
     pad_id = info.get("pad_token_id")
@@ -135,8 +143,15 @@ def tokenize_and_pack(client: Client, model: str, examples: Sequence[Example], s
         token_lists.append(tokens)
         weight_lists.append(weights)
     total = sum(len(tokens) for tokens in token_lists)
+    if packing is None:
+        packing = not prompts
+    if packing:
+        cut = pack_sequences(token_lists, seq_len, weight_lists)
+    else:
+        cut = [row for tokens, weights in zip(token_lists, weight_lists, strict=True)
+               for row in pack_sequences([tokens], seq_len, [weights])]
     # Rows whose targets all have weight 0 (a long prompt's middle) would add nothing but cost.
-    rows = [row for row in pack_sequences(token_lists, seq_len, weight_lists) if sum(row[1][1:]) > 0]
+    rows = [row for row in cut if sum(row[1][1:]) > 0]
     if not rows:
         raise SpecError("data: no trainable tokens after tokenizing (empty texts or completions?)")
     return PackedData(rows, len(examples), total, int(pad_id))

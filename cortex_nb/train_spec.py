@@ -17,7 +17,7 @@ EVAL_KEYS = ("every", "data", "max_rows")
 SAMPLE_KEYS = ("every", "prompts", "max_tokens", "temperature")
 SAVE_KEYS = ("every", "type")
 TOP_LEVEL_KEYS = (
-    "base_model", "lora", "optimizer", "data", "batch_size", "max_seq_len", "steps", "epochs",
+    "base_model", "lora", "optimizer", "data", "batch_size", "max_seq_len", "packing", "steps", "epochs",
     "eval", "sample", "save", "seed",
 )
 
@@ -69,6 +69,8 @@ class TrainSpec:
     optimizer: dict[str, Any] = field(default_factory=dict)
     batch_size: int = 8
     max_seq_len: int = 128
+    # None: pack text rows, but keep each prompt/completion example in rows of its own (see train_data).
+    packing: bool | None = None
     steps: int | None = None
     epochs: float | None = None
     eval: EvalSpec | None = None
@@ -115,6 +117,10 @@ def parse_train_spec(text: str) -> TrainSpec:
         spec.max_seq_len = _integer(raw["max_seq_len"], "max_seq_len", minimum=2)
     if "seed" in raw:
         spec.seed = _integer(raw["seed"], "seed", minimum=0)
+    if "packing" in raw:
+        if not isinstance(raw["packing"], bool):
+            raise SpecError(f"packing: must be true or false, not {raw['packing']!r}")
+        spec.packing = raw["packing"]
     has_steps, has_epochs = "steps" in raw, "epochs" in raw
     if has_steps == has_epochs:
         raise SpecError("give exactly one of steps: (optimizer steps) or epochs: (passes over the data)")

@@ -82,3 +82,30 @@ def test_examples_from_jsonl_text_files_and_variables(tmp_path):
     broken.write_text('{"text": "ok"}\n{not json\n')
     with pytest.raises(SpecError, match="broken.jsonl line 2 is not valid JSON"):
         load_examples(str(broken), {})
+
+
+def test_packing_is_a_boolean_and_unset_by_default():
+    assert parse_train_spec("data: a.jsonl\nsteps: 1\n").packing is None
+    assert parse_train_spec("data: a.jsonl\nsteps: 1\npacking: true\n").packing is True
+    with pytest.raises(SpecError, match="packing: must be true or false, not 'yes please'"):
+        parse_train_spec("data: a.jsonl\nsteps: 1\npacking: yes please\n")
+
+
+def test_prompt_completion_examples_get_rows_of_their_own_unless_packed(client):
+    """Packed pairs teach a model to answer from the pairs before it in the row; by default each pair
+    stays alone in its row, while text keeps being packed into full rows."""
+    from cortex_nb.train_data import Example, tokenize_and_pack
+
+    pairs = [Example(f"{a}+{b}=", str(a + b)) for a in range(3) for b in range(3)]
+    alone = tokenize_and_pack(client, "tiny", pairs, 32)
+    assert len(alone.rows) == len(pairs)
+    for (tokens, weights), pair in zip(alone.rows, pairs, strict=True):
+        # BOS, the prompt (weight 0), the answer and EOS (weight 1): nothing of any other pair.
+        assert tokens == client.tokenize("tiny", [pair.prompt])[0] + list(pair.text.encode()) + [257]
+        assert weights == [0.0] * (1 + len(pair.prompt)) + [1.0] * (len(pair.text) + 1)
+    packed = tokenize_and_pack(client, "tiny", pairs, 32, packing=True)
+    assert len(packed.rows) == 2 and len(packed.rows[0][0]) == 33
+    text = tokenize_and_pack(client, "tiny", [Example(None, "x" * 40), Example(None, "y" * 40)], 32)
+    assert [len(tokens) for tokens, _ in text.rows] == [33, 33, 20]  # packed: 2 x (BOS + 40 + EOS) = 84 tokens, rows start every 32
+    long_alone = tokenize_and_pack(client, "tiny", [Example(None, "x" * 40), Example(None, "y" * 40)], 32, packing=False)
+    assert [len(tokens) for tokens, _ in long_alone.rows] == [33, 10, 33, 10]  # each cut on its own

@@ -49,8 +49,10 @@ def train_keys_help() -> str:
         ("lora", f"{{{', '.join(LORA_KEYS)}}}"),
         ("optimizer", f"{{{', '.join(OPTIMIZER_KEYS)}}} (AdamW; lr default 1e-4)"),
         ("data", "a JSONL path (rows with text, or prompt + completion) or $variable (list of dicts, DataFrame)"),
-        ("batch_size", "packed rows per step (default 8)"),
-        ("max_seq_len", "tokens per packed row (default 128)"),
+        ("batch_size", "rows per step (default 8)"),
+        ("max_seq_len", "tokens per row (default 128)"),
+        ("packing", "true: concatenate examples into full rows; false: each example in rows of its own"
+                    " (default: true for text, false for prompt/completion)"),
         ("steps", "optimizer steps (give steps or epochs)"),
         ("epochs", "passes over the data (give steps or epochs)"),
         ("eval", "{every, data, max_rows}: eval loss on held-out rows every N steps and at the end"),

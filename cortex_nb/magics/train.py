@@ -35,8 +35,9 @@ def train_command(self: CortexMagics, args: Any, cell: str | None):
     namespace = self.shell.user_ns
     examples = load_examples(spec.data, namespace, "data")
     eval_examples = load_examples(spec.eval.data, namespace, "eval.data") if spec.eval else None
-    data = tokenize_and_pack(client, spec.base_model, examples, spec.max_seq_len)
-    eval_data = tokenize_and_pack(client, spec.base_model, eval_examples, spec.max_seq_len) if eval_examples else None
+    data = tokenize_and_pack(client, spec.base_model, examples, spec.max_seq_len, spec.packing)
+    eval_data = (tokenize_and_pack(client, spec.base_model, eval_examples, spec.max_seq_len, spec.packing)
+                 if eval_examples else None)
     job = TrainingJob.create(client, spec.base_model, lora=spec.lora, optimizer=spec.optimizer, seed=spec.seed,
                              name=args.name, wait=False)
     state = JobState(job.job_id, args.name, spec.base_model)
