@@ -77,3 +77,28 @@ def test_cortex_local_dir_moves_the_default_data_dir(tmp_path, monkeypatch):
         assert (tmp_path / "scratch" / "backend.json").exists()
     finally:
         client._local_backend.stop()
+
+
+def test_the_embedded_backend_stops_when_its_parent_is_a_zombie(tmp_path):
+    """A kernel that exited but was never reaped (its manager did not wait for it, or a container's init
+    never reaps) still answers signal 0; the backend must see it is gone all the same."""
+    code = (f"from cortex_nb import Client; import os; c = Client.local({str(tmp_path)!r}); print(c.url, flush=True);"
+            " os._exit(0)")  # no atexit: only the parent watch can stop the backend
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().startswith("http://127.0.0.1:")
+        backend_pid = json.loads((tmp_path / "backend.json").read_text())["pid"]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(backend_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+        else:
+            os.kill(backend_pid, signal.SIGKILL)
+            raise AssertionError("the embedded backend outlived its zombie parent")
+        with open(f"/proc/{parent.pid}/stat") as stat:  # the parent really was a zombie all along
+            assert stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    finally:
+        parent.wait()

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+from pathlib import Path
 
 import tornado.httpserver
 import tornado.netutil
@@ -59,14 +60,26 @@ async def _stop_when_parent_exits(pid: int, stop: asyncio.Event, interval_s: flo
     """An embedded backend must not outlive its kernel, even one killed without cleanup."""
     while True:
         await asyncio.sleep(interval_s)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if _has_exited(pid):
             log.info("parent process %d exited: stopping", pid)
             stop.set()
             return
-        except PermissionError:
-            pass
+
+
+def _has_exited(pid: int) -> bool:
+    """Gone, or a zombie: a process that has exited but was not reaped (yet, or ever, under a container
+    init that does not reap) still answers signal 0."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("Z", "X")
 
 
 def serve(settings: BackendSettings) -> None:
