@@ -15,6 +15,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="fine-tune the built-in tiny model on the embedded backend")
     demo.add_argument("--steps", type=int, default=200)
     demo.add_argument("--lr", type=float, default=3e-3)
+    demo.add_argument("--notebook", nargs="?", metavar="PATH", default=None, const="cortex-nb-quickstart.ipynb",
+                      help="instead: run the 01-quickstart notebook headless and write the executed copy at PATH"
+                           " (default ./cortex-nb-quickstart.ipynb)")
     demo.add_argument("--data-dir", default=None, help="the embedded backend's data dir (default: $CORTEX_LOCAL_DIR, else ~/.local/share/cortex-nb/local)")
     run = commands.add_parser("run", help="run your own code on the backend host from a cortex.yaml job spec")
     run.add_argument("spec", help="the job spec (docs/job-spec.md)")
@@ -38,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "demo":
+        if args.notebook is not None:
+            sys.exit(notebook_demo(args))
         from .demo import run_demo
 
         run_demo(steps=args.steps, learning_rate=args.lr, data_dir=args.data_dir)
@@ -51,6 +56,24 @@ def main(argv: list[str] | None = None) -> None:
         from cortex_backend.cli import run_backend_command
 
         sys.exit(run_backend_command(args))
+
+
+def notebook_demo(args: argparse.Namespace) -> int:
+    """`cortex-nb demo --notebook [PATH]`: 0 when every cell ran, 1 when one failed (named on stderr)."""
+    from .demo import run_notebook_demo
+    from .errors import CortexError
+
+    try:
+        run_notebook_demo(args.notebook, data_dir=args.data_dir)
+    except CortexError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if type(exc).__name__ != "CellExecutionError":
+            raise
+        print(f"error: a cell of the quickstart failed:\n{exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def run_command(args: argparse.Namespace) -> int:

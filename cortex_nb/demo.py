@@ -4,7 +4,9 @@ backend, and show the loss falling and a greedy sample before and after.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from importlib import resources
 from pathlib import Path
@@ -47,3 +49,83 @@ def run_demo(steps: int = 200, learning_rate: float = 3e-3, data_dir: str | Path
         print(f"greedy sample after:  {after.texts[0]!r}")
     print(f"loss/token {losses[0]:.3f} -> {losses[-1]:.3f} in {time.monotonic() - started:.0f}s")
     return {"losses": losses, "before": before.texts[0], "after": after.texts[0], "job_id": job.job_id}
+
+
+# The quickstart notebook, run headless (`cortex-nb demo --notebook`) -------------------------------
+QUICKSTART = "01-quickstart.ipynb"
+DEFAULT_EXECUTED_COPY = "cortex-nb-quickstart.ipynb"
+
+
+def quickstart_notebook() -> Path:
+    """The shipped 01-quickstart: inside the installed package (the wheel carries a copy), else the
+    source checkout's notebooks/ folder (an editable install)."""
+    shipped = resources.files("cortex_nb").joinpath("notebooks").joinpath(QUICKSTART)
+    if shipped.is_file():
+        return Path(str(shipped))
+    checkout = Path(__file__).resolve().parent.parent / "notebooks" / QUICKSTART
+    if checkout.is_file():
+        return checkout
+    raise FileNotFoundError(f"{QUICKSTART} is neither in the installed package nor in a source checkout")
+
+
+def run_notebook_demo(dest: str | Path = DEFAULT_EXECUTED_COPY, data_dir: str | Path | None = None) -> Path:
+    """Execute 01-quickstart headless, printing what each cell shows, and write the executed copy at
+    `dest` (its folder is the kernel's working folder). Raises nbclient's `CellExecutionError` if a
+    cell fails; the copy up to that cell is written first."""
+    from .headless import cell_text, execute_notebook, read_notebook
+    from .local import default_local_dir
+
+    source = quickstart_notebook()
+    dest = Path(dest).expanduser().resolve()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    env = {"CORTEX_LOCAL_DIR": str(Path(data_dir).expanduser().resolve())} if data_dir else {}
+    backend_dir = Path(env["CORTEX_LOCAL_DIR"]) if data_dir else default_local_dir()
+    already_running = _backend_pid(backend_dir)
+    notebook = read_notebook(source)
+    started = time.monotonic()
+    print(f"cortex-nb demo: running {source.name} headless (CORTEX_NONINTERACTIVE=1: text progress instead of widgets)",
+          flush=True)
+
+    def show(index: int, cell, seconds: float) -> None:
+        # The first line that says what the cell does (nbval's markers say nothing to a reader).
+        lines = [line for line in cell.source.splitlines() if line.strip() and "NBVAL_" not in line]
+        first_line = lines[0] if lines else ""
+        print(f"\n[{index}] {first_line}  ({seconds:.1f}s)", flush=True)
+        text = cell_text(cell).rstrip()
+        if text:
+            print(text, flush=True)
+
+    try:
+        execute_notebook(notebook, dest.parent, env=env, on_cell=show)
+    finally:
+        import nbformat
+
+        dest.write_text(nbformat.writes(notebook) + "\n")
+        print(f"\nwrote the executed notebook to {dest} ({time.monotonic() - started:.0f}s); open it in JupyterLab",
+              flush=True)
+        started_by_kernel = _backend_pid(backend_dir)
+        if started_by_kernel is not None and started_by_kernel != already_running:
+            _wait_for_exit(started_by_kernel)
+    return dest
+
+
+def _backend_pid(data_dir: Path) -> int | None:
+    """The pid of the embedded backend serving `data_dir`, if one is alive."""
+    try:
+        pid = int(json.loads((data_dir / "backend.json").read_text())["pid"])
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _wait_for_exit(pid: int, timeout_s: float = 30.0) -> None:
+    """The kernel's embedded backend stops when it sees its parent gone; wait for that, so a command run
+    right after this one never finds a backend that is shutting down."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return
+        time.sleep(0.2)

@@ -79,6 +79,54 @@ def test_cortex_local_dir_moves_the_default_data_dir(tmp_path, monkeypatch):
         client._local_backend.stop()
 
 
+def test_demo_notebook_runs_the_quickstart_headless_and_writes_the_executed_copy(tmp_path):
+    """The second way in: `cortex-nb demo --notebook` runs 01-quickstart top to bottom in a kernel of this
+    Python, prints what each cell shows, and leaves an executed notebook to open."""
+    import nbformat
+
+    dest = tmp_path / "out" / "quickstart-run.ipynb"
+    result = subprocess.run(
+        [sys.executable, "-m", "cortex_nb.cli", "demo", "--notebook", str(dest), "--data-dir", str(tmp_path / "data")],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"wrote the executed notebook to {dest}" in result.stdout
+    assert "%%cortex train --wait -o job" in result.stdout  # each cell announced as it ran
+    assert re.search(r"job-[0-9a-f]+ \(tiny\) done: 200/200 steps", result.stdout)  # text progress, not a widget
+    accuracy = int(re.search(r"exact match on all 100 problems: (\d+)%", result.stdout).group(1))
+    assert accuracy >= 50
+    executed = nbformat.read(dest, as_version=4)
+    code = [cell for cell in executed.cells if cell.cell_type == "code"]
+    assert all(cell.execution_count is not None for cell in code)
+    assert not [o for cell in code for o in cell.outputs if o.output_type == "error"]
+    assert "application/vnd.jupyter.widget-view+json" not in dest.read_text()  # CORTEX_NONINTERACTIVE=1
+    assert not (tmp_path / "data" / "backend.json").exists()  # its embedded backend stopped with the kernel
+
+
+def test_demo_notebook_exits_1_naming_the_cell_that_failed(tmp_path, monkeypatch):
+    import nbformat
+
+    from cortex_nb import demo
+
+    broken = tmp_path / "01-quickstart.ipynb"
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("print('fine')"), nbformat.v4.new_code_cell("1 / 0")]
+    nbformat.write(notebook, broken)
+    monkeypatch.setattr(demo, "quickstart_notebook", lambda: broken)
+    from cortex_nb.cli import main
+
+    dest = tmp_path / "executed.ipynb"
+    try:
+        main(["demo", "--notebook", str(dest)])
+    except SystemExit as exit:
+        assert exit.code == 1
+    else:
+        raise AssertionError("a failing cell must fail the command")
+    executed = nbformat.read(dest, as_version=4)  # written up to the failure, for a look
+    assert executed.cells[0].outputs[0].text == "fine\n"
+    assert executed.cells[1].outputs[-1].ename == "ZeroDivisionError"
+
+
 def test_the_embedded_backend_stops_when_its_parent_is_a_zombie(tmp_path):
     """A kernel that exited but was never reaped (its manager did not wait for it, or a container's init
     never reaps) still answers signal 0; the backend must see it is gone all the same."""
@@ -102,3 +150,12 @@ def test_the_embedded_backend_stops_when_its_parent_is_a_zombie(tmp_path):
             assert stat.read().rsplit(")", 1)[1].split()[0] == "Z"
     finally:
         parent.wait()
+
+
+def test_an_editable_install_finds_the_quickstart_in_the_checkout():
+    """The wheel carries a copy (tests/test_wheel_install.py); a source checkout reads notebooks/ itself."""
+    from pathlib import Path
+
+    from cortex_nb.demo import quickstart_notebook
+
+    assert quickstart_notebook() == Path(__file__).resolve().parent.parent / "notebooks" / "01-quickstart.ipynb"

@@ -78,3 +78,33 @@ def test_wheel_installs_and_lists_ok_without_node(wheel, tmp_path):
     where = subprocess.run([str(python), "-c", "import cortex_server; print(cortex_server.__file__)"], env=env,
                            cwd=tmp_path, capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(site))
+
+
+def test_demo_notebook_runs_the_quickstart_shipped_in_the_wheel(wheel, tmp_path):
+    """`cortex-nb demo --notebook` from an installed wheel, away from any checkout: the quickstart it runs
+    is the copy inside the package, byte for byte the repository's notebooks/01-quickstart.ipynb."""
+    shipped = zipfile.ZipFile(wheel).read("cortex_nb/notebooks/01-quickstart.ipynb")
+    assert shipped == (ROOT / "notebooks" / "01-quickstart.ipynb").read_bytes()
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    (site / "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                   check=True)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("JUPYTER", "CORTEX", "VIRTUAL_ENV"))}
+    env.update({"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path / "home"),
+                "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_DATA_DIR": str(tmp_path / "data")})
+    where = subprocess.run([str(python), "-c", "from cortex_nb.demo import quickstart_notebook; print(quickstart_notebook())"],
+                           env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+    assert where == str(site / "cortex_nb" / "notebooks" / "01-quickstart.ipynb")
+
+    result = subprocess.run([str(venv / "bin" / "cortex-nb"), "demo", "--notebook", "--data-dir", str(tmp_path / "backend")],
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    executed = tmp_path / "cortex-nb-quickstart.ipynb"  # the default: the current folder
+    assert f"wrote the executed notebook to {executed}" in result.stdout
+    assert re.search(r"exact match on all 100 problems: \d+%", result.stdout)
+    assert '"output_type": "error"' not in executed.read_text()
