@@ -6,13 +6,12 @@ Everything lands in a `JobState`; this module never touches a widget.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import errors
-from .kernel_threads import start_thread
+from .kernel_threads import BackgroundLoop
 from .states import JOB_TERMINAL, REQUEST_SUCCEEDED, REQUEST_TERMINAL
 from .widgets.state import JobState
 
@@ -76,7 +75,7 @@ class RequestProgress:
         return added
 
 
-class JobFeed:
+class JobFeed(BackgroundLoop):
     """One background thread per view that keeps a `JobState` current from the backend."""
 
     LOG_WAIT_S = 2.0
@@ -95,6 +94,7 @@ class JobFeed:
         follow_requests: bool = False,
         run_finished: Callable[[], bool] | None = None,
     ) -> None:
+        super().__init__()
         self.client = client
         self.state = state
         self.requests = RequestProgress(client, state.job_id) if follow_requests else None
@@ -103,26 +103,10 @@ class JobFeed:
         self.metrics_since: float | None = None
         self.metrics_available = True
         self.rounds = 0
-        self._closed = threading.Event()
-        self._thread: threading.Thread | None = None
         self._due: dict[str, float] = {}
 
-    def start(self, parent: Any = None) -> JobFeed:
-        if self._thread is None or not self._thread.is_alive():
-            self._closed.clear()
-            self._thread = start_thread(self._loop, f"cortex-feed-{self.state.job_id}", parent)
-        return self
-
-    def stop(self) -> None:
-        self._closed.set()
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def join(self, timeout_s: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+    def thread_name(self) -> str:
+        return f"cortex-feed-{self.state.job_id}"
 
     def _loop(self) -> None:
         backoff = 1.0

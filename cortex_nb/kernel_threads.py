@@ -47,3 +47,35 @@ def start_thread(target: Callable[[], None], name: str, parent: Any = None) -> t
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread
+
+
+class BackgroundLoop:
+    """A stoppable loop on one daemon thread that keeps its cell's parent. Subclasses write `_loop`,
+    which runs until `self._closed` is set."""
+
+    def __init__(self) -> None:
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def thread_name(self) -> str:
+        return f"cortex-{type(self).__name__}"
+
+    def start(self, parent: Any = None):
+        if self._thread is None or not self._thread.is_alive():
+            self._closed.clear()
+            self._thread = start_thread(self._loop, self.thread_name(), parent)
+        return self
+
+    def stop(self) -> None:
+        self._closed.set()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        raise NotImplementedError

@@ -12,9 +12,9 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import httpx
 
@@ -40,6 +40,8 @@ class RetryPolicy:
         base = min(self.initial_backoff_s * self.multiplier ** (attempt - 1), self.max_backoff_s)
         return base * (0.5 + random.random() / 2)
 
+
+T = TypeVar("T")
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
@@ -90,6 +92,17 @@ class Transport:
         if method in ("POST", "PUT", "DELETE"):
             headers.setdefault("Idempotency-Key", idempotency_key or uuid.uuid4().hex)
         params = {key: value for key, value in (params or {}).items() if value is not None}
+        timeout = timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
+
+        def send() -> tuple[httpx.Response, httpx.Response]:
+            response = self._http.request(method, path, json=json, content=content, params=params, headers=headers, timeout=timeout)
+            return response, response
+
+        return self._with_retries(f"{method} {path}", send)
+
+    def _with_retries(self, what: str, send: Callable[[], tuple[httpx.Response, T]]) -> T:
+        """Call `send` until it answers below 400 (its result is returned), retrying connection errors,
+        429 and 5xx with backoff; any other error status raises the typed error at once."""
         attempt = 0
         self._count("calls")
         while True:
@@ -97,20 +110,18 @@ class Transport:
             self.last_attempts = attempt
             self._count("attempts")
             try:
-                response = self._http.request(
-                    method, path, json=json, content=content, params=params, headers=headers,
-                    timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
-                )
+                response, result = send()
             except httpx.TransportError as exc:
                 if attempt >= self.retry.max_attempts:
                     raise errors.ConnectionError(
-                        f"could not reach the backend at {self.url} after {attempt} attempt(s): {type(exc).__name__}: {exc}",
+                        f"could not reach the backend at {self.url} for {what} after {attempt} attempt(s):"
+                        f" {type(exc).__name__}: {exc}",
                         code="backend_unavailable",
                     ) from exc
                 time.sleep(self.retry.delay(attempt))
                 continue
             if response.status_code < 400:
-                return response
+                return result
             if response.status_code in RETRY_STATUSES and attempt < self.retry.max_attempts:
                 time.sleep(self.retry.delay(attempt, response.headers.get("Retry-After")))
                 continue
@@ -124,34 +135,20 @@ class Transport:
         """GET a (possibly large) body into `sink` without holding it in memory; returns the headers.
         Retried like `request`; the sink is truncated before each attempt."""
         params = {key: value for key, value in (params or {}).items() if value is not None}
-        attempt = 0
-        self._count("calls")
-        while True:
-            attempt += 1
-            self.last_attempts = attempt
-            self._count("attempts")
+        timeout = timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
+
+        def send() -> tuple[httpx.Response, httpx.Headers]:
             sink.seek(0)
             sink.truncate()
-            try:
-                with self._http.stream("GET", path, params=params,
-                                       timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT) as response:
-                    if response.status_code < 400:
-                        for block in response.iter_bytes():
-                            sink.write(block)
-                        return response.headers
+            with self._http.stream("GET", path, params=params, timeout=timeout) as response:
+                if response.status_code < 400:
+                    for block in response.iter_bytes():
+                        sink.write(block)
+                else:
                     response.read()
-            except httpx.TransportError as exc:
-                if attempt >= self.retry.max_attempts:
-                    raise errors.ConnectionError(
-                        f"could not download {path} from {self.url} after {attempt} attempt(s): {type(exc).__name__}: {exc}",
-                        code="backend_unavailable",
-                    ) from exc
-                time.sleep(self.retry.delay(attempt))
-                continue
-            if response.status_code in RETRY_STATUSES and attempt < self.retry.max_attempts:
-                time.sleep(self.retry.delay(attempt, response.headers.get("Retry-After")))
-                continue
-            raise errors.error_from_response(response.status_code, _json_or_text(response))
+                return response, response.headers
+
+        return self._with_retries(f"GET {path}", send)
 
     @contextlib.contextmanager
     def stream(

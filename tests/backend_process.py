@@ -49,13 +49,15 @@ class BackendProcess:
             return False
 
 
-def start_backend(data_dir: Path, *args: str, timeout_s: float = 60.0, env: dict[str, str] | None = None) -> BackendProcess:
+def start_backend(
+    data_dir: Path, *args: str, timeout_s: float = 60.0, env: dict[str, str] | None = None, python: str | None = None
+) -> BackendProcess:
     data_dir.mkdir(parents=True, exist_ok=True)
     endpoint = data_dir / "backend.json"
     endpoint.unlink(missing_ok=True)
     log = open(data_dir / "backend.log", "ab")  # noqa: SIM115
     process = subprocess.Popen(
-        [sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(data_dir), *args],
+        [python or sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(data_dir), *args],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         env={**os.environ, **env} if env else None,
     )

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -266,3 +267,30 @@ def test_backend_crash_fails_the_run_and_restart_cleans_up(tmp_path):
         assert list((data_dir / "workspace").iterdir()) == []
     finally:
         restarted.stop()
+
+
+def test_runs_work_when_the_backends_python_lives_under_tmp(tmp_path):
+    """The sandbox's private /tmp must not hide the interpreter (a checkout under /tmp, as in CI)."""
+    root = Path(tempfile.mkdtemp(prefix="cortex-venv-", dir="/tmp"))
+    try:
+        venv = root / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        here = Path(__file__).resolve().parents[1]
+        site = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+        paths = [str(here), str(here / "backend"), str(here / "server_extension"), site]
+        backend = start_backend(tmp_path / "data", "--devices", "cpu:1", "--warm-workers", "0",
+                                env={"PYTHONPATH": os.pathsep.join(paths)}, python=str(venv / "bin" / "python"))
+        try:
+            with Client(backend.url, backend.token) as client:
+                spec = write_project(tmp_path / "project", """
+                    import json, sys
+                    json.dump({"prefix": sys.prefix}, open("out.json", "w"))
+                """, outputs={"out": {"path": "out.json"}})
+                handle = client.run(str(spec))
+                info = handle.wait(120)
+                assert info["status"] == "done", info
+                assert handle.report()["isolation_tier"] == "netns"
+        finally:
+            backend.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -28,6 +28,7 @@ from typing import Any
 from cortex_nb.errors import ApiError
 
 from .auth import Principal
+from .durable import fsync_directory
 from .store import Store
 from .validation import ID_PATTERN, validate_identifier
 
@@ -258,7 +259,7 @@ class CheckpointManager:
             if final.exists():  # left by a crash between rename and record: never valid
                 shutil.rmtree(final)
             os.rename(save.directory, final)
-            _fsync_directory(final.parent)
+            fsync_directory(final.parent)
             row = {
                 "job_id": save.job_id,
                 "id": checkpoint_id,
@@ -456,9 +457,3 @@ class CheckpointManager:
                 )
 
 
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

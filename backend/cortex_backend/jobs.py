@@ -20,6 +20,7 @@ from cortex_nb.errors import ApiError
 from .auth import Principal
 from .executor import Executor, SubJobAssignment
 from .models import ModelCatalog
+from .pagination import parse_cursor, split_page
 from .scheduler import Scheduler
 from .store import Store
 from .validation import validate_job
@@ -96,17 +97,8 @@ class JobManager:
         return job
 
     def list(self, principal: Principal, status: str | None, limit: int, cursor: str | None) -> dict[str, Any]:
-        before = None
-        if cursor:
-            try:
-                created, _, last_id = cursor.partition(":")
-                before = (float(created), last_id)
-            except ValueError:
-                raise ApiError("invalid_field", "cursor: not a cursor returned by this endpoint", {"field": "cursor"}) from None
         owner = None if principal.is_admin else principal.owner
-        jobs = self.store.list_jobs(owner, status, limit + 1, before)
-        page, more = jobs[:limit], len(jobs) > limit
-        next_cursor = f"{page[-1]['created_at']!r}:{page[-1]['id']}" if more and page else None
+        page, next_cursor = split_page(self.store.list_jobs(owner, status, limit + 1, parse_cursor(cursor)), limit)
         return {"jobs": [public_job(job) for job in page], "next_cursor": next_cursor}
 
     async def wait_for_change(self, principal: Principal, job_id: str, from_status: str | None, wait_s: float) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .pagination import newest_first_query
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tokens (
     id TEXT PRIMARY KEY,
@@ -274,18 +276,8 @@ class Store:
         self, owner: str | None, status: str | None, limit: int, before: tuple[float, str] | None
     ) -> list[dict[str, Any]]:
         """Newest first; `before` is the (created_at, id) of the last job of the previous page."""
-        clauses, params = [], []
-        if owner is not None:
-            clauses.append("owner = ?")
-            params.append(owner)
-        if status is not None:
-            clauses.append("status = ?")
-            params.append(status)
-        if before is not None:
-            clauses.append("(created_at < ? OR (created_at = ? AND id < ?))")
-            params.extend([before[0], before[0], before[1]])
-        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-        rows = self._rows(f"SELECT id FROM jobs {where} ORDER BY created_at DESC, id DESC LIMIT ?", [*params, limit])
+        sql, params = newest_first_query("jobs", owner, status, before)
+        rows = self._rows(sql, [*params, limit])
         return [job for job in (self.get_job(row["id"]) for row in rows) if job is not None]
 
     def jobs_with_status(self, statuses: Iterable[str]) -> list[dict[str, Any]]:
@@ -447,19 +439,8 @@ class Store:
         self, owner: str | None, status: str | None, limit: int, before: tuple[float, str] | None
     ) -> list[dict[str, Any]]:
         """Newest first; `before` is the (created_at, id) of the last run of the previous page."""
-        clauses, params = [], []
-        if owner is not None:
-            clauses.append("owner = ?")
-            params.append(owner)
-        if status is not None:
-            clauses.append("status = ?")
-            params.append(status)
-        if before is not None:
-            clauses.append("(created_at < ? OR (created_at = ? AND id < ?))")
-            params.extend([before[0], before[0], before[1]])
-        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-        rows = self._rows(f"SELECT * FROM runs {where} ORDER BY created_at DESC, id DESC LIMIT ?", [*params, limit])
-        return [self._run_row(row) for row in rows]
+        sql, params = newest_first_query("runs", owner, status, before)
+        return [self._run_row(row) for row in self._rows(sql, [*params, limit])]
 
     def runs_with_status(self, statuses: Iterable[str]) -> list[dict[str, Any]]:
         statuses = list(statuses)

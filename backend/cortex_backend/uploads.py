@@ -6,6 +6,7 @@ consumed by exactly one data-plane request (whose Idempotency-Key makes its retr
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -47,40 +48,36 @@ class UploadStore:
         temporary.replace(path)
         return {"upload_id": upload_id, "index": index, "status": "stored"}
 
-    def take(self, principal: Principal, upload_id: str, sha256: str) -> bytes:
-        """Assemble and consume the upload; its chunks are removed once used."""
+    def _complete_parts(self, principal: Principal, upload_id: str) -> tuple[Path, list[Path]]:
+        """The upload's chunk files in order, once every chunk is there and none was used before."""
         folder = self._dir(principal, upload_id)
         if (folder / "consumed").exists():
-            raise ApiError("conflict", f"upload {upload_id} was already used by a request; upload the frame again")
+            raise ApiError("conflict", f"upload {upload_id} was already used by a request; upload it again")
         parts = sorted(folder.glob("*.*[0-9]")) if folder.exists() else []
         if not parts:
             raise ApiError("not_found", f"upload {upload_id} has no chunks; PUT them first")
         count = int(parts[0].name.split(".")[1])
-        indices = {int(part.name.split(".")[0]) for part in parts}
-        missing = sorted(set(range(count)) - indices)
+        missing = sorted(set(range(count)) - {int(part.name.split(".")[0]) for part in parts})
         if missing:
             raise ApiError("chunk_mismatch", f"upload {upload_id} lacks chunk(s) {missing[:10]} of {count}")
-        data = wire.assemble_chunks([part.read_bytes() for part in parts], sha256)
+        return folder, parts
+
+    @staticmethod
+    def _consume(folder: Path, parts: list[Path]) -> None:
         for part in parts:
             part.unlink()
         (folder / "consumed").write_text("")
+
+    def take(self, principal: Principal, upload_id: str, sha256: str) -> bytes:
+        """Assemble and consume the upload; its chunks are removed once used."""
+        folder, parts = self._complete_parts(principal, upload_id)
+        data = wire.assemble_chunks([part.read_bytes() for part in parts], sha256)
+        self._consume(folder, parts)
         return data
 
     def take_to_file(self, principal: Principal, upload_id: str, sha256: str, dest: Path) -> int:
         """Like `take`, but streams the chunks into `dest` (large source-run archives); returns the size."""
-        import hashlib
-
-        folder = self._dir(principal, upload_id)
-        if (folder / "consumed").exists():
-            raise ApiError("conflict", f"upload {upload_id} was already used; upload the archive again")
-        parts = sorted(folder.glob("*.*[0-9]")) if folder.exists() else []
-        if not parts:
-            raise ApiError("not_found", f"upload {upload_id} has no chunks; PUT them first")
-        count = int(parts[0].name.split(".")[1])
-        indices = {int(part.name.split(".")[0]) for part in parts}
-        missing = sorted(set(range(count)) - indices)
-        if missing:
-            raise ApiError("chunk_mismatch", f"upload {upload_id} lacks chunk(s) {missing[:10]} of {count}")
+        folder, parts = self._complete_parts(principal, upload_id)
         digest, size = hashlib.sha256(), 0
         with open(dest, "wb") as out:
             for part in parts:
@@ -91,9 +88,7 @@ class UploadStore:
         if digest.hexdigest() != sha256.lower():
             dest.unlink(missing_ok=True)
             raise ApiError("chunk_mismatch", f"upload {upload_id} does not match its SHA-256; upload it again")
-        for part in parts:
-            part.unlink()
-        (folder / "consumed").write_text("")
+        self._consume(folder, parts)
         return size
 
     def clear(self) -> None:

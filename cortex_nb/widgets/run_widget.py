@@ -7,7 +7,6 @@ the outputs to an `Output` widget (a trait update: safe from a thread, lands in 
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from html import escape
 from pathlib import Path
@@ -17,7 +16,7 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from ..errors import CortexError
-from ..kernel_threads import capture_parent, start_thread
+from ..kernel_threads import BackgroundLoop, capture_parent, start_thread
 from ..states import JOB_DONE, JOB_TERMINAL
 from .job_widget import BADGE_COLORS, BAR_STYLES, logs_html
 from .state import JobState, format_duration
@@ -51,34 +50,21 @@ def run_summary(info: dict[str, Any]) -> str:
     return text
 
 
-class RunFeed:
+class RunFeed(BackgroundLoop):
     """Follows one run: log lines and status; at the end calls `on_end(info)` once."""
 
     LOG_WAIT_S = 2.0
     MAX_FAILURES = 12
 
     def __init__(self, handle: RunHandle, state: JobState, on_end: Any = None) -> None:
+        super().__init__()
         self.handle = handle
         self.state = state
         self.on_end = on_end
         self.cursor = 0
-        self._closed = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def start(self, parent: Any = None) -> RunFeed:
-        self._thread = start_thread(self._loop, f"cortex-run-feed-{self.handle.run_id}", parent)
-        return self
-
-    def stop(self) -> None:
-        self._closed.set()
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def join(self, timeout_s: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+    def thread_name(self) -> str:
+        return f"cortex-run-feed-{self.handle.run_id}"
 
     def _loop(self) -> None:
         failures, backoff = 0, 1.0

@@ -28,6 +28,7 @@ from safetensors.torch import save as save_tensors
 
 from cortex_nb.state_hash import state_hash
 
+from ..durable import fsync_directory
 from ..faults import Faults
 from .adapter import adapter_parameters, assign, signature
 from .errors import OperationError
@@ -67,12 +68,6 @@ def _write_paused(directory: Path, name: str, data: bytes) -> None:
     time.sleep(PAUSE_MID_SAVE_S)
 
 
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def adapter_config_bytes(model: torch.nn.Module, base_model: str) -> bytes:
@@ -152,7 +147,7 @@ def write_checkpoint(
         handle.write(manifest_bytes)
         handle.flush()
         os.fsync(handle.fileno())
-    _fsync_directory(directory)
+    fsync_directory(directory)
     return manifest
 
 

@@ -32,6 +32,7 @@ from ..devices import Device
 from ..executor import SCRUBBED_ENV_PREFIXES
 from ..logs import LogBook
 from ..models import ModelCatalog
+from ..pagination import parse_cursor, split_page
 from ..scheduler import Scheduler
 from ..store import Store
 from ..uploads import UploadStore
@@ -160,16 +161,8 @@ class RunManager:
         if submission_id:
             run = self.store.run_by_submission(principal.owner, submission_id)
             return {"runs": [public_run(run)] if run else [], "next_cursor": None}
-        before = None
-        if cursor:
-            try:
-                created, _, last_id = cursor.partition(":")
-                before = (float(created), last_id)
-            except ValueError:
-                raise ApiError("invalid_field", "cursor: not a cursor returned by this endpoint", {"field": "cursor"}) from None
-        runs = self.store.list_runs(owner, status, limit + 1, before)
-        page, more = runs[:limit], len(runs) > limit
-        next_cursor = f"{page[-1]['created_at']!r}:{page[-1]['id']}" if more and page else None
+        runs = self.store.list_runs(owner, status, limit + 1, parse_cursor(cursor))
+        page, next_cursor = split_page(runs, limit)
         return {"runs": [public_run(run) for run in page], "next_cursor": next_cursor}
 
     async def wait_for_change(self, principal: Principal, run_id: str, from_status: str | None, wait_s: float) -> dict[str, Any]:

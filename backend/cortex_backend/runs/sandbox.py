@@ -162,9 +162,17 @@ def setup_mounts(config: dict[str, Any]) -> dict[str, str]:
             mount("/dev/null", path, None, MS_BIND)
     if config.get("uid") is not None:
         expose_runtime(config["runtime_paths"])
+    # A Python environment living under /tmp (a CI checkout, say) must survive the private /tmp below.
+    under_tmp = [path for path in config["runtime_paths"] if path == "/tmp" or path.startswith("/tmp/")]
+    tmp_runtime_fds = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in under_tmp]
     if os.path.isdir("/dev/shm"):
         mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={config['tmp_bytes']},mode=1777")
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={config['tmp_bytes']},mode=1777")
+    for path, fd in tmp_runtime_fds:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.close(fd)
     target = config["sandbox_workdir"]
     os.makedirs(target, mode=0o755, exist_ok=True)
     mount(f"/proc/self/fd/{work_fd}", target, None, MS_BIND)
