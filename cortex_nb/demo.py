@@ -21,7 +21,7 @@ def demo_text() -> str:
     return resources.files("cortex_nb").joinpath("data/demo.txt").read_text()
 
 
-def run_demo(steps: int = 200, learning_rate: float = 3e-3, data_dir: str | Path | None = None, seq_len: int = 64) -> dict:
+def run_demo(steps: int = 200, learning_rate: float = 3e-3, data_dir: str | Path | None = None, seq_len: int = 256) -> dict:
     started = time.monotonic()
     print("cortex-nb demo: LoRA fine-tuning of the built-in 'tiny' model (random weights, byte tokens) on CPU or GPU")
     client = Client.local(data_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -11,7 +12,7 @@ import sys
 import time
 
 from cortex_nb import Client
-from cortex_nb.demo import demo_text
+from cortex_nb.demo import PROMPT, demo_text
 
 
 def test_local_starts_once_and_is_reused(tmp_path):
@@ -57,8 +58,9 @@ def test_demo_shows_loss_falling_and_the_text_appearing(tmp_path):
     assert result.returncode == 0, result.stderr
     first, last = map(float, re.search(r"loss/token ([\d.]+) -> ([\d.]+)", result.stdout).groups())
     assert last < first / 5
-    after = re.search(r"greedy sample after: +'(.*)'", result.stdout).group(1)
-    assert after[:40] in demo_text()  # the model now continues the prompt with the shipped text
+    after = ast.literal_eval(re.search(r"greedy sample after: +('.*')", result.stdout).group(1))
+    # The model now continues the prompt with the shipped text, all 96 sampled tokens of it.
+    assert len(after) == 96 and PROMPT + after in demo_text(), after
     assert not (tmp_path / "backend.json").exists()  # the embedded backend stopped with the demo
 
 
