@@ -27,6 +27,19 @@ def test_local_starts_once_and_is_reused(tmp_path):
     assert not (tmp_path / "backend.json").exists()
 
 
+def assert_exits_soon(pid: int, failure: str, within_s: float = 30) -> None:
+    """Wait for `pid` to exit; if it does not, kill it (no stray backend outlives the test) and fail."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError(failure)
+
+
 def test_the_embedded_backend_follows_its_parent(tmp_path):
     """A kernel killed without cleanup does not leave its backend running."""
     code = f"from cortex_nb import Client; c = Client.local({str(tmp_path)!r}); print(c.url, flush=True); import time; time.sleep(600)"
@@ -36,16 +49,7 @@ def test_the_embedded_backend_follows_its_parent(tmp_path):
         backend_pid = json.loads((tmp_path / "backend.json").read_text())["pid"]
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                os.kill(backend_pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.5)
-        else:
-            os.kill(backend_pid, signal.SIGKILL)
-            raise AssertionError("the embedded backend outlived its parent")
+        assert_exits_soon(backend_pid, "the embedded backend outlived its parent")
     finally:
         parent.kill()
 
@@ -138,16 +142,7 @@ def test_the_embedded_backend_stops_when_its_parent_is_a_zombie(tmp_path):
     try:
         assert parent.stdout.readline().startswith("http://127.0.0.1:")
         backend_pid = json.loads((tmp_path / "backend.json").read_text())["pid"]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                os.kill(backend_pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.5)
-        else:
-            os.kill(backend_pid, signal.SIGKILL)
-            raise AssertionError("the embedded backend outlived its zombie parent")
+        assert_exits_soon(backend_pid, "the embedded backend outlived its zombie parent")
         with open(f"/proc/{parent.pid}/stat") as stat:  # the parent really was a zombie all along
             assert stat.read().rsplit(")", 1)[1].split()[0] == "Z"
     finally:

@@ -48,7 +48,9 @@ def test_wheel_ships_the_prebuilt_panel_and_server_config(wheel):
     assert "cortex_server/__init__.py" in names and "cortex_nb/jupyter_proxy.py" in names
 
 
-def test_wheel_installs_and_lists_ok_without_node(wheel, tmp_path):
+def venv_with_the_wheel(wheel: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A fresh venv holding only the wheel; its dependencies are borrowed from the test environment
+    through a .pth file, so nothing is downloaded. Returns the venv, its python and its site-packages."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -57,6 +59,11 @@ def test_wheel_installs_and_lists_ok_without_node(wheel, tmp_path):
     (site / "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
                    check=True)
+    return venv, python, site
+
+
+def test_wheel_installs_and_lists_ok_without_node(wheel, tmp_path):
+    venv, python, site = venv_with_the_wheel(wheel, tmp_path)
 
     env = {key: value for key, value in os.environ.items() if not key.startswith(("JUPYTER", "CORTEX", "VIRTUAL_ENV"))}
     env.update({"PATH": str(venv / "bin"), "HOME": str(tmp_path / "home"),
@@ -86,14 +93,7 @@ def test_demo_notebook_runs_the_quickstart_shipped_in_the_wheel(wheel, tmp_path)
     shipped = zipfile.ZipFile(wheel).read("cortex_nb/notebooks/01-quickstart.ipynb")
     assert shipped == (ROOT / "notebooks" / "01-quickstart.ipynb").read_bytes()
 
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
-    (site / "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True)
+    venv, python, site = venv_with_the_wheel(wheel, tmp_path)
     env = {key: value for key, value in os.environ.items() if not key.startswith(("JUPYTER", "CORTEX", "VIRTUAL_ENV"))}
     env.update({"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path / "home"),
                 "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_DATA_DIR": str(tmp_path / "data")})
