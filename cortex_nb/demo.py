@@ -4,7 +4,6 @@ backend, and show the loss falling and a greedy sample before and after.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -111,12 +110,10 @@ def run_notebook_demo(dest: str | Path = DEFAULT_EXECUTED_COPY, data_dir: str | 
 
 def _backend_pid(data_dir: Path) -> int | None:
     """The pid of the embedded backend serving `data_dir`, if one is alive."""
-    try:
-        pid = int(json.loads((data_dir / "backend.json").read_text())["pid"])
-        os.kill(pid, 0)
-        return pid
-    except (OSError, ValueError, KeyError):
-        return None
+    from .local import running_endpoint
+
+    endpoint = running_endpoint(data_dir / "backend.json")
+    return int(endpoint["pid"]) if endpoint else None
 
 
 def _wait_for_exit(pid: int, timeout_s: float = 30.0) -> None:

@@ -166,15 +166,8 @@ def validate_spec(raw: Any) -> dict[str, Any]:
         raise spec_error("inputs", f"at most {MAX_INPUTS} inputs")
     spec["inputs"] = {}
     for input_name, entry in inputs.items():
-        field = f"inputs.{input_name}"
-        if not NAME_PATTERN.match(input_name):
-            raise spec_error(field, "input names are 1-64 letters, digits, '_', '.', '-'")
-        if isinstance(entry, str):
-            entry = {"path": entry}
-        entry = _mapping(entry, field, INPUT_KEYS)
-        if "path" not in entry:
-            raise spec_error(f"{field}.path", "is required")
-        spec["inputs"][input_name] = {"path": relative_path(entry["path"], f"{field}.path")}
+        _, path = _path_entry("input", input_name, entry, INPUT_KEYS)
+        spec["inputs"][input_name] = {"path": path}
     _no_duplicate_paths(spec["inputs"], "inputs")
 
     outputs = _named_entries(top.get("outputs"), "outputs")
@@ -184,22 +177,14 @@ def validate_spec(raw: Any) -> dict[str, Any]:
     total = 0
     for output_name, entry in outputs.items():
         field = f"outputs.{output_name}"
-        if not NAME_PATTERN.match(output_name):
-            raise spec_error(field, "output names are 1-64 letters, digits, '_', '.', '-'")
-        if isinstance(entry, str):
-            entry = {"path": entry}
-        entry = _mapping(entry, field, OUTPUT_KEYS)
-        if "path" not in entry:
-            raise spec_error(f"{field}.path", "is required")
+        entry, path = _path_entry("output", output_name, entry, OUTPUT_KEYS)
         max_bytes = entry.get("max_bytes", DEFAULT_OUTPUT_BYTES)
         _integer(max_bytes, f"{field}.max_bytes", 1, MAX_OUTPUT_BYTES)
         required = entry.get("required", True)
         if not isinstance(required, bool):
             raise spec_error(f"{field}.required", f"must be true or false, got {required!r}")
         total += max_bytes
-        spec["outputs"][output_name] = {
-            "path": relative_path(entry["path"], f"{field}.path"), "max_bytes": max_bytes, "required": required,
-        }
+        spec["outputs"][output_name] = {"path": path, "max_bytes": max_bytes, "required": required}
     if total > MAX_OUTPUTS_TOTAL_BYTES:
         raise spec_error("outputs", f"max_bytes add up to {total} bytes; all outputs together may be at most {MAX_OUTPUTS_TOTAL_BYTES}")
     _no_duplicate_paths(spec["outputs"], "outputs")
@@ -227,6 +212,20 @@ def _named_entries(value: Any, field: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise spec_error(field, f"must be a mapping of name -> entry, got {type(value).__name__}")
     return _mapping(value, field, {key for key in value if isinstance(key, str)})
+
+
+def _path_entry(kind: str, name: str, entry: Any, allowed: set[str]) -> tuple[dict[str, Any], str]:
+    """One input or output: a checked name, then either a bare path or a mapping with a `path`.
+    Returns the mapping and its path, made relative and safe."""
+    field = f"{kind}s.{name}"
+    if not NAME_PATTERN.match(name):
+        raise spec_error(field, f"{kind} names are 1-64 letters, digits, '_', '.', '-'")
+    if isinstance(entry, str):
+        entry = {"path": entry}
+    entry = _mapping(entry, field, allowed)
+    if "path" not in entry:
+        raise spec_error(f"{field}.path", "is required")
+    return entry, relative_path(entry["path"], f"{field}.path")
 
 
 def _no_duplicate_paths(entries: dict[str, dict[str, Any]], field: str) -> None:

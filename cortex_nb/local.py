@@ -47,14 +47,26 @@ class LocalBackend:
             self.process.wait()
 
 
-def _alive(endpoint_file: Path) -> dict | None:
+def running_endpoint(endpoint_file: Path) -> dict | None:
+    """The endpoint file of a backend whose process is alive: it may not answer yet, or any more."""
     try:
         endpoint = json.loads(endpoint_file.read_text())
         os.kill(int(endpoint["pid"]), 0)
-        httpx.get(endpoint["url"] + "/version", timeout=2.0).raise_for_status()
         return endpoint
-    except (OSError, ValueError, KeyError, httpx.HTTPError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _alive(endpoint_file: Path) -> dict | None:
+    """The endpoint of a backend that answers."""
+    endpoint = running_endpoint(endpoint_file)
+    try:
+        if endpoint is not None:
+            httpx.get(endpoint["url"] + "/version", timeout=2.0).raise_for_status()
+            return endpoint
+    except (KeyError, httpx.HTTPError):
+        pass
+    return None
 
 
 def ensure_local_backend(

@@ -61,6 +61,15 @@ def jupyter_env(home: Path) -> dict[str, str]:
     return env
 
 
+def start_jupyter_for(backend, home: Path, **kwargs) -> JupyterProcess:
+    """Jupyter for a running test backend: its token goes into a file beside the server, where the
+    extension reads it (as on a real host), and the server lives under `home`/jupyter."""
+    home.mkdir(parents=True, exist_ok=True)
+    token_file = home / "backend.token"
+    token_file.write_text(backend.token)
+    return start_jupyter(home / "jupyter", backend.url, token_file, **kwargs)
+
+
 def start_jupyter(
     home: Path,
     backend_url: str,

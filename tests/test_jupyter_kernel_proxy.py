@@ -13,7 +13,7 @@ from jupyter_client import BlockingKernelClient
 
 from cortex_nb import jupyter_proxy
 
-from .jupyter_process import start_jupyter
+from .jupyter_process import start_jupyter, start_jupyter_for
 
 KERNEL_CODE = textwrap.dedent("""
     import json, os, cortex_nb
@@ -38,9 +38,7 @@ KERNEL_CODE = textwrap.dedent("""
 
 @pytest.fixture
 def jupyter_server(backend, tmp_path):
-    token_file = tmp_path / "backend.token"
-    token_file.write_text(backend.token)
-    server = start_jupyter(tmp_path / "jupyter", backend.url, token_file)
+    server = start_jupyter_for(backend, tmp_path)
     yield server
     server.stop()
 

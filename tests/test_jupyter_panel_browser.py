@@ -16,7 +16,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 from cortex_nb import Client, errors, routes
 
 from .backend_process import start_backend
-from .jupyter_process import start_jupyter
+from .jupyter_process import start_jupyter_for
 
 ROOT = Path(__file__).resolve().parent.parent
 # Screenshots land in artifacts/ (ignored by git); copy them to docs/images/ to refresh the README's.
@@ -54,9 +54,7 @@ class Trainer(threading.Thread):
 def lab_setup(tmp_path_factory):
     home = tmp_path_factory.mktemp("panel")
     backend = start_backend(home / "backend", "--devices", "cpu:2", "--worker-threads", "1")
-    token_file = home / "backend.token"
-    token_file.write_text(backend.token)
-    lab = start_jupyter(home / "jupyter", backend.url, token_file, app="lab")
+    lab = start_jupyter_for(backend, home, app="lab")
     client = Client(backend.url, backend.token)
     yield backend, lab, client, home
     client.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 from jupyter_client import BlockingKernelClient
 
-from .jupyter_process import start_jupyter
+from .jupyter_process import start_jupyter_for
 from .notebook_fixtures import DEMO_TEXT
 
 CELLS = [
@@ -49,9 +49,7 @@ def execute(server, cells: list[str], timeout_s: float = 240) -> list[str]:
 def test_connect_goes_through_the_jupyter_proxy_when_nothing_else_is_configured(backend, tmp_path, monkeypatch):
     monkeypatch.setenv("CORTEX_CONFIG", str(tmp_path / "absent.toml"))  # no default profile either
     monkeypatch.setenv("CORTEX_NONINTERACTIVE", "1")
-    token_file = tmp_path / "backend.token"
-    token_file.write_text(backend.token)
-    server = start_jupyter(tmp_path / "jupyter", backend.url, token_file)
+    server = start_jupyter_for(backend, tmp_path)
     try:
         connect, train, finish = execute(server, CELLS)
     finally:

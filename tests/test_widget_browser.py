@@ -14,7 +14,7 @@ from playwright.sync_api import expect, sync_playwright
 from cortex_nb import Client
 
 from .backend_process import start_backend
-from .jupyter_process import start_jupyter
+from .jupyter_process import start_jupyter_for
 from .notebook_fixtures import DEMO_TEXT, wait_until
 from .test_jupyter_panel_browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS
 
@@ -35,9 +35,7 @@ sample: {{every: 40, prompts: ["The lighthouse keeper"], max_tokens: 24}}
 def lab(tmp_path_factory):
     home = tmp_path_factory.mktemp("widget-lab")
     backend = start_backend(home / "backend", "--devices", "cpu:2", "--worker-threads", "1")
-    token_file = home / "backend.token"
-    token_file.write_text(backend.token)
-    server = start_jupyter(home / "jupyter", backend.url, token_file, app="lab")
+    server = start_jupyter_for(backend, home, app="lab")
     yield backend, server, home
     server.stop()
     backend.stop()
