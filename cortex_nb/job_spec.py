@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from .errors import BadRequestError
+from .model_names import is_model_name
 
 SPEC_VERSION = 1
 ISOLATION_REQUIRED = "required"
@@ -38,7 +39,6 @@ MAX_TIMEOUT_S = 7 * 24 * 3600
 MODELS_DIR = "models"
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 TOP_KEYS = {"version", "name", "source", "command", "models", "inputs", "outputs", "resources", "timeout_seconds", "isolation"}
 SOURCE_KEYS = {"include"}
@@ -155,7 +155,7 @@ def validate_spec(raw: Any) -> dict[str, Any]:
     if len(models) > MAX_MODELS:
         raise spec_error("models", f"at most {MAX_MODELS} models")
     for index, model in enumerate(models):
-        if not isinstance(model, str) or not MODEL_NAME_PATTERN.match(model):
+        if not is_model_name(model):
             raise spec_error(f"models[{index}]", f"must be the name of a registered model (GET /v1/models), got {model!r}")
         if model in models[:index]:
             raise spec_error(f"models[{index}]", f"{model!r} is listed twice")

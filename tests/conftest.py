@@ -22,9 +22,11 @@ def gpt2_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def backend(tmp_path_factory, gpt2_dir) -> BackendProcess:
-    """One backend for the session: `tiny` plus the registered `small-gpt2`, 8 CPU slots."""
+    """One backend for the session: `tiny` plus the registered `small-gpt2` (also registered under a
+    Hugging Face style name with one '/'), 8 CPU slots."""
     process = start_backend(
-        tmp_path_factory.mktemp("backend"), "--model", f"small-gpt2={gpt2_dir}", "--devices", "cpu:8", "--worker-threads", "1"
+        tmp_path_factory.mktemp("backend"), "--model", f"small-gpt2={gpt2_dir}", "--model", f"cortex-test/small-gpt2={gpt2_dir}",
+        "--devices", "cpu:8", "--worker-threads", "1"
     )
     yield process
     process.stop()

@@ -7,17 +7,16 @@ directories whose weights are safetensors and whose config asks for no remote co
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cortex_nb.errors import ApiError
+from cortex_nb.model_names import RULE, is_model_name
 
 from .tokenizer import ByteTokenizer, FileTokenizer, Tokenizer
 
 TINY = "tiny"
-MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 # The built-in model: Llama-shaped, random weights from a fixed seed, byte-level tokens.
 TINY_CONFIG: dict[str, Any] = {
@@ -78,8 +77,8 @@ class ModelInfo:
 
 def inspect_model_dir(name: str, path: Path) -> ModelInfo:
     """Check a local Hugging Face directory is safe to load and read its config."""
-    if not MODEL_NAME_PATTERN.match(name) or name == TINY:
-        raise ValueError(f"model name {name!r} is not allowed; use letters, digits and _.:- (and not 'tiny')")
+    if not is_model_name(name) or name == TINY:
+        raise ValueError(f"model name {name!r} is not allowed; use {RULE} (and not 'tiny')")
     if not path.is_dir():
         raise ValueError(f"model {name}: {path} is not a directory")
     config_path = path / "config.json"
@@ -104,7 +103,7 @@ class ModelCatalog:
         return sorted(self._models)
 
     def get(self, name: Any) -> ModelInfo:
-        if not isinstance(name, str) or not MODEL_NAME_PATTERN.match(name):
+        if not is_model_name(name):
             raise ApiError(
                 "invalid_model_name",
                 f"base_model must be the name of a registered model, not a path or URL (got {str(name)[:80]!r});"
