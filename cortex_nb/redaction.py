@@ -1,7 +1,7 @@
 """Credential redaction: one definition used by client telemetry and by the backend wherever it shows
 text to someone other than its owner (log lines, telemetry it keeps).
 
-It removes what looks like a credential (our `ctx_` tokens, `Bearer ...` values, passwords in URLs,
+It removes what looks like a credential (our `ctx_` and `tml-` tokens, `Bearer ...` values, passwords in URLs,
 `token=...`-style assignments and a few well-known key formats) and bounds the length. It is a
 safety net, not a guarantee: the primary rule is that credentials are never put into messages.
 """
@@ -17,8 +17,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\b(Bearer)\s+[A-Za-z0-9._~+/=\-]{6,}", re.IGNORECASE), r"\1 " + REDACTED),
     # user:password@ in URLs (any scheme).
     (re.compile(r"([a-z][a-z0-9+.\-]*://[^\s:/@]+:)[^\s@/]+@", re.IGNORECASE), r"\1" + REDACTED + "@"),
-    # cortex-nb API tokens (auth.TOKEN_PREFIX) and common third-party key formats.
+    # cortex-nb API tokens (auth.TOKEN_PREFIX, and TINKER_TOKEN_PREFIX for the Tinker SDK's keys) and common
+    # third-party key formats.
     (re.compile(r"\bctx_[A-Za-z0-9_\-]{6,}"), "ctx_" + REDACTED),
+    (re.compile(r"\btml-[A-Za-z0-9_\-]{6,}"), "tml-" + REDACTED),
     (re.compile(r"\bhf_[A-Za-z0-9]{10,}"), "hf_" + REDACTED),
     (re.compile(r"\b(sk|pk|rk)-[A-Za-z0-9_\-]{16,}"), r"\1-" + REDACTED),
     (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{16,}"), REDACTED),

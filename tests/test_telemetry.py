@@ -59,6 +59,7 @@ def admin_recent_telemetry(backend) -> list[dict]:
     ('{"password": "correct horse battery"}', "correct horse"),
     ("CORTEX_TOKEN=abc123def456 in the environment", "abc123def456"),
     ("hf_" + "A1b2C3d4E5f6G7h8I9j0", "A1b2C3d4E5f6G7h8I9j0"),
+    ("TINKER key tml-" + "Zx9_Yw8-Vu7Ts6Rq5Po4", "Zx9_Yw8-Vu7Ts6Rq5Po4"),
 ])
 def test_redaction_removes_credentials_and_keeps_the_rest(text, secret):
     cleaned = redact(text)

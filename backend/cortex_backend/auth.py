@@ -1,4 +1,9 @@
-"""Bearer tokens with scopes. Tokens are stored only as SHA-256 hashes and shown once at creation."""
+"""Tokens with scopes. Tokens are stored only as SHA-256 hashes and shown once at creation.
+
+A token arrives as `Authorization: Bearer <token>` or as `X-API-Key: <token>` (how the Tinker SDK sends its
+keys). A token created with the Tinker prefix (`tml-`, which that SDK requires) is an ordinary token: same
+table, same scopes, same owner isolation.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from cortex_nb.routes import ADMIN, SCOPES
 from .store import Store
 
 TOKEN_PREFIX = "ctx_"
+TINKER_TOKEN_PREFIX = "tml-"
+API_KEY_HEADER = "X-API-Key"
 
 
 @dataclass(frozen=True)
@@ -49,24 +56,33 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_token(store: Store, name: str, scopes: list[str], owner: str | None = None) -> str:
-    """Create a token and return it; only its hash is kept."""
+def create_token(store: Store, name: str, scopes: list[str], owner: str | None = None, prefix: str = TOKEN_PREFIX) -> str:
+    """Create a token and return it; only its hash is kept. `prefix` only changes how the token reads."""
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown:
         raise ValueError(f"unknown scope(s) {unknown}; choose from {list(SCOPES)}")
     if not scopes:
         raise ValueError(f"give at least one scope from {list(SCOPES)}")
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    if prefix not in (TOKEN_PREFIX, TINKER_TOKEN_PREFIX):
+        raise ValueError(f"unknown token prefix {prefix!r}")
+    token = prefix + secrets.token_urlsafe(32)
     token_id = "tok_" + secrets.token_hex(6)
     store.add_token(token_id, name, owner or name, hash_token(token), scopes)
     return token
 
 
-def authenticate(store: Store, header: str | None) -> Principal:
-    """Resolve an `Authorization: Bearer ...` header, or raise `unauthenticated`."""
-    if not header or not header.startswith("Bearer "):
-        raise ApiError("unauthenticated", "send 'Authorization: Bearer <token>'; the backend's admin token is in DATA_DIR/admin.token")
-    row = store.token_by_hash(hash_token(header[len("Bearer ") :].strip()))
+def authenticate(store: Store, header: str | None, api_key: str | None = None) -> Principal:
+    """Resolve an `Authorization: Bearer ...` header (or else an `X-API-Key` header), or raise `unauthenticated`."""
+    if header and header.startswith("Bearer "):
+        token = header[len("Bearer ") :].strip()
+    elif api_key and not header:
+        token = api_key.strip()
+    else:
+        raise ApiError(
+            "unauthenticated",
+            f"send 'Authorization: Bearer <token>' (or '{API_KEY_HEADER}: <token>'); the backend's admin token is in DATA_DIR/admin.token",
+        )
+    row = store.token_by_hash(hash_token(token))
     if row is None:
         raise ApiError("unauthenticated", "the token is unknown or revoked; create one with 'cortex-nb backend token create'")
     return Principal(token_id=row["id"], owner=row["owner"], scopes=frozenset(row["scopes"]))

@@ -91,6 +91,8 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     create = token_commands.add_parser("create", help="create a token (printed once)")
     create.add_argument("--name", required=True, help="who the token is for; jobs are owned by this name")
     create.add_argument("--scopes", nargs="+", default=["jobs:read", "jobs:write"], choices=SCOPES)
+    create.add_argument("--tinker", action="store_true",
+                        help="print the token with the 'tml-' prefix the Tinker SDK requires (same scopes and owner rules)")
     create.add_argument("--data-dir", type=Path, default=default_data_dir())
     listing = token_commands.add_parser("list", help="list tokens (never their values)")
     listing.add_argument("--data-dir", type=Path, default=default_data_dir())
@@ -123,13 +125,13 @@ def run_backend_command(args: argparse.Namespace) -> int:
             return 2
         serve(settings)
         return 0
-    from .auth import create_token
+    from .auth import TINKER_TOKEN_PREFIX, TOKEN_PREFIX, create_token
     from .store import Store
 
     store = Store(BackendSettings(data_dir=args.data_dir).db_path)
     if args.token_command == "create":
         try:
-            token = create_token(store, args.name, list(args.scopes))
+            token = create_token(store, args.name, list(args.scopes), prefix=TINKER_TOKEN_PREFIX if args.tinker else TOKEN_PREFIX)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -16,7 +16,7 @@ from cortex_nb import routes
 from cortex_nb.errors import ApiError
 from cortex_nb.version import API_VERSION, __version__
 
-from ..auth import Principal, authenticate
+from ..auth import API_KEY_HEADER, Principal, authenticate
 from ..service import Service
 
 log = logging.getLogger("cortex_backend.http")
@@ -54,7 +54,9 @@ class BaseHandler(tornado.web.RequestHandler):
             raise ApiError("route_not_found", f"no route {self.request.method} {self.request.path}; see docs/api.md")
         self.route = found[0]
         if self.route.scope is not None:
-            self.principal = authenticate(self.service.store, self.request.headers.get("Authorization"))
+            self.principal = authenticate(
+                self.service.store, self.request.headers.get("Authorization"), self.request.headers.get(API_KEY_HEADER)
+            )
             self.principal.require(self.route.scope)
         self._body_limit = self.body_limit()
         declared = self.request.headers.get("Content-Length")
