@@ -267,8 +267,21 @@ class Client:
         return self._submit_frame("forward", job_id, wire.encode_frame(as_batch(batch)), sub_job)
 
     @recorded("step")
-    def step(self, job_id: str, learning_rate: float | None = None, *, sub_job: str | None = None) -> str:
-        body = {"learning_rate": learning_rate} if learning_rate is not None else {}
+    def step(
+        self,
+        job_id: str,
+        learning_rate: float | None = None,
+        *,
+        betas: tuple[float, float] | None = None,
+        eps: float | None = None,
+        weight_decay: float | None = None,
+        grad_clip: float | None = None,
+        sub_job: str | None = None,
+    ) -> str:
+        """Queue an optimizer step. Hyperparameters given apply to this step only; the others are the job's."""
+        given = {"learning_rate": learning_rate, "betas": list(betas) if betas is not None else None, "eps": eps,
+                 "weight_decay": weight_decay, "grad_clip": grad_clip}
+        body = {key: value for key, value in given.items() if value is not None}
         return self._call("step", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})["request_id"]
 
     @recorded("generate")

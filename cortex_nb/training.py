@@ -185,8 +185,9 @@ class TrainingJob(_JobHandle):
         request_id = self.client.forward_backward(self.job_id, batch, loss_fn, loss_fn_config)
         return APIFuture(self.client, self.job_id, request_id, "forward_backward")
 
-    def step(self, learning_rate: float | None = None) -> APIFuture[dict[str, Any]]:
-        return APIFuture(self.client, self.job_id, self.client.step(self.job_id, learning_rate), "step")
+    def step(self, learning_rate: float | None = None, **hyperparameters: Any) -> APIFuture[dict[str, Any]]:
+        """Apply the accumulated gradients. `betas`, `eps`, `weight_decay`, `grad_clip` may be given per step."""
+        return APIFuture(self.client, self.job_id, self.client.step(self.job_id, learning_rate, **hyperparameters), "step")
 
     # checkpoints and weight sync -------------------------------------------------------------------
     def save(self, checkpoint_id: str | None = None, checkpoint_type: str = "resumable") -> APIFuture[dict[str, Any]]:

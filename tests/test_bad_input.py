@@ -107,6 +107,10 @@ def test_invalid_fields_are_named(backend, running_job):
                   400, "invalid_field")
     _assert_error(_post(backend, f"/v1/jobs/{running_job}/generate", json={"prompts": [], "sampling_params": {}}),
                   400, "invalid_field")
+    error = _assert_error(_post(backend, f"/v1/jobs/{running_job}/step", json={"betas": [1.5, 0.9]}), 400, "invalid_field")
+    assert error["detail"]["field"] == "betas[0]"
+    error = _assert_error(_post(backend, f"/v1/jobs/{running_job}/step", json={"momentum": 0.9}), 400, "invalid_field")
+    assert error["detail"]["field"] == "momentum"
     _healthy(backend, running_job)
 
 

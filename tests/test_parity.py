@@ -74,3 +74,40 @@ def test_gradients_accumulate_until_step(client: Client):
     finally:
         split_job.cancel()
         joined_job.cancel()
+
+
+def test_per_step_adam_hyperparameters_match_torch_adamw(client: Client):
+    """Every step may bring its own lr, betas, eps, weight decay and clip (the Tinker API sends them all each
+    step): one optimizer state carries on, exactly as torch AdamW with its param groups changed between steps."""
+    schedule = [
+        {"learning_rate": 1e-2, "betas": (0.9, 0.95), "eps": 1e-12, "weight_decay": 0.0, "grad_clip": 0.0},
+        {"learning_rate": 5e-3, "betas": (0.8, 0.99), "eps": 1e-8, "weight_decay": 0.1, "grad_clip": 0.5},
+        {"learning_rate": 2e-2, "betas": (0.95, 0.9), "eps": 1e-6, "weight_decay": 0.01, "grad_clip": 0.0},
+        {"learning_rate": 1e-3, "betas": (0.5, 0.999), "eps": 1e-10, "weight_decay": 0.0, "grad_clip": 0.05},
+    ]
+    job = client.create_training_job("tiny", lora={"r": 4, "alpha": 8}, optimizer={"lr": 1.0}, seed=4)
+    reference = ReferenceTrainer(reference_lora(reference_base("tiny"), r=4, alpha=8, seed=4), lr=1.0)
+    parameters = [p for p in reference.model.parameters() if p.requires_grad]
+    rng = np.random.default_rng(21)
+    try:
+        for hyper in schedule:
+            batch = random_batch(rng, 259, batch=2, length=16)
+            job.forward_backward(batch)
+            remote = job.step(**hyper).result()
+            assert remote["learning_rate"] == pytest.approx(hyper["learning_rate"])
+            logprobs = reference_logprobs(reference.model, batch)
+            (-(torch.from_numpy(batch["weights"]) * logprobs).sum()).backward()
+            norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+            if hyper["grad_clip"]:
+                torch.nn.utils.clip_grad_norm_(parameters, hyper["grad_clip"])
+            for group in reference.optimizer.param_groups:
+                group.update(lr=hyper["learning_rate"], betas=hyper["betas"], eps=hyper["eps"], weight_decay=hyper["weight_decay"])
+            reference.optimizer.step()
+            reference.optimizer.zero_grad()
+            assert remote["grad_norm"] == pytest.approx(float(norm), rel=1e-5)
+        probe = random_batch(rng, 259, batch=2, length=12, pad_tail=False)
+        with torch.no_grad():
+            expected = reference_logprobs(reference.model, probe).numpy()
+        np.testing.assert_allclose(job.forward(probe).result()["tensors"]["logprobs"], expected, rtol=0, atol=TOLERANCE)
+    finally:
+        job.cancel()

@@ -21,10 +21,10 @@ from .jobs import JobManager
 from .models import ModelCatalog
 from .store import Store
 from .validation import (
-    check_number,
     validate_loss,
     validate_prompts,
     validate_sampling_params,
+    validate_step,
     validate_token_batch,
 )
 from .waiters import Waiters
@@ -130,12 +130,7 @@ class RequestManager:
             return {"batch_shape": list(tensors["input_ids"].shape)}, body
         json_body = json_body or {}
         if op == "step":
-            unknown = sorted(set(json_body) - {"learning_rate"})
-            if unknown:
-                raise ApiError("invalid_field", f"{unknown[0]}: unknown field; step takes learning_rate", {"field": unknown[0]})
-            if json_body.get("learning_rate") is not None:
-                check_number(json_body["learning_rate"], "learning_rate", 0, 10)
-            return {"learning_rate": json_body.get("learning_rate")}, b""
+            return validate_step(json_body), b""
         if op == "generate":
             unknown = sorted(set(json_body) - {"prompts", "sampling_params"})
             if unknown:

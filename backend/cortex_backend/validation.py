@@ -81,23 +81,42 @@ def _validate_lora(lora: Any, field: str) -> dict[str, Any]:
     return lora
 
 
+def _check_adam_fields(values: dict[str, Any], prefix: str) -> None:
+    """The AdamW hyperparameters a job spec sets and a step may override (`lr` is `learning_rate` in a step)."""
+    for key in ("lr", "learning_rate"):
+        if values.get(key) is not None:
+            check_number(values[key], f"{prefix}{key}", 0, 10)
+    if values.get("betas") is not None:
+        betas = values["betas"]
+        if not (isinstance(betas, list) and len(betas) == 2):
+            raise _field_error(f"{prefix}betas", "must be a list of two numbers in [0, 1)")
+        for i, beta in enumerate(betas):
+            check_number(beta, f"{prefix}betas[{i}]", 0, 0.999999)
+    if values.get("eps") is not None:
+        check_number(values["eps"], f"{prefix}eps", 0, 1)
+    if values.get("weight_decay") is not None:
+        check_number(values["weight_decay"], f"{prefix}weight_decay", 0, 10)
+    if values.get("grad_clip") is not None:
+        check_number(values["grad_clip"], f"{prefix}grad_clip", 0)
+
+
 def _validate_optimizer(optimizer: Any, field: str) -> dict[str, Any]:
     optimizer = _expect_keys(optimizer, field, OPTIMIZER_KEYS)
-    if "lr" in optimizer:
-        check_number(optimizer["lr"], f"{field}.lr", 0, 10)
-    if "betas" in optimizer:
-        betas = optimizer["betas"]
-        if not (isinstance(betas, list) and len(betas) == 2):
-            raise _field_error(f"{field}.betas", "must be a list of two numbers in [0, 1)")
-        for i, beta in enumerate(betas):
-            check_number(beta, f"{field}.betas[{i}]", 0, 0.999999)
-    if "eps" in optimizer:
-        check_number(optimizer["eps"], f"{field}.eps", 0, 1)
-    if "weight_decay" in optimizer:
-        check_number(optimizer["weight_decay"], f"{field}.weight_decay", 0, 10)
-    if optimizer.get("grad_clip") is not None:
-        check_number(optimizer["grad_clip"], f"{field}.grad_clip", 0)
+    _check_adam_fields(optimizer, f"{field}.")
     return optimizer
+
+
+STEP_KEYS = {"learning_rate", "betas", "eps", "weight_decay", "grad_clip"}
+
+
+def validate_step(body: dict[str, Any]) -> dict[str, Any]:
+    """A step's hyperparameters: each one given applies to this step only; the rest are the job's.
+    `grad_clip` 0 (or absent from both) means no clipping."""
+    unknown = sorted(set(body) - STEP_KEYS)
+    if unknown:
+        raise _field_error(unknown[0], f"unknown field; step takes {sorted(STEP_KEYS)}")
+    _check_adam_fields(body, "")
+    return {key: body.get(key) for key in sorted(STEP_KEYS)}
 
 
 def validate_job(body: Any, catalog: ModelCatalog) -> dict[str, Any]:

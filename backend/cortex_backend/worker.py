@@ -104,7 +104,10 @@ class Worker:
         return result, wire.encode_frame(out)
 
     def step(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
-        result = self.trainer.step(params.get("learning_rate"))
+        result = self.trainer.step(
+            params.get("learning_rate"), betas=params.get("betas"), eps=params.get("eps"),
+            weight_decay=params.get("weight_decay"), grad_clip=params.get("grad_clip"),
+        )
         print(
             f"[engine] step={result['step']} grad_norm={result['grad_norm']:.4g} lr={result['learning_rate']:.3g}"
             f" tokens={result['tokens']} peak_memory={result['peak_memory_bytes'] / 2**20:.0f}MiB",

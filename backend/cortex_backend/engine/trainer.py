@@ -79,14 +79,30 @@ class Trainer:
         }
         return result, {"logprobs": logprobs.detach().float().cpu().numpy()}
 
-    def step(self, learning_rate: float | None = None) -> dict[str, Any]:
+    def step(
+        self,
+        learning_rate: float | None = None,
+        *,
+        betas: list[float] | None = None,
+        eps: float | None = None,
+        weight_decay: float | None = None,
+        grad_clip: float | None = None,
+    ) -> dict[str, Any]:
+        """Apply the accumulated gradients. Each hyperparameter given applies to this step only (the
+        Tinker API sends them all on every step); the optimizer's moments carry on unchanged."""
         if self.pending_batches == 0:
             raise OperationError("no_gradients", "step has no gradients to apply; call forward_backward first")
         lr = float(learning_rate) if learning_rate is not None else float(self.settings["lr"])
+        hyper = {
+            "lr": lr,
+            "betas": tuple(float(b) for b in (betas if betas is not None else self.settings["betas"])),
+            "eps": float(eps if eps is not None else self.settings["eps"]),
+            "weight_decay": float(weight_decay if weight_decay is not None else self.settings["weight_decay"]),
+        }
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group.update(hyper)
         grads = [p.grad for p in self.parameters if p.grad is not None]
-        clip = self.settings.get("grad_clip")
+        clip = grad_clip if grad_clip is not None else self.settings.get("grad_clip")
         if clip:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, float(clip))
         else:
