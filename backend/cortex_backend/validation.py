@@ -209,6 +209,8 @@ def validate_token_batch(
                     f"tensor '{name}' holds token ids outside [0, {info.vocab_size}) for model {info.name}",
                     {"field": name},
                 )
+    # Weights and advantages may be negative (a client-side custom loss arrives as weights = -dC/dlogprob);
+    # they must only be finite.
     for name, array in tensors.items():
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             raise ApiError("invalid_batch", f"tensor '{name}' holds NaN or infinite values", {"field": name})
