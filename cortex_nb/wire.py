@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ CHUNK_SHA_HEADER = "X-Cortex-Chunk-Sha256"
 CHUNK_COUNT_HEADER = "X-Cortex-Chunk-Count"
 UPLOAD_HEADER = "X-Cortex-Upload"
 UPLOAD_SHA_HEADER = "X-Cortex-Upload-Sha256"
+# "<stream>/<n>" on a data-plane POST: numbered submissions run once each, in number order (docs/api.md).
+SEQUENCE_HEADER = "X-Cortex-Sequence"
+_SEQUENCE_VALUE = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.:-]{0,63})/([1-9][0-9]{0,17})")
 
 _ALLOWED_DTYPES = {"I64", "I32", "F32", "F16", "F64", "BOOL"}
 _HEADER_LIMIT = 1024 * 1024
@@ -89,6 +93,15 @@ def decode_frame(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     if not isinstance(metadata, dict):
         raise ApiError("invalid_frame", "the frame's cortex metadata must be a JSON object")
     return tensors, metadata
+
+
+def parse_sequence(value: str) -> tuple[str, int]:
+    """The (stream, number) of a `X-Cortex-Sequence` header, or `invalid_field`."""
+    found = _SEQUENCE_VALUE.fullmatch(value.strip())
+    if found is None:
+        raise ApiError("invalid_field", f"{SEQUENCE_HEADER}: must be '<stream>/<n>' with n from 1 up, got {value[:80]!r}",
+                       {"field": SEQUENCE_HEADER})
+    return found.group(1), int(found.group(2))
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from cortex_nb import states, wire
@@ -44,6 +45,21 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
 }
 FRAME_OPERATIONS = frozenset({"forward_backward", "forward"})
 MAX_WAIT_S = 60.0
+# How far ahead of the next expected sequence number a submission may arrive (and wait).
+MAX_SEQUENCE_GAP = 1024
+
+
+@dataclass
+class SequenceStream:
+    """A client's numbered submissions to one job: each number runs once, in order, however the
+    submissions arrive. Numbers start at 1; a refused submission uses up its number too, so the ones
+    after it are not held forever."""
+
+    next_seq: int = 1
+    request_ids: dict[int, str] = field(default_factory=dict)
+    refusals: dict[int, ApiError] = field(default_factory=dict)
+    # seq -> (sub_job_id, request_id, op, params, blob): validated and recorded, not yet dispatched
+    held: dict[int, tuple[str, str, str, dict[str, Any], bytes]] = field(default_factory=dict)
 
 
 def new_request_id() -> str:
@@ -74,6 +90,7 @@ class RequestManager:
         self.weight_sync = weight_sync
         self.waiters = Waiters()
         self._active: dict[str, set[str]] = {}
+        self._streams: dict[tuple[str, str], SequenceStream] = {}
         jobs.on_job_ended.append(self._job_ended)
 
     # submission -------------------------------------------------------------------------------
@@ -142,19 +159,74 @@ class RequestManager:
         return {}, b""
 
     def submit(
-        self, principal: Principal, job_id: str, op: str, body: bytes, json_body: dict[str, Any] | None, sub_job: str | None
+        self,
+        principal: Principal,
+        job_id: str,
+        op: str,
+        body: bytes,
+        json_body: dict[str, Any] | None,
+        sub_job: str | None,
+        sequence: tuple[str, int] | None = None,
     ) -> dict[str, Any]:
+        """Validate and queue one operation. With `sequence` (stream name, number), a number already
+        submitted answers with the same request (a retry runs once), and a number that arrives early
+        waits until the numbers before it have been submitted (per-stream order, whatever the arrival order)."""
         job = self.jobs.visible_job(principal, job_id)
+        self._check_accepting(job)
+        stream = self._stream(job_id, sequence) if sequence is not None else None
+        if stream is not None:
+            seq = sequence[1]
+            if seq in stream.request_ids:
+                return self.store.get_request(stream.request_ids[seq])
+            if seq in stream.refusals:
+                raise stream.refusals[seq]
+            if seq < stream.next_seq:
+                raise ApiError("invalid_field", f"sequence {seq} of stream {sequence[0]!r} was used before; number submissions upward",
+                               {"field": "sequence"})
+            try:
+                return self._submit(principal, job, op, body, json_body, sub_job, stream, seq)
+            except ApiError as exc:
+                stream.refusals[seq] = exc
+                self._release_in_order(job_id, stream)
+                raise
+        return self._submit(principal, job, op, body, json_body, sub_job, None, 0)
+
+    def _check_accepting(self, job: dict[str, Any]) -> None:
         if job["status"] in states.JOB_TERMINAL:
             raise ApiError(
                 "job_finished",
-                f"job {job_id} is {job['status']}"
+                f"job {job['id']} is {job['status']}"
                 + (f" ({job['failure_code']})" if job["failure_code"] else "")
                 + "; create a new job (and load a checkpoint, if you saved one)",
                 {"status": job["status"], "failure_code": job["failure_code"]},
             )
-        if self.jobs.is_completing(job_id):
-            raise ApiError("job_finished", f"job {job_id} is completing and takes no new requests")
+        if self.jobs.is_completing(job["id"]):
+            raise ApiError("job_finished", f"job {job['id']} is completing and takes no new requests")
+
+    def _stream(self, job_id: str, sequence: tuple[str, int]) -> SequenceStream:
+        name, seq = sequence
+        stream = self._streams.setdefault((job_id, name), SequenceStream())
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1 or seq >= stream.next_seq + MAX_SEQUENCE_GAP:
+            raise ApiError(
+                "invalid_field",
+                f"sequence: {seq!r} is not a number from 1 up to {stream.next_seq + MAX_SEQUENCE_GAP - 1}"
+                f" for stream {name!r} (its next number is {stream.next_seq})",
+                {"field": "sequence"},
+            )
+        return stream
+
+    def _submit(
+        self,
+        principal: Principal,
+        job: dict[str, Any],
+        op: str,
+        body: bytes,
+        json_body: dict[str, Any] | None,
+        sub_job: str | None,
+        stream: SequenceStream | None,
+        seq: int,
+    ) -> dict[str, Any]:
+        job_id = job["id"]
         if op == "weight_sync":
             sub = self.weight_sync.source(job, json_body or {})
         else:
@@ -170,11 +242,33 @@ class RequestManager:
         self.store.add_request_event(request_id, "queued", {"sub_job_id": sub["id"]})
         self._active.setdefault(job_id, set()).add(request_id)
         self.store.touch_job(job_id)
-        if op == "weight_sync":
-            self.weight_sync.dispatch(job_id, request_id, sub["id"], params)
+        if stream is None:
+            self._dispatch(job_id, sub["id"], request_id, op, params, blob)
         else:
-            self.executor.submit(job_id, sub["id"], request_id, op, params, blob)
+            stream.request_ids[seq] = request_id
+            stream.held[seq] = (sub["id"], request_id, op, params, blob)
+            if seq != stream.next_seq:
+                self.store.add_request_event(request_id, "waiting_for_sequence", {"sequence": seq, "next": stream.next_seq})
+            self._release_in_order(job_id, stream)
         return self.store.get_request(request_id)
+
+    def _dispatch(self, job_id: str, sub_job_id: str, request_id: str, op: str, params: dict[str, Any], blob: bytes) -> None:
+        if op == "weight_sync":
+            self.weight_sync.dispatch(job_id, request_id, sub_job_id, params)
+        else:
+            self.executor.submit(job_id, sub_job_id, request_id, op, params, blob)
+
+    def _release_in_order(self, job_id: str, stream: SequenceStream) -> None:
+        """Dispatch held submissions from the next expected number on, skipping refused (and cancelled) ones."""
+        while stream.next_seq in stream.held or stream.next_seq in stream.refusals:
+            held = stream.held.pop(stream.next_seq, None)
+            stream.next_seq += 1
+            if held is None:
+                continue
+            sub_job_id, request_id, op, params, blob = held
+            request = self.store.get_request(request_id)
+            if request is not None and request["status"] == states.REQUEST_QUEUED:
+                self._dispatch(job_id, sub_job_id, request_id, op, params, blob)
 
     # reading ----------------------------------------------------------------------------------
     def _visible_request(self, principal: Principal, job_id: str, request_id: str) -> dict[str, Any]:
@@ -279,6 +373,8 @@ class RequestManager:
 
     def _job_ended(self, job_id: str, status: str, code: str | None, message: str | None) -> None:
         """A job ended: its unfinished requests end with it, with the job's reason."""
+        for key in [key for key in self._streams if key[0] == job_id]:
+            del self._streams[key]
         for request_id in list(self._active.pop(job_id, set())):
             request = self.store.get_request(request_id)
             if request is None or request["status"] in states.REQUEST_TERMINAL:

@@ -27,7 +27,10 @@ class OperationHandler(BaseHandler):
             body, json_body = self.body, None
         else:
             body, json_body = self.body, self.json_body()
-        request = self.service.requests.submit(self.principal, job_id, op, body, json_body, sub_job)
+        sequence = self.request.headers.get(wire.SEQUENCE_HEADER)
+        request = self.service.requests.submit(
+            self.principal, job_id, op, body, json_body, sub_job, wire.parse_sequence(sequence) if sequence else None
+        )
         response = {"request_id": request["id"], "job_id": job_id, "sub_job_id": request["sub_job_id"], "status": request["status"]}
         self.remember(202, response)
         self.write_json(response, 202)
