@@ -262,9 +262,25 @@ class Client:
         return self._submit_frame("forward_backward", job_id, frame, sub_job)
 
     @recorded("forward")
-    def forward(self, job_id: str, batch: Mapping[str, Any], *, sub_job: str | None = None) -> str:
-        """Queue a scoring pass: log p(target_tokens) per position, no gradients."""
-        return self._submit_frame("forward", job_id, wire.encode_frame(as_batch(batch)), sub_job)
+    def forward(
+        self,
+        job_id: str,
+        batch: Mapping[str, Any],
+        *,
+        weights: str | dict[str, str] | None = None,
+        loss_fn: str | None = None,
+        loss_fn_config: dict[str, float] | None = None,
+        sub_job: str | None = None,
+    ) -> str:
+        """Queue a scoring pass: log p(target_tokens) per position, no gradients. `weights` scores with
+        "base" (no adapter) or a saved checkpoint ({"checkpoint_id", "job_id"?}) instead of the live adapter;
+        `loss_fn` also reports that loss and its metrics (nothing is accumulated)."""
+        metadata: dict[str, Any] = {}
+        if weights is not None:
+            metadata["weights"] = weights
+        if loss_fn is not None:
+            metadata.update(loss_fn=loss_fn, loss_fn_config=loss_fn_config or {})
+        return self._submit_frame("forward", job_id, wire.encode_frame(as_batch(batch), metadata), sub_job)
 
     @recorded("step")
     def step(
@@ -291,9 +307,14 @@ class Client:
         prompts: list[str] | list[list[int]],
         sampling_params: dict[str, Any] | None = None,
         *,
+        weights: str | dict[str, str] | None = None,
         sub_job: str | None = None,
     ) -> str:
-        body = {"prompts": list(prompts), "sampling_params": sampling_params or {}}
+        """Queue sampling. `weights` samples from "base" or a saved checkpoint ({"checkpoint_id", "job_id"?})
+        instead of the sub-job's live adapter: a snapshot that later training does not change."""
+        body: dict[str, Any] = {"prompts": list(prompts), "sampling_params": sampling_params or {}}
+        if weights is not None:
+            body["weights"] = weights
         return self._call("generate", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})["request_id"]
 
     def noop(self, job_id: str, *, sub_job: str | None = None) -> str:

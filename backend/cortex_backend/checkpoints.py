@@ -330,7 +330,42 @@ class CheckpointManager:
             raise ApiError(
                 "invalid_field", "restore_optimizer: must be true or false", {"field": "restore_optimizer"}
             )
-        row = self.find(principal, job["owner"], source_job_id, body["checkpoint_id"])
+        row, directory = self._hold_for_reading(request_id, principal, job, sub, source_job_id, body["checkpoint_id"])
+        return {
+            "directory": str(directory),
+            "manifest": row["manifest"],
+            "checkpoint_id": row["id"],
+            "source_job_id": source_job_id,
+            "type": row["type"],
+            "restore_optimizer": restore,
+        }
+
+    def prepare_weights(
+        self, request_id: str, principal: Principal, job: dict[str, Any], sub: dict[str, Any], weights: Any
+    ) -> dict[str, Any] | str:
+        """What a generate or forward runs on instead of the live adapter: "base" (no adapter), or
+        `{"checkpoint_id", "job_id"?}`, a checkpoint of this owner whose adapter fits the sub-job (held
+        against deletion until the request ends)."""
+        if weights == "base":
+            return "base"
+        if not isinstance(weights, dict) or set(weights) - {"checkpoint_id", "job_id"} or "checkpoint_id" not in weights:
+            raise ApiError(
+                "invalid_field",
+                'weights: must be "base" or {"checkpoint_id", "job_id"?} naming a checkpoint (job_id defaults to this job)',
+                {"field": "weights"},
+            )
+        source_job_id = weights.get("job_id") or job["id"]
+        if not isinstance(source_job_id, str):
+            raise ApiError("invalid_field", "weights.job_id: must be a job id", {"field": "weights.job_id"})
+        row, directory = self._hold_for_reading(request_id, principal, job, sub, source_job_id, weights["checkpoint_id"])
+        return {"key": f"{row['job_id']}/{row['id']}", "directory": str(directory), "manifest": row["manifest"]}
+
+    def _hold_for_reading(
+        self, request_id: str, principal: Principal, job: dict[str, Any], sub: dict[str, Any], source_job_id: str,
+        checkpoint_id: Any,
+    ) -> tuple[dict[str, Any], Path]:
+        """Find a checkpoint the job's owner owns, check it fits the sub-job, and count this request as its reader."""
+        row = self.find(principal, job["owner"], source_job_id, checkpoint_id)
         check_adapters_match(
             row["manifest"].get("adapter"),
             (sub.get("info") or {}).get("adapter"),
@@ -345,14 +380,7 @@ class CheckpointManager:
         key = (row["job_id"], row["id"])
         self._readers[key] += 1
         self._load_reads[request_id] = key
-        return {
-            "directory": str(directory),
-            "manifest": row["manifest"],
-            "checkpoint_id": row["id"],
-            "source_job_id": source_job_id,
-            "type": row["type"],
-            "restore_optimizer": restore,
-        }
+        return row, directory
 
     # requests ending --------------------------------------------------------------------------
     def request_ended(self, request_id: str) -> None:

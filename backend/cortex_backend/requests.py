@@ -142,20 +142,30 @@ class RequestManager:
             validate_token_batch(tensors, LOSS_INPUTS[loss_fn], info, limit)
             return {"loss_fn": loss_fn, "batch_shape": list(tensors["input_ids"].shape)}, body
         if op == "forward":
-            tensors, _ = wire.decode_frame(body)
-            validate_token_batch(tensors, ("target_tokens",), info, limit)
-            return {"batch_shape": list(tensors["input_ids"].shape)}, body
+            tensors, metadata = wire.decode_frame(body)
+            params: dict[str, Any] = {}
+            required: tuple[str, ...] = ("target_tokens",)
+            if metadata.get("loss_fn") is not None:
+                params["loss_fn"], params["loss_fn_config"] = validate_loss(metadata)
+                required = LOSS_INPUTS[params["loss_fn"]]
+            validate_token_batch(tensors, required, info, limit)
+            if metadata.get("weights") is not None:
+                params["weights"] = self.checkpoints.prepare_weights(request_id, principal, job, sub, metadata["weights"])
+            return {**params, "batch_shape": list(tensors["input_ids"].shape)}, body
         json_body = json_body or {}
         if op == "step":
             return validate_step(json_body), b""
         if op == "generate":
-            unknown = sorted(set(json_body) - {"prompts", "sampling_params"})
+            unknown = sorted(set(json_body) - {"prompts", "sampling_params", "weights"})
             if unknown:
-                raise ApiError("invalid_field", f"{unknown[0]}: unknown field; generate takes prompts, sampling_params",
+                raise ApiError("invalid_field", f"{unknown[0]}: unknown field; generate takes prompts, sampling_params, weights",
                                {"field": unknown[0]})
             params = validate_sampling_params(json_body.get("sampling_params"))
             prompts = validate_prompts(json_body.get("prompts"), self.catalog, info, params["max_tokens"], limit)
-            return {"prompt_tokens": prompts, "sampling_params": params}, b""
+            generate = {"prompt_tokens": prompts, "sampling_params": params}
+            if json_body.get("weights") is not None:
+                generate["weights"] = self.checkpoints.prepare_weights(request_id, principal, job, sub, json_body["weights"])
+            return generate, b""
         return {}, b""
 
     def submit(
@@ -237,7 +247,7 @@ class RequestManager:
         params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
         self.store.insert_request(
             {"id": request_id, "job_id": job_id, "sub_job_id": sub["id"], "op": op, "status": states.REQUEST_QUEUED,
-             "params": {key: value for key, value in params.items() if key != "prompt_tokens"}}
+             "params": _recorded_params(params)}
         )
         self.store.add_request_event(request_id, "queued", {"sub_job_id": sub["id"]})
         self._active.setdefault(job_id, set()).add(request_id)
@@ -392,6 +402,14 @@ class RequestManager:
                 error_message="the backend restarted while this request was in flight; submit it again",
             )
             self.store.add_request_event(request["id"], states.REQUEST_FAILED, {"error_code": "backend_restarted"})
+
+
+def _recorded_params(params: dict[str, Any]) -> dict[str, Any]:
+    """What the store keeps of a request's params: no prompt tokens, and saved weights by name only."""
+    recorded = {key: value for key, value in params.items() if key != "prompt_tokens"}
+    if isinstance(recorded.get("weights"), dict):
+        recorded["weights"] = recorded["weights"]["key"]
+    return recorded
 
 
 def public_request(request: dict[str, Any], events: list[dict[str, Any]], cursor: int) -> dict[str, Any]:

@@ -41,6 +41,7 @@ class Worker:
         self.faults = Faults()
         self.mailbox = None
         self.sync_source = None
+        self.saved_adapters = None
         self.operations: dict[str, Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]]] = {
             "noop": self.noop,
             "forward_backward": self.forward_backward,
@@ -63,6 +64,7 @@ class Worker:
             torch.set_num_threads(int(threads))
         from .engine.adapter import signature
         from .engine.model_state import ModelState
+        from .engine.saved_adapters import SavedAdapters
         from .engine.trainer import Trainer
         from .engine.weight_sync import SyncMailbox, SyncSource
 
@@ -75,6 +77,7 @@ class Worker:
         self.sub_job_id = message["sub_job_id"]
         self.faults = Faults(message.get("faults") or (), self.sub_job_id)
         self.mailbox = SyncMailbox()
+        self.saved_adapters = SavedAdapters()
         if self.trainer is not None:
             self.sync_source = SyncSource(self.state)
         described = {**self.state.describe(), "pid": os.getpid()}
@@ -119,14 +122,16 @@ class Worker:
         from .engine.sampler import generate
 
         request_id = self.current
-        result = generate(self.state, params["prompt_tokens"], params["sampling_params"], lambda: request_id in self.cancelled)
+        with self.saved_adapters.applied(self.state, params.get("weights")):
+            result = generate(self.state, params["prompt_tokens"], params["sampling_params"], lambda: request_id in self.cancelled)
         return result, b""
 
     def forward(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         from .engine.scoring import forward
 
         tensors, _ = wire.decode_frame(blob)
-        result, out = forward(self.state, tensors)
+        with self.saved_adapters.applied(self.state, params.get("weights")):
+            result, out = forward(self.state, tensors, params.get("loss_fn"), params.get("loss_fn_config") or {})
         return result, wire.encode_frame(out)
 
     # checkpoints and weight sync -------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""forward: per-token log-probabilities of given targets, without gradients."""
+"""forward: per-token log-probabilities of given targets, without gradients (and, when a loss is named,
+that loss and its metrics as forward_backward would report them, with nothing accumulated)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .losses import target_logprobs
+from .losses import compute_loss, target_logprobs
 from .model_state import ModelState
 
 
@@ -18,9 +19,17 @@ def model_logits(state: ModelState, tensors: dict[str, np.ndarray]) -> torch.Ten
     return state.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
 
-def forward(state: ModelState, tensors: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def forward(
+    state: ModelState, tensors: dict[str, np.ndarray], loss_fn: str | None = None, loss_fn_config: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    result: dict[str, Any] = {"weight_version": state.weight_version}
     with state.inference():
         logits = model_logits(state, tensors)
         logprobs = target_logprobs(logits, state.as_tensor(tensors["target_tokens"], torch.long))
+        if loss_fn is not None:
+            loss_inputs = {name: state.as_tensor(value) for name, value in tensors.items()}
+            loss, metrics = compute_loss(loss_fn, logprobs, loss_inputs, loss_fn_config or {})
+            result.update(loss=float(loss.item()), loss_fn=loss_fn, metrics=metrics)
     out = logprobs.float().cpu().numpy()
-    return {"weight_version": state.weight_version, "shape": list(out.shape)}, {"logprobs": out}
+    result["shape"] = list(out.shape)
+    return result, {"logprobs": out}

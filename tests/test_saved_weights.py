@@ -1,0 +1,101 @@
+"""generate and forward on saved weights: a checkpoint (or the bare base model) instead of the live adapter,
+on any sub-job of the same base model and LoRA shape. A checkpoint never changes, so this is a snapshot."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cortex_nb import Client
+from cortex_nb.errors import BadRequestError, NotFoundError
+
+from .reference import random_batch, reference_base, reference_logprobs
+from .tokens import create_token
+
+GREEDY = {"max_tokens": 12, "temperature": 0.0}
+PROMPTS = [[256, 72, 105], [256, 49, 43, 50, 61]]
+
+
+def _train(job, rng, steps: int) -> None:
+    for _ in range(steps):
+        job.forward_backward(random_batch(rng, 259, batch=2, length=12))
+        job.step()
+
+
+def test_sampling_a_checkpoint_is_a_snapshot_on_any_sub_job_of_its_shape(client: Client, backend):
+    rng = np.random.default_rng(3)
+    trainer = client.create_training_job("tiny", lora={"r": 4}, optimizer={"lr": 5e-2}, seed=9)
+    sampler = client.create_sampler("tiny", lora={"r": 4})
+    try:
+        _train(trainer, rng, 2)
+        saved = trainer.save("snap", checkpoint_type="weights-only").result()
+        assert saved["checkpoint_id"] == "snap"
+        probe = random_batch(rng, 259, batch=2, length=10, pad_tail=False)
+        at_save = trainer.forward(probe).result()["tensors"]["logprobs"]
+        snapshot_tokens = trainer.generate(PROMPTS, weights={"checkpoint_id": "snap"}, **GREEDY).result().tokens
+        assert snapshot_tokens == trainer.generate(PROMPTS, **GREEDY).result().tokens
+
+        _train(trainer, rng, 3)
+        later = trainer.forward(probe).result()["tensors"]["logprobs"]
+        assert np.abs(later - at_save).max() > 1e-3, "training on must have moved the live adapter"
+        # The checkpoint still samples and scores as it did when saved, on the trainer and on another job.
+        assert trainer.generate(PROMPTS, weights={"checkpoint_id": "snap"}, **GREEDY).result().tokens == snapshot_tokens
+        on_sampler = sampler.generate(PROMPTS, weights={"job_id": trainer.job_id, "checkpoint_id": "snap"}, **GREEDY)
+        assert on_sampler.result().tokens == snapshot_tokens
+        scored = trainer.forward(probe, weights={"checkpoint_id": "snap"}).result()["tensors"]["logprobs"]
+        np.testing.assert_allclose(scored, at_save, rtol=0, atol=1e-6)
+        # ...and the live adapter is back in place after each such request.
+        np.testing.assert_allclose(trainer.forward(probe).result()["tensors"]["logprobs"], later, rtol=0, atol=1e-6)
+
+        # "base": the model without any adapter, equal to transformers on the base model.
+        base = trainer.forward(probe, weights="base").result()["tensors"]["logprobs"]
+        with torch.no_grad():
+            expected = reference_logprobs(reference_base("tiny"), probe).numpy()
+        np.testing.assert_allclose(base, expected, rtol=0, atol=1e-5)
+
+        # Another owner never reaches this checkpoint; a checkpoint that does not exist is named.
+        with Client(backend.url, create_token(backend.data_dir, "mallory", "jobs:read", "jobs:write")) as mallory:
+            own = mallory.create_sampler("tiny", lora={"r": 4})
+            try:
+                with pytest.raises(NotFoundError) as caught:
+                    own.generate(PROMPTS, weights={"job_id": trainer.job_id, "checkpoint_id": "snap"}, **GREEDY)
+                assert caught.value.code == "checkpoint_not_found"
+            finally:
+                own.cancel()
+        with pytest.raises(NotFoundError):
+            trainer.generate(PROMPTS, weights={"checkpoint_id": "nope"}, **GREEDY)
+    finally:
+        trainer.cancel()
+        sampler.cancel()
+
+
+def test_saved_weights_of_another_shape_are_refused(client: Client):
+    trainer = client.create_training_job("tiny", lora={"r": 4}, seed=1)
+    other = client.create_sampler("tiny", lora={"r": 8})
+    try:
+        trainer.save("r4", checkpoint_type="weights-only").result()
+        other.wait_ready()
+        with pytest.raises(BadRequestError) as caught:
+            other.generate(PROMPTS, weights={"job_id": trainer.job_id, "checkpoint_id": "r4"}, **GREEDY)
+        assert caught.value.code == "incompatible_adapter" and "r" in caught.value.detail
+        with pytest.raises(BadRequestError) as caught:
+            trainer.generate(PROMPTS, weights={"step": 3}, **GREEDY)
+        assert caught.value.code == "invalid_field" and caught.value.detail["field"] == "weights"
+    finally:
+        trainer.cancel()
+        other.cancel()
+
+
+def test_forward_with_a_loss_reports_what_forward_backward_would(client: Client):
+    rng = np.random.default_rng(4)
+    batch = random_batch(rng, 259, batch=2, length=10)
+    job = client.create_training_job("tiny", seed=5)
+    try:
+        scored = job.forward(batch, loss_fn="cross_entropy").result()
+        trained = job.forward_backward(batch).result()
+        assert scored["loss"] == pytest.approx(trained["loss"], rel=1e-6)
+        assert scored["metrics"]["loss:sum"] == pytest.approx(trained["metrics"]["loss:sum"], rel=1e-6)
+        np.testing.assert_allclose(scored["tensors"]["logprobs"], trained["tensors"]["logprobs"], rtol=0, atol=1e-6)
+    finally:
+        job.cancel()
