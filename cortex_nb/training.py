@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from .client import Client
 
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs", "ignore_eos")
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs", "ignore_eos", "prompt_logprobs")
 
 
 class GenerateResult:

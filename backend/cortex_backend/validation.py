@@ -230,7 +230,7 @@ def validate_loss(metadata: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return loss_fn, config
 
 
-SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs", "ignore_eos"}
+SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs", "ignore_eos", "prompt_logprobs"}
 
 
 def validate_sampling_params(params: Any) -> dict[str, Any]:
@@ -258,7 +258,7 @@ def validate_sampling_params(params: Any) -> dict[str, Any]:
         ):
             raise _field_error("sampling_params.stop", f"must be a list of at most {MAX_STOP_SEQUENCES} non-empty strings or token ids")
         params["stop"] = stop
-    for flag in ("logprobs", "ignore_eos"):
+    for flag in ("logprobs", "ignore_eos", "prompt_logprobs"):
         if flag in params and not isinstance(params[flag], bool):
             raise _field_error(f"sampling_params.{flag}", "must be true or false")
     return params

@@ -3,7 +3,8 @@
 Prompts arrive as token ids (the service tokenizes text). Rows are left-padded so every row's next
 token sits in the last column; positions come from the attention mask, as transformers does.
 Per-token logprobs are under the model's own distribution (temperature 1, no truncation): what an
-importance-sampling loss needs to compare against the trainer's logprobs.
+importance-sampling loss needs to compare against the trainer's logprobs. `prompt_logprobs` adds each
+prompt's own per-token logprobs (scoring.prompt_logprobs).
 """
 
 from __future__ import annotations
@@ -174,9 +175,15 @@ def generate(
             outputs = _generate_rows(state, [row[2] for row in batch], params, generator, should_cancel)
             for (prompt_index, sample_index, _), output in zip(batch, outputs, strict=True):
                 samples.append({"prompt_index": prompt_index, "sample_index": sample_index, **output})
+    scored = {}
+    if params.get("prompt_logprobs"):
+        from .scoring import prompt_logprobs
+
+        scored["prompt_logprobs"] = prompt_logprobs(state, prompts)
     elapsed = time.perf_counter() - started
     new_tokens = sum(len(sample["tokens"]) for sample in samples)
     return {
+        **scored,
         "samples": samples,
         "seed": seed,
         "weight_version": state.weight_version,
