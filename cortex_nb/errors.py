@@ -42,6 +42,9 @@ ERROR_STATUS: dict[str, int] = {
     "checkpoint_not_found": 404,
     "run_not_found": 404,
     "output_not_declared": 404,
+    # Tinker face (backend/cortex_backend/compat/tinker)
+    "session_not_found": 404,
+    "model_not_found": 404,
     # 405
     "method_not_allowed": 405,
     # 409: the request is fine but the state of things forbids it now
@@ -53,6 +56,8 @@ ERROR_STATUS: dict[str, int] = {
     "checkpoint_exists": 409,
     "output_not_available": 409,
     "checkpoint_corrupted": 409,
+    # 410: a Tinker session that ended (finished, or its heartbeats stopped)
+    "session_expired": 410,
     # 413 / 429 / 5xx
     "body_too_large": 413,
     "quota_exceeded": 413,

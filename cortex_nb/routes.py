@@ -100,9 +100,10 @@ def route(name: str) -> Route:
     return ROUTES_BY_NAME[name]
 
 
-def match(method: str, path: str) -> tuple[Route, dict[str, str]] | None:
-    """The route serving `method path`, with its placeholder values; None if no route does."""
-    for candidate in ROUTES:
+def match(method: str, path: str, table: tuple[Route, ...] = ROUTES) -> tuple[Route, dict[str, str]] | None:
+    """The route serving `method path`, with its placeholder values; None if no route does. `table` is this
+    API's routes unless a compatibility face (backend/cortex_backend/compat) passes its own."""
+    for candidate in table:
         if candidate.method != method:
             continue
         found = re.match(candidate.regex, path)

@@ -213,6 +213,21 @@ class RequestManager:
         if self.jobs.is_completing(job["id"]):
             raise ApiError("job_finished", f"job {job['id']} is completing and takes no new requests")
 
+    def refuse(self, principal: Principal, job_id: str, sequence: tuple[str, int], error: ApiError) -> None:
+        """A face refused a numbered submission before it reached `submit`: its number is used up all the same."""
+        if self.jobs.visible_job(principal, job_id)["status"] in states.JOB_TERMINAL:
+            return
+        stream = self._stream(job_id, sequence)
+        if sequence[1] not in stream.request_ids and sequence[1] >= stream.next_seq:
+            stream.refusals[sequence[1]] = error
+            self._release_in_order(job_id, stream)
+
+    def sequenced(self, job_id: str, sequence: tuple[str, int]) -> dict[str, Any] | None:
+        """The request a numbered submission already made, if any (so a face can skip work a retry would redo)."""
+        stream = self._streams.get((job_id, sequence[0]))
+        request_id = stream.request_ids.get(sequence[1]) if stream is not None else None
+        return self.store.get_request(request_id) if request_id is not None else None
+
     def _stream(self, job_id: str, sequence: tuple[str, int]) -> SequenceStream:
         name, seq = sequence
         stream = self._streams.setdefault((job_id, name), SequenceStream())

@@ -31,6 +31,8 @@ class BaseHandler(tornado.web.RequestHandler):
     service: Service
     principal: Principal | None
     route: routes.Route | None
+    # The route table this handler serves (a compatibility face serves its own).
+    routes_served: tuple[routes.Route, ...] = routes.ROUTES
 
     def initialize(self, service: Service) -> None:
         self.service = service
@@ -47,9 +49,9 @@ class BaseHandler(tornado.web.RequestHandler):
     def prepare(self) -> None:
         self.set_header("X-Cortex-Version", __version__)
         self.set_header("X-Cortex-Api-Version", API_VERSION)
-        found = routes.match(self.request.method, self.request.path)
+        found = routes.match(self.request.method, self.request.path, self.routes_served)
         if found is None:
-            if any(re.match(route.regex, self.request.path) for route in routes.ROUTES):
+            if any(re.match(route.regex, self.request.path) for route in self.routes_served):
                 raise ApiError("method_not_allowed", f"{self.request.method} is not allowed on {self.request.path}")
             raise ApiError("route_not_found", f"no route {self.request.method} {self.request.path}; see docs/api.md")
         self.route = found[0]
@@ -156,9 +158,13 @@ class BaseHandler(tornado.web.RequestHandler):
         else:
             status, code, message, detail = 500, "internal_error", "the backend hit an unexpected error; it is logged", {}
         self.clear_header("Idempotent-Replay")
-        self.set_status(status)
+        self.set_status(self.error_status(code, status))
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.finish(json.dumps({"error": {"code": code, "message": message, "detail": detail}}))
+
+    def error_status(self, code: str, status: int) -> int:
+        """The HTTP status an error code answers with (a compatibility face maps codes for its own clients)."""
+        return status
 
     # observability ------------------------------------------------------------------------------
     # Set by handlers that hold a request open (long-poll, log stream): their time is waiting, not work.
