@@ -10,7 +10,7 @@ import pytest
 from cortex_nb import Client
 
 from .backend_process import BackendProcess, start_backend
-from .model_factory import build_gpt2_dir
+from .model_factory import build_gpt2_dir, build_llama_dir
 
 os.environ.setdefault("CORTEX_DISABLE_TELEMETRY", "1")
 
@@ -21,11 +21,16 @@ def gpt2_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def backend(tmp_path_factory, gpt2_dir) -> BackendProcess:
-    """One backend for the session: `tiny` plus the registered `small-gpt2` (also registered under a
-    Hugging Face style name with one '/'), 8 CPU slots."""
+def llama_dir(tmp_path_factory) -> Path:
+    return build_llama_dir(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def backend(tmp_path_factory, gpt2_dir, llama_dir) -> BackendProcess:
+    """One backend for the session, 8 CPU slots: `tiny`, the registered `small-gpt2`, and a small Llama with a
+    Hugging Face tokenizer registered under a Hugging Face style name (`cortex-test/tiny-llama`)."""
     process = start_backend(
-        tmp_path_factory.mktemp("backend"), "--model", f"small-gpt2={gpt2_dir}", "--model", f"cortex-test/small-gpt2={gpt2_dir}",
+        tmp_path_factory.mktemp("backend"), "--model", f"small-gpt2={gpt2_dir}", "--model", f"cortex-test/tiny-llama={llama_dir}",
         "--devices", "cpu:8", "--worker-threads", "1"
     )
     yield process
@@ -64,3 +69,6 @@ def runs_client(runs_backend) -> Client:
 
 # notebook front: an IPython shell with the extension loaded, connected to `backend` ---------------
 from .notebook_fixtures import cortex_shell  # noqa: E402,F401
+
+# Tinker face: the tinker SDK against `backend` -------------------------------------------------------
+from .tinker_fixtures import hf_home, service_client, tinker_key  # noqa: E402,F401

@@ -40,3 +40,44 @@ def build_gpt2_dir(path: Path, seed: int = 7) -> Path:
     model = GPT2LMHeadModel(config)
     model.save_pretrained(str(path), safe_serialization=True)
     return path
+
+
+# A Llama-shaped model with a Hugging Face tokenizer that AutoTokenizer loads (the Tinker SDK and the cookbook
+# ask for tokenizers by name): small character-level vocabulary over what the arithmetic and chat examples use.
+LLAMA_CORPUS = [
+    "User: What is 4 + 5?\n\nAssistant: 9\n\n",
+    "User: 3+4=\n\nAssistant: 7\n\n",
+    "the quick brown fox jumps over the lazy dog",
+    "What is the answer? Provide a numerical answer without units.",
+    "0123456789 + - * / = ( ) . , ; : ! ? \\boxed{}",
+]
+
+
+def build_llama_dir(path: Path, seed: int = 11) -> Path:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    # One token per character (no merges), so "3+4=" is four tokens and a sum has to be learned, not looked up.
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
+    tokenizer.decoder = decoders.Metaspace(prepend_scheme="never")
+    alphabet = sorted(set("".join(LLAMA_CORPUS)) | set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+    special = ["<s>", "</s>", "<unk>"]
+    trainer = trainers.BpeTrainer(vocab_size=len(alphabet) + len(special), special_tokens=special, initial_alphabet=alphabet)
+    tokenizer.train_from_iterator(LLAMA_CORPUS * 20, trainer)
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "model_max_length": 512, "add_bos_token": False,
+    }))
+    config = LlamaConfig(
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
+        bos_token_id=tokenizer.token_to_id("<s>"), eos_token_id=tokenizer.token_to_id("</s>"), tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path

@@ -12,17 +12,20 @@ from cortex_nb import Client
 from cortex_nb.errors import BadRequestError
 from cortex_nb.model_names import is_model_name
 
-HF_NAME = "cortex-test/small-gpt2"
+HF_NAME = "cortex-test/tiny-llama"
 
 
-def test_a_name_with_one_slash_is_listed_tokenized_and_trained(client: Client):
+def test_a_name_with_one_slash_is_listed_tokenized_and_trained(client: Client, llama_dir):
+    from tokenizers import Tokenizer
+
     assert HF_NAME in [model["name"] for model in client.list_models()]
     # The route segment is percent-encoded by the client and decoded by the backend.
-    assert client.tokenize(HF_NAME, ["the quick brown fox"]) == client.tokenize("small-gpt2", ["the quick brown fox"])
+    expected = Tokenizer.from_file(str(llama_dir / "tokenizer.json")).encode("the quick brown fox").ids
+    assert client.tokenize(HF_NAME, ["the quick brown fox"]) == [expected]
     job = client.create_training_job(HF_NAME, lora={"r": 4}, seed=1)
     try:
         assert job.refresh()["sub_jobs"][0]["base_model"] == HF_NAME
-        result = job.generate(["the quick"], max_tokens=4, temperature=0.0).result()
+        result = job.generate(["the quick"], max_tokens=4, temperature=0.0, ignore_eos=True).result()
         assert len(result.tokens[0]) == 4
     finally:
         job.cancel()

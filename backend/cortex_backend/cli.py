@@ -68,6 +68,8 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--fault-injection", action="append", type=_fault_option, default=[], metavar="NAME[=SUB_JOB]",
                        help=argparse.SUPPRESS)  # testing only: see cortex_backend/faults.py
     serve.add_argument("--parent-pid", type=int, default=None, help="stop when this process exits (used by Client.local())")
+    serve.add_argument("--tinker-session-timeout", type=_at_least(1.0), default=300.0, metavar="SECONDS",
+                       help="Tinker API: a session with no SDK heartbeat for this long ends and its training clients complete")
     runs = serve.add_argument_group("source runs (docs/job-spec.md)")
     runs.add_argument("--runs-workspace", type=Path, default=None, help="where runs' work dirs live (default DATA_DIR/workspace)")
     runs.add_argument("--run-namespaces", choices=("auto", "off"), default="auto",
@@ -117,6 +119,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
             log_retention_lines=args.log_retention_lines, monitor_interval_s=args.monitor_interval,
             metrics_retention_s=args.metrics_retention_hours * 3600.0,
             checkpoint_quota_bytes=args.checkpoint_quota_bytes, fault_injection=tuple(args.fault_injection),
+            tinker_session_timeout_s=args.tinker_session_timeout,
         )
         try:
             ModelCatalog(settings.models)  # refuse unsafe or broken model directories before starting

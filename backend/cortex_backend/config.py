@@ -40,6 +40,10 @@ class BackendSettings:
     # Test-only fault injection (see faults.py): "NAME" or "NAME=SUB_JOB_ID". Empty in any real deployment.
     fault_injection: tuple[str, ...] = ()
 
+    # Tinker API face (docs/tinker.md): a session whose SDK sent no heartbeat (every 10 s) for this long has
+    # ended, and its training clients are completed.
+    tinker_session_timeout_s: float = 300.0
+
     # Stop when this process exits (the embedded backend follows the kernel that started it).
     parent_pid: int | None = None
 

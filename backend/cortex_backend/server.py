@@ -16,6 +16,8 @@ import tornado.netutil
 from cortex_nb.version import API_VERSION, __version__
 
 from .app import MAX_STREAMED_BODY, make_app
+from .compat.tinker import TinkerFace
+from .compat.tinker import url_specs as tinker_url_specs
 from .config import BackendSettings
 from .service import Service
 
@@ -31,7 +33,10 @@ def _listen(server: tornado.httpserver.HTTPServer, host: str, port: int) -> int:
 async def run(settings: BackendSettings) -> None:
     service = Service(settings)
     await service.start()
-    server = tornado.httpserver.HTTPServer(make_app(service), max_body_size=MAX_STREAMED_BODY, idle_connection_timeout=300)
+    tinker = TinkerFace(service, settings.tinker_session_timeout_s)
+    tinker.start()
+    app = make_app(service, tinker_url_specs(service, tinker))
+    server = tornado.httpserver.HTTPServer(app, max_body_size=MAX_STREAMED_BODY, idle_connection_timeout=300)
     port = _listen(server, settings.host, settings.port)
     url = f"http://{settings.host}:{port}"
     endpoint = {"url": url, "pid": os.getpid(), "version": __version__, "api_version": API_VERSION,
@@ -52,6 +57,7 @@ async def run(settings: BackendSettings) -> None:
     if watcher is not None:
         watcher.cancel()
     server.stop()
+    await tinker.stop()
     await service.stop()
     settings.endpoint_path.unlink(missing_ok=True)
 

@@ -38,7 +38,8 @@ def apply_lora(model: torch.nn.Module, spec: dict[str, Any], seed: int) -> torch
 
 
 def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The trainable LoRA tensors by their peft names (as in adapter_model.safetensors)."""
+    """The trainable LoRA tensors by their peft names (as in adapter_model.safetensors). With LoRA on the output
+    layer (`lm_head`, Tinker's train_unembed) peft would also copy the frozen base layer in; it is not ours."""
     from peft import get_peft_model_state_dict
 
-    return get_peft_model_state_dict(model)
+    return get_peft_model_state_dict(model, save_embedding_layers=False)

@@ -1,0 +1,380 @@
+"""The Tinker API's operations, each translated into the service calls our own handlers make.
+
+A training client is a job with one training sub-job; forward_backward, optim_step and the saves are ordinary
+requests on it, numbered by the SDK's seq_id (so retries run once and parallel chunks run in order); a
+sampling client samples a checkpoint (or the base model) through `generate` with saved weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from typing import Any
+
+from cortex_nb import states
+from cortex_nb.errors import ApiError
+
+from ...auth import Principal
+from ...checkpoints import RESUMABLE, WEIGHTS_ONLY
+from ...requests import max_seq_len
+from ...service import Service
+from . import names, translate
+from .futures import Future, Futures
+from .messages import ForwardBackwardRequest
+from .samplers import SamplerHosts
+from .sessions import SamplingSession, Session, Sessions
+
+log = logging.getLogger("cortex_backend.tinker")
+
+# The stream name of a training client's numbered requests (RequestManager sequences).
+STREAM = "tinker"
+SWEEP_S = 1.0
+# What a new model's optimizer starts as (Tinker's AdamParams defaults); every optim_step sends its own.
+ADAM_DEFAULTS = {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-12, "weight_decay": 0.0}
+UNSUPPORTED_SAMPLE_FIELDS = {
+    "topk_prompt_logprobs": "top-k prompt logprobs",
+    "topk_sample_logprobs": "top-k sampled logprobs",
+    "target_prompt_logprobs": "logprobs of chosen prompt tokens",
+    "prompt_alt_tokens_k": "alternative prompt tokens",
+    "record_stability_info": "stability information (stable_reinforce)",
+}
+
+
+def _int(body: dict[str, Any], key: str, low: int = 0) -> int:
+    value = body.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ApiError("invalid_field", f"{key}: must be an integer of at least {low}, got {value!r}", {"field": key})
+    return value
+
+
+def untyped_future(future: Future, **extra: Any) -> dict[str, Any]:
+    return {"request_id": future.id, **extra}
+
+
+class TinkerFace:
+    def __init__(self, service: Service, session_timeout_s: float) -> None:
+        self.service = service
+        self.sessions = Sessions(session_timeout_s, self.expire_session)
+        self.futures = Futures()
+        self.hosts = SamplerHosts(service)
+        self._sweeper: asyncio.Task | None = None
+
+    # lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._sweeper = asyncio.ensure_future(self._sweep())
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            for session in self.sessions.expired():
+                try:
+                    self.expire_session(session)
+                except Exception:
+                    log.exception("ending expired session %s failed", session.id)
+
+    def expire_session(self, session: Session) -> None:
+        self.end_session(session, f"expired: no heartbeat for {self.sessions.timeout_s:g} s")
+
+    def end_session(self, session: Session, reason: str) -> None:
+        """Complete the session's jobs (queued requests still run) and delete its ephemeral sampler checkpoints."""
+        log.info("tinker session %s ended: %s", session.id, reason)
+        self.sessions.end(session, reason)
+        for job_id in session.models.values():
+            with contextlib.suppress(ApiError):
+                self.service.jobs.complete(session.principal, job_id, self.service.requests.has_active)
+        for sampler_id in session.samplers.values():
+            sampler = self.sessions.sampling.get(sampler_id)
+            if sampler is not None and sampler.ephemeral and sampler.checkpoint is not None:
+                with contextlib.suppress(ApiError):
+                    job = self.service.jobs.visible_job(session.principal, sampler.checkpoint[0])
+                    self.service.checkpoints.delete(session.principal, job, sampler.checkpoint[1])
+
+    # sessions -----------------------------------------------------------------------------------
+    def create_session(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        session = self.sessions.create(principal, body)
+        return {"type": "create_session", "session_id": session.id}
+
+    def heartbeat(self, principal: Principal, session_id: Any) -> dict[str, Any]:
+        session = self.sessions.live(principal, session_id)
+        for job_id in session.models.values():
+            self.service.store.touch_job(job_id)
+        return {"type": "session_heartbeat"}
+
+    def finish(self, principal: Principal, session_id: str, body: dict[str, Any]) -> None:
+        session = self.sessions.find(principal, session_id)
+        if session.ended is None:
+            reason = (body.get("reason") or {}).get("type", "success") if isinstance(body.get("reason"), dict) else "success"
+            self.end_session(session, f"finished: {reason}")
+
+    # models -------------------------------------------------------------------------------------
+    def model_job(self, principal: Principal, model_id: Any) -> dict[str, Any]:
+        """The job behind a model id, visible to this principal, whose session (if any) is still live."""
+        if not isinstance(model_id, str) or not model_id:
+            raise ApiError("invalid_field", "model_id: required", {"field": "model_id"})
+        try:
+            job = self.service.jobs.visible_job(principal, names.job_id_for(model_id))
+        except ApiError as exc:
+            raise ApiError("model_not_found", f"no model {model_id!r} is visible to this key; create a training client") from exc
+        session = self.sessions.of_model(job["id"])
+        if session is not None:
+            self.sessions.live(principal, session.id)
+        return job
+
+    def _create_job(
+        self, principal: Principal, session: Session, seq: int, base_model: str, lora: dict[str, Any], seed: int | None = None
+    ) -> str:
+        model_id = names.model_id(session.id, seq)
+        spec = {
+            "job_id": names.job_id_for(model_id),
+            "name": f"tinker {base_model} r={lora.get('r')}",
+            "experiment": session.display_name or session.id,
+            "sub_jobs": [{"type": states.TRAINING, "base_model": base_model, "lora": lora, "optimizer": dict(ADAM_DEFAULTS),
+                          "seed": secrets.randbelow(2**31) if seed is None else seed}],
+        }
+        return self.service.jobs.create(principal, spec)["id"]
+
+    def create_model(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        session = self.sessions.live(principal, body.get("session_id"))
+        seq = _int(body, "model_seq_id")
+        model_id = names.model_id(session.id, seq)
+        if seq in session.models:
+            return untyped_future(self.futures.get(principal, f"create.{session.models[seq]}"), model_id=model_id)
+        optimizer = body.get("optimizer_config") or {}
+        if isinstance(optimizer, dict) and optimizer.get("type", "adamw") != "adamw":
+            raise ApiError("unsupported_operation", f"optimizer {optimizer.get('type')!r} is not supported; this backend trains with Adam(W)",
+                           {"field": "optimizer_config"})
+        info = self.service.catalog.get(body.get("base_model"))
+        lora = translate.lora_spec(body.get("lora_config"), str(info.config.get("model_type", "")))
+        job_id = self._create_job(principal, session, seq, info.name, lora, (body.get("lora_config") or {}).get("seed"))
+        session.models[seq] = job_id
+        future = self.futures.add(Future(f"create.{job_id}", principal.owner, "create_model", job_id, render={"model_id": model_id}))
+        return untyped_future(future, model_id=model_id)
+
+    def get_info(self, principal: Principal, model_id: Any) -> dict[str, Any]:
+        job = self.model_job(principal, model_id)
+        sub = job["sub_jobs"][0]["spec"]
+        info = self.service.catalog.get(sub["base_model"])
+        return {
+            "type": "get_info",
+            "model_id": model_id,
+            "model_data": {"arch": (info.config.get("architectures") or [info.config.get("model_type")])[0],
+                           "model_name": info.name, "tokenizer_id": None if info.kind == "builtin" else info.name},
+            "is_lora": True,
+            "lora_rank": (sub.get("lora") or {}).get("r"),
+            "model_name": info.name,
+        }
+
+    def unload_model(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        job = self.model_job(principal, body.get("model_id"))
+        self.service.jobs.complete(principal, job["id"], self.service.requests.has_active)
+        future = self.futures.add(Future(f"unload.{job['id']}", principal.owner, "unload", job["id"], render={"model_id": body["model_id"]}))
+        return untyped_future(future, model_id=body["model_id"])
+
+    # training -----------------------------------------------------------------------------------
+    def _numbered(self, principal: Principal, job: dict[str, Any], seq: Any, op: str, translate_request) -> dict[str, Any]:
+        """Submit a numbered request: a seq_id seen before answers with its request; a refusal uses the number up."""
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise ApiError("invalid_field", f"seq_id: must be an integer, got {seq!r}", {"field": "seq_id"})
+        sequence = (STREAM, seq)
+        done = self.service.requests.sequenced(job["id"], sequence)
+        if done is not None:
+            return done
+        try:
+            body, json_body = translate_request()
+        except ApiError as exc:
+            self.service.requests.refuse(principal, job["id"], sequence, exc)
+            raise
+        return self.service.requests.submit(principal, job["id"], op, body, json_body, None, sequence)
+
+    def _future(self, principal: Principal, kind: str, job_id: str, request: dict[str, Any], **render: Any) -> Future:
+        return self.futures.known(request["id"]) or self.futures.add(
+            Future(request["id"], principal.owner, kind, job_id, request["id"], render)
+        )
+
+    def forward_backward(self, principal: Principal, request: ForwardBackwardRequest) -> dict[str, Any]:
+        job = self.model_job(principal, request.model_id)
+        lengths: list[int] = []
+
+        def frame() -> tuple[bytes, None]:
+            body, found = translate.datums_to_frame(request.data, request.loss_fn, request.loss_fn_config, {})
+            lengths.extend(found)
+            return body, None
+
+        op = "forward" if request.forward_only else "forward_backward"
+        submitted = self._numbered(principal, job, request.seq_id, op, frame)
+        future = self._future(principal, op, job["id"], submitted, lengths=lengths)
+        return untyped_future(future, model_id=request.model_id)
+
+    def optim_step(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        job = self.model_job(principal, body.get("model_id"))
+
+        def step() -> tuple[bytes, dict[str, Any]]:
+            if body.get("optimizer_params") is not None:
+                raise ApiError("unsupported_operation", "optimizer_params: only Adam (adam_params) is supported", {"field": "optimizer_params"})
+            return b"", translate.step_body(body.get("adam_params", body.get("optim_params")))
+
+        submitted = self._numbered(principal, job, body.get("seq_id"), "step", step)
+        return untyped_future(self._future(principal, "optim_step", job["id"], submitted), model_id=body["model_id"])
+
+    def save_state(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        job = self.model_job(principal, body.get("model_id"))
+
+        def save() -> tuple[bytes, dict[str, Any]]:
+            name = names.checkpoint_name(body["path"]) if body.get("path") is not None else f"state-{body.get('seq_id')}"
+            if body.get("overwrite") and self.service.store.get_checkpoint(job["id"], name) is not None:
+                self.service.checkpoints.delete(principal, job, name)
+            return b"", {"checkpoint_id": name, "type": RESUMABLE}
+
+        submitted = self._numbered(principal, job, body.get("seq_id"), "save", save)
+        return untyped_future(self._future(principal, "save_state", job["id"], submitted), model_id=body["model_id"])
+
+    def save_for_sampler(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        """A named sampler checkpoint (`save_weights_for_sampler`), or a new sampling session on the weights of
+        now (`save_weights_and_get_sampling_client`): a snapshot checkpoint, or for kind "inflight" the live adapter."""
+        job = self.model_job(principal, body.get("model_id"))
+        seq = body.get("seq_id")
+        if body.get("path") is not None:
+            def named() -> tuple[bytes, dict[str, Any]]:
+                return b"", {"checkpoint_id": names.SAMPLER_PREFIX + names.checkpoint_name(body["path"]), "type": WEIGHTS_ONLY}
+
+            submitted = self._numbered(principal, job, seq, "save", named)
+            return untyped_future(self._future(principal, "save_for_sampler", job["id"], submitted), model_id=body["model_id"])
+        session = self.sessions.of_model(job["id"])
+        if session is None:
+            raise ApiError("session_not_found", f"model {body['model_id']} belongs to no live session; create a sampling client from a path")
+        sampler_id = names.sampling_session_id(session.id, _int(body, "sampling_session_seq_id"))
+        base_model = job["sub_jobs"][0]["spec"]["base_model"]
+        inflight = body.get("kind", "snapshot") == "inflight"
+        checkpoint = f"{names.SAMPLER_PREFIX}ephemeral-{seq}"
+
+        def snapshot() -> tuple[bytes, dict[str, Any]]:
+            if body.get("kind", "snapshot") not in ("snapshot", "inflight"):
+                raise ApiError("invalid_field", f"kind: must be snapshot or inflight, got {body.get('kind')!r}", {"field": "kind"})
+            return b"", {} if inflight else {"checkpoint_id": checkpoint, "type": WEIGHTS_ONLY}
+
+        submitted = self._numbered(principal, job, seq, "noop" if inflight else "save", snapshot)
+        if sampler_id not in self.sessions.sampling:
+            self.sessions.sampling[sampler_id] = SamplingSession(
+                sampler_id, principal.owner, base_model, live_job_id=job["id"] if inflight else None,
+                checkpoint=None if inflight else (job["id"], checkpoint), ephemeral=not inflight,
+            )
+            session.samplers[body["sampling_session_seq_id"]] = sampler_id
+        future = self._future(principal, "save_for_sampler", job["id"], submitted, sampling_session_id=sampler_id)
+        return untyped_future(future, model_id=body["model_id"])
+
+    def load_weights(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        """Onto a new model (`create_training_client_from_state*`: session_id + model_seq_id), or onto an existing
+        one in its request order (model_id + seq_id)."""
+        source_job, checkpoint_id, _ = names.parse_path(body.get("path"))
+        row = self.service.checkpoints.find(principal, principal.owner, source_job, checkpoint_id)
+        restore = bool(body.get("optimizer"))
+        if restore and row["type"] != RESUMABLE:
+            raise ApiError("invalid_field", f"path: {body['path']} holds no optimizer state (it was saved for sampling);"
+                           " load it without the optimizer", {"field": "optimizer"})
+        load = {"checkpoint_id": checkpoint_id, "source_job_id": source_job, "restore_optimizer": restore}
+        if body.get("session_id") is None:
+            job = self.model_job(principal, body.get("model_id"))
+            submitted = self._numbered(principal, job, body.get("seq_id"), "load", lambda: (b"", load))
+            future = self._future(principal, "load", job["id"], submitted, path=body["path"], model_id=body["model_id"])
+            return untyped_future(future, model_id=body["model_id"])
+        session = self.sessions.live(principal, body["session_id"])
+        seq = _int(body, "model_seq_id")
+        model_id = names.model_id(session.id, seq)
+        if seq in session.models:
+            return untyped_future(self.futures.get(principal, f"load.{session.models[seq]}"), model_id=model_id)
+        if body.get("base_model") not in (None, row["base_model"]):
+            raise ApiError("invalid_field", f"base_model: {body['path']} was trained on {row['base_model']}, not {body['base_model']}",
+                           {"field": "base_model"})
+        adapter = row["manifest"].get("adapter") or {}
+        lora = {"r": adapter.get("r"), "alpha": adapter.get("lora_alpha"), "dropout": 0.0, "target_modules": adapter.get("target_modules")}
+        job_id = self._create_job(principal, session, seq, row["base_model"], lora)
+        session.models[seq] = job_id
+        submitted = self.service.requests.submit(principal, job_id, "load", b"", load, None)
+        future = self.futures.add(Future(f"load.{job_id}", principal.owner, "load", job_id, submitted["id"],
+                                         {"path": body["path"], "model_id": model_id}))
+        return untyped_future(future, model_id=model_id)
+
+    # sampling -----------------------------------------------------------------------------------
+    def create_sampling_session(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        session = self.sessions.live(principal, body.get("session_id"))
+        seq = _int(body, "sampling_session_seq_id")
+        sampler_id = names.sampling_session_id(session.id, seq)
+        if sampler_id not in self.sessions.sampling:
+            if body.get("model_path"):
+                job_id, checkpoint_id, _ = names.parse_path(body["model_path"])
+                row = self.service.checkpoints.find(principal, principal.owner, job_id, checkpoint_id)
+                if body.get("base_model") not in (None, row["base_model"]):
+                    raise ApiError("invalid_field", f"base_model: {body['model_path']} was trained on {row['base_model']}",
+                                   {"field": "base_model"})
+                sampler = SamplingSession(sampler_id, principal.owner, row["base_model"], checkpoint=(job_id, checkpoint_id),
+                                          model_path=body["model_path"])
+            else:
+                sampler = SamplingSession(sampler_id, principal.owner, self.service.catalog.get(body.get("base_model")).name)
+            self.sessions.sampling[sampler_id] = sampler
+            session.samplers[seq] = sampler_id
+        return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+
+    def sample(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        sampler = self.sessions.sampling_session(principal, body.get("sampling_session_id"))
+        seq = body.get("seq_id")
+        num_samples = _int(body, "num_samples", 1) if "num_samples" in body else 1
+        if seq in sampler.futures:
+            future = self.futures.get(principal, sampler.futures[seq])
+            return untyped_future(future, sample_sequence_ids=future.render["sequence_ids"])
+        for field, what in UNSUPPORTED_SAMPLE_FIELDS.items():
+            if body.get(field) not in (None, 0, False):
+                raise ApiError("unsupported_operation", f"{field}: {what} is not supported by this backend", {"field": field})
+        tokens = prompt_tokens(body.get("prompt"))
+        last_n = body.get("prompt_logprobs_last_n")
+        wants_prompt_logprobs = bool(body.get("prompt_logprobs"))
+        if last_n is not None and not (isinstance(last_n, int) and 1 <= last_n <= len(tokens) - 1 and wants_prompt_logprobs):
+            raise ApiError("invalid_field", f"prompt_logprobs_last_n: must be from 1 to {len(tokens) - 1} with prompt_logprobs",
+                           {"field": "prompt_logprobs_last_n"})
+        job_id, weights = self.hosts.host(principal, sampler)
+        job = self.service.store.get_job(job_id)
+        limit = max_seq_len(self.service.requests.choose_sub_job(job, "generate", None), self.service.catalog)
+        params = translate.sampling_params(body.get("sampling_params"), num_samples, len(tokens), limit, wants_prompt_logprobs)
+        request = {"prompts": [tokens], "sampling_params": params}
+        if weights is not None:
+            request["weights"] = weights
+        submitted = self.service.requests.submit(principal, job_id, "generate", b"", request, None)
+        sequence_ids = [f"{submitted['id']}:{i}" for i in range(num_samples)]
+        future = self._future(principal, "sample", job_id, submitted, sequence_ids=sequence_ids, last_n=last_n,
+                              prompt_logprobs=wants_prompt_logprobs)
+        if seq is not None:
+            sampler.futures[seq] = future.id
+        return untyped_future(future, sample_sequence_ids=sequence_ids)
+
+    def cancel(self, principal: Principal, body: dict[str, Any]) -> None:
+        future = self.futures.get(principal, body.get("request_id"))
+        if future.request_id is not None:
+            with contextlib.suppress(ApiError):
+                self.service.requests.cancel(principal, future.job_id, future.request_id)
+
+
+def prompt_tokens(prompt: Any) -> list[int]:
+    """A ModelInput's token ids (text chunks only)."""
+    chunks = prompt.get("chunks") if isinstance(prompt, dict) else None
+    if not isinstance(chunks, list) or not chunks:
+        raise ApiError("invalid_field", "prompt: must be a ModelInput with at least one chunk", {"field": "prompt"})
+    tokens: list[int] = []
+    for i, chunk in enumerate(chunks):
+        if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
+            kind = chunk.get("type") if isinstance(chunk, dict) else type(chunk).__name__
+            raise ApiError("unsupported_operation", f"prompt.chunks[{i}] is {kind!r}; this backend samples from text tokens only",
+                           {"field": f"prompt.chunks[{i}]"})
+        values = chunk.get("tokens")
+        if not isinstance(values, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in values):
+            raise ApiError("invalid_field", f"prompt.chunks[{i}].tokens: must be a list of token ids", {"field": f"prompt.chunks[{i}].tokens"})
+        tokens.extend(values)
+    if not tokens:
+        raise ApiError("invalid_field", "prompt: holds no tokens", {"field": "prompt"})
+    return tokens

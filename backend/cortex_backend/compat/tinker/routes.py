@@ -1,0 +1,54 @@
+"""The Tinker API's routes (paths as the `tinker` SDK 0.38 sends them), served beside our /v1 routes."""
+
+from __future__ import annotations
+
+from cortex_nb.routes import READ, WRITE, Route
+
+PREFIX = "/api/v1"
+
+
+def _route(name: str, method: str, path: str, scope: str | None) -> Route:
+    # Not forwarded by the Jupyter proxy: the SDK talks to the backend itself.
+    return Route(name, method, PREFIX + path, scope, proxied=False)
+
+
+ROUTES: tuple[Route, ...] = (
+    _route("healthz", "GET", "/healthz", None),
+    # start-up: flags, capabilities, the session and its heartbeats, telemetry (accepted and dropped)
+    _route("client_config", "POST", "/client/config", READ),
+    _route("client_dynamic_config", "POST", "/client/dynamic_config", READ),
+    _route("get_server_capabilities", "GET", "/get_server_capabilities", READ),
+    _route("create_session", "POST", "/create_session", WRITE),
+    _route("session_heartbeat", "POST", "/session_heartbeat", WRITE),
+    _route("finish_session", "POST", "/sessions/{session_id}/finish", WRITE),
+    _route("get_session", "GET", "/sessions/{session_id}", READ),
+    _route("list_sessions", "GET", "/sessions", READ),
+    _route("telemetry", "POST", "/telemetry", READ),
+    # models and training
+    _route("create_model", "POST", "/create_model", WRITE),
+    _route("get_info", "POST", "/get_info", READ),
+    _route("unload_model", "POST", "/unload_model", WRITE),
+    _route("forward_backward", "POST", "/forward_backward", WRITE),
+    _route("optim_step", "POST", "/optim_step", WRITE),
+    _route("save_weights", "POST", "/save_weights", WRITE),
+    _route("save_weights_for_sampler", "POST", "/save_weights_for_sampler", WRITE),
+    _route("load_weights", "POST", "/load_weights", WRITE),
+    # sampling
+    _route("create_sampling_session", "POST", "/create_sampling_session", WRITE),
+    _route("asample", "POST", "/asample", WRITE),
+    _route("get_sampler", "GET", "/samplers/{sampler_id}", READ),
+    # futures
+    _route("retrieve_future", "POST", "/retrieve_future", READ),
+    _route("cancel_future", "POST", "/cancel_future", WRITE),
+    # checkpoints and training runs (RestClient)
+    _route("list_training_runs", "GET", "/training_runs", READ),
+    _route("get_training_run", "GET", "/training_runs/{training_run_id}", READ),
+    _route("list_checkpoints", "GET", "/training_runs/{training_run_id}/checkpoints", READ),
+    _route("delete_checkpoint", "DELETE", "/training_runs/{training_run_id}/checkpoints/{kind}/{name}", WRITE),
+    _route("list_user_checkpoints", "GET", "/checkpoints", READ),
+    _route("weights_info", "POST", "/weights_info", READ),
+    # parts of the API this backend does not offer: a clear refusal rather than a 404
+    _route("save_weights_external", "POST", "/save_weights_external", WRITE),
+    _route("create_custom_loss", "POST", "/create_custom_loss", WRITE),
+    _route("copy_weights", "POST", "/copy_weights", WRITE),
+)

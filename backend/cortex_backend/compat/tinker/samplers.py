@@ -1,0 +1,58 @@
+"""Where a sampling session's requests run. Sampling a checkpoint needs a sub-job of the same base model and
+LoRA shape (engine/saved_adapters.py swaps the checkpoint in per request): the trainer that saved it while it
+runs, which costs nothing, and otherwise one sampler job per owner, base model and LoRA shape, shared by all
+of that owner's sampling sessions. Those are ordinary jobs; they finish when idle like any other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cortex_nb import states
+from cortex_nb.errors import ApiError
+
+from ...auth import Principal
+from ...service import Service
+from .sessions import SamplingSession
+
+ALIVE = (states.JOB_PENDING, states.JOB_STARTING, states.JOB_RUNNING)
+
+
+class SamplerHosts:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self._jobs: dict[tuple[str, str, str], str] = {}
+
+    def alive(self, job: dict[str, Any] | None) -> bool:
+        return job is not None and job["status"] in ALIVE and not self.service.jobs.is_completing(job["id"])
+
+    def host(self, principal: Principal, sampler: SamplingSession) -> tuple[str, Any]:
+        """(job id, weights) for one sample request of this sampling session."""
+        store = self.service.store
+        if sampler.live_job_id is not None:
+            job = store.get_job(sampler.live_job_id)
+            if not self.alive(job):
+                raise ApiError("job_finished", f"the training client behind inflight sampler {sampler.id} has ended;"
+                               " save weights and create a sampling client from the path")
+            return sampler.live_job_id, None
+        if sampler.checkpoint is None:
+            return self._sampler_job(principal, sampler.base_model, {}), "base"
+        job_id, checkpoint_id = sampler.checkpoint
+        weights = {"job_id": job_id, "checkpoint_id": checkpoint_id}
+        source = store.get_job(job_id)
+        if self.alive(source) and source["owner"] == principal.owner and any(s["type"] == states.TRAINING for s in source["sub_jobs"]):
+            return job_id, weights
+        row = self.service.checkpoints.find(principal, principal.owner, job_id, checkpoint_id)
+        adapter = row["manifest"].get("adapter") or {}
+        lora = {"r": adapter.get("r"), "alpha": adapter.get("lora_alpha"), "target_modules": adapter.get("target_modules")}
+        return self._sampler_job(principal, row["base_model"], lora), weights
+
+    def _sampler_job(self, principal: Principal, base_model: str, lora: dict[str, Any]) -> str:
+        key = (principal.owner, base_model, repr(sorted(lora.items())))
+        job = self.service.store.get_job(self._jobs[key]) if key in self._jobs else None
+        if not self.alive(job):
+            spec = {"name": f"tinker sampler {base_model}", "experiment": "tinker",
+                    "sub_jobs": [{"type": states.SAMPLING, "base_model": base_model, "lora": lora}]}
+            job = self.service.jobs.create(principal, spec)
+            self._jobs[key] = job["id"]
+        return job["id"]

@@ -1,0 +1,134 @@
+"""Tinker sessions: who is connected, kept alive by the SDK's heartbeats, and what each made.
+
+A session is the SDK's process. It owns training clients (jobs) and sampling sessions. When it is finished,
+or its heartbeats stop for longer than the timeout, its jobs are completed (devices freed, trained steps
+saved as checkpoint `final` where the service does that) and its ephemeral sampler checkpoints are deleted.
+Sessions live in memory: a restarted backend fails in-flight jobs anyway, and a path to a checkpoint stays
+valid without its session (names.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cortex_nb.errors import ApiError
+
+from ...auth import Principal
+from . import names
+
+log = logging.getLogger("cortex_backend.tinker")
+
+# Sessions remembered after they end, so late calls hear "expired" rather than "not found".
+ENDED_SESSIONS_KEPT = 4096
+
+
+@dataclass
+class SamplingSession:
+    """What a SamplingClient samples: the base model, a checkpoint, or (inflight) a trainer's live adapter."""
+
+    id: str
+    owner: str
+    base_model: str
+    checkpoint: tuple[str, str] | None = None  # (job id, checkpoint id)
+    live_job_id: str | None = None
+    model_path: str | None = None
+    ephemeral: bool = False
+    # seq_id -> future id: a retried sample with the same seq_id is the same request
+    futures: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class Session:
+    id: str
+    principal: Principal
+    display_name: str | None
+    user_metadata: dict[str, Any]
+    created_at: float
+    last_seen: float
+    ended: str | None = None  # "finished: success", "expired", ...
+    models: dict[int, str] = field(default_factory=dict)  # model_seq_id -> job id
+    samplers: dict[int, str] = field(default_factory=dict)  # sampling_session_seq_id -> sampling session id
+
+
+class Sessions:
+    def __init__(self, timeout_s: float, on_expired: Callable[[Session], None]) -> None:
+        self.timeout_s = timeout_s
+        # Ends a session whose heartbeats stopped (the face completes its jobs); called by a sweep, or at once
+        # when a call arrives for such a session before the sweep noticed.
+        self.on_expired = on_expired
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self.sampling: dict[str, SamplingSession] = {}
+
+    def create(self, principal: Principal, body: dict[str, Any]) -> Session:
+        now = time.time()
+        metadata = body.get("user_metadata") or {}
+        if not isinstance(metadata, dict):
+            raise ApiError("invalid_field", "user_metadata: must be an object", {"field": "user_metadata"})
+        display = body.get("display_name")
+        session = Session(names.new_session_id(), principal, str(display)[:200] if display else None, metadata, now, now)
+        self._sessions[session.id] = session
+        return session
+
+    def find(self, principal: Principal, session_id: Any) -> Session:
+        """A session this principal may see (ended or not); 404 otherwise, as for one that never existed."""
+        session = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        if session is None or not principal.can_see(session.principal.owner):
+            raise ApiError("session_not_found", f"no session {str(session_id)[:80]!r} is visible to this key; create a ServiceClient")
+        return session
+
+    def live(self, principal: Principal, session_id: Any) -> Session:
+        """A session that has not ended; `session_expired` (410) once it has. Counts as a sign of life."""
+        session = self.find(principal, session_id)
+        if session.ended is None and time.time() - session.last_seen > self.timeout_s:
+            self.on_expired(session)
+        if session.ended is not None:
+            raise ApiError(
+                "session_expired",
+                f"session {session.id} has ended ({session.ended}); its training clients were completed."
+                " Create a new ServiceClient (checkpoints it saved stay available by their tinker:// paths)",
+                {"session_id": session.id, "ended": session.ended},
+            )
+        session.last_seen = time.time()
+        return session
+
+    def of_model(self, job_id: str) -> Session | None:
+        for session in self._sessions.values():
+            if job_id in session.models.values():
+                return session
+        return None
+
+    def sampling_session(self, principal: Principal, sampling_session_id: Any) -> SamplingSession:
+        sampler = self.sampling.get(sampling_session_id) if isinstance(sampling_session_id, str) else None
+        if sampler is None or not principal.can_see(sampler.owner):
+            raise ApiError(
+                "session_not_found",
+                f"no sampling session {str(sampling_session_id)[:80]!r} is visible to this key; create a SamplingClient",
+            )
+        owner_session = self._sessions.get(sampler.id.split(":", 1)[0])
+        if owner_session is not None:
+            self.live(principal, owner_session.id)
+        return sampler
+
+    def expired(self, now: float | None = None) -> list[Session]:
+        """Sessions whose heartbeats stopped more than the timeout ago (not yet marked ended)."""
+        now = time.time() if now is None else now
+        return [s for s in self._sessions.values() if s.ended is None and now - s.last_seen > self.timeout_s]
+
+    def end(self, session: Session, reason: str) -> None:
+        session.ended = reason
+        ended = [key for key, s in self._sessions.items() if s.ended is not None]
+        for key in ended[: max(0, len(ended) - ENDED_SESSIONS_KEPT)]:
+            for sampler_id in self._sessions[key].samplers.values():
+                self.sampling.pop(sampler_id, None)
+            del self._sessions[key]
+
+    def all_live(self) -> list[Session]:
+        return [s for s in self._sessions.values() if s.ended is None]
+
+    def visible(self, principal: Principal) -> list[Session]:
+        return [s for s in self._sessions.values() if principal.can_see(s.principal.owner)]

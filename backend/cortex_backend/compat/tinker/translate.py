@@ -1,0 +1,171 @@
+"""Tinker's request and result shapes to ours and back: datums to a padded batch, Adam params to a step,
+sampling params, LoRA flags to target modules, failure codes to the SDK's error categories."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from cortex_nb import wire
+from cortex_nb.errors import ApiError
+
+from .messages import Datum
+
+LOSS_INPUTS: dict[str, tuple[str, ...]] = {
+    "cross_entropy": ("target_tokens", "weights"),
+    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
+    "ppo": ("target_tokens", "logprobs", "advantages"),
+}
+# Inputs that may be left out, with the value they take: cross-entropy weights default to 1 per token.
+DEFAULTS = {("cross_entropy", "weights"): 1.0}
+INTEGER_INPUTS = {"target_tokens"}
+
+# Module names per model family for Tinker's train_attn / train_mlp / train_unembed (peft matches a name
+# against the end of each module's path).
+LLAMA_LIKE = {"attn": ["q_proj", "k_proj", "v_proj", "o_proj"], "mlp": ["gate_proj", "up_proj", "down_proj"]}
+LORA_TARGETS: dict[str, dict[str, list[str]]] = {
+    **{family: LLAMA_LIKE for family in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "phi3", "granite", "smollm3")},
+    "gpt2": {"attn": ["attn.c_attn", "attn.c_proj"], "mlp": ["mlp.c_fc", "mlp.c_proj"]},
+}
+UNEMBED = ["lm_head"]
+# Tinker's LoRA scale: alpha 32 whatever the rank (peft scales by alpha / r).
+LORA_ALPHA = 32
+
+# Failure codes that are the caller's doing (RequestErrorCategory.User: the SDK does not retry them).
+USER_FAILURES = {
+    "invalid_batch", "invalid_field", "invalid_request", "unknown_loss", "no_gradients", "non_finite_gradients",
+    "checkpoint_not_found", "checkpoint_exists", "invalid_checkpoint_id", "incompatible_adapter", "quota_exceeded",
+    "cancelled", "unsupported_operation", "job_finished", "session_expired", "unknown_model",
+}
+
+
+def _bad(message: str, field: str | None = None, code: str = "invalid_batch") -> ApiError:
+    return ApiError(code, message, {"field": field} if field else {})
+
+
+def check_loss(loss_fn: str) -> tuple[str, ...]:
+    if loss_fn not in LOSS_INPUTS:
+        raise ApiError(
+            "unknown_loss",
+            f"loss_fn {loss_fn!r} is not supported by this backend; it trains with {sorted(LOSS_INPUTS)}"
+            " (a custom loss works through forward_backward_custom, which uses cross_entropy)",
+            {"field": "loss_fn"},
+        )
+    return LOSS_INPUTS[loss_fn]
+
+
+def datums_to_frame(data: list[Datum], loss_fn: str, loss_fn_config: dict[str, Any], metadata: dict[str, Any]) -> tuple[bytes, list[int]]:
+    """Right-pad the datums into one [B, T] batch (attention 0 and every loss input 0 past each datum's end)
+    and encode it as our frame; return the frame and each datum's length."""
+    required = check_loss(loss_fn)
+    if not data:
+        raise _bad("data: no datums were sent; forward_backward needs at least one", "data")
+    lengths = []
+    for i, datum in enumerate(data):
+        length = len(datum.tokens)
+        if length == 0:
+            raise _bad(f"data[{i}].model_input has no tokens", f"data[{i}].model_input")
+        for name, values in datum.loss_fn_inputs.items():
+            if name not in required:
+                raise _bad(f"data[{i}].loss_fn_inputs.{name}: {loss_fn} takes {list(required)}", f"data[{i}].loss_fn_inputs.{name}")
+            if values.ndim != 1:
+                raise _bad(f"data[{i}].loss_fn_inputs.{name} has shape {list(values.shape)}; this backend takes one value per"
+                           " token (1-D)", f"data[{i}].loss_fn_inputs.{name}", "unsupported_operation")
+            if len(values) != length:
+                raise _bad(f"data[{i}].loss_fn_inputs.{name} has {len(values)} values but data[{i}].model_input has {length}"
+                           " tokens; every loss input needs one value per input token", f"data[{i}].loss_fn_inputs.{name}")
+            if name in INTEGER_INPUTS and values.dtype.kind not in "iu":
+                raise _bad(f"data[{i}].loss_fn_inputs.{name} must hold int64 token ids, got {values.dtype}",
+                           f"data[{i}].loss_fn_inputs.{name}")
+        missing = [name for name in required if name not in datum.loss_fn_inputs and (loss_fn, name) not in DEFAULTS]
+        if missing:
+            raise _bad(f"data[{i}].loss_fn_inputs lacks {missing}; {loss_fn} needs {list(required)}", f"data[{i}].loss_fn_inputs")
+        lengths.append(length)
+    width, rows = max(lengths), len(data)
+    tensors = {"input_ids": np.zeros((rows, width), np.int64), "attention_mask": np.zeros((rows, width), np.int64)}
+    for name in required:
+        tensors[name] = np.zeros((rows, width), np.int64 if name in INTEGER_INPUTS else np.float32)
+    for i, datum in enumerate(data):
+        length = lengths[i]
+        tensors["input_ids"][i, :length] = datum.tokens
+        tensors["attention_mask"][i, :length] = 1
+        for name in required:
+            tensors[name][i, :length] = datum.loss_fn_inputs.get(name, DEFAULTS.get((loss_fn, name)))
+    config = {key: value for key, value in loss_fn_config.items()}
+    return wire.encode_frame(tensors, {"loss_fn": loss_fn, "loss_fn_config": config, **metadata}), lengths
+
+
+def step_body(params: Any) -> dict[str, Any]:
+    """AdamParams -> our step: every hyperparameter for this step (grad_clip_norm 0 = no clipping)."""
+    if not isinstance(params, dict):
+        raise _bad("adam_params: required (the optimizer of this model is Adam)", "adam_params", "invalid_field")
+    unknown = sorted(set(params) - {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"})
+    if unknown:
+        raise _bad(f"adam_params.{unknown[0]}: unknown field", f"adam_params.{unknown[0]}", "invalid_field")
+    defaults = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0, "grad_clip_norm": 0.0}
+    value = {**defaults, **params}
+    return {"learning_rate": value["learning_rate"], "betas": [value["beta1"], value["beta2"]], "eps": value["eps"],
+            "weight_decay": value["weight_decay"], "grad_clip": value["grad_clip_norm"]}
+
+
+def lora_spec(config: Any, model_type: str) -> dict[str, Any]:
+    """Tinker's LoraConfig -> our LoRA spec (alpha 32 as Tinker scales, no dropout, the chosen module groups)."""
+    if not isinstance(config, dict) or "rank" not in config:
+        raise _bad("lora_config: required, with a rank", "lora_config", "invalid_field")
+    flags = {"attn": config.get("train_attn", True), "mlp": config.get("train_mlp", True), "unembed": config.get("train_unembed", True)}
+    if not any(flags.values()):
+        raise _bad("lora_config: at least one of train_mlp, train_attn, train_unembed must be true", "lora_config", "invalid_field")
+    family = LORA_TARGETS.get(model_type)
+    if family is None:
+        if flags["attn"] and flags["mlp"] and not flags["unembed"]:
+            modules: Any = "all-linear"
+        else:
+            raise _bad(
+                f"lora_config: choosing train_attn/train_mlp/train_unembed is not supported for model type {model_type!r};"
+                " train_attn=True, train_mlp=True, train_unembed=False trains every linear layer",
+                "lora_config", "unsupported_operation",
+            )
+    else:
+        modules = [name for group in ("attn", "mlp") if flags[group] for name in family[group]] + (UNEMBED if flags["unembed"] else [])
+    return {"r": config["rank"], "alpha": LORA_ALPHA, "dropout": 0.0, "target_modules": modules}
+
+
+def sampling_params(params: Any, num_samples: Any, prompt_length: int, max_seq_len: int, prompt_logprobs: bool) -> dict[str, Any]:
+    """Tinker's SamplingParams -> ours. No max_tokens samples up to the end of the context; `stop=None` stops at
+    EOS, `stop=[]` never stops early."""
+    params = params if isinstance(params, dict) else {}
+    unknown = sorted(set(params) - {"max_tokens", "seed", "stop", "temperature", "top_k", "top_p"})
+    if unknown:
+        raise _bad(f"sampling_params.{unknown[0]}: unknown field", f"sampling_params.{unknown[0]}", "invalid_field")
+    max_tokens = params.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = max_seq_len - prompt_length
+    ours: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": params.get("temperature", 1.0),
+        "top_p": params.get("top_p", 1.0),
+        "top_k": 0 if params.get("top_k", -1) in (-1, None) else params.get("top_k"),
+        "n": num_samples,
+        "logprobs": True,
+        "prompt_logprobs": prompt_logprobs,
+    }
+    if params.get("seed") is not None:
+        ours["seed"] = params["seed"]
+    stop = params.get("stop")
+    if stop == []:
+        ours["ignore_eos"] = True
+    elif stop is not None:
+        ours["stop"] = [stop] if isinstance(stop, str) else stop
+    return ours
+
+
+def outputs_from_frame(frame: bytes, lengths: list[int]) -> dict[str, list[np.ndarray]]:
+    """Our [B, T] logprobs back into one row per datum, each cut to the datum's own length."""
+    tensors, _ = wire.decode_frame(frame)
+    logprobs = tensors["logprobs"]
+    return {"logprobs": [logprobs[i, :length] for i, length in enumerate(lengths)]}
+
+
+def error_category(code: str | None) -> str:
+    return "user" if code in USER_FAILURES else "server"
