@@ -41,7 +41,8 @@ def tls_backend(tmp_path_factory) -> BackendProcess:
     """A backend serving HTTPS with the certificate `--tls self-signed` makes: `tiny`, 4 CPU slots.
     Its `fingerprint` is what clients pin (tests/test_tls.py, the Cortex SDK tests, the proxy test)."""
     process = start_backend(
-        tmp_path_factory.mktemp("tls-backend"), "--tls", "self-signed", "--devices", "cpu:4", "--worker-threads", "1"
+        tmp_path_factory.mktemp("tls-backend"), "--tls", "self-signed", "--devices", "cpu:4", "--worker-threads", "1",
+        "--warm-workers", "2",
     )
     yield process
     process.stop()

@@ -79,8 +79,10 @@ def url_specs(service: Service) -> list[tornado.web.URLSpec]:
 
 
 def make_app(service: Service) -> tornado.web.Application:
+    from .compat import url_specs as compat_url_specs
+
     return tornado.web.Application(
-        url_specs(service),
+        url_specs(service) + compat_url_specs(service),
         default_handler_class=NotFoundHandler,
         default_handler_args={"service": service},
         compress_response=False,
