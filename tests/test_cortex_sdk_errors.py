@@ -137,3 +137,36 @@ def test_what_cannot_exist_here_names_the_equivalent(sdk, jobs):
     with pytest.raises(requests.HTTPError) as caught:
         sdk.forward_backward(job_id, serialize_forward_backward_args((), {**KWARGS, "position_ids": torch.tensor([[0, 0, 1, 2]])}))
     assert caught.value.response.status_code == 501 and "position_ids" in caught.value.response.json()["error"]["message"]
+
+
+def test_a_chunk_group_cut_by_a_restart_answers_restart_required(tmp_path):
+    """Open chunk groups live only in the backend's memory: after a restart the next chunk of a group
+    asks for a replay from chunk 0 (409 chunk_group_restart_required, which the SDK replays once)."""
+    import httpx
+
+    from .backend_process import start_backend
+
+    args = ("--devices", "cpu:1", "--warm-workers", "0")
+    first = start_backend(tmp_path / "data", *args)
+    headers = {"Authorization": f"Bearer {first.token}"}
+    try:
+        job_id = httpx.post(first.url + "/v1/jobs", json={"sub_jobs": [{"type": "sampling", "base_model": "tiny"}]},
+                            headers=headers, timeout=30).json()["job_id"]
+        tokens = torch.arange(4000).reshape(40, 100) % 250
+        frame = serialize_forward_backward_args((), {"input_ids": tokens, "labels": tokens})
+        chunks = sdk_wire.encode_byte_chunks(frame, kind="request", operation="fwd-bwd", max_bytes=16 * 1024)
+        path = f"/api/v2/databases/DB/schemas/SCHEMA/cortex-training/{job_id}/forward-backward"
+        assert httpx.post(first.url + path, content=chunks[0], headers=headers, timeout=30).json()["status"] == "received"
+    finally:
+        first.stop()
+    second = start_backend(tmp_path / "data", *args)
+    try:
+        answer = httpx.post(second.url + path, content=chunks[1], headers=headers, timeout=30)
+        assert answer.status_code == 409
+        error = answer.json()["error"]
+        assert error["code"] == "chunk_group_restart_required" and error["detail"]["chunk_idx"] == 1
+        # The replay from chunk 0 reaches the job, which the restart ended: a permanent, unretried 410.
+        replay = [httpx.post(second.url + path, content=chunk, headers=headers, timeout=30) for chunk in chunks]
+        assert replay[-1].status_code == 410 and replay[-1].json()["error"]["code"] == "job_finished"
+    finally:
+        second.stop()
