@@ -175,7 +175,7 @@ def test_chunked_forward_backward_assembles_once(sdk, ours, tls_backend):
         assert chunked["loss"] == pytest.approx(whole["loss"], rel=1e-6)  # no step between: same weights
         chunks = sdk_wire.encode_byte_chunks(payload, kind="request", operation="fwd-bwd", max_bytes=16 * 1024)
         assert len(chunks) > 3
-        url = f"{sdk._prefix}/{job_id}/forward-backward"
+        url = f"{tls_backend.url}/api/v2/databases/{DATABASE}/schemas/{SCHEMA}/cortex-training/{job_id}/forward-backward"
         headers = {"Authorization": f"Bearer {tls_backend.token}", "Content-Type": "application/octet-stream"}
         with httpx.Client(verify=tls_backend.httpx_verify, timeout=60) as http:
             answers = [http.post(url, content=chunk, headers=headers) for chunk in chunks]

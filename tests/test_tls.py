@@ -101,16 +101,19 @@ def test_plaintext_beyond_loopback_warns():
 
 
 def test_serve_refuses_inconsistent_tls_options(tmp_path):
-    cert, key = make_self_signed("127.0.0.1")
+    from argparse import Namespace
+
+    from cortex_backend.cli import _tls_arguments_error
+
+    cert, _ = make_self_signed("127.0.0.1")
     _, other_key = make_self_signed("127.0.0.1")
     (tmp_path / "cert.pem").write_bytes(cert)
     (tmp_path / "key.pem").write_bytes(other_key)
-    for args, expected in (
-        (["--tls-cert", str(tmp_path / "cert.pem")], "go together"),
-        (["--tls", "self-signed", "--tls-cert", str(tmp_path / "cert.pem"), "--tls-key", str(tmp_path / "key.pem")],
-         "exclude each other"),
-        (["--tls-cert", str(tmp_path / "cert.pem"), "--tls-key", str(tmp_path / "key.pem")], "cannot serve TLS"),
-    ):
-        done = subprocess.run([sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir",
-                               str(tmp_path / "data"), *args], capture_output=True, text=True, timeout=60)
-        assert done.returncode == 2 and expected in done.stderr, done.stderr
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    assert "go together" in _tls_arguments_error(Namespace(tls=None, tls_cert=cert_file, tls_key=None))
+    assert "exclude each other" in _tls_arguments_error(Namespace(tls="self-signed", tls_cert=cert_file, tls_key=key_file))
+    # The command itself refuses a key that is not the certificate's, before serving anything.
+    done = subprocess.run([sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(tmp_path / "data"),
+                           "--tls-cert", str(cert_file), "--tls-key", str(key_file)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "cannot serve TLS" in done.stderr, done.stderr
+    assert not (tmp_path / "data" / "backend.json").exists()

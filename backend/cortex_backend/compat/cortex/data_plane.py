@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cortex_nb import states
 from cortex_nb.errors import ApiError
 
 from . import batches, dssst1
@@ -31,9 +32,13 @@ class FrameOperationHandler(CortexHandler):
     def post(self, database: str, schema: str, job_id: str, operation: str) -> None:
         # No awaits from here to the end: a chunk group is assembled, submitted and remembered in one go,
         # so a retried last chunk can never find it half-done.
-        self.service.jobs.visible_job(self.principal, job_id)
+        job = self.service.jobs.visible_job(self.principal, job_id)
         body = self.body
         chunk = dssst1.request_chunk(body)
+        if job["status"] in states.JOB_TERMINAL and (chunk is None or chunk.index == 0):
+            # Refused before any chunk is held (the service refuses a whole frame the same way).
+            raise ApiError("job_finished", f"job {job_id} is {job['status']}; create a new job (and load a checkpoint,"
+                           " if you saved one)", {"status": job["status"], "failure_code": job["failure_code"]})
         if chunk is not None:
             replay = self.face.chunk_groups.submitted(self.principal, job_id, chunk)
             if replay is not None:
