@@ -20,7 +20,6 @@ from cortex_training import (
 from cortex_training import wire as sdk_wire
 
 from cortex_nb import Client
-from cortex_nb.views import jobs_frame
 
 from .reference import ReferenceTrainer, reference_base, reference_logprobs, reference_lora
 from .test_generate import hf_greedy
@@ -237,7 +236,7 @@ def test_save_load_export_and_plain_peft(sdk, tmp_path):
         sdk.cancel_job(job_id)
 
 
-def test_weight_sync_logs_and_ordinary_jobs(sdk, ours):
+def test_weight_sync_logs_and_ordinary_jobs(sdk, ours, tls_backend, cortex_shell, backend):
     trainer = SubJobConfig.training_job("tiny", optimizer={"name": "AdamW", "lr": 5e-2}, max_seq_len=128, train_batch_size=2,
                                         n_gpus=1, seed=1, extra_training={"peft_config": LORA})
     sampler = SubJobConfig.sampling_job("tiny", max_seq_len=128, n_gpus=1, extra_sampling={"peft_config": LORA})
@@ -251,8 +250,8 @@ def test_weight_sync_logs_and_ordinary_jobs(sdk, ours):
         for _ in range(2):
             sdk.poll_request(job_id, sdk.forward_backward(job_id, frame(sdk_batch(rng))))
             sdk.poll_request(job_id, sdk.step(job_id))
-        synced = sdk.poll_request(job_id, sdk.weight_sync(job_id, f"{job_id}:training:0", [f"{job_id}:sampling:0"],
-                                                          weight_format="lora"))
+        synced_id = sdk.weight_sync(job_id, f"{job_id}:training:0", [f"{job_id}:sampling:0"], weight_format="lora")
+        synced = sdk.poll_request(job_id, synced_id)
         assert synced["bytes_sent"] > 0
         scores = [sdk.poll_request(job_id, sdk.fwd(job_id, frame(probe), sub_job_type=kind)["request_id"])["logprobs"]
                   for kind in ("training", "sampling")]
@@ -262,15 +261,40 @@ def test_weight_sync_logs_and_ordinary_jobs(sdk, ours):
         assert len(page["entries"]) == 1 and page["next_cursor"]
         lines = [entry["line"] for entry in sdk.stream_logs(job_id, sub_job_type="training", follow=False)]
         assert any("forward_backward=2" in line for line in lines)
-        # An ordinary job: our client, %cortex jobs' table and the SDK's list all show it.
-        row = jobs_frame([ours.get_job(job_id)]).iloc[0]
+        # An ordinary job: %cortex jobs (connected over TLS with a pinned certificate), our client and
+        # the SDK's list all show it.
+        frame_ = _cortex_jobs(cortex_shell, tls_backend, backend)
+        row = frame_.set_index("job_id").loc[job_id]
         assert row["labels"] == f"api=cortex-training, database={DATABASE}, schema={SCHEMA}" and row["status"] == "running"
+        assert ours.get_job(job_id)["labels"]["database"] == DATABASE
         listed = {j["job_id"]: j for j in sdk.list_jobs(status="running")}
         assert listed[job_id]["experiment_name"] == "sdk-demo" and listed[job_id]["database"] == DATABASE
         capacity = sdk.get_capacity()
         assert capacity["in_use_gpus"] >= 2 and capacity["max_total_gpus"] == 4
+        done = sdk.cancel_request(job_id, synced_id)  # a finished request stays finished
+        assert done["status"] == "done"
     finally:
         sdk.cancel_job(job_id)
     assert sdk.get_job(job_id)["status"] == "cancelled"
     with pytest.raises(RuntimeError, match="cancelled"):
         sdk.wait_for_job(job_id)
+
+
+def _cortex_jobs(shell, tls_backend, backend):
+    """`%cortex jobs` in a notebook shell connected to the TLS backend; the shell is connected back after."""
+    import os
+
+    from .notebook_fixtures import run_cell
+
+    try:
+        os.environ["CORTEX_TEST_TLS_TOKEN"] = tls_backend.token
+        connected = run_cell(shell, f"%cortex connect {tls_backend.url} --token-env CORTEX_TEST_TLS_TOKEN"
+                                    f" --verify {tls_backend.fingerprint}")
+        assert connected.success and "connected to https://" in connected.stdout, connected.stderr
+        listed = run_cell(shell, "%cortex jobs")
+        assert listed.success, listed.stderr
+        return listed.result
+    finally:
+        os.environ["CORTEX_TEST_TLS_TOKEN"] = backend.token
+        run_cell(shell, f"%cortex connect {backend.url} --token-env CORTEX_TEST_TLS_TOKEN")
+        del os.environ["CORTEX_TEST_TLS_TOKEN"]
