@@ -16,6 +16,7 @@ import tornado.netutil
 from cortex_nb.version import API_VERSION, __version__
 
 from .app import MAX_STREAMED_BODY, make_app
+from .compat import url_specs as face_url_specs
 from .config import BackendSettings
 from .service import Service
 from .tls import SELF_SIGNED, TlsFiles, plaintext_warning, self_signed_files, server_context
@@ -47,8 +48,8 @@ async def run(settings: BackendSettings) -> None:
         print(warning, flush=True)
     service = Service(settings)
     await service.start()
-    server = tornado.httpserver.HTTPServer(make_app(service), max_body_size=MAX_STREAMED_BODY, idle_connection_timeout=300,
-                                           ssl_options=ssl_options)
+    server = tornado.httpserver.HTTPServer(make_app(service, face_url_specs(service)), max_body_size=MAX_STREAMED_BODY,
+                                           idle_connection_timeout=300, ssl_options=ssl_options)
     port = _listen(server, settings.host, settings.port)
     url = f"{'https' if files else 'http'}://{settings.host}:{port}"
     endpoint = {"url": url, "pid": os.getpid(), "version": __version__, "api_version": API_VERSION,
