@@ -93,6 +93,15 @@ def test_bad_batches(sdk, jobs):
     refused(sdk, fb(sdk, job_id, {"args": (), "kwargs": {"input_ids": KWARGS["input_ids"]}}), 400, "invalid_batch")
     refused(sdk, lambda: sdk.fwd(job_id, {"kwargs": {"input_ids": [[1, 2]], "labels": [[2, -7]]}}), 400, "invalid_batch")
     refused(sdk, lambda: sdk.generate(job_id, [], {"max_tokens": 4}), 400, "invalid_field")
+    # A chunk above the 64 MiB a body may hold (the SDK's own chunks stay under 60 MiB): 413, not retried.
+    huge = serialize_forward_backward_args((), {"input_ids": torch.zeros(1, 8_500_000, dtype=torch.long)})
+    sdk._MAX_FWD_BWD_BYTES = len(huge) + 1024 * 1024
+    try:
+        with pytest.raises(requests.HTTPError) as caught:
+            sdk.forward_backward(job_id, huge)
+    finally:
+        del sdk._MAX_FWD_BWD_BYTES
+    assert caught.value.response.status_code == 413 and "body_too_large" in str(caught.value)
     refused(sdk, lambda: sdk.generate(job_id, ["x"], {"top_p": 0}), 400, "invalid_field")
     refused(sdk, lambda: sdk.generate(job_id, ["x"], {"presence_penalty": 0.5}), 501, "not_supported")
 
@@ -120,6 +129,8 @@ def test_permanent_state_errors_are_not_retried(sdk, jobs, tls_backend):
     refused(sdk, lambda: sdk.get_request_status(running, "req-0000000000000000"), 400, "request_not_found")
     bob = make_client(tls_backend, create_token(tls_backend.data_dir, "bob", "jobs:read", "jobs:write"))
     refused(bob, lambda: bob.get_job(running), 400, "job_not_found")  # another owner's job does not exist for bob
+    reader = make_client(tls_backend, create_token(tls_backend.data_dir, "sdk-reader", "jobs:read"))
+    refused(reader, lambda: reader.step(running), 403, "forbidden")
     stranger = make_client(tls_backend, "ctx_wrong")
     with pytest.raises(requests.HTTPError) as caught:
         stranger.list_jobs()
