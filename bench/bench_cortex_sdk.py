@@ -4,6 +4,7 @@
 
 - forward_backward + its result through the published SDK (DSSST1 chunk group, poll) vs through
   cortex_nb.Client (our frame, long-poll), same batch (tiny, 8x128), same job, alternating call by call
+- how long the SDK takes to raise a permanent error (unknown job): one request, no retries
 - a no-op round trip over TLS (HTTPS, pinned certificate, kept-alive connection) vs plain HTTP: GET /version,
   and a no-op request through the worker; plus GET /version on a new connection each time (TLS handshake)
 """
@@ -47,6 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
+    import requests
     import torch
     from cortex_training import CortexTrainingClient, SubJobConfig, serialize_forward_backward_args
 
@@ -74,6 +76,13 @@ def main() -> None:
             for _ in range(args.repeats):
                 via_sdk.append(elapsed(lambda: sdk.poll_request(job_id, sdk.forward_backward(job_id, sdk_frame))))
                 via_ours.append(elapsed(lambda: ours.poll_request(job_id, ours.forward_backward(job_id, ours_batch))))
+            refused = []  # a permanent mistake: the SDK must surface it at once, not retry it for a minute
+            for _ in range(args.repeats):
+                started = time.perf_counter()
+                try:
+                    sdk.step("job-does-not-exist")
+                except requests.HTTPError:
+                    refused.append(time.perf_counter() - started)
             sdk.cancel_job(job_id)
 
             plain_client = Client(plain.url, plain.token)
@@ -104,6 +113,7 @@ def main() -> None:
     row("forward_backward 8x128 + result via the cortex-training SDK (ms)", median(via_sdk) * 1000)
     row("forward_backward 8x128 + result via cortex_nb.Client (ms)", median(via_ours) * 1000)
     row("  ratio SDK / cortex_nb.Client (goal <= 1.10)", median(via_sdk) / median(via_ours))
+    row("refused call (unknown job) via the SDK, slowest (ms; goal < 2000)", max(refused) * 1000)
     row("GET /version, kept-alive connection, HTTPS (ms)", median(version["tls"]) * 1000)
     row("GET /version, kept-alive connection, HTTP (ms)", median(version["plain"]) * 1000)
     row("  ratio TLS / plain", median(version["tls"]) / median(version["plain"]))

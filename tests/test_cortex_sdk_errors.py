@@ -1,11 +1,10 @@
 """Bad input through the Cortex SDK: every case of our own bad-input table (tests/test_bad_input.py), and
-what cannot exist here, answers at once with a clear error, a status the SDK does not retry, and exactly
-one request (no retry storm)."""
+what cannot exist here, answers with a clear error, a status the SDK does not retry, and exactly one
+request (no retry storm). How fast the SDK surfaces such an error is measured in bench/bench_cortex_sdk.py."""
 
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 import requests
@@ -61,16 +60,16 @@ def error_count(sdk) -> float:
 
 
 def refused(sdk, call, status: int, code: str) -> None:
-    before, started = error_count(sdk), time.monotonic()
+    """One request, answered with a status the SDK does not retry (it would retry for about a minute), so
+    the error surfaces at once; bench/bench_cortex_sdk.py measures how fast."""
+    before = error_count(sdk)
     with pytest.raises(requests.HTTPError) as caught:
         call()
-    elapsed = time.monotonic() - started
     response = caught.value.response
     assert response.status_code == status and status not in SDK_RETRIES
     assert response.json()["error"]["code"] == code and code in str(caught.value)  # the reason phrase carries it
     assert "Traceback" not in response.text
     assert error_count(sdk) - before == 1, "the SDK retried"
-    assert elapsed < 2.0, f"took {elapsed:.1f}s"
 
 
 def model_config(name="tiny", **peft):
