@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import errors, profiles, wire
+from . import errors, profiles, tls, wire
 from .log_stream import LogStream
 from .losses import LOSS_INPUTS
 from .routes import route
@@ -73,19 +73,22 @@ class Client:
         auth_scheme: str = "Bearer",
         extra_headers: dict[str, str] | None = None,
         cookies: dict[str, str] | None = None,
+        verify: bool | str | None = None,
     ) -> None:
+        """`verify` checks an https backend's certificate: True (system CAs, the default; else
+        $CORTEX_VERIFY), a CA file, or a `sha256:...` pin (see cortex_nb/tls.py)."""
         self.url = url.rstrip("/")
         self.poll = poll or PollPolicy()
         self.transport = Transport(
             self.url, token, auth_scheme=auth_scheme, timeout_s=timeout_s, retry=retry,
-            extra_headers=extra_headers, cookies=cookies,
+            extra_headers=extra_headers, cookies=cookies, verify=verify if verify is not None else tls.verify_from_env(),
         )
         # Frames above `max_body_bytes` travel as chunks of `chunk_bytes` (each with its SHA-256).
         self.max_body_bytes = wire.MAX_BODY_BYTES
         self.chunk_bytes = wire.CHUNK_BYTES
         self.backend_version: dict[str, Any] | None = None
         self._local_backend = None
-        self.telemetry = Telemetry(self.url, self.transport.headers, self.transport.cookies)
+        self.telemetry = Telemetry(self.url, self.transport.headers, self.transport.cookies, verify=self.transport.verify)
         if check_version:
             self.check_version()
 
@@ -100,6 +103,7 @@ class Client:
                 " or use Client.local() for an embedded backend",
                 code="invalid_request",
             )
+        kwargs.setdefault("verify", endpoint.verify)
         return cls(endpoint.url, endpoint.token, **kwargs)
 
     @classmethod
@@ -108,6 +112,8 @@ class Client:
         from .local import ensure_local_backend
 
         backend = ensure_local_backend(data_dir, **{k: kwargs.pop(k) for k in list(kwargs) if k in ("models", "devices", "warm_workers")})
+        if backend.tls_fingerprint:
+            kwargs.setdefault("verify", backend.tls_fingerprint)
         client = cls(backend.url, backend.token, **kwargs)
         client._local_backend = backend
         return client
@@ -267,17 +273,17 @@ class Client:
         job_id: str,
         batch: Mapping[str, Any],
         *,
-        weights: str | dict[str, str] | None = None,
+        adapter: str | dict[str, str] | None = None,
         loss_fn: str | None = None,
         loss_fn_config: dict[str, float] | None = None,
         sub_job: str | None = None,
     ) -> str:
-        """Queue a scoring pass: log p(target_tokens) per position, no gradients. `weights` scores with
-        "base" (no adapter) or a saved checkpoint ({"checkpoint_id", "job_id"?}) instead of the live adapter;
+        """Queue a scoring pass: log p(target_tokens) per position, no gradients. `adapter` scores with
+        "base" (no adapter) or a saved checkpoint's ({"checkpoint_id", "job_id"?}) instead of the live one;
         `loss_fn` also reports that loss and its metrics (nothing is accumulated)."""
         metadata: dict[str, Any] = {}
-        if weights is not None:
-            metadata["weights"] = weights
+        if adapter is not None:
+            metadata["adapter"] = adapter
         if loss_fn is not None:
             metadata.update(loss_fn=loss_fn, loss_fn_config=loss_fn_config or {})
         return self._submit_frame("forward", job_id, wire.encode_frame(as_batch(batch), metadata), sub_job)
@@ -307,14 +313,14 @@ class Client:
         prompts: list[str] | list[list[int]],
         sampling_params: dict[str, Any] | None = None,
         *,
-        weights: str | dict[str, str] | None = None,
+        adapter: str | dict[str, str] | None = None,
         sub_job: str | None = None,
     ) -> str:
-        """Queue sampling. `weights` samples from "base" or a saved checkpoint ({"checkpoint_id", "job_id"?})
-        instead of the sub-job's live adapter: a snapshot that later training does not change."""
+        """Queue sampling. `adapter` samples with "base" (none) or a saved checkpoint's ({"checkpoint_id",
+        "job_id"?}) instead of the sub-job's live adapter: a snapshot that later training does not change."""
         body: dict[str, Any] = {"prompts": list(prompts), "sampling_params": sampling_params or {}}
-        if weights is not None:
-            body["weights"] = weights
+        if adapter is not None:
+            body["adapter"] = adapter
         return self._call("generate", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})["request_id"]
 
     def noop(self, job_id: str, *, sub_job: str | None = None) -> str:

@@ -58,6 +58,10 @@ ERROR_STATUS: dict[str, int] = {
     "checkpoint_corrupted": 409,
     # 410: a Tinker session that ended (finished, or its heartbeats stopped)
     "session_expired": 410,
+    # a chunk group of the Cortex SDK surface (docs/cortex-sdk.md): replay it from chunk 0, or stop
+    "chunk_group_restart_required": 409,
+    "chunk_group_conflict": 409,
+    "chunk_group_missing_chunks": 409,
     # 413 / 429 / 5xx
     "body_too_large": 413,
     "quota_exceeded": 413,
@@ -67,6 +71,9 @@ ERROR_STATUS: dict[str, int] = {
     "version_mismatch": 502,
     # Jupyter proxy (server_extension): the server has no backend token to forward with
     "proxy_not_configured": 501,
+    # a compat surface (Cortex SDK, ...) asked for something that cannot exist here; the message names
+    # the cortex-nb way to do it
+    "not_supported": 501,
 }
 
 

@@ -107,25 +107,25 @@ class _JobHandle:
         self,
         prompts: Sequence[str] | Sequence[Sequence[int]],
         *,
-        weights: str | dict[str, str] | None = None,
+        adapter: str | dict[str, str] | None = None,
         sub_job: str | None = None,
         **sampling: Any,
     ) -> APIFuture[GenerateResult]:
-        """Sample. `weights="base"` or `weights={"checkpoint_id": ...}` samples from the base model or a saved
+        """Sample. `adapter="base"` or `adapter={"checkpoint_id": ...}` samples from the base model or a saved
         checkpoint instead of the live adapter."""
         unknown = sorted(set(sampling) - set(SAMPLING_KEYS))
         if unknown:
             raise TypeError(f"unknown sampling parameter(s) {unknown}; allowed: {list(SAMPLING_KEYS)}")
         prompts = [p if isinstance(p, str) else list(p) for p in prompts]
-        request_id = self.client.generate(self.job_id, prompts, sampling, weights=weights, sub_job=sub_job)
+        request_id = self.client.generate(self.job_id, prompts, sampling, adapter=adapter, sub_job=sub_job)
         return APIFuture(self.client, self.job_id, request_id, "generate", lambda raw: GenerateResult(raw, prompts))
 
     def forward(
-        self, batch: Mapping[str, Any], *, weights: str | dict[str, str] | None = None, sub_job: str | None = None,
+        self, batch: Mapping[str, Any], *, adapter: str | dict[str, str] | None = None, sub_job: str | None = None,
         **loss: Any,
     ) -> APIFuture[dict[str, Any]]:
         """Score a batch without gradients (`loss_fn=...` adds that loss's value and metrics)."""
-        request_id = self.client.forward(self.job_id, batch, weights=weights, sub_job=sub_job, **loss)
+        request_id = self.client.forward(self.job_id, batch, adapter=adapter, sub_job=sub_job, **loss)
         return APIFuture(self.client, self.job_id, request_id, "forward")
 
     def compute_logprobs(self, sequences: Sequence[Sequence[int]], *, sub_job: str | None = None) -> APIFuture[list[np.ndarray]]:

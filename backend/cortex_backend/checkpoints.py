@@ -340,24 +340,24 @@ class CheckpointManager:
             "restore_optimizer": restore,
         }
 
-    def prepare_weights(
-        self, request_id: str, principal: Principal, job: dict[str, Any], sub: dict[str, Any], weights: Any
+    def prepare_adapter(
+        self, request_id: str, principal: Principal, job: dict[str, Any], sub: dict[str, Any], adapter: Any
     ) -> dict[str, Any] | str:
         """What a generate or forward runs on instead of the live adapter: "base" (no adapter), or
         `{"checkpoint_id", "job_id"?}`, a checkpoint of this owner whose adapter fits the sub-job (held
         against deletion until the request ends)."""
-        if weights == "base":
+        if adapter == "base":
             return "base"
-        if not isinstance(weights, dict) or set(weights) - {"checkpoint_id", "job_id"} or "checkpoint_id" not in weights:
+        if not isinstance(adapter, dict) or set(adapter) - {"checkpoint_id", "job_id"} or "checkpoint_id" not in adapter:
             raise ApiError(
                 "invalid_field",
-                'weights: must be "base" or {"checkpoint_id", "job_id"?} naming a checkpoint (job_id defaults to this job)',
-                {"field": "weights"},
+                'adapter: must be "base" or {"checkpoint_id", "job_id"?} naming a checkpoint (job_id defaults to this job)',
+                {"field": "adapter"},
             )
-        source_job_id = weights.get("job_id") or job["id"]
+        source_job_id = adapter.get("job_id") or job["id"]
         if not isinstance(source_job_id, str):
-            raise ApiError("invalid_field", "weights.job_id: must be a job id", {"field": "weights.job_id"})
-        row, directory = self._hold_for_reading(request_id, principal, job, sub, source_job_id, weights["checkpoint_id"])
+            raise ApiError("invalid_field", "adapter.job_id: must be a job id", {"field": "adapter.job_id"})
+        row, directory = self._hold_for_reading(request_id, principal, job, sub, source_job_id, adapter["checkpoint_id"])
         return {"key": f"{row['job_id']}/{row['id']}", "directory": str(directory), "manifest": row["manifest"]}
 
     def _hold_for_reading(

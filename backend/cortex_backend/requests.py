@@ -149,22 +149,22 @@ class RequestManager:
                 params["loss_fn"], params["loss_fn_config"] = validate_loss(metadata)
                 required = LOSS_INPUTS[params["loss_fn"]]
             validate_token_batch(tensors, required, info, limit)
-            if metadata.get("weights") is not None:
-                params["weights"] = self.checkpoints.prepare_weights(request_id, principal, job, sub, metadata["weights"])
+            if metadata.get("adapter") is not None:
+                params["adapter"] = self.checkpoints.prepare_adapter(request_id, principal, job, sub, metadata["adapter"])
             return {**params, "batch_shape": list(tensors["input_ids"].shape)}, body
         json_body = json_body or {}
         if op == "step":
             return validate_step(json_body), b""
         if op == "generate":
-            unknown = sorted(set(json_body) - {"prompts", "sampling_params", "weights"})
+            unknown = sorted(set(json_body) - {"prompts", "sampling_params", "adapter"})
             if unknown:
-                raise ApiError("invalid_field", f"{unknown[0]}: unknown field; generate takes prompts, sampling_params, weights",
+                raise ApiError("invalid_field", f"{unknown[0]}: unknown field; generate takes prompts, sampling_params, adapter",
                                {"field": unknown[0]})
             params = validate_sampling_params(json_body.get("sampling_params"))
             prompts = validate_prompts(json_body.get("prompts"), self.catalog, info, params["max_tokens"], limit)
             generate = {"prompt_tokens": prompts, "sampling_params": params}
-            if json_body.get("weights") is not None:
-                generate["weights"] = self.checkpoints.prepare_weights(request_id, principal, job, sub, json_body["weights"])
+            if json_body.get("adapter") is not None:
+                generate["adapter"] = self.checkpoints.prepare_adapter(request_id, principal, job, sub, json_body["adapter"])
             return generate, b""
         return {}, b""
 
@@ -420,10 +420,10 @@ class RequestManager:
 
 
 def _recorded_params(params: dict[str, Any]) -> dict[str, Any]:
-    """What the store keeps of a request's params: no prompt tokens, and saved weights by name only."""
+    """What the store keeps of a request's params: no prompt tokens, and a saved adapter by name only."""
     recorded = {key: value for key, value in params.items() if key != "prompt_tokens"}
-    if isinstance(recorded.get("weights"), dict):
-        recorded["weights"] = recorded["weights"]["key"]
+    if isinstance(recorded.get("adapter"), dict):
+        recorded["adapter"] = recorded["adapter"]["key"]
     return recorded
 
 

@@ -16,10 +16,10 @@ import tornado.netutil
 from cortex_nb.version import API_VERSION, __version__
 
 from .app import MAX_STREAMED_BODY, make_app
-from .compat.tinker import TinkerFace
-from .compat.tinker import url_specs as tinker_url_specs
+from .compat import url_specs as face_url_specs
 from .config import BackendSettings
 from .service import Service
+from .tls import SELF_SIGNED, TlsFiles, plaintext_warning, self_signed_files, server_context
 
 log = logging.getLogger("cortex_backend")
 
@@ -30,23 +30,41 @@ def _listen(server: tornado.httpserver.HTTPServer, host: str, port: int) -> int:
     return sockets[0].getsockname()[1]
 
 
+def tls_files(settings: BackendSettings) -> TlsFiles | None:
+    """The certificate and key to serve with, if any (a self-signed pair is made on first use)."""
+    if settings.tls == SELF_SIGNED:
+        return self_signed_files(settings.data_dir, settings.host)
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        return TlsFiles(settings.tls_cert, settings.tls_key)
+    return None
+
+
 async def run(settings: BackendSettings) -> None:
+    files = tls_files(settings)
+    ssl_options = server_context(files) if files is not None else None
+    warning = plaintext_warning(settings.host) if files is None else None
+    if warning:
+        log.warning(warning)
+        print(warning, flush=True)
     service = Service(settings)
     await service.start()
-    tinker = TinkerFace(service, settings.tinker_session_timeout_s)
-    tinker.start()
-    app = make_app(service, tinker_url_specs(service, tinker))
-    server = tornado.httpserver.HTTPServer(app, max_body_size=MAX_STREAMED_BODY, idle_connection_timeout=300)
+    server = tornado.httpserver.HTTPServer(make_app(service, face_url_specs(service)), max_body_size=MAX_STREAMED_BODY,
+                                           idle_connection_timeout=300, ssl_options=ssl_options)
     port = _listen(server, settings.host, settings.port)
-    url = f"http://{settings.host}:{port}"
+    url = f"{'https' if files else 'http'}://{settings.host}:{port}"
     endpoint = {"url": url, "pid": os.getpid(), "version": __version__, "api_version": API_VERSION,
                 "token_file": str(settings.admin_token_path)}
+    if files is not None:
+        # Local clients (Client.local(), the Jupyter extension) pin this instead of trusting any certificate.
+        endpoint["tls_fingerprint"] = files.fingerprint()
     temporary = settings.endpoint_path.with_suffix(".tmp")
     temporary.write_text(json.dumps(endpoint))
     temporary.replace(settings.endpoint_path)
     devices = ", ".join(f"{d.id} ({d.name}, {d.slots} slots)" for d in service.devices)
     log.info("cortex-nb backend %s listening on %s; devices: %s; models: %s", __version__, url, devices, service.catalog.names())
     print(f"cortex-nb backend listening on {url} (admin token in {settings.admin_token_path})", flush=True)
+    if files is not None:
+        print(f"TLS certificate {files.cert}; clients pin it with verify = \"{endpoint['tls_fingerprint']}\"", flush=True)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -57,7 +75,6 @@ async def run(settings: BackendSettings) -> None:
     if watcher is not None:
         watcher.cancel()
     server.stop()
-    await tinker.stop()
     await service.stop()
     settings.endpoint_path.unlink(missing_ok=True)
 

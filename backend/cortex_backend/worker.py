@@ -122,7 +122,7 @@ class Worker:
         from .engine.sampler import generate
 
         request_id = self.current
-        with self.saved_adapters.applied(self.state, params.get("weights")):
+        with self.saved_adapters.applied(self.state, params.get("adapter")):
             result = generate(self.state, params["prompt_tokens"], params["sampling_params"], lambda: request_id in self.cancelled)
         return result, b""
 
@@ -130,7 +130,7 @@ class Worker:
         from .engine.scoring import forward
 
         tensors, _ = wire.decode_frame(blob)
-        with self.saved_adapters.applied(self.state, params.get("weights")):
+        with self.saved_adapters.applied(self.state, params.get("adapter")):
             result, out = forward(self.state, tensors, params.get("loss_fn"), params.get("loss_fn_config") or {})
         return result, wire.encode_frame(out)
 

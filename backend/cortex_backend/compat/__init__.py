@@ -1,5 +1,16 @@
-"""Compatibility faces: other clients' APIs served by the same backend.
+"""Other services' APIs served by the same backend (docs/cortex-sdk.md, docs/tinker.md): each face is a folder of
+handlers and its own codec over the one service, calling the service methods our own handlers call and adding no
+engine, store or scheduler of its own; jobs made through any face are ordinary jobs."""
 
-Each face is a folder of handlers plus its own codec. It calls the service methods our own handlers call and
-adds no engine, store or scheduler of its own, so what it creates are ordinary jobs, requests and checkpoints.
-"""
+from __future__ import annotations
+
+import tornado.web
+
+from ..service import Service
+
+
+def url_specs(service: Service) -> list[tornado.web.URLSpec]:
+    from .cortex import url_specs as cortex_url_specs
+    from .tinker import url_specs as tinker_url_specs
+
+    return [*cortex_url_specs(service), *tinker_url_specs(service)]

@@ -1,4 +1,4 @@
-"""Requests that run on saved weights instead of the sub-job's live adapter.
+"""Requests that run on a saved adapter instead of the sub-job's live one.
 
 A `generate` or `forward` may name a checkpoint (or the bare base model). Its adapter tensors are read once,
 checked against the manifest, kept on the device (the least recently used dropped first), and swapped into
@@ -33,13 +33,13 @@ class SavedAdapters:
         self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
         self.loads = 0
 
-    def tensors(self, state: ModelState, weights: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def tensors(self, state: ModelState, adapter: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The checkpoint's adapter on this sub-job's device, from the cache or read (verified) from disk."""
-        key = weights["key"]
+        key = adapter["key"]
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        data = read_verified(Path(weights["directory"]), weights["manifest"]["files"], ADAPTER_WEIGHTS)
+        data = read_verified(Path(adapter["directory"]), adapter["manifest"]["files"], ADAPTER_WEIGHTS)
         live = adapter_parameters(state.model)
         loaded = load_tensors(data)
         if set(loaded) != set(live) or any(tuple(loaded[n].shape) != tuple(live[n].shape) for n in loaded):
@@ -52,16 +52,16 @@ class SavedAdapters:
         return tensors
 
     @contextlib.contextmanager
-    def applied(self, state: ModelState, weights: dict[str, Any] | str | None) -> Iterator[None]:
-        """Run the body on `weights`: None = the live adapter, "base" = no adapter, else a checkpoint's."""
-        if weights is None:
+    def applied(self, state: ModelState, adapter: dict[str, Any] | str | None) -> Iterator[None]:
+        """Run the body with `adapter`: None = the live adapter, "base" = none, else a checkpoint's."""
+        if adapter is None:
             yield
             return
-        if weights == BASE:
+        if adapter == BASE:
             with state.model.disable_adapter():
                 yield
             return
-        saved = self.tensors(state, weights)
+        saved = self.tensors(state, adapter)
         live = {name: parameter.detach().clone() for name, parameter in adapter_parameters(state.model).items()}
         assign(state.model, saved)
         try:

@@ -32,6 +32,13 @@ def forward(
             result.update(loss=float(loss.item()), loss_fn=loss_fn, metrics=metrics)
     out = logprobs.float().cpu().numpy()
     result["shape"] = list(out.shape)
+    if loss_fn is None and "weights" in tensors:
+        # Optional weights score only the positions that count: the rest read 0, and the weighted NLL is summed.
+        # (With a loss named, every position's logprob comes back, as forward_backward returns them.)
+        weights = np.asarray(tensors["weights"], dtype=np.float32)
+        result["loss:sum"] = float(-(weights * out).sum(dtype=np.float64))
+        result["weights:sum"] = float(weights.sum(dtype=np.float64))
+        out = np.where(weights != 0, out, np.float32(0.0))
     return result, {"logprobs": out}
 
 

@@ -63,13 +63,9 @@ class TinkerFace:
 
     # lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
-        self._sweeper = asyncio.ensure_future(self._sweep())
-
-    async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        """Start the sweep for sessions whose heartbeats stopped (once; on the IO loop)."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep())
 
     async def _sweep(self) -> None:
         while True:
@@ -338,13 +334,13 @@ class TinkerFace:
         if last_n is not None and not (isinstance(last_n, int) and 1 <= last_n <= len(tokens) - 1 and wants_prompt_logprobs):
             raise ApiError("invalid_field", f"prompt_logprobs_last_n: must be from 1 to {len(tokens) - 1} with prompt_logprobs",
                            {"field": "prompt_logprobs_last_n"})
-        job_id, weights = self.hosts.host(principal, sampler)
+        job_id, adapter = self.hosts.host(principal, sampler)
         job = self.service.store.get_job(job_id)
         limit = max_seq_len(self.service.requests.choose_sub_job(job, "generate", None), self.service.catalog)
         params = translate.sampling_params(body.get("sampling_params"), num_samples, len(tokens), limit, wants_prompt_logprobs)
         request = {"prompts": [tokens], "sampling_params": params}
-        if weights is not None:
-            request["weights"] = weights
+        if adapter is not None:
+            request["adapter"] = adapter
         submitted = self.service.requests.submit(principal, job_id, "generate", b"", request, None)
         sequence_ids = [f"{submitted['id']}:{i}" for i in range(num_samples)]
         future = self._future(principal, "sample", job_id, submitted, sequence_ids=sequence_ids, last_n=last_n,

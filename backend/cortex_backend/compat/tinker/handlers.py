@@ -42,6 +42,11 @@ class TinkerHandler(BaseHandler):
         super().initialize(service)
         self.face = face
 
+    def prepare(self) -> None:
+        super().prepare()
+        # Sessions exist only once a call made one, so the face's sweep for expired sessions starts with the first.
+        self.face.start()
+
     def error_status(self, code: str, status: int) -> int:
         return 400 if status == 409 else status
 
@@ -165,5 +170,5 @@ HANDLERS: dict[str, type[TinkerHandler]] = {
 }
 
 
-def url_specs(service: Service, face: TinkerFace) -> list[tornado.web.URLSpec]:
+def handler_specs(service: Service, face: TinkerFace) -> list[tornado.web.URLSpec]:
     return [tornado.web.url(route.regex, HANDLERS[route.name], {"service": service, "face": face}) for route in ROUTES]

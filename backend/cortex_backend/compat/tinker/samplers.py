@@ -27,7 +27,7 @@ class SamplerHosts:
         return job is not None and job["status"] in ALIVE and not self.service.jobs.is_completing(job["id"])
 
     def host(self, principal: Principal, sampler: SamplingSession) -> tuple[str, Any]:
-        """(job id, weights) for one sample request of this sampling session."""
+        """(job id, adapter) for one sample request of this sampling session."""
         store = self.service.store
         if sampler.live_job_id is not None:
             job = store.get_job(sampler.live_job_id)
@@ -38,14 +38,14 @@ class SamplerHosts:
         if sampler.checkpoint is None:
             return self._sampler_job(principal, sampler.base_model, {}), "base"
         job_id, checkpoint_id = sampler.checkpoint
-        weights = {"job_id": job_id, "checkpoint_id": checkpoint_id}
+        adapter = {"job_id": job_id, "checkpoint_id": checkpoint_id}
         source = store.get_job(job_id)
         if self.alive(source) and source["owner"] == principal.owner and any(s["type"] == states.TRAINING for s in source["sub_jobs"]):
-            return job_id, weights
+            return job_id, adapter
         row = self.service.checkpoints.find(principal, principal.owner, job_id, checkpoint_id)
-        adapter = row["manifest"].get("adapter") or {}
-        lora = {"r": adapter.get("r"), "alpha": adapter.get("lora_alpha"), "target_modules": adapter.get("target_modules")}
-        return self._sampler_job(principal, row["base_model"], lora), weights
+        shape = row["manifest"].get("adapter") or {}
+        lora = {"r": shape.get("r"), "alpha": shape.get("lora_alpha"), "target_modules": shape.get("target_modules")}
+        return self._sampler_job(principal, row["base_model"], lora), adapter
 
     def _sampler_job(self, principal: Principal, base_model: str, lora: dict[str, Any]) -> str:
         key = (principal.owner, base_model, repr(sorted(lora.items())))

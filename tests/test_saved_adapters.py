@@ -1,4 +1,4 @@
-"""generate and forward on saved weights: a checkpoint (or the bare base model) instead of the live adapter,
+"""generate and forward with a saved adapter: a checkpoint's (or none: the bare base model) instead of the live one,
 on any sub-job of the same base model and LoRA shape. A checkpoint never changes, so this is a snapshot."""
 
 from __future__ import annotations
@@ -33,23 +33,23 @@ def test_sampling_a_checkpoint_is_a_snapshot_on_any_sub_job_of_its_shape(client:
         assert saved["checkpoint_id"] == "snap"
         probe = random_batch(rng, 259, batch=2, length=10, pad_tail=False)
         at_save = trainer.forward(probe).result()["tensors"]["logprobs"]
-        snapshot_tokens = trainer.generate(PROMPTS, weights={"checkpoint_id": "snap"}, **GREEDY).result().tokens
+        snapshot_tokens = trainer.generate(PROMPTS, adapter={"checkpoint_id": "snap"}, **GREEDY).result().tokens
         assert snapshot_tokens == trainer.generate(PROMPTS, **GREEDY).result().tokens
 
         _train(trainer, rng, 3)
         later = trainer.forward(probe).result()["tensors"]["logprobs"]
         assert np.abs(later - at_save).max() > 1e-3, "training on must have moved the live adapter"
         # The checkpoint still samples and scores as it did when saved, on the trainer and on another job.
-        assert trainer.generate(PROMPTS, weights={"checkpoint_id": "snap"}, **GREEDY).result().tokens == snapshot_tokens
-        on_sampler = sampler.generate(PROMPTS, weights={"job_id": trainer.job_id, "checkpoint_id": "snap"}, **GREEDY)
+        assert trainer.generate(PROMPTS, adapter={"checkpoint_id": "snap"}, **GREEDY).result().tokens == snapshot_tokens
+        on_sampler = sampler.generate(PROMPTS, adapter={"job_id": trainer.job_id, "checkpoint_id": "snap"}, **GREEDY)
         assert on_sampler.result().tokens == snapshot_tokens
-        scored = trainer.forward(probe, weights={"checkpoint_id": "snap"}).result()["tensors"]["logprobs"]
+        scored = trainer.forward(probe, adapter={"checkpoint_id": "snap"}).result()["tensors"]["logprobs"]
         np.testing.assert_allclose(scored, at_save, rtol=0, atol=1e-6)
         # ...and the live adapter is back in place after each such request.
         np.testing.assert_allclose(trainer.forward(probe).result()["tensors"]["logprobs"], later, rtol=0, atol=1e-6)
 
         # "base": the model without any adapter, equal to transformers on the base model.
-        base = trainer.forward(probe, weights="base").result()["tensors"]["logprobs"]
+        base = trainer.forward(probe, adapter="base").result()["tensors"]["logprobs"]
         with torch.no_grad():
             expected = reference_logprobs(reference_base("tiny"), probe).numpy()
         np.testing.assert_allclose(base, expected, rtol=0, atol=1e-5)
@@ -59,29 +59,29 @@ def test_sampling_a_checkpoint_is_a_snapshot_on_any_sub_job_of_its_shape(client:
             own = mallory.create_sampler("tiny", lora={"r": 4})
             try:
                 with pytest.raises(NotFoundError) as caught:
-                    own.generate(PROMPTS, weights={"job_id": trainer.job_id, "checkpoint_id": "snap"}, **GREEDY)
+                    own.generate(PROMPTS, adapter={"job_id": trainer.job_id, "checkpoint_id": "snap"}, **GREEDY)
                 assert caught.value.code == "checkpoint_not_found"
             finally:
                 own.cancel()
         with pytest.raises(NotFoundError):
-            trainer.generate(PROMPTS, weights={"checkpoint_id": "nope"}, **GREEDY)
+            trainer.generate(PROMPTS, adapter={"checkpoint_id": "nope"}, **GREEDY)
     finally:
         trainer.cancel()
         sampler.cancel()
 
 
-def test_saved_weights_of_another_shape_are_refused(client: Client):
+def test_a_saved_adapter_of_another_shape_is_refused(client: Client):
     trainer = client.create_training_job("tiny", lora={"r": 4}, seed=1)
     other = client.create_sampler("tiny", lora={"r": 8})
     try:
         trainer.save("r4", checkpoint_type="weights-only").result()
         other.wait_ready()
         with pytest.raises(BadRequestError) as caught:
-            other.generate(PROMPTS, weights={"job_id": trainer.job_id, "checkpoint_id": "r4"}, **GREEDY)
+            other.generate(PROMPTS, adapter={"job_id": trainer.job_id, "checkpoint_id": "r4"}, **GREEDY)
         assert caught.value.code == "incompatible_adapter" and "r" in caught.value.detail
         with pytest.raises(BadRequestError) as caught:
-            trainer.generate(PROMPTS, weights={"step": 3}, **GREEDY)
-        assert caught.value.code == "invalid_field" and caught.value.detail["field"] == "weights"
+            trainer.generate(PROMPTS, adapter={"step": 3}, **GREEDY)
+        assert caught.value.code == "invalid_field" and caught.value.detail["field"] == "adapter"
     finally:
         trainer.cancel()
         other.cancel()
