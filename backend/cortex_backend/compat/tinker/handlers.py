@@ -82,7 +82,7 @@ class OperationHandler(TinkerHandler):
     """POST routes with a JSON body and a JSON answer; the route's name picks the operation."""
 
     def post(self, **path: str) -> None:
-        self.write_json(OPERATIONS[self.route.name](self.face, self.principal, self.json_body()))
+        self.write_json(OPERATIONS[operation(self)](self.face, self.principal, self.json_body()))
 
 
 class ForwardBackwardHandler(TinkerHandler):
@@ -126,7 +126,7 @@ class ReadHandler(TinkerHandler):
     """GET routes that read: capabilities, sessions, samplers, training runs, checkpoints."""
 
     def get(self, **path: str) -> None:
-        name, who, face = self.route.name, self.principal, self.face
+        name, who, face = operation(self), self.principal, self.face
         if name == "get_server_capabilities":
             answer = listings.capabilities(face)
         elif name == "get_session":
@@ -154,7 +154,11 @@ class DeleteCheckpointHandler(TinkerHandler):
 
 class UnsupportedHandler(TinkerHandler):
     def post(self) -> None:
-        raise ApiError("unsupported_operation", f"{self.route.name} is not offered by this backend (see docs/tinker.md)")
+        raise ApiError("unsupported_operation", f"{operation(self)} is not offered by this backend (see docs/tinker.md)")
+
+
+def operation(handler: TinkerHandler) -> str:
+    return handler.route.name.removeprefix("tinker:")
 
 
 HANDLERS: dict[str, type[TinkerHandler]] = {
@@ -171,4 +175,5 @@ HANDLERS: dict[str, type[TinkerHandler]] = {
 
 
 def handler_specs(service: Service, face: TinkerFace) -> list[tornado.web.URLSpec]:
-    return [tornado.web.url(route.regex, HANDLERS[route.name], {"service": service, "face": face}) for route in ROUTES]
+    return [tornado.web.url(route.regex, HANDLERS[route.name.removeprefix("tinker:")], {"service": service, "face": face})
+            for route in ROUTES]

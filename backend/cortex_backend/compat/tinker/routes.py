@@ -8,8 +8,9 @@ PREFIX = "/api/v1"
 
 
 def _route(name: str, method: str, path: str, scope: str | None) -> Route:
-    # Not forwarded by the Jupyter proxy: the SDK talks to the backend itself.
-    return Route(name, method, PREFIX + path, scope, proxied=False)
+    # Named "tinker:<operation>" (as they show in the request counters of GET /metrics); not forwarded by the
+    # Jupyter proxy: the SDK talks to the backend itself.
+    return Route(f"tinker:{name}", method, PREFIX + path, scope, proxied=False)
 
 
 ROUTES: tuple[Route, ...] = (
