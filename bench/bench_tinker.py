@@ -6,7 +6,8 @@
   cortex_nb.Client, same batch (tiny, 8 x 128 tokens), same LoRA (rank 16, alpha 32, same modules), same backend,
   alternating step by step; the ratio of medians (goal <= 1.05)
 - a new sampling client from saved weights: seconds to save + create it, seconds to its first sample, and the
-  backend's resident memory (service + workers) per extra sampling client, against what one more sampler job costs
+  trainer worker's resident memory per extra sampling client (each is a saved adapter, swapped in per request),
+  against the resident memory of a sampler job's own worker (what a process per sampling client would cost)
 - how long the SDK takes to give up on a user error (unknown model, a datum whose lengths disagree, an unknown
   loss): the slowest of N, and the requests it made (one each: no retries)
 """
@@ -47,9 +48,12 @@ def row(label: str, value: float, digits: int = 3) -> None:
 
 
 def resident_bytes(pid: int) -> int:
-    """The backend process and every worker it started."""
-    process = psutil.Process(pid)
-    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)])
+    return psutil.Process(pid).memory_info().rss
+
+
+def worker_pid(client: Client, job_id: str) -> int:
+    """The worker process serving a job's (first) sub-job."""
+    return int(client.get_job(job_id)["sub_jobs"][0]["info"]["pid"])
 
 
 def main() -> None:
@@ -106,7 +110,8 @@ def main() -> None:
             params = types.SamplingParams(max_tokens=8, temperature=0.0)
             sampler = training.save_weights_and_get_sampling_client().result()
             sampler.sample(prompt, 1, params).result()
-            base = resident_bytes(backend.pid)
+            trainer = worker_pid(ours, training.model_id.replace(":", "."))
+            base = resident_bytes(trainer)
             to_client, to_sample = [], []
             for i in range(args.samplers):
                 tinker_step()
@@ -116,7 +121,7 @@ def main() -> None:
                 to_client.append(time.perf_counter() - started)
                 sampler.sample(prompt, 1, params).result()
                 to_sample.append(time.perf_counter() - started)
-            grown = resident_bytes(backend.pid) - base
+            grown = resident_bytes(trainer) - base
             quick = []
             for _ in range(args.samplers):
                 started = time.perf_counter()
@@ -127,12 +132,10 @@ def main() -> None:
             row("  save_weights_for_sampler + create_sampling_client(model_path)", median(to_client))
             row("  ... + its first sample (adapter read from the checkpoint)", median(to_sample))
             row("  save_weights_and_get_sampling_client + first sample", median(quick))
-            row("  backend resident memory per new sampling client (MiB)", grown / args.samplers / MIB, 1)
-            before = resident_bytes(backend.pid)
+            row("  trainer worker's resident memory per new sampling client (MiB)", grown / args.samplers / MIB, 2)
             other = ours.create_sampler(MODEL, lora={"r": RANK, "alpha": 32, "target_modules": TARGETS})
             other.generate([[1, 2, 3]], max_tokens=2).result()
-            row("  for comparison: one more sampler job (its own worker and base model) (MiB)",
-                (resident_bytes(backend.pid) - before) / MIB, 1)
+            row("  for comparison: a sampler job's own worker, resident (MiB)", resident_bytes(worker_pid(ours, other.job_id)) / MIB, 1)
             other.cancel()
 
             # User errors: one request, an answer the SDK does not retry.

@@ -60,3 +60,20 @@ def test_what_we_write_the_sdk_reads():
     ))
     assert [(s.tokens, s.logprobs, s.stop_reason) for s in sample.sequences] == [([5, 6], [-0.5, -0.75], "stop"), ([7], [-1.0], "length")]
     assert sample.prompt_logprobs == [None, -2.0, -0.5]
+
+
+def test_a_zstd_body_is_bounded_before_it_is_decompressed():
+    import zstandard
+    from cortex_backend.compat.tinker.handlers import decompress
+
+    from cortex_nb.errors import ApiError
+
+    small = zstandard.ZstdCompressor().compress(b"x" * 1000)
+    assert decompress(small, 4096) == b"x" * 1000
+    for body in (zstandard.ZstdCompressor().compress(b"\0" * 10_000), b"not zstd"):
+        with pytest.raises(ApiError) as caught:
+            decompress(body, 4096)
+        assert caught.value.code in ("body_too_large", "invalid_request")
+    with pytest.raises(ApiError) as caught:
+        decompress(zstandard.ZstdCompressor().compress(b"\0" * 10_000), 4096)
+    assert caught.value.code == "body_too_large"

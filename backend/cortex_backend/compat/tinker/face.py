@@ -13,6 +13,8 @@ import logging
 import secrets
 from typing import Any
 
+import numpy as np
+
 from cortex_nb import states
 from cortex_nb.errors import ApiError
 
@@ -206,7 +208,7 @@ class TinkerFace:
 
         op = "forward" if request.forward_only else "forward_backward"
         submitted = self._numbered(principal, job, request.seq_id, op, frame)
-        future = self._future(principal, op, job["id"], submitted, lengths=lengths)
+        future = self._future(principal, op, job["id"], submitted, lengths=np.asarray(lengths, np.int32))
         return untyped_future(future, model_id=request.model_id)
 
     def optim_step(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
@@ -321,6 +323,8 @@ class TinkerFace:
     def sample(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
         sampler = self.sessions.sampling_session(principal, body.get("sampling_session_id"))
         seq = body.get("seq_id")
+        if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int)):
+            raise ApiError("invalid_field", f"seq_id: must be an integer, got {seq!r}", {"field": "seq_id"})
         num_samples = _int(body, "num_samples", 1) if "num_samples" in body else 1
         if seq in sampler.futures:
             future = self.futures.get(principal, sampler.futures[seq])

@@ -13,7 +13,7 @@ from cortex_nb.errors import ApiError
 from ...auth import Principal
 
 # Futures remembered (oldest forgotten first); the SDK retrieves each within moments of submitting it.
-FUTURES_KEPT = 200_000
+FUTURES_KEPT = 20_000
 
 
 @dataclass

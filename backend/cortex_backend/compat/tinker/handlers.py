@@ -30,8 +30,6 @@ CLIENT_CONFIG = {
     "sample_join_sampling_session": False,
 }
 DYNAMIC_CONFIG = {"refresh_interval_sec": 300, "sample_cancel_enabled": True}
-# An upper bound on a zstd-compressed forward_backward body once decompressed.
-MAX_DECOMPRESSED_BYTES = 512 * 1024 * 1024
 
 
 class TinkerHandler(BaseHandler):
@@ -74,7 +72,6 @@ OPERATIONS: dict[str, JsonOperation] = {
     "weights_info": lambda face, who, body: listings.weights_info(face, who, body.get("tinker_path")),
     "client_config": lambda face, who, body: CLIENT_CONFIG,
     "client_dynamic_config": lambda face, who, body: DYNAMIC_CONFIG,
-    "telemetry": lambda face, who, body: {"status": "accepted"},
 }
 
 
@@ -93,11 +90,23 @@ class ForwardBackwardHandler(TinkerHandler):
         if not self.request.headers.get("Content-Type", "").startswith(messages.CONTENT_TYPE):
             raise ApiError("invalid_request", f"forward_backward takes a {messages.CONTENT_TYPE} body (tinker SDK 0.38 or later)")
         if self.request.headers.get("Content-Encoding", "") == "zstd":
-            try:
-                body = zstandard.ZstdDecompressor().decompress(body, max_output_size=MAX_DECOMPRESSED_BYTES)
-            except zstandard.ZstdError as exc:
-                raise ApiError("invalid_request", f"the zstd body could not be decompressed: {exc}") from None
+            body = decompress(body, self.service.settings.max_body_bytes)
         self.write_json(self.face.forward_backward(self.principal, messages.decode_forward_backward(body)))
+
+
+def decompress(body: bytes, limit: int) -> bytes:
+    """A zstd body, decompressed to no more than an uncompressed body may hold (a frame that declares a larger
+    size is refused before anything is allocated)."""
+    try:
+        declared = zstandard.frame_content_size(body)
+        if declared > limit:
+            raise ApiError("body_too_large", f"the zstd body holds {declared} bytes; the limit is {limit}", {"limit": limit})
+        data = zstandard.ZstdDecompressor().decompress(body, max_output_size=limit)
+    except zstandard.ZstdError as exc:
+        raise ApiError("invalid_request", f"the zstd body could not be decompressed: {exc}") from None
+    if len(data) > limit:
+        raise ApiError("body_too_large", f"the zstd body holds more than {limit} bytes", {"limit": limit})
+    return data
 
 
 class RetrieveFutureHandler(TinkerHandler):
@@ -115,6 +124,13 @@ class FinishSessionHandler(TinkerHandler):
     def post(self, session_id: str) -> None:
         self.face.finish(self.principal, session_id, self.json_body())
         self.write_json(None)
+
+
+class TelemetryHandler(TinkerHandler):
+    """The SDK's telemetry: accepted and dropped, unread."""
+
+    def post(self) -> None:
+        self.write_json({"status": "accepted"})
 
 
 class HealthHandler(TinkerHandler):
@@ -164,6 +180,7 @@ def operation(handler: TinkerHandler) -> str:
 HANDLERS: dict[str, type[TinkerHandler]] = {
     **{name: OperationHandler for name in OPERATIONS},
     "healthz": HealthHandler,
+    "telemetry": TelemetryHandler,
     "forward_backward": ForwardBackwardHandler,
     "retrieve_future": RetrieveFutureHandler,
     "finish_session": FinishSessionHandler,

@@ -90,7 +90,7 @@ def _render(face: TinkerFace, principal: Principal, future: Future, result: dict
     kind = future.kind
     if kind in ("forward_backward", "forward"):
         frame = face.service.requests.tensors(principal, future.job_id, future.request_id)
-        outputs = translate.outputs_from_frame(frame, future.render["lengths"])
+        outputs = translate.outputs_from_frame(frame, future.render["lengths"].tolist())
         metrics = {key: float(value) for key, value in (result.get("metrics") or {}).items() if key.count(":") == 1}
         return "proto", messages.encode_forward_backward_output(outputs, len(future.render["lengths"]), metrics)
     if kind == "sample":
