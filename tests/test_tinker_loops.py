@@ -18,7 +18,7 @@ from .tinker_fixtures import NEEDS_SDK, TINKER_MODEL
 pytestmark = NEEDS_SDK
 
 SL_STEPS, SL_BATCH, SL_LR = 40, 16, 3e-2
-RL_ITERATIONS, RL_PROMPTS, GROUP, RL_LR = 10, 8, 4, 2e-2
+RL_ITERATIONS, RL_PROMPTS, GROUP, RL_LR = 10, 8, 8, 2e-2
 
 
 def closeness(row: dict[str, str], text: str) -> float:
@@ -109,8 +109,9 @@ def test_supervised_then_rl_loop_learns_arithmetic(service_client, backend, tink
             sampled, ob_len = datums[0].loss_fn_inputs["logprobs"].to_numpy(), prompt_lengths[0]
             np.testing.assert_allclose(trained[ob_len:], sampled[ob_len:], rtol=0, atol=1e-4)
     after = greedy_closeness(training_client.save_weights_and_get_sampling_client().result())
-    assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.05, f"mean reward should rise: {rewards}"
-    assert after > before, f"greedy answers should get closer: {before:.2f} -> {after:.2f}"
+    half = RL_ITERATIONS // 2
+    assert np.mean(rewards[half:]) > np.mean(rewards[:half]) + 0.1, f"the mean reward should rise: {rewards}"
+    assert after > before + 0.2, f"greedy answers should get closer: {before:.2f} -> {after:.2f}"
 
     # Ordinary jobs: listed with logs, checkpoints under their tinker:// names in %cortex checkpoints.
     job_id = training_client.model_id.replace(":", ".")
@@ -120,6 +121,10 @@ def test_supervised_then_rl_loop_learns_arithmetic(service_client, backend, tink
         assert {job_id, sl_job} <= set(listed) and listed[job_id]["name"].startswith(f"tinker {TINKER_MODEL}")
         lines = [line["line"] for line in ours.tail_logs(sl_job)["lines"]]
         assert any("forward_backward=" in line for line in lines) and any("step=" in line for line in lines)
+    listed = run_cell(cortex_shell, "%cortex jobs --limit 200")
+    assert listed.success, listed.stderr
+    row = listed.result.set_index("job_id").loc[job_id]
+    assert row["name"] == f"tinker {TINKER_MODEL} r=8" and f"tinker.model_id={training_client.model_id}" in row["labels"]
     shown = run_cell(cortex_shell, f"%cortex checkpoints {sl_job}")
     assert shown.success, shown.stderr
     assert "sl-final" in shown.result["checkpoint_id"].tolist()

@@ -134,6 +134,7 @@ class TinkerFace:
             "job_id": names.job_id_for(model_id),
             "name": f"tinker {base_model} r={lora.get('r')}",
             "experiment": session.display_name or session.id,
+            "labels": {"api": "tinker", "tinker.model_id": model_id, "tinker.session": session.id},
             "sub_jobs": [{"type": states.TRAINING, "base_model": base_model, "lora": lora, "optimizer": dict(ADAM_DEFAULTS),
                           "seed": secrets.randbelow(2**31) if seed is None else seed}],
         }

@@ -51,7 +51,7 @@ class SamplerHosts:
         key = (principal.owner, base_model, repr(sorted(lora.items())))
         job = self.service.store.get_job(self._jobs[key]) if key in self._jobs else None
         if not self.alive(job):
-            spec = {"name": f"tinker sampler {base_model}", "experiment": "tinker",
+            spec = {"name": f"tinker sampler {base_model}", "experiment": "tinker", "labels": {"api": "tinker"},
                     "sub_jobs": [{"type": states.SAMPLING, "base_model": base_model, "lora": lora}]}
             job = self.service.jobs.create(principal, spec)
             self._jobs[key] = job["id"]
