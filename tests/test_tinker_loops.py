@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 
 from cortex_nb import Client
 from cortex_nb.datasets import addition_problems, is_correct
@@ -62,6 +63,15 @@ def test_supervised_then_rl_loop_learns_arithmetic(service_client, backend, tink
         nll.append(-sum(float(lp @ w) for lp, w in zip(logprobs, weights, strict=True)) / sum(w.sum() for w in weights))
     assert np.mean(nll[-5:]) < 0.6 * np.mean(nll[:5]), f"mean NLL should fall: {nll[:5]} ... {nll[-5:]}"
     state_path = training_client.save_state("sl-final").result().path
+    probe_datum = datum(rows[0])
+    trained = training_client.forward([probe_datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    # The saved state loads without its optimizer too, into a new client and (the older call) into an existing one.
+    weights_only = service_client.create_training_client_from_state(state_path).result()
+    loaded = weights_only.forward([probe_datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    np.testing.assert_allclose(loaded, trained, rtol=0, atol=1e-6)
+    with pytest.warns(FutureWarning):
+        reloaded = service_client.create_lora_training_client(base_model=TINKER_MODEL, rank=8, seed=1).result().load_state(state_path)
+    assert reloaded.result().path == state_path
 
     # RL: rl_loop.py's shape, from the supervised state (optimizer included): sample a group per prompt from the
     # current weights, advantages = reward - group mean, importance_sampling on the sampled tokens.

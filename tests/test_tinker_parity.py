@@ -123,3 +123,55 @@ def test_base_model_logprobs_and_greedy_equal_transformers(service_client, llama
             reference = base.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                       max_new_tokens=8, do_sample=False)[0, len(prompt):].tolist()
             assert greedy.sequences[0].tokens == reference
+
+
+def test_forward_backward_custom_trains_as_the_same_loss_built_in(service_client):
+    """A client-side loss (forward_backward_custom) reaches the backend as cross_entropy with weights -dC/dlogprob:
+    here C = sum(w * logprob), so the weights sent are -w, negative. It must train exactly as cross_entropy with
+    weights -w does."""
+    from tinker import types
+
+    tokens = [5, 17, 33, 2, 60, 41, 9, 12]
+    w = [0.0, 0.5, 1.0, -0.25, 2.0, 1.0, 0.75]
+    data = [types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": w})]
+
+    def custom(batch, logprobs):
+        loss = sum((torch.tensor(d.loss_fn_inputs["weights"].data) * lp).sum() for d, lp in zip(batch, logprobs, strict=True))
+        return loss, {"custom:sum": float(loss)}
+
+    custom_client = service_client.create_lora_training_client(base_model=TINKER_MODEL, rank=4, seed=3).result()
+    builtin_client = service_client.create_lora_training_client(base_model=TINKER_MODEL, rank=4, seed=3).result()
+    negated = [types.Datum(model_input=data[0].model_input, loss_fn_inputs={"target_tokens": tokens[1:], "weights": [-x for x in w]})]
+    adam = types.AdamParams(learning_rate=1e-2)
+    custom_result = custom_client.forward_backward_custom(data, custom).result()
+    custom_client.optim_step(adam).result()
+    builtin_result = builtin_client.forward_backward(negated, "cross_entropy").result()
+    builtin_client.optim_step(adam).result()
+    assert custom_result.metrics["loss:sum"] == pytest.approx(custom_result.metrics["custom:sum"])
+    assert custom_result.metrics["surrogate_loss:sum"] == pytest.approx(builtin_result.metrics["loss:sum"], rel=1e-5)
+    after = [c.forward(data, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy() for c in (custom_client, builtin_client)]
+    np.testing.assert_allclose(after[0], after[1], rtol=0, atol=TOLERANCE)
+
+
+def test_sampling_params_seed_stop_and_truncation(service_client):
+    from tinker import types
+
+    sampler = service_client.create_sampling_client(base_model=TINKER_MODEL).result()
+    prompt = types.ModelInput.from_ints([5, 17, 33, 2])
+
+    def draw(**params):
+        return sampler.sample(prompt, 4, types.SamplingParams(max_tokens=6, **params)).result().sequences
+
+    first, again = draw(temperature=1.0, seed=7), draw(temperature=1.0, seed=7)
+    assert [s.tokens for s in first] == [s.tokens for s in again], "a seed replays the samples"
+    assert len({tuple(s.tokens) for s in first}) > 1, "num_samples draws differ"
+    assert all(len(s.tokens) == len(s.logprobs) <= 6 for s in first)
+    greedy = draw(temperature=0.0)[0].tokens
+    assert draw(temperature=1.0, top_k=1, seed=3)[0].tokens == greedy, "top_k=1 is greedy"
+    never = draw(temperature=0.0, stop=[])[0]  # [] turns off every stop, EOS too
+    assert never.stop_reason == "length" and len(never.tokens) == 6 and never.tokens[: len(greedy)] == greedy
+    stop, eos = never.tokens[2], 1  # </s> of the test tokenizer
+    stopped = draw(temperature=0.0, stop=[stop])[0]  # a stop token, and EOS still
+    end = next(i for i, token in enumerate(never.tokens) if token in (stop, eos))
+    assert stopped.stop_reason == "stop" and stopped.tokens == never.tokens[: end + 1]

@@ -53,16 +53,15 @@ class SavedAdapters:
 
     @contextlib.contextmanager
     def applied(self, state: ModelState, adapter: dict[str, Any] | str | None) -> Iterator[None]:
-        """Run the body with `adapter`: None = the live adapter, "base" = none, else a checkpoint's."""
+        """Run the body with `adapter`: None = the live adapter, "base" = none, else a checkpoint's.
+
+        Always by writing the adapter's tensors in place (zeros for "base": a zero adapter adds nothing), so an
+        engine that merges the adapter into its weights sees the change like any other (torch counts the write)."""
         if adapter is None:
             yield
             return
-        if adapter == BASE:
-            with state.model.disable_adapter():
-                yield
-            return
-        saved = self.tensors(state, adapter)
         live = {name: parameter.detach().clone() for name, parameter in adapter_parameters(state.model).items()}
+        saved = {name: torch.zeros_like(value) for name, value in live.items()} if adapter == BASE else self.tensors(state, adapter)
         assign(state.model, saved)
         try:
             yield
