@@ -121,25 +121,18 @@ def test_per_step_adam_hyperparameters_match_torch_adamw(client: Client):
 
 def test_negative_cross_entropy_weights_are_accepted_and_flip_the_gradient(client: Client):
     """A client-side loss C trains through cross_entropy with weights = -dC/dlogprob (the Tinker SDK's
-    forward_backward_custom): negative weights must be accepted, giving the negated loss and gradient."""
+    forward_backward_custom): negative weights must be accepted, giving the negated loss and gradient. Here a batch
+    and its negation accumulate to no gradient at all."""
     rng = np.random.default_rng(8)
     batch = random_batch(rng, 259, batch=2, length=10)
     negated = {**batch, "weights": -batch["weights"]}
-    positive_job = client.create_training_job("tiny", optimizer={"lr": 1e-2}, seed=2)
-    negative_job = client.create_training_job("tiny", optimizer={"lr": 1e-2}, seed=2)
+    job = client.create_training_job("tiny", optimizer={"lr": 1e-2}, seed=2)
     try:
-        positive = positive_job.forward_backward(batch).result()
-        negative = negative_job.forward_backward(negated).result()
-        assert negative["loss"] == pytest.approx(-positive["loss"], rel=1e-6)
-        steps = positive_job.step().result(), negative_job.step().result()
-        assert steps[0]["grad_norm"] == pytest.approx(steps[1]["grad_norm"], rel=1e-5)
-        # The two adapters moved in opposite directions: one made the targets likelier, the other less likely.
-        probe = {name: batch[name] for name in ("input_ids", "target_tokens", "attention_mask")}
-        before = positive["tensors"]["logprobs"]
-        up = positive_job.forward(probe).result()["tensors"]["logprobs"]
-        down = negative_job.forward(probe).result()["tensors"]["logprobs"]
-        mask = batch["weights"] > 0
-        assert (up - before)[mask].sum() > 0 > (down - before)[mask].sum()
+        positive = job.forward_backward(batch).result()
+        negative = job.forward_backward(negated).result()
+        assert positive["loss"] > 0 and negative["loss"] == pytest.approx(-positive["loss"], rel=1e-6)
+        assert job.step().result()["grad_norm"] < 1e-4 * positive["loss"]
+        one_sided = job.forward_backward(negated), job.step()
+        assert one_sided[1].result()["grad_norm"] > 1e-2 * positive["loss"]
     finally:
-        positive_job.cancel()
-        negative_job.cancel()
+        job.cancel()

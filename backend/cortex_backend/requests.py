@@ -196,8 +196,7 @@ class RequestManager:
             try:
                 return self._submit(principal, job, op, body, json_body, sub_job, stream, seq)
             except ApiError as exc:
-                stream.refusals[seq] = exc
-                self._release_in_order(job_id, stream)
+                self._use_up(job_id, stream, seq, exc)
                 raise
         return self._submit(principal, job, op, body, json_body, sub_job, None, 0)
 
@@ -217,9 +216,12 @@ class RequestManager:
         """A face refused a numbered submission before it reached `submit`: its number is used up all the same."""
         if self.jobs.visible_job(principal, job_id)["status"] in states.JOB_TERMINAL:
             return
-        stream = self._stream(job_id, sequence)
-        if sequence[1] not in stream.request_ids and sequence[1] >= stream.next_seq:
-            stream.refusals[sequence[1]] = error
+        self._use_up(job_id, self._stream(job_id, sequence), sequence[1], error)
+
+    def _use_up(self, job_id: str, stream: SequenceStream, seq: int, error: ApiError) -> None:
+        """A refused number: remember the refusal (a retry hears it again) and let the numbers after it go."""
+        if seq not in stream.request_ids and seq >= stream.next_seq:
+            stream.refusals[seq] = error
             self._release_in_order(job_id, stream)
 
     def sequenced(self, job_id: str, sequence: tuple[str, int]) -> dict[str, Any] | None:

@@ -1,6 +1,6 @@
 """The Tinker API face: the published `tinker` SDK (and tinker-cookbook) against this backend (docs/tinker.md).
 
-`face.py` translates each operation into service calls, `messages.py` and `protobuf_wire.py` are its codec,
+`face.py` (sessions, models, training) and `sampling.py` translate each operation into service calls, `messages.py` and `protobuf_wire.py` are its codec,
 `handlers.py` and `routes.py` serve it.
 """
 

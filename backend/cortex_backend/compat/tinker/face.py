@@ -20,7 +20,6 @@ from cortex_nb.errors import ApiError
 
 from ...auth import Principal
 from ...checkpoints import RESUMABLE, WEIGHTS_ONLY
-from ...requests import max_seq_len
 from ...service import Service
 from . import names, translate
 from .futures import Future, Futures
@@ -35,16 +34,9 @@ STREAM = "tinker"
 SWEEP_S = 1.0
 # What a new model's optimizer starts as (Tinker's AdamParams defaults); every optim_step sends its own.
 ADAM_DEFAULTS = {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-12, "weight_decay": 0.0}
-UNSUPPORTED_SAMPLE_FIELDS = {
-    "topk_prompt_logprobs": "top-k prompt logprobs",
-    "topk_sample_logprobs": "top-k sampled logprobs",
-    "target_prompt_logprobs": "logprobs of chosen prompt tokens",
-    "prompt_alt_tokens_k": "alternative prompt tokens",
-    "record_stability_info": "stability information (stable_reinforce)",
-}
 
 
-def _int(body: dict[str, Any], key: str, low: int = 0) -> int:
+def integer_field(body: dict[str, Any], key: str, low: int = 0) -> int:
     value = body.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ApiError("invalid_field", f"{key}: must be an integer of at least {low}, got {value!r}", {"field": key})
@@ -142,7 +134,7 @@ class TinkerFace:
 
     def create_model(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
         session = self.sessions.live(principal, body.get("session_id"))
-        seq = _int(body, "model_seq_id")
+        seq = integer_field(body, "model_seq_id")
         model_id = names.model_id(session.id, seq)
         if seq in session.models:
             return untyped_future(self.futures.get(principal, f"create.{session.models[seq]}"), model_id=model_id)
@@ -193,7 +185,7 @@ class TinkerFace:
             raise
         return self.service.requests.submit(principal, job["id"], op, body, json_body, None, sequence)
 
-    def _future(self, principal: Principal, kind: str, job_id: str, request: dict[str, Any], **render: Any) -> Future:
+    def future_for(self, principal: Principal, kind: str, job_id: str, request: dict[str, Any], **render: Any) -> Future:
         return self.futures.known(request["id"]) or self.futures.add(
             Future(request["id"], principal.owner, kind, job_id, request["id"], render)
         )
@@ -209,7 +201,7 @@ class TinkerFace:
 
         op = "forward" if request.forward_only else "forward_backward"
         submitted = self._numbered(principal, job, request.seq_id, op, frame)
-        future = self._future(principal, op, job["id"], submitted, lengths=np.asarray(lengths, np.int32))
+        future = self.future_for(principal, op, job["id"], submitted, lengths=np.asarray(lengths, np.int32))
         return untyped_future(future, model_id=request.model_id)
 
     def optim_step(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
@@ -221,7 +213,7 @@ class TinkerFace:
             return b"", translate.step_body(body.get("adam_params", body.get("optim_params")))
 
         submitted = self._numbered(principal, job, body.get("seq_id"), "step", step)
-        return untyped_future(self._future(principal, "optim_step", job["id"], submitted), model_id=body["model_id"])
+        return untyped_future(self.future_for(principal, "optim_step", job["id"], submitted), model_id=body["model_id"])
 
     def save_state(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
         job = self.model_job(principal, body.get("model_id"))
@@ -233,7 +225,7 @@ class TinkerFace:
             return b"", {"checkpoint_id": name, "type": RESUMABLE}
 
         submitted = self._numbered(principal, job, body.get("seq_id"), "save", save)
-        return untyped_future(self._future(principal, "save_state", job["id"], submitted), model_id=body["model_id"])
+        return untyped_future(self.future_for(principal, "save_state", job["id"], submitted), model_id=body["model_id"])
 
     def save_for_sampler(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
         """A named sampler checkpoint (`save_weights_for_sampler`), or a new sampling session on the weights of
@@ -245,11 +237,11 @@ class TinkerFace:
                 return b"", {"checkpoint_id": names.SAMPLER_PREFIX + names.checkpoint_name(body["path"]), "type": WEIGHTS_ONLY}
 
             submitted = self._numbered(principal, job, seq, "save", named)
-            return untyped_future(self._future(principal, "save_for_sampler", job["id"], submitted), model_id=body["model_id"])
+            return untyped_future(self.future_for(principal, "save_for_sampler", job["id"], submitted), model_id=body["model_id"])
         session = self.sessions.of_model(job["id"])
         if session is None:
             raise ApiError("session_not_found", f"model {body['model_id']} belongs to no live session; create a sampling client from a path")
-        sampler_id = names.sampling_session_id(session.id, _int(body, "sampling_session_seq_id"))
+        sampler_id = names.sampling_session_id(session.id, integer_field(body, "sampling_session_seq_id"))
         base_model = job["sub_jobs"][0]["spec"]["base_model"]
         inflight = body.get("kind", "snapshot") == "inflight"
         checkpoint = f"{names.SAMPLER_PREFIX}ephemeral-{seq}"
@@ -266,7 +258,7 @@ class TinkerFace:
                 checkpoint=None if inflight else (job["id"], checkpoint), ephemeral=not inflight,
             )
             session.samplers[body["sampling_session_seq_id"]] = sampler_id
-        future = self._future(principal, "save_for_sampler", job["id"], submitted, sampling_session_id=sampler_id)
+        future = self.future_for(principal, "save_for_sampler", job["id"], submitted, sampling_session_id=sampler_id)
         return untyped_future(future, model_id=body["model_id"])
 
     def load_weights(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
@@ -282,10 +274,10 @@ class TinkerFace:
         if body.get("session_id") is None:
             job = self.model_job(principal, body.get("model_id"))
             submitted = self._numbered(principal, job, body.get("seq_id"), "load", lambda: (b"", load))
-            future = self._future(principal, "load", job["id"], submitted, path=body["path"], model_id=body["model_id"])
+            future = self.future_for(principal, "load", job["id"], submitted, path=body["path"], model_id=body["model_id"])
             return untyped_future(future, model_id=body["model_id"])
         session = self.sessions.live(principal, body["session_id"])
-        seq = _int(body, "model_seq_id")
+        seq = integer_field(body, "model_seq_id")
         model_id = names.model_id(session.id, seq)
         if seq in session.models:
             return untyped_future(self.futures.get(principal, f"load.{session.models[seq]}"), model_id=model_id)
@@ -301,81 +293,8 @@ class TinkerFace:
                                          {"path": body["path"], "model_id": model_id}))
         return untyped_future(future, model_id=model_id)
 
-    # sampling -----------------------------------------------------------------------------------
-    def create_sampling_session(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
-        session = self.sessions.live(principal, body.get("session_id"))
-        seq = _int(body, "sampling_session_seq_id")
-        sampler_id = names.sampling_session_id(session.id, seq)
-        if sampler_id not in self.sessions.sampling:
-            if body.get("model_path"):
-                job_id, checkpoint_id, _ = names.parse_path(body["model_path"])
-                row = self.service.checkpoints.find(principal, principal.owner, job_id, checkpoint_id)
-                if body.get("base_model") not in (None, row["base_model"]):
-                    raise ApiError("invalid_field", f"base_model: {body['model_path']} was trained on {row['base_model']}",
-                                   {"field": "base_model"})
-                sampler = SamplingSession(sampler_id, principal.owner, row["base_model"], checkpoint=(job_id, checkpoint_id),
-                                          model_path=body["model_path"])
-            else:
-                sampler = SamplingSession(sampler_id, principal.owner, self.service.catalog.get(body.get("base_model")).name)
-            self.sessions.sampling[sampler_id] = sampler
-            session.samplers[seq] = sampler_id
-        return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
-
-    def sample(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
-        sampler = self.sessions.sampling_session(principal, body.get("sampling_session_id"))
-        seq = body.get("seq_id")
-        if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int)):
-            raise ApiError("invalid_field", f"seq_id: must be an integer, got {seq!r}", {"field": "seq_id"})
-        num_samples = _int(body, "num_samples", 1) if "num_samples" in body else 1
-        if seq in sampler.futures:
-            future = self.futures.get(principal, sampler.futures[seq])
-            return untyped_future(future, sample_sequence_ids=future.render["sequence_ids"])
-        for field, what in UNSUPPORTED_SAMPLE_FIELDS.items():
-            if body.get(field) not in (None, 0, False):
-                raise ApiError("unsupported_operation", f"{field}: {what} is not supported by this backend", {"field": field})
-        tokens = prompt_tokens(body.get("prompt"))
-        last_n = body.get("prompt_logprobs_last_n")
-        wants_prompt_logprobs = bool(body.get("prompt_logprobs"))
-        if last_n is not None and not (isinstance(last_n, int) and 1 <= last_n <= len(tokens) - 1 and wants_prompt_logprobs):
-            raise ApiError("invalid_field", f"prompt_logprobs_last_n: must be from 1 to {len(tokens) - 1} with prompt_logprobs",
-                           {"field": "prompt_logprobs_last_n"})
-        job_id, adapter = self.hosts.host(principal, sampler)
-        job = self.service.store.get_job(job_id)
-        limit = max_seq_len(self.service.requests.choose_sub_job(job, "generate", None), self.service.catalog)
-        params = translate.sampling_params(body.get("sampling_params"), num_samples, len(tokens), limit, wants_prompt_logprobs)
-        request = {"prompts": [tokens], "sampling_params": params}
-        if adapter is not None:
-            request["adapter"] = adapter
-        submitted = self.service.requests.submit(principal, job_id, "generate", b"", request, None)
-        sequence_ids = [f"{submitted['id']}:{i}" for i in range(num_samples)]
-        future = self._future(principal, "sample", job_id, submitted, sequence_ids=sequence_ids, last_n=last_n,
-                              prompt_logprobs=wants_prompt_logprobs)
-        if seq is not None:
-            sampler.futures[seq] = future.id
-        return untyped_future(future, sample_sequence_ids=sequence_ids)
-
     def cancel(self, principal: Principal, body: dict[str, Any]) -> None:
         future = self.futures.get(principal, body.get("request_id"))
         if future.request_id is not None:
             with contextlib.suppress(ApiError):
                 self.service.requests.cancel(principal, future.job_id, future.request_id)
-
-
-def prompt_tokens(prompt: Any) -> list[int]:
-    """A ModelInput's token ids (text chunks only)."""
-    chunks = prompt.get("chunks") if isinstance(prompt, dict) else None
-    if not isinstance(chunks, list) or not chunks:
-        raise ApiError("invalid_field", "prompt: must be a ModelInput with at least one chunk", {"field": "prompt"})
-    tokens: list[int] = []
-    for i, chunk in enumerate(chunks):
-        if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
-            kind = chunk.get("type") if isinstance(chunk, dict) else type(chunk).__name__
-            raise ApiError("unsupported_operation", f"prompt.chunks[{i}] is {kind!r}; this backend samples from text tokens only",
-                           {"field": f"prompt.chunks[{i}]"})
-        values = chunk.get("tokens")
-        if not isinstance(values, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in values):
-            raise ApiError("invalid_field", f"prompt.chunks[{i}].tokens: must be a list of token ids", {"field": f"prompt.chunks[{i}].tokens"})
-        tokens.extend(values)
-    if not tokens:
-        raise ApiError("invalid_field", "prompt: holds no tokens", {"field": "prompt"})
-    return tokens

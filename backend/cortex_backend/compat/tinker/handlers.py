@@ -14,7 +14,7 @@ from cortex_nb.errors import ApiError
 
 from ...handlers.base import BaseHandler
 from ...service import Service
-from . import listings, messages, results
+from . import listings, messages, results, sampling
 from .face import TinkerFace
 from .routes import ROUTES
 
@@ -66,8 +66,8 @@ OPERATIONS: dict[str, JsonOperation] = {
     "save_weights": lambda face, who, body: face.save_state(who, body),
     "save_weights_for_sampler": lambda face, who, body: face.save_for_sampler(who, body),
     "load_weights": lambda face, who, body: face.load_weights(who, body),
-    "create_sampling_session": lambda face, who, body: face.create_sampling_session(who, body),
-    "asample": lambda face, who, body: face.sample(who, body),
+    "create_sampling_session": lambda face, who, body: sampling.create_sampling_session(face, who, body),
+    "asample": lambda face, who, body: sampling.sample(face, who, body),
     "cancel_future": lambda face, who, body: face.cancel(who, body),
     "weights_info": lambda face, who, body: listings.weights_info(face, who, body.get("tinker_path")),
     "client_config": lambda face, who, body: CLIENT_CONFIG,
