@@ -133,6 +133,9 @@ def main() -> None:
             row("  ... + its first sample (adapter read from the checkpoint)", median(to_sample))
             row("  save_weights_and_get_sampling_client + first sample", median(quick))
             row("  trainer worker's resident memory per new sampling client (MiB)", grown / args.samplers / MIB, 2)
+            sizes = [c.size_bytes for c in tinker.RestClient(base_url=backend.url, api_key=key).list_checkpoints(
+                training.model_id).result().checkpoints if c.checkpoint_id.startswith("sampler_weights/bench-")]
+            row("  one saved adapter (its checkpoint's size, MiB)", median(sizes) / MIB, 2)
             other = ours.create_sampler(MODEL, lora={"r": RANK, "alpha": 32, "target_modules": TARGETS})
             other.generate([[1, 2, 3]], max_tokens=2).result()
             row("  for comparison: a sampler job's own worker, resident (MiB)", resident_bytes(worker_pid(ours, other.job_id)) / MIB, 1)

@@ -19,7 +19,8 @@ from .face import TinkerFace
 from .routes import ROUTES
 
 # Server flags for the SDK (tinker.types.ClientConfigResponse): API keys (no JWT exchange), fwd/bwd bodies
-# uncompressed, custom losses and sampling futures the per-request way.
+# uncompressed, custom losses and sampling futures the per-request way, and httpx's own transport, which trusts
+# SSL_CERT_FILE (a backend's self-signed certificate); the SDK's default transport reads only the system store.
 CLIENT_CONFIG = {
     "pjwt_auth_enabled": False,
     "credential_default_source": "api_key",
@@ -28,6 +29,7 @@ CLIENT_CONFIG = {
     "custom_loss_server_side": False,
     "sample_use_retrieve_futures": False,
     "sample_join_sampling_session": False,
+    "use_pyqwest_transport": False,
 }
 DYNAMIC_CONFIG = {"refresh_interval_sec": 300, "sample_cancel_enabled": True}
 
