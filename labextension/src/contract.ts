@@ -35,6 +35,8 @@ export const PROXIED_ROUTES: Readonly<Record<string, IRouteSpec>> = {
   get_checkpoint: { name: "get_checkpoint", method: "GET", template: "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}" },
   delete_checkpoint: { name: "delete_checkpoint", method: "DELETE", template: "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}" },
   export_checkpoint: { name: "export_checkpoint", method: "GET", template: "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/export" },
+  put_dataset: { name: "put_dataset", method: "PUT", template: "/v1/datasets/{dataset_id}" },
+  get_dataset: { name: "get_dataset", method: "GET", template: "/v1/datasets/{dataset_id}" },
   upload_chunk: { name: "upload_chunk", method: "PUT", template: "/v1/uploads/{upload_id}/chunks/{index}" },
   job_logs: { name: "job_logs", method: "GET", template: "/v1/jobs/{job_id}/logs" },
   capacity: { name: "capacity", method: "GET", template: "/v1/capacity" },
@@ -80,3 +82,69 @@ export const FAILURE_CODES: Readonly<Record<string, string>> = {
   "weight_sync_failed": "a sampler could not take the trainer's weights; it kept its previous ones",
   "weight_sync_timeout": "a weight-sync participant did not answer in time",
 };
+
+/** Phases of a job's progress record (`progress.phase`). */
+export const PROGRESS_PHASES = ["waiting", "training", "keep_alive", "finished", "stopped", "failed"] as const;
+
+/** One word per job state, the same in the widget, `%cortex jobs` and the sidebar. */
+export const DISPLAY_WORDS = ["queued", "starting", "training", "sampling", "idle", "done", "failed", "cancelled"] as const;
+export type DisplayWord = (typeof DISPLAY_WORDS)[number];
+
+/** A duration as m:ss (or h:mm:ss), as `cortex_nb.states.clock` writes it. */
+export function clock(seconds: number): string {
+  const total = Math.max(Math.round(seconds), 0);
+  const hours = Math.floor(total / 3600);
+  const minutes = Math.floor((total % 3600) / 60);
+  const secs = total % 60;
+  const pad = (n: number) => String(n).padStart(2, '0');
+  return hours ? `${hours}:${pad(minutes)}:${pad(secs)}` : `${minutes}:${pad(secs)}`;
+}
+
+/* eslint-disable @typescript-eslint/no-explicit-any */
+/** The word for a job and an optional detail: `cortex_nb.states.display_state`. `now` in seconds. */
+export function displayState(job: any, now: number = Date.now() / 1000): [DisplayWord, string | null] {
+  const status = job.status;
+  const progress = job.progress || {};
+  if (status === 'pending') {
+    const queue = job.queue || {};
+    let detail: string | null = null;
+    if (queue.reason) {
+      detail = `#${queue.position} in the queue: ${queue.reason}`;
+      if (queue.estimate_s !== null && queue.estimate_s !== undefined) {
+        detail += ` (about ${clock(queue.estimate_s)})`;
+      }
+    }
+    return ['queued', detail];
+  }
+  if (status === 'starting') {
+    return ['starting', null];
+  }
+  if (status === 'running') {
+    const phase = progress.phase;
+    if (phase === 'training' && progress.source === 'managed') {
+      const total = progress.total_steps;
+      return ['training', `step ${progress.step ?? 0}` + (total ? `/${total}` : '')];
+    }
+    if (phase === 'keep_alive') {
+      const until = job.keep_alive_until;
+      return ['sampling', until ? `keep-alive, freeing the device in ${clock(until - now)}` : 'keep-alive'];
+    }
+    if (job.idle) {
+      return ['idle', `freeing the device in ${clock(job.idle.frees_at - now)}`];
+    }
+    const trains = (job.sub_jobs || []).some((sub: any) => sub.type === 'training');
+    if (trains) {
+      return ['training', progress.step ? `step ${progress.step}` : null];
+    }
+    return ['sampling', null];
+  }
+  if (status === 'failed') {
+    const code = job.failure_code;
+    const message = job.failure_message;
+    return ['failed', code ? (message ? `${code}: ${message}` : code) : message ?? null];
+  }
+  if (status === 'cancelled') {
+    return ['cancelled', null];
+  }
+  return ['done', null];
+}
