@@ -59,8 +59,9 @@ class Comparison:
     checkpoints: dict[str, str] = field(default_factory=dict)
 
     def label(self, job_id: str) -> str:
+        """How views name a run: `name (job-id)`, or the id alone for a job without a name."""
         job = next(job for job in self.jobs if job["job_id"] == job_id)
-        return job.get("name") or job_id
+        return f"{job['name']} ({job_id})" if job.get("name") else job_id
 
     def text(self) -> str:
         """A plain-text rendering (non-interactive runs, reprs)."""

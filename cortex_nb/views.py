@@ -228,13 +228,13 @@ def ab_frame(comparison: Comparison) -> pd.DataFrame:
     job_ids = [job["job_id"] for job in comparison.jobs]
     rows = []
     for sample in comparison.ab:
-        row = {"prompt": sample.prompt, "job_id": sample.job_id, "name": comparison.label(sample.job_id),
+        row = {"prompt": sample.prompt, "job_id": sample.job_id, "run": comparison.label(sample.job_id),
                "sample": sample.text, "num_tokens": len(sample.tokens),
                "logprob": sum(sample.logprobs[sample.job_id])}
         for other in job_ids:
             if other != sample.job_id:
                 differences = sample.difference(other)
-                row[f"mean_logprob_diff_under_{comparison.label(other)}"] = (
+                row[f"mean_logprob_diff_under_{other}"] = (
                     sum(differences) / len(differences) if differences else None)
         rows.append(row)
     return pd.DataFrame(rows)

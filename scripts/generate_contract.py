@@ -1,6 +1,5 @@
-"""Write labextension/src/contract.ts: the proxied routes, job and request states, failure codes,
-progress phases, display words (and `displayState`) and versions, copied from the Python source of truth
-(cortex_nb/routes.py, states.py, version.py).
+"""Write labextension/src/contract.ts: the proxied routes, job and request states, failure codes and
+versions, copied from the Python source of truth (cortex_nb/routes.py, states.py, version.py).
 
     python scripts/generate_contract.py           # rewrite the file
     python scripts/generate_contract.py --check   # exit 1 if it is out of date (tests/test_contract_ts.py)
@@ -63,82 +62,7 @@ def render() -> str:
     ]
     lines += [f"  {literal(code)}: {literal(text)}," for code, text in states.FAILURE_CODES.items()]
     lines += ["};", ""]
-    lines += [
-        "/** Phases of a job's progress record (`progress.phase`). */",
-        f"export const PROGRESS_PHASES = {literal(list(states.PROGRESS_PHASES))} as const;",
-        "",
-        "/** One word per job state, the same in the widget, `%cortex jobs` and the sidebar. */",
-        f"export const DISPLAY_WORDS = {literal(list(states.DISPLAY_WORDS))} as const;",
-        "export type DisplayWord = (typeof DISPLAY_WORDS)[number];",
-        "",
-        DISPLAY_STATE_TS.strip(),
-        "",
-    ]
     return "\n".join(lines)
-
-
-# cortex_nb.states.display_state and clock, written again in TypeScript. tests/test_contract_ts.py runs
-# both on the same jobs (through Node.js) and compares the answers.
-DISPLAY_STATE_TS = """
-/** A duration as m:ss (or h:mm:ss), as `cortex_nb.states.clock` writes it. */
-export function clock(seconds: number): string {
-  const total = Math.max(Math.round(seconds), 0);
-  const hours = Math.floor(total / 3600);
-  const minutes = Math.floor((total % 3600) / 60);
-  const secs = total % 60;
-  const pad = (n: number) => String(n).padStart(2, '0');
-  return hours ? `${hours}:${pad(minutes)}:${pad(secs)}` : `${minutes}:${pad(secs)}`;
-}
-
-/* eslint-disable @typescript-eslint/no-explicit-any */
-/** The word for a job and an optional detail: `cortex_nb.states.display_state`. `now` in seconds. */
-export function displayState(job: any, now: number = Date.now() / 1000): [DisplayWord, string | null] {
-  const status = job.status;
-  const progress = job.progress || {};
-  if (status === 'pending') {
-    const queue = job.queue || {};
-    let detail: string | null = null;
-    if (queue.reason) {
-      detail = `#${queue.position} in the queue: ${queue.reason}`;
-      if (queue.estimate_s !== null && queue.estimate_s !== undefined) {
-        detail += ` (about ${clock(queue.estimate_s)})`;
-      }
-    }
-    return ['queued', detail];
-  }
-  if (status === 'starting') {
-    return ['starting', null];
-  }
-  if (status === 'running') {
-    const phase = progress.phase;
-    if (phase === 'training' && progress.source === 'managed') {
-      const total = progress.total_steps;
-      return ['training', `step ${progress.step ?? 0}` + (total ? `/${total}` : '')];
-    }
-    if (phase === 'keep_alive') {
-      const until = job.keep_alive_until;
-      return ['sampling', until ? `keep-alive, freeing the device in ${clock(until - now)}` : 'keep-alive'];
-    }
-    if (job.idle) {
-      return ['idle', `freeing the device in ${clock(job.idle.frees_at - now)}`];
-    }
-    const trains = (job.sub_jobs || []).some((sub: any) => sub.type === 'training');
-    if (trains) {
-      return ['training', progress.step ? `step ${progress.step}` : null];
-    }
-    return ['sampling', null];
-  }
-  if (status === 'failed') {
-    const code = job.failure_code;
-    const message = job.failure_message;
-    return ['failed', code ? (message ? `${code}: ${message}` : code) : message ?? null];
-  }
-  if (status === 'cancelled') {
-    return ['cancelled', null];
-  }
-  return ['done', null];
-}
-"""
 
 
 def main(argv: list[str] | None = None) -> int:

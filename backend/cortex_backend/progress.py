@@ -165,6 +165,7 @@ class ProgressRecord:
             "elapsed_s": (end - self.started_at) if self.started_at else None,
             "eta_s": eta,
             "last_checkpoint": self.last_checkpoint,
+            "last_checkpoint_step": self.last_checkpoint_step,
             "weight_version": self.weight_version,
             "history": [{"step": _step(x), "loss_per_token": y} for x, y in self.history.points()],
             "eval_history": [{"step": _step(x), "eval_loss_per_token": y} for x, y in self.eval_history.points()],
