@@ -200,7 +200,7 @@ def compare_command(self: CortexMagics, args: Any, cell: str | None):
     """Compare runs: overlaid loss and eval curves, a table of hyperparameters and final metrics, and
     the same prompts sampled greedily from each run's last checkpoint ('final' where there is one) side
     by side, with per-token logprob differences (an A/B view)."""
-    from ..compare import compare
+    from .. import compare
 
     if len(args.job_ids) < 2:
         raise UsageError("cortex compare: give two or more job ids")
