@@ -28,6 +28,7 @@ optimizer: {{lr: 0.003}}
 lora: {{r: 16, alpha: 32}}
 eval: {{every: 20, data: {DEMO_TEXT}}}
 sample: {{every: 40, prompts: ["The lighthouse keeper"], max_tokens: 24}}
+keep_alive: 10m
 """
 
 
@@ -73,7 +74,7 @@ def test_widget_runs_live_in_jupyterlab_and_opens_the_sidebar(lab):
             # Live: the badge moves on while the cell has long returned, and the charts fill in.
             expect(badge).to_have_text("training", timeout=120_000)
             expect(widget.locator("svg polyline").first).to_be_visible(timeout=60_000)
-            expect(badge).to_have_text("done", timeout=300_000)
+            expect(badge).to_have_text("sampling", timeout=300_000)  # trained; kept alive for sampling
             expect(widget).to_contain_text("step 80/80")
             expect(widget.locator("svg[aria-label='loss per token'] polyline")).to_have_count(2)  # train and eval
             expect(widget.locator("svg[aria-label^='CPU / RAM'] polyline")).to_have_count(2, timeout=30_000)
@@ -84,14 +85,14 @@ def test_widget_runs_live_in_jupyterlab_and_opens_the_sidebar(lab):
             job_id = widget.locator("[data-cortex-open-job]").get_attribute("data-cortex-open-job")
             assert job_id and job_id.startswith("job-")
             widget.locator("button.jupyter-button").filter(has_text="Save checkpoint").click()
-            wait_until(lambda: [c["checkpoint_id"] for c in client.list_checkpoints(job_id)] == ["step-80"], 60)
+            wait_until(lambda: "step-80" in [c["checkpoint_id"] for c in client.list_checkpoints(job_id)], 60)
             expect(widget).to_contain_text("saved checkpoint step-80", timeout=30_000)
 
             cancel = widget.locator("button.jupyter-button").filter(has_text="Cancel")
             cancel.click()
             wait_until(lambda: client.get_job(job_id)["status"] == "cancelled", 60)
             expect(cancel).to_be_disabled(timeout=30_000)
-            expect(widget).to_contain_text("(job cancelled)", timeout=30_000)
+            expect(badge).to_have_text("cancelled", timeout=30_000)
 
             widget.locator(".cortex-open-in-sidebar").click()
             view = page.locator(f"#cortex-job-{job_id}")
