@@ -8,7 +8,7 @@ import pytest
 
 from cortex_nb import Client
 from cortex_nb.train_loop import live_run
-from cortex_nb.widgets import job_widget, state
+from cortex_nb.widgets import job_view, job_widget, state
 from cortex_nb.widgets.throttle import MAX_RENDERS_PER_S, RenderThrottle
 
 from .notebook_fixtures import run_cell, train_spec, wait_until
@@ -24,6 +24,11 @@ def test_cancel_button_cancels_the_job_on_the_backend(cortex_shell, backend):
     assert not run.done
 
     widget.cancel_button.click()  # what a click in the browser calls
+    # Trained steps and no checkpoint: the widget asks before throwing them away.
+    assert widget.confirm.layout.display == "flex" and "no checkpoint was saved" in widget.confirm_text.value
+    with Client(backend.url, backend.token) as client:
+        assert client.get_job(job.job_id)["status"] == "running" and not run.done
+    widget.confirm_button.click()
 
     with Client(backend.url, backend.token) as client:
         wait_until(lambda: client.get_job(job.job_id)["status"] == "cancelled", 30)
@@ -31,7 +36,9 @@ def test_cancel_button_cancels_the_job_on_the_backend(cortex_shell, backend):
     assert run.status == "cancelled" and run.state.step < 2000
     widget.throttle.flush()
     wait_until(lambda: widget.cancel_button.disabled and "cancelled" in repr(widget), 10)
-    assert widget.progress.bar_style == "warning"
+    # A cancel is the user's choice: neutral, never the failure red.
+    assert widget.progress.bar_style == "" and job_view.BADGE_COLORS["cancelled"] == job_view.NEUTRAL
+    assert job_view.NEUTRAL in widget.header.value and job_view.BADGE_COLORS["failed"] not in widget.header.value
     assert not widget.action_errors
     assert f'data-cortex-open-job="{job.job_id}"' in widget.open_in_sidebar.value
 
@@ -85,9 +92,9 @@ def test_render_throttle_batches_bursts_to_four_a_second():
 
 
 def test_open_in_sidebar_is_an_element_the_lab_extension_can_find():
-    html = job_widget.open_in_sidebar_html("job-abc123")
+    html = job_view.open_in_sidebar_html("job-abc123")
     assert 'class="cortex-open-in-sidebar' in html and 'data-cortex-open-job="job-abc123"' in html
-    quoted = job_widget.open_in_sidebar_html('job-"x"')
+    quoted = job_view.open_in_sidebar_html('job-"x"')
     assert 'data-cortex-open-job="job-&quot;x&quot;"' in quoted
 
 

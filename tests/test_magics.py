@@ -113,7 +113,7 @@ def test_train_20_steps_returns_job_and_widget_shows_falling_loss(cortex_shell, 
     assert widget.progress.bar_style == "success"
     assert ">done<" in widget.header.value and "tiny" in widget.header.value
     assert "<polyline" in widget.loss_chart.value
-    assert repr(widget) == f"<cortex job {trained_job.job_id} done step 20/20 loss {snap.last_loss:.4f}>"
+    assert repr(widget) == f"<cortex job {trained_job.job_id} done step 20/20 loss per token {snap.last_loss:.4f}>"
     with Client(backend.url, backend.token) as client:
         job = client.get_job(trained_job.job_id)
     assert job["status"] == "running" and job["name"] == "magic-test"  # stays up for sampling
@@ -131,7 +131,7 @@ def test_widget_device_chart_shows_cpu_and_ram_from_the_backend_monitor(trained_
     widget.throttle.mark_dirty()
     widget.throttle.flush()
     wait_until(lambda: "<polyline" in widget.device_chart.value, 10)
-    assert f"CPU / RAM (no GPU) {snap.metrics_device}" in widget.device_chart.value
+    assert f"CPU / RAM, % of host · {snap.metrics_device}" in widget.device_chart.value
 
 
 def test_train_without_wait_leaves_the_notebook_free(cortex_shell, backend):
@@ -380,4 +380,4 @@ def test_noninteractive_job_prints_what_the_backend_knows(cortex_shell, trained_
     assert ran.success, ran.stderr
     line = ran.stdout.strip()
     assert line.startswith(f"{trained_job.job_id} (tiny) running: 20 steps")
-    assert f"loss {live.first_loss:.4f} -> {live.last_loss:.4f}" in line
+    assert f"loss per token {live.first_loss:.4f} -> {live.last_loss:.4f}" in line

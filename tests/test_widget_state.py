@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ElementTree
 
-from cortex_nb.widgets import job_widget
+from cortex_nb.widgets import job_view
 from cortex_nb.widgets.state import CHART_POINTS, LOG_LINE_CHARS, LOG_TAIL_LINES, DecimatedSeries, JobState
 from cortex_nb.widgets.svg import Line, line_chart
 
@@ -38,7 +38,7 @@ def test_device_metrics_draw_gpu_when_present_and_cpu_ram_otherwise():
                      for i in range(5)])
     snap = gpu.snapshot()
     assert snap.metric_kind == "gpu" and snap.metrics["gpu_memory_percent"][0] == (0.0, 25.0)
-    svg = job_widget.device_chart_svg(snap)
+    svg = job_view.device_chart_svg(snap)
     assert "GPU util %" in svg and "CPU %" not in svg
     ElementTree.fromstring(svg)
 
@@ -55,7 +55,7 @@ def test_device_metrics_draw_gpu_when_present_and_cpu_ram_otherwise():
     snap = cpu.snapshot()
     assert snap.metric_kind == "cpu" and snap.metrics["ram_percent"] == [(0.0, 25.0)]
     assert "gpu_utilization_percent" not in snap.metrics
-    assert "CPU / RAM (no GPU)" in job_widget.device_chart_svg(snap)
+    assert "CPU / RAM, % of host · cpu" in job_view.device_chart_svg(snap)
 
 
 def test_loss_chart_is_wellformed_svg_with_both_series():
@@ -64,7 +64,7 @@ def test_loss_chart_is_wellformed_svg_with_both_series():
         state.record_step(step, 5.0 - step / 100, tokens=64)
         if step % 50 == 0:
             state.record_eval(step, 5.1 - step / 100)
-    svg = job_widget.loss_chart_svg(state.snapshot())
+    svg = job_view.loss_chart_svg(state.snapshot())
     root = ElementTree.fromstring(svg)
     lines = root.findall("{http://www.w3.org/2000/svg}polyline")
     assert len(lines) == 2
@@ -84,5 +84,5 @@ def test_summary_and_repr_read_well_as_text():
     state.set_run_status("done")
     summary = state.summary()
     assert summary.startswith("job-s (tiny) done: 10/10 steps in ")
-    assert "loss 2.9000 -> 2.0000" in summary and "eval loss 2.5000" in summary and "100 tok/s" in summary
-    assert job_widget.job_repr(state.snapshot()) == "<cortex job job-s done step 10/10 loss 2.0000>"
+    assert "loss per token 2.9000 -> 2.0000" in summary and "eval loss per token 2.5000" in summary and "100 tok/s" in summary
+    assert job_view.job_repr(state.snapshot()) == "<cortex job job-s done step 10/10 loss per token 2.0000>"

@@ -18,7 +18,8 @@ from IPython.display import display
 from ..errors import CortexError
 from ..kernel_threads import BackgroundLoop, capture_parent, start_thread
 from ..states import JOB_DONE, JOB_TERMINAL
-from .job_widget import BADGE_COLORS, BAR_STYLES, logs_html
+from .job_view import BADGE_COLORS, BAR_STYLES, logs_pre, logs_title
+from .job_widget import disclosure
 from .state import JobState, format_duration
 from .throttle import RenderThrottle
 
@@ -111,7 +112,8 @@ class RunWidget(widgets.VBox):
         self.header = widgets.HTML()
         self.message = widgets.HTML()
         self.progress = widgets.IntProgress(min=0, max=1, value=0, layout=widgets.Layout(width="320px"))
-        self.logs = widgets.HTML()
+        self.logs_body = widgets.HTML()
+        self.logs = disclosure("log tail", self.logs_body, open_=True)
         self.outputs = widgets.Output()
         self.cancel_button = widgets.Button(description="Cancel", icon="stop", button_style="danger",
                                             tooltip="Cancel this run on the backend")
@@ -184,7 +186,8 @@ class RunWidget(widgets.VBox):
         finished = snap.status in JOB_TERMINAL
         self.progress.value = 1 if finished else 0
         self.progress.bar_style = BAR_STYLES.get(snap.status, "info")
-        self.logs.value = logs_html(snap).replace("<details>", "<details open>", 1)
+        self.logs_body.value = logs_pre(snap)
+        self.logs.titles = (logs_title(snap),)
         self.cancel_button.disabled = finished
         if self.saved:
             self.message.value += "<br>" + escape("saved: " + ", ".join(f"{n} -> {p}" for n, p in sorted(self.saved.items())))

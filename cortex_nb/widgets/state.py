@@ -115,6 +115,8 @@ class Snapshot:
     samples_step: int | None
     samples: list[tuple[str, str]]
     checkpoints: list[str] = field(default_factory=list)
+    # The last job JSON as the backend sent it (progress, queue, idle, ...); {} before the first.
+    job: dict[str, Any] = field(default_factory=dict)
 
 
 class JobState:
@@ -125,6 +127,7 @@ class JobState:
         self.name = name
         self.model = model
         self.devices: list[str] = []
+        self.job: dict[str, Any] = {}
         self.job_status: str | None = None
         self.run_status: str | None = None
         self.message: str | None = None
@@ -161,6 +164,7 @@ class JobState:
     def set_job(self, job: dict[str, Any]) -> None:
         """Take what the backend says about the job: status, model, devices, failure."""
         with self._lock:
+            self.job = dict(job)
             self.job_status = job.get("status")
             self.name = job.get("name") or self.name
             subs = job.get("sub_jobs") or []
@@ -254,6 +258,11 @@ class JobState:
                     used, total = sample.get("ram_used_bytes"), sample.get("ram_total_bytes")
                     if used is not None and total:
                         self._metric("ram_percent").append(x, 100.0 * used / total)
+                    # The job's own worker processes, where the backend could attribute them.
+                    if sample.get("job_cpu_percent") is not None:
+                        self._metric("job_cpu_percent").append(x, float(sample["job_cpu_percent"]))
+                    if sample.get("job_ram_bytes") is not None and total:
+                        self._metric("job_ram_percent").append(x, 100.0 * sample["job_ram_bytes"] / total)
         self._changed()
 
     def _metric(self, name: str) -> DecimatedSeries:
@@ -302,6 +311,7 @@ class JobState:
                 metrics={name: series.points() for name, series in self.metrics.items()},
                 metrics_note=self.metrics_note, metrics_device=self.metrics_device, log_tail=list(self.log_tail), logs_dropped=self.logs_dropped,
                 samples_step=self.samples_step, samples=list(self.samples), checkpoints=list(self.checkpoints),
+                job=dict(self.job),
             )
 
     def retained_sizes(self) -> dict[str, int]:
@@ -318,9 +328,9 @@ class JobState:
         total = f"/{snap.total_steps}" if snap.total_steps else ""
         parts = [f"{snap.job_id} step {snap.step}{total}"]
         if snap.last_loss is not None:
-            parts.append(f"loss {snap.last_loss:.4f}")
+            parts.append(f"loss per token {snap.last_loss:.4f}")
         if snap.last_eval is not None:
-            parts.append(f"eval {snap.last_eval:.4f}")
+            parts.append(f"eval loss per token {snap.last_eval:.4f}")
         if snap.tokens_per_s:
             parts.append(f"{format_count(snap.tokens_per_s)} tok/s")
         if snap.eta_s is not None:
@@ -335,9 +345,9 @@ class JobState:
         if snap.elapsed_s is not None:
             text += f" in {format_duration(snap.elapsed_s)}"
         if snap.first_loss is not None and snap.last_loss is not None:
-            text += f", loss {snap.first_loss:.4f} -> {snap.last_loss:.4f}"
+            text += f", loss per token {snap.first_loss:.4f} -> {snap.last_loss:.4f}"
         if snap.last_eval is not None:
-            text += f", eval loss {snap.last_eval:.4f}"
+            text += f", eval loss per token {snap.last_eval:.4f}"
         if snap.tokens_per_s:
             text += f", {format_count(snap.tokens_per_s)} tok/s"
         if snap.message and snap.status != RUN_DONE:
