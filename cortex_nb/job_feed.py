@@ -169,7 +169,9 @@ class JobFeed(BackgroundLoop):
             self.state.add_metrics([], note="this backend serves no device metrics")
             return
         self.metrics_since = page.get("next_since", self.metrics_since)
-        self.state.add_metrics(page.get("samples") or [], note=page.get("gpu_unavailable_reason"))
+        # The backend's one quiet line ("CPU host: no GPU metrics"); older backends only give the reason.
+        note = page.get("gpu_metrics_note", page.get("gpu_unavailable_reason"))
+        self.state.add_metrics(page.get("samples") or [], note=note)
 
     def _is_due(self, name: str, every_s: float) -> bool:
         now = time.monotonic()

@@ -122,16 +122,20 @@ def test_train_20_steps_returns_job_and_widget_shows_falling_loss(cortex_shell, 
 def test_widget_device_chart_shows_cpu_and_ram_from_the_backend_monitor(trained_job):
     """This host has no NVIDIA GPU: the backend's samples carry CPU/RAM only, and so does the chart."""
     state = live_run(trained_job.job_id).state
-    wait_until(lambda: len(state.snapshot().metrics.get("cpu_percent", [])) >= 2, 30)
+    wait_until(lambda: len(state.snapshot().metrics.get("job_cpu_percent", [])) >= 2, 30)
     snap = state.snapshot()
     assert snap.metric_kind == "cpu" and snap.metrics_device == snap.devices[0]
-    assert set(snap.metrics) == {"cpu_percent", "ram_percent"}  # no GPU series, not even zeros
+    # The host's CPU/RAM and the job's own worker's; no GPU series, not even zeros.
+    assert set(snap.metrics) == {"cpu_percent", "ram_percent", "job_cpu_percent", "job_ram_percent"}
+    assert snap.metrics_note == "CPU host: no GPU metrics"
     assert all(0 <= value <= 100 for _, value in snap.metrics["ram_percent"])
     widget = job_widget._WIDGETS[trained_job.job_id]
     widget.throttle.mark_dirty()
     widget.throttle.flush()
     wait_until(lambda: "<polyline" in widget.device_chart.value, 10)
     assert f"CPU / RAM, % of host · {snap.metrics_device}" in widget.device_chart.value
+    assert ">job CPU<" in widget.device_chart.value and ">host CPU<" in widget.device_chart.value
+    assert widget.device_note.value.count("GPU") == 1 and "CPU host: no GPU metrics" in widget.device_note.value
 
 
 def test_train_without_wait_leaves_the_notebook_free(cortex_shell, backend):

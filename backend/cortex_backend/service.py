@@ -62,7 +62,8 @@ class Service:
         self.runs = RunManager(settings, self.store, self.catalog, self.scheduler, self.logs, self.uploads, self.jobs.admit)
         self._sweeper: asyncio.Task | None = None
         # observability
-        self.monitor = Monitor(self.store, self.devices, settings.monitor_interval_s, settings.metrics_retention_s)
+        self.monitor = Monitor(self.store, self.devices, settings.monitor_interval_s, settings.metrics_retention_s,
+                               worker_pid=self.executor.worker_pid)
         self.device_metrics = DeviceMetrics(self.store, self.jobs, self.monitor)
         self.events = EventFeed(self.store, settings.event_retention)
         self.operator_metrics = OperatorMetrics(LiveState(
