@@ -327,7 +327,9 @@ def test_job_widget_is_rebuilt_from_the_backend_after_a_restart(cortex_shell, ow
         ("%%cortex train\ndata: /no/such/train.jsonl\nsteps: 5\n", "data: no file '/no/such/train.jsonl'"),
         ("%%cortex train\ndata: $not_defined_here\nsteps: 5\n", "data: $not_defined_here is not defined"),
         ("%%cortex train\ndata: x.jsonl\n", "give exactly one of steps"),
+        ("%%cortex train\ndata: x.jsonl\nsteps: 5\nlora:\n  alpha: 8\n  r: 0\n", "lora.r (cell line 6): must be >= 1, not 0"),
         ("%cortex job job-doesnotexist", "[job_not_found] no job 'job-doesnotexist'"),
+        ("%cortex job job-doesnotexist", "list yours with %cortex jobs"),
         ("%cortex logs job-doesnotexist", "[job_not_found]"),
         ("%cortex cancel job-doesnotexist", "[job_not_found]"),
         ("%cortex jobs --status sleeping", "invalid choice: 'sleeping'"),
@@ -343,6 +345,7 @@ def test_problems_print_one_clear_line(cortex_shell, cell, expected):
     assert ran.error_lines[0].startswith("UsageError: cortex")
     assert expected in ran.error_lines[0]
     assert "Traceback" not in ran.stdout + ran.stderr
+    assert "/v1/" not in ran.error_lines[0]  # hints name magics, not REST routes
 
 
 def test_bad_jsonl_row_is_named(cortex_shell, tmp_path):
