@@ -18,6 +18,8 @@ from cortex_nb.widgets.state import JobState
 from cortex_nb.widgets.svg import Line, line_chart
 from cortex_nb.widgets.throttle import RenderThrottle
 
+from .notebook_fixtures import wait_until
+
 SVG = "{http://www.w3.org/2000/svg}"
 
 
@@ -26,14 +28,21 @@ def polyline_ys(svg: str) -> list[float]:
     return [float(point.split(",")[1]) for point in points]
 
 
-def trained_state(steps: int = 30, name: str | None = "lr-3e-3") -> JobState:
+def trained_state(steps: int = 30, name: str | None = "lr-3e-3", status: str = "running", **progress) -> JobState:
+    """A job as the backend answers it, its progress record holding `steps` points of loss 8/step."""
     state = JobState("job-render", name, "tiny")
-    state.set_job({"status": "running", "name": name, "started_at": time.time() - 125,
-                   "sub_jobs": [{"base_model": "tiny", "device": "cpu"}]})
-    state.set_plan(steps)
-    for step in range(1, steps + 1):
-        state.record_step(step, 8.0 / step, tokens=64, at=1000.0 + step)
+    state.set_job(job_json(steps, name, status, **progress))
     return state
+
+
+def job_json(steps: int, name: str | None = "lr-3e-3", status: str = "running", **progress) -> dict:
+    record = {"source": "managed", "phase": "training" if status == "running" else "finished", "step": steps,
+              "total_steps": steps, "loss_per_token": 8.0 / steps, "summed_loss": 8.0 / steps * 512,
+              "history": [{"step": step, "loss_per_token": 8.0 / step} for step in range(1, steps + 1)],
+              "eval_history": [], "updated_at": time.time(), **progress}
+    return {"job_id": "job-render", "status": status, "name": name, "started_at": time.time() - 125,
+            "finished_at": None, "progress": record,
+            "sub_jobs": [{"type": "training", "base_model": "tiny", "device": "cpu"}]}
 
 
 def test_charts_scale_with_the_cell_and_standalone_ones_have_a_size_and_ink():
@@ -76,17 +85,17 @@ def test_log_scale_toggle_redraws_the_loss_chart(client):
 
 
 def test_disclosures_keep_what_the_user_opened_across_renders(client):
-    state = trained_state()
+    state = trained_state(samples={"step": 10, "items": [{"prompt": "2+3=", "text": "5"}]})
     widget = JobWidget(client, state)
     state.add_log_lines(["[engine] ready"])
-    state.record_samples(10, [("2+3=", "5")])
     widget.render()
     assert widget.logs.selected_index is None and widget.samples.selected_index == 0  # defaults: log shut, samples open
     widget.logs.selected_index = 0  # the user opens the log tail (a click sets this from the browser)
     widget.samples.selected_index = None  # and closes the samples
     for step in range(5):
         state.add_log_lines([f"line {step}"])
-        state.record_samples(20 + step, [("2+3=", "5"), ("7+5=", "12")])
+        state.set_job(job_json(30 + step, samples={"step": 20 + step, "items": [{"prompt": "2+3=", "text": "5"},
+                                                                                {"prompt": "7+5=", "text": "12"}]}))
         widget.render()
     assert widget.logs.selected_index == 0 and widget.samples.selected_index is None
     assert "line 4" in widget.logs_body.value and widget.logs.titles == ("log tail: last 6 lines",)
@@ -111,12 +120,12 @@ def test_a_running_job_shows_relative_times_and_a_finished_one_a_clock_time():
     now = time.time()
     snap = state.snapshot()
     assert "started 2 min ago" in job_view.stats_parts(snap, now)
-    assert job_view.refresh_in(snap, now) == pytest.approx(55, abs=1.5)
-    state.set_job({**snap.job, "progress": {"updated_at": now - 40, "summed_loss": 987.6}})
+    assert job_view.refresh_in(snap, now) == pytest.approx(5, abs=1.5)  # "just now" for the last progress
+    state.set_job(job_json(30, updated_at=now - 40, summed_loss=987.6))
     parts = job_view.stats_parts(state.snapshot(), now)
     assert "last progress 40 s ago" in parts and "summed loss 987.6" in parts and "loss per token 0.2667" in parts
     finished = now - 3600
-    state.set_job({**snap.job, "status": "done", "finished_at": finished})
+    state.set_job({**job_json(30, status="done"), "finished_at": finished})
     snap = state.snapshot()
     assert f"finished {time.strftime('%Y-%m-%d %H:%M', time.localtime(finished))}" in job_view.stats_parts(snap, now)
     assert job_view.refresh_in(snap, now) is None  # nothing changes by itself any more
@@ -142,13 +151,11 @@ def test_throttle_renders_again_when_the_view_asks_without_being_marked():
 
 
 def test_static_picture_is_self_contained_html_with_the_final_curve(client):
-    state = trained_state(steps=12)
-    state.record_eval(12, 1.5)
+    state = trained_state(steps=12, status="done", eval_loss_per_token=1.5,
+                          eval_history=[{"step": 12, "eval_loss_per_token": 1.5}])
     state.add_metrics([{"at": 10.0 + i, "device": "cpu", "cpu_percent": 50.0, "ram_used_bytes": 4, "ram_total_bytes": 16,
                         "job_cpu_percent": 25.0, "job_ram_bytes": 2} for i in range(3)],
                       note="CPU host: no GPU metrics")
-    state.set_job({"status": "done", "name": "lr-3e-3", "started_at": 1000.0, "finished_at": 1013.0,
-                   "sub_jobs": [{"base_model": "tiny", "device": "cpu"}]})
     widget = JobWidget(client, state)
     bundle = widget._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle  # the live view, and next to it the picture
@@ -164,4 +171,20 @@ def test_static_picture_is_self_contained_html_with_the_final_curve(client):
     device = ElementTree.fromstring(base64.b64decode(images[1][0]).decode())
     labels = [text.text for text in device.iter(f"{SVG}text")]
     assert {"host CPU", "host RAM", "job CPU", "job RAM"} <= set(labels)
+    widget.close()
+
+
+def test_an_idle_job_counts_down_to_freeing_its_device_and_offers_free_device(client):
+    job = job_json(30, source="primitive")
+    job["idle"] = {"timeout_s": 300.0, "frees_at": time.time() + 272.4}
+    state = JobState("job-render")
+    state.set_job(job)
+    widget = JobWidget(client, state)
+    first = re.search(r"freeing the device in (\d:\d\d)", widget.header.value)
+    assert ">idle<" in widget.header.value and first and first.group(1) in ("4:32", "4:31")
+    assert widget.free_button.layout.display is None and widget.cancel_button.layout.display == "none"
+    widget.throttle.mark_dirty()  # the countdown then redraws itself, with no new data from the backend
+    wait_until(lambda: first.group(1) not in widget.header.value, 5)
+    later = re.search(r"freeing the device in 4:(\d\d)", widget.header.value)
+    assert later and int(later.group(1)) < int(first.group(1)[2:])
     widget.close()

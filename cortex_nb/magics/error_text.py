@@ -56,7 +56,7 @@ def spec_key(field: str) -> str:
 
 
 def with_cell_line(message: str, field: str | None, cell: str | None) -> str:
-    """Name a spec field as the cell writes it, with its line: "lora.r (cell line 5): must be >= 1".
+    """Name a spec field as the cell writes it, with its line in the cell: "lora.r (line 5): must be >= 1".
 
     The cell's first line is the `%%cortex ...` line, so the spec's line N is the cell's line N + 1.
     """
@@ -69,7 +69,7 @@ def with_cell_line(message: str, field: str | None, cell: str | None) -> str:
         written = re.sub(r"\[\d+\]$", "", written) if written.endswith("]") else written.rpartition(".")[0]
     if not written:
         return message
-    where = f"cell line {lines[written] + 1}"
+    where = f"line {lines[written] + 1}"
     for prefix in (field, name):
         if message.startswith(prefix + ":"):
             return f"{name} ({where}){message[len(prefix):]}"

@@ -11,23 +11,34 @@ import time
 from dataclasses import dataclass
 from html import escape
 
-from ..states import JOB_TERMINAL
+from ..states import (
+    JOB_RUNNING,
+    JOB_TERMINAL,
+    WORD_CANCELLED,
+    WORD_DONE,
+    WORD_FAILED,
+    WORD_IDLE,
+    WORD_QUEUED,
+    WORD_SAMPLING,
+    WORD_STARTING,
+    WORD_TRAINING,
+)
 from .relative_time import ago
-from .state import RUN_CANCELLED, RUN_DONE, RUN_FAILED, RUN_STOPPED, RUN_TERMINAL, Snapshot, format_count, format_duration
+from .state import Snapshot, format_count, format_duration
 from .svg import Line, line_chart, svg_img
 
 LOG_LINES_SHOWN = 40
 OPEN_IN_SIDEBAR_CLASS = "cortex-open-in-sidebar"
 STATIC_CLASS = "cortex-job-static"
 NEUTRAL = "#6b7280"
+# One colour per display word (`cortex_nb.states.display_state`). A cancel is the user's choice, not a
+# failure: it is as neutral as a queued job, and only `failed` is red.
 BADGE_COLORS = {
-    "pending": NEUTRAL, "queued": NEUTRAL, "starting": "#2563eb", "training": "#2563eb", "running": "#2563eb",
-    "sampling": "#0f766e", "idle": "#64748b",
-    RUN_DONE: "#15803d", RUN_FAILED: "#b91c1c", RUN_STOPPED: "#b45309",
-    # A cancel is the user's choice, not a failure: a neutral badge.
-    RUN_CANCELLED: NEUTRAL,
+    WORD_QUEUED: NEUTRAL, WORD_STARTING: "#2563eb", WORD_TRAINING: "#2563eb", WORD_SAMPLING: "#0f766e",
+    WORD_IDLE: "#64748b", WORD_DONE: "#15803d", WORD_FAILED: "#b91c1c", WORD_CANCELLED: NEUTRAL,
+    "running": "#2563eb",  # a source run's word while it runs (it has no training phases)
 }
-BAR_STYLES = {RUN_DONE: "success", RUN_FAILED: "danger", RUN_CANCELLED: "", RUN_STOPPED: "warning"}
+BAR_STYLES = {WORD_DONE: "success", WORD_FAILED: "danger", WORD_CANCELLED: ""}
 BAR_COLORS = {"success": "#15803d", "danger": "#b91c1c", "warning": "#b45309", "info": "#0891b2", "": "#9ca3af"}
 COLORS = {"train": "#2563eb", "eval": "#ea580c", "util": "#16a34a", "memory": "#9333ea"}
 # A running job whose progress is older than this says how old it is.
@@ -61,21 +72,25 @@ def open_in_sidebar_html(job_id: str) -> str:
 
 
 def ended(snap: Snapshot) -> bool:
-    return snap.job_status in JOB_TERMINAL or snap.status in RUN_TERMINAL
+    return snap.job_status in JOB_TERMINAL
+
+
+def trained(snap: Snapshot) -> bool:
+    """The training is over but the job still holds its device (sampling after it, or idle)."""
+    return snap.job_status == JOB_RUNNING and snap.status in (WORD_SAMPLING, WORD_IDLE)
 
 
 def header_html(snap: Snapshot) -> str:
-    """Name first (what the user called it), then id, model, device and the status badge."""
+    """Name first (what the user called it), then id, model, device, the status word and its detail
+    (why it waits, when an idle job frees its device)."""
     color = BADGE_COLORS.get(snap.status, NEUTRAL)
     parts = [f"<b>{escape(snap.name)}</b> <code>{escape(snap.job_id)}</code>" if snap.name else f"<b>{escape(snap.job_id)}</b>"]
     parts.append(f"model <code>{escape(snap.model or '?')}</code>")
     parts.append(f"device <code>{escape(', '.join(snap.devices) or '-')}</code>")
     badge = (f'<span class="cortex-status" style="background:{color};color:white;border-radius:8px;'
              f'padding:1px 8px">{escape(snap.status)}</span>')
-    job_note = ""
-    if snap.run_status and snap.job_status and snap.job_status != snap.run_status:
-        job_note = f' <span style="opacity:.7">(job {escape(snap.job_status)})</span>'
-    return " · ".join(parts) + " " + badge + job_note
+    detail = f' <span class="cortex-status-detail" style="opacity:.7">{escape(snap.detail)}</span>' if snap.detail else ""
+    return " · ".join(parts) + " " + badge + detail
 
 
 def message_html(snap: Snapshot) -> str:
@@ -119,9 +134,11 @@ def time_parts(snap: Snapshot, now: float) -> list[str]:
 
 
 def refresh_in(snap: Snapshot, now: float) -> float | None:
-    """Seconds until a text of this view changes by itself (a relative time), or None."""
+    """Seconds until a text of this view changes by itself (a countdown, a relative time), or None."""
     if ended(snap):
         return None
+    if snap.idle or snap.job.get("keep_alive_until"):
+        return 1.0 - now % 1.0 + 0.01  # "freeing the device in 4:32" counts down each second
     waits = [ago(now - moment)[1] for moment in (snap.job.get("started_at"), (snap.job.get("progress") or {}).get("updated_at"))
              if moment]
     return min(waits) if waits else None

@@ -1,9 +1,9 @@
 """The live job widget: header, progress, loss and device charts, samples, log tail, buttons.
 
-Background threads (training loop, backend feed) only write the `JobState`; a `RenderThrottle`
-turns state into trait values at most 4 times a second (and again when a relative time or a
-countdown changes by itself). Widgets are created on the main thread, at display, where the cell's
-parent message is captured for the threads.
+A background feed (`JobFeed`: the job's progress record from the backend, logs, metrics) only writes
+the `JobState`; a `RenderThrottle` turns state into trait values at most 4 times a second (and again
+when a relative time or a countdown changes by itself). Widgets are created on the main thread, at
+display, where the cell's parent message is captured for the threads.
 
 What the user opens or toggles (the log tail, the samples, the log scale) lives in widget models the
 renderer never writes, so a re-render keeps it. When the job has ended, each display of the widget
@@ -23,7 +23,7 @@ from IPython.display import display
 from ..errors import CortexError
 from ..job_feed import JobFeed
 from ..kernel_threads import capture_parent, start_thread
-from ..states import JOB_RUNNING, JOB_TERMINAL
+from ..states import JOB_RUNNING
 from .job_view import (
     ViewOptions,
     bar_style,
@@ -42,13 +42,13 @@ from .job_view import (
     samples_title,
     static_html,
     stats_html,
+    trained,
 )
 from .state import JobState, Snapshot
 from .throttle import RenderThrottle
 
 if TYPE_CHECKING:
     from ..client import Client
-    from ..train_loop import TrainingRun
 
 MAX_REMEMBERED_WIDGETS = 32
 # While the job has ended but the feed still collects its last lines, look again this soon.
@@ -66,18 +66,11 @@ def disclosure(title: str, body: widgets.Widget, open_: bool) -> widgets.Accordi
 
 
 class JobWidget(widgets.VBox):
-    """A live view of one job. Display it; it follows the backend (and this kernel's loop, if any)."""
+    """A live view of one job. Display it; it follows the backend's record of the job."""
 
-    def __init__(
-        self,
-        client: Client,
-        state: JobState,
-        run: TrainingRun | None = None,
-        save_supported: bool = False,
-    ) -> None:
+    def __init__(self, client: Client, state: JobState, save_supported: bool = False) -> None:
         self.client = client
         self.state = state
-        self.run = run
         self.header = widgets.HTML()
         self.message = widgets.HTML()
         self.progress = widgets.IntProgress(min=0, max=1, value=0, layout=widgets.Layout(width="320px"))
@@ -96,19 +89,31 @@ class JobWidget(widgets.VBox):
         self.cancel_button = widgets.Button(description="Cancel", icon="stop", button_style="danger",
                                             tooltip="Stop this job now; nothing more is saved")
         self.cancel_button.on_click(self._on_cancel)
+        # Once training is over the job only holds its device: freeing it is the action, and it keeps
+        # the adapter (the backend saves checkpoint "final" first when steps are unsaved).
+        self.free_button = widgets.Button(description="Free device", icon="eject",
+                                          tooltip="End the job and free its device; unsaved trained steps are saved"
+                                                  " as checkpoint 'final' first",
+                                          layout=widgets.Layout(display="none"))
+        self.free_button.on_click(self._on_free)
         self.confirm_text = widgets.HTML()
+        self.stop_and_save_button = widgets.Button(description="Stop and save", icon="save", button_style="primary",
+                                                   tooltip="Stop after the step in hand and keep the adapter"
+                                                           " (checkpoint 'final'), freeing the device")
+        self.stop_and_save_button.on_click(self._on_free)
         self.confirm_button = widgets.Button(description="Cancel and discard", button_style="danger",
                                              tooltip="Stop the job now; the trained steps since the last checkpoint are lost")
         self.confirm_button.on_click(self._on_confirm_cancel)
-        self.keep_button = widgets.Button(description="Keep it", tooltip="Do not cancel")
+        self.keep_button = widgets.Button(description="Keep training", tooltip="Do not cancel")
         self.keep_button.on_click(self._on_keep)
-        self.confirm = widgets.HBox([self.confirm_text, self.confirm_button, self.keep_button],
-                                    layout=widgets.Layout(display="none", align_items="center"))
+        self.confirm = widgets.HBox([self.confirm_text, self.stop_and_save_button, self.confirm_button, self.keep_button],
+                                    layout=widgets.Layout(display="none", align_items="center", flex_flow="row wrap"))
         self.save_button = widgets.Button(description="Save checkpoint", icon="save",
                                           tooltip="Save a resumable checkpoint now")
         self.save_button.on_click(self._on_save)
         self.open_in_sidebar = widgets.HTML(open_in_sidebar_html(state.job_id))
-        buttons = [self.cancel_button] + ([self.save_button] if save_supported else []) + [self.open_in_sidebar]
+        buttons = ([self.cancel_button, self.free_button] + ([self.save_button] if save_supported else [])
+                   + [self.open_in_sidebar])
         charts = widgets.HBox([
             widgets.VBox([self.loss_chart, self.log_scale], layout=widgets.Layout(**CHART_LAYOUT)),
             widgets.VBox([self.device_chart, self.device_note], layout=widgets.Layout(**CHART_LAYOUT)),
@@ -125,8 +130,7 @@ class JobWidget(widgets.VBox):
         ])
         self.add_class("cortex-job-widget")
         self.save_supported = save_supported
-        self.feed = JobFeed(client, state, follow_requests=run is None,
-                            run_finished=(lambda: run.done) if run is not None else None)
+        self.feed = JobFeed(client, state)
         self.throttle = RenderThrottle(self.render, self._finished)
         self.action_errors: list[str] = []
         self._live_displays: list[Any] = []
@@ -161,8 +165,16 @@ class JobWidget(widgets.VBox):
         super().close()
 
     def _finished(self) -> bool:
-        run_over = self.run is None or self.run.done
-        return run_over and not self.feed.alive and self.state.finished
+        return not self.feed.alive and self.state.finished
+
+    def settle(self, timeout_s: float = 30.0) -> None:
+        """For blocking cells: once the job has ended, wait for the feed's last round and the final
+        render, so the static picture replaces the widget while the cell still runs (a notebook
+        runner keeps only what arrives then)."""
+        if self.state.finished:
+            self.feed.join(timeout_s)
+        self.throttle.mark_dirty()
+        self.throttle.flush(timeout_s)
 
     # what a saved notebook keeps -----------------------------------------------------------------
     def view_options(self) -> ViewOptions:
@@ -196,6 +208,27 @@ class JobWidget(widgets.VBox):
             return
         self._start_cancel()
 
+    def _on_free(self, _button: Any = None) -> None:
+        """Free device (`POST /v1/jobs/{id}/complete`), from a helper thread."""
+        self.confirm.layout.display = "none"
+        self.free_button.disabled = self.cancel_button.disabled = True
+        self.state.note("freeing the device…")
+        start_thread(self._free, f"cortex-free-{self.state.job_id}", self.throttle.parent)
+
+    def _free(self) -> None:
+        try:
+            reply = self.client.complete_job(self.state.job_id)
+            saved = reply.pop("saved_checkpoint", None)
+            self.state.set_job(reply)
+            self.state.note(f"freeing the device; the adapter is saved as checkpoint {saved!r} first" if saved
+                            else "freeing the device")
+        except CortexError as exc:
+            self.action_errors.append(str(exc))
+            self.state.note(f"free device failed: {exc.message}")
+            self.free_button.disabled = self.cancel_button.disabled = False
+        if not self.feed.alive:
+            self.feed.start(self.throttle.parent)
+
     def _on_confirm_cancel(self, _button: Any = None) -> None:
         self.confirm.layout.display = "none"
         self._start_cancel()
@@ -211,10 +244,7 @@ class JobWidget(widgets.VBox):
 
     def _cancel(self) -> None:
         try:
-            if self.run is not None:
-                self.run.cancel_job()
-            else:
-                self.state.set_job(self.client.cancel_job(self.state.job_id))
+            self.state.set_job(self.client.cancel_job(self.state.job_id))
             self.state.note("cancelled")
         except CortexError as exc:
             self.action_errors.append(str(exc))
@@ -231,7 +261,7 @@ class JobWidget(widgets.VBox):
         from ..training import TrainingJob
 
         try:
-            job = self.run.job if self.run is not None else TrainingJob(self.client, self.client.get_job(self.state.job_id))
+            job = TrainingJob(self.client, self.client.get_job(self.state.job_id))
             saved = job.save().result()
             checkpoint_id = saved.get("checkpoint_id") if isinstance(saved, dict) else getattr(saved, "checkpoint_id", None)
             self.state.record_checkpoint(str(checkpoint_id))
@@ -263,10 +293,12 @@ class JobWidget(widgets.VBox):
             self.samples.layout.display = None
         self.logs_body.value = logs_pre(snap)
         self.logs.titles = (logs_title(snap),)
-        finished = snap.job_status in JOB_TERMINAL
-        self.cancel_button.disabled = finished
+        finished = ended(snap)
+        free = trained(snap)
+        self.cancel_button.layout.display = "none" if finished or free else None
+        self.free_button.layout.display = None if free else "none"
         self.save_button.disabled = finished
-        if finished:
+        if finished or free:
             self.confirm.layout.display = "none"
         if ended(snap):
             if self._finished():
@@ -308,8 +340,8 @@ def show_job(client: Client, job_id: str, save_supported: bool = False) -> JobWi
     """Display a live widget for an existing job.
 
     In the kernel that shows (or showed) it, the same widget appears again: one state, one feed.
-    Otherwise, as after a kernel restart, it is rebuilt from the backend: status, steps and loss
-    from request results, the log tail and device metrics.
+    Otherwise, as after a kernel restart, it is built from the backend: the job's progress record
+    (steps, loss and eval curves, samples, ETA), the log tail and device metrics.
     """
     widget = _WIDGETS.get(job_id)
     if widget is not None and widget.comm is not None:
@@ -317,6 +349,6 @@ def show_job(client: Client, job_id: str, save_supported: bool = False) -> JobWi
     job = client.get_job(job_id)
     state = JobState(job_id, job.get("name"))
     state.set_job(job)
-    widget = JobWidget(client, state, None, save_supported)
+    widget = JobWidget(client, state, save_supported)
     remember_widget(widget)
     return widget.show()

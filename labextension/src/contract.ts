@@ -35,6 +35,8 @@ export const PROXIED_ROUTES: Readonly<Record<string, IRouteSpec>> = {
   get_checkpoint: { name: "get_checkpoint", method: "GET", template: "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}" },
   delete_checkpoint: { name: "delete_checkpoint", method: "DELETE", template: "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}" },
   export_checkpoint: { name: "export_checkpoint", method: "GET", template: "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/export" },
+  put_dataset: { name: "put_dataset", method: "PUT", template: "/v1/datasets/{dataset_id}" },
+  get_dataset: { name: "get_dataset", method: "GET", template: "/v1/datasets/{dataset_id}" },
   upload_chunk: { name: "upload_chunk", method: "PUT", template: "/v1/uploads/{upload_id}/chunks/{index}" },
   job_logs: { name: "job_logs", method: "GET", template: "/v1/jobs/{job_id}/logs" },
   capacity: { name: "capacity", method: "GET", template: "/v1/capacity" },
