@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .compare import Comparison
+    from .comparison import Comparison
     from .training import GenerateResult
 
 

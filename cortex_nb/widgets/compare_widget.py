@@ -12,7 +12,7 @@ import ipywidgets as widgets
 from .svg import Line, line_chart
 
 if TYPE_CHECKING:
-    from ..compare import ABSample, Comparison
+    from ..comparison import ABSample, Comparison
 
 PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#db2777", "#0891b2", "#ca8a04", "#4b5563")
 # |log p difference| at which a token's shade is full.

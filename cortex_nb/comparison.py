@@ -1,4 +1,5 @@
-"""Comparing runs: which learning rate, rank or data did better, and how do their answers differ?
+"""Comparing runs (`cortex_nb.compare`): which learning rate, rank or data did better, and how do their
+answers differ?
 
     comparison = cortex_nb.compare([job_a, job_b])       # TrainingJobs, or job ids with client=
     comparison.curves      # long table: job_id, name, step, loss_per_token, eval_loss_per_token
