@@ -101,6 +101,11 @@ class JobFeed(BackgroundLoop):
             self._poll_metrics()
         self.rounds += 1
 
+    def read_logs_next_round(self) -> None:
+        """A view just opened its log tail: read new lines in the next round, not when the slow
+        closed-tail timer says."""
+        self._due.pop("logs", None)
+
     def _poll_logs(self) -> None:
         while True:
             page = self.client.tail_logs(self.state.job_id, self.log_cursor, limit=1000)

@@ -92,6 +92,7 @@ def test_disclosures_keep_what_the_user_opened_across_renders(client):
     assert widget.logs.selected_index is None and widget.samples.selected_index == 0  # defaults: log shut, samples open
     widget.logs.selected_index = 0  # the user opens the log tail (a click sets this from the browser)
     widget.samples.selected_index = None  # and closes the samples
+    assert state.logs_open  # so the feed reads the log often while it is shown
     for step in range(5):
         state.add_log_lines([f"line {step}"])
         state.set_job(job_json(30 + step, samples={"step": 20 + step, "items": [{"prompt": "2+3=", "text": "5"},
@@ -100,6 +101,9 @@ def test_disclosures_keep_what_the_user_opened_across_renders(client):
     assert widget.logs.selected_index == 0 and widget.samples.selected_index is None
     assert "line 4" in widget.logs_body.value and widget.logs.titles == ("log tail: last 6 lines",)
     assert widget.samples.titles == ("samples at step 24",) and "7+5=" in widget.samples_body.value
+    widget.logs.selected_index = None
+    assert not state.logs_open
+    widget.logs.selected_index = 0
     # The static picture keeps the same choice.
     picture = widget.static_html()
     assert "<details open><summary>log tail: last 6 lines</summary>" in picture

@@ -135,6 +135,7 @@ class JobWidget(widgets.VBox):
         self.action_errors: list[str] = []
         self._live_displays: list[Any] = []
         self.log_scale.observe(lambda _change: self.throttle.mark_dirty(), "value")
+        self.logs.observe(self._on_logs_toggled, "selected_index")
         state.subscribe(self.throttle.mark_dirty)
         self.render()
 
@@ -175,6 +176,12 @@ class JobWidget(widgets.VBox):
             self.feed.join(timeout_s)
         self.throttle.mark_dirty()
         self.throttle.flush(timeout_s)
+
+    def _on_logs_toggled(self, change: dict[str, Any]) -> None:
+        """The feed reads the log often only while the user looks at it."""
+        self.state.logs_open = change["new"] == 0
+        if self.state.logs_open:
+            self.feed.read_logs_next_round()
 
     # what a saved notebook keeps -----------------------------------------------------------------
     def view_options(self) -> ViewOptions:
