@@ -78,7 +78,7 @@ class JobWidget(widgets.VBox):
         self.loss_chart = widgets.HTML(layout=widgets.Layout(width="100%"))
         self.log_scale = widgets.ToggleButton(value=False, description="log scale", icon="line-chart",
                                               tooltip="Draw the loss on a logarithmic axis",
-                                              layout=widgets.Layout(width="auto"))
+                                              layout=widgets.Layout(width="auto", align_self="flex-start"))
         self.device_chart = widgets.HTML(layout=widgets.Layout(width="100%"))
         self.device_note = widgets.HTML()
         self.samples_body = widgets.HTML()
