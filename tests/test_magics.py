@@ -328,6 +328,9 @@ def test_job_widget_is_rebuilt_from_the_backend_after_a_restart(cortex_shell, ow
         ("%%cortex train\ndata: $not_defined_here\nsteps: 5\n", "data: $not_defined_here is not defined"),
         ("%%cortex train\ndata: x.jsonl\n", "give exactly one of steps"),
         ("%%cortex train\ndata: x.jsonl\nsteps: 5\nlora:\n  alpha: 8\n  r: 0\n", "lora.r (line 6): must be >= 1, not 0"),
+        # Refused by the backend when the job is created, named as the cell writes it, with its line.
+        (f"%%cortex train\ndata: {DEMO_TEXT}\nsteps: 2\nlora:\n  r: 4\n  target_modules: [q_proj, q_projj]\n",
+         "[invalid_field] lora.target_modules (line 6): model tiny has no module 'q_projj'; its modules are named "),
         ("%cortex job job-doesnotexist", "[job_not_found] no job 'job-doesnotexist'"),
         ("%cortex job job-doesnotexist", "list yours with %cortex jobs"),
         ("%cortex logs job-doesnotexist", "[job_not_found]"),
@@ -388,3 +391,15 @@ def test_noninteractive_job_prints_what_the_backend_knows(cortex_shell, trained_
     line = ran.stdout.strip()
     assert line.startswith(f"{trained_job.job_id} (tiny) sampling: 20/20 steps")
     assert f"loss per token {live.first_loss:.4f} -> {live.last_loss:.4f}" in line
+
+
+def test_error_hints_name_the_magic_that_shows_the_same_thing():
+    from cortex_nb.magics.error_text import in_magic_words
+
+    assert in_magic_words("no job 'x' is visible to this token; list yours with GET /v1/jobs") == (
+        "no job 'x' is visible to this token; list yours with %cortex jobs")
+    assert in_magic_words("list them with GET /v1/jobs/job-1a/checkpoints") == "list them with %cortex checkpoints job-1a"
+    assert in_magic_words("(GET /v1/capacity shows its devices), (GET /v1/models)") == (
+        "(%cortex capacity shows its devices), (%cortex models)")
+    # A route with no magic of its own stays as it is; so does one that only starts like a known one.
+    assert in_magic_words("see GET /v1/jobs/job-1a/requests") == "see GET /v1/jobs/job-1a/requests"
