@@ -14,32 +14,49 @@ from cortex_nb.widgets.throttle import MAX_RENDERS_PER_S, RenderThrottle
 from .notebook_fixtures import run_cell, train_spec, wait_until
 
 
-def test_cancel_button_cancels_the_job_on_the_backend(cortex_shell, backend):
-    ran = run_cell(cortex_shell, "%%cortex train -o button_job\n" + train_spec(2000))
-    assert ran.success, ran.stderr
-    job = cortex_shell.user_ns["button_job"]
-    widget = job_widget._WIDGETS[job.job_id]
-    wait_until(lambda: widget.state.step >= 3, 120)
-    assert not widget.state.finished
+def test_cancel_asks_before_discarding_trained_steps_then_discards_or_stops_and_saves(cortex_shell, backend):
+    """Two runs training side by side: Cancel on each asks first (trained steps, no checkpoint); one is
+    cancelled anyway, the other stopped keeping its adapter."""
+    widgets = {}
+    for name in ("discarded_job", "kept_on_stop_job"):
+        ran = run_cell(cortex_shell, f"%%cortex train -o {name}\n" + train_spec(2000))
+        assert ran.success, ran.stderr
+        widgets[name] = job_widget._WIDGETS[cortex_shell.user_ns[name].job_id]
+    wait_until(lambda: all(widget.state.step >= 2 for widget in widgets.values()), 120)
+    discarded, kept = widgets["discarded_job"], widgets["kept_on_stop_job"]
+    client = Client(backend.url, backend.token)
 
-    widget.cancel_button.click()  # what a click in the browser calls
+    discarded.cancel_button.click()  # what a click in the browser calls
     # Trained steps and no checkpoint: the widget asks before throwing them away.
-    assert widget.confirm.layout.display == "flex" and "no checkpoint was saved" in widget.confirm_text.value
-    with Client(backend.url, backend.token) as client:
-        assert client.get_job(job.job_id)["status"] == "running" and not widget.state.finished
-    widget.confirm_button.click()
+    assert discarded.confirm.layout.display == "flex" and "no checkpoint was saved" in discarded.confirm_text.value
+    assert client.get_job(discarded.state.job_id)["status"] == "running"
+    discarded.keep_button.click()
+    assert discarded.confirm.layout.display == "none" and client.get_job(discarded.state.job_id)["status"] == "running"
+    discarded.cancel_button.click()
+    discarded.confirm_button.click()  # "Cancel and discard"
 
-    with Client(backend.url, backend.token) as client:
-        wait_until(lambda: client.get_job(job.job_id)["status"] == "cancelled", 30)
-    wait_until(lambda: widget.state.finished, 30)
-    assert widget.state.status == "cancelled" and widget.state.step < 2000
-    widget.throttle.flush()
-    wait_until(lambda: widget.cancel_button.layout.display == "none" and "cancelled" in repr(widget), 10)
+    kept.cancel_button.click()
+    assert kept.confirm.layout.display == "flex"
+    kept.stop_and_save_button.click()
+
+    wait_until(lambda: client.get_job(discarded.state.job_id)["status"] == "cancelled", 30)
+    wait_until(lambda: discarded.state.finished, 30)
+    assert discarded.state.status == "cancelled" and discarded.state.step < 2000
+    discarded.throttle.flush()
+    wait_until(lambda: discarded.cancel_button.layout.display == "none" and "cancelled" in repr(discarded), 10)
     # A cancel is the user's choice: neutral, never the failure red.
-    assert widget.progress.bar_style == "" and job_view.BADGE_COLORS["cancelled"] == job_view.NEUTRAL
-    assert job_view.NEUTRAL in widget.header.value and job_view.BADGE_COLORS["failed"] not in widget.header.value
-    assert not widget.action_errors
-    assert f'data-cortex-open-job="{job.job_id}"' in widget.open_in_sidebar.value
+    assert discarded.progress.bar_style == "" and job_view.BADGE_COLORS["cancelled"] == job_view.NEUTRAL
+    assert job_view.NEUTRAL in discarded.header.value and job_view.BADGE_COLORS["failed"] not in discarded.header.value
+    assert f'data-cortex-open-job="{discarded.state.job_id}"' in discarded.open_in_sidebar.value
+
+    wait_until(lambda: client.get_job(kept.state.job_id)["status"] in ("done", "cancelled", "failed"), 60)
+    assert client.get_job(kept.state.job_id)["status"] == "done"
+    saved = {checkpoint["checkpoint_id"]: checkpoint for checkpoint in client.list_checkpoints(kept.state.job_id)}
+    assert "final" in saved and 2 <= saved["final"]["step"] < 2000
+    assert kept.state.message == "freeing the device; the adapter is saved as checkpoint 'final' first"
+    wait_until(lambda: kept.state.status == "done", 30)
+    assert not discarded.action_errors and not kept.action_errors
+    client.close()
 
 
 def test_free_device_replaces_cancel_once_training_is_over_and_keeps_the_adapter(cortex_shell, backend):
@@ -60,26 +77,6 @@ def test_free_device_replaces_cancel_once_training_is_over_and_keeps_the_adapter
     assert not widget.action_errors
     widget.throttle.flush()
     assert widget.free_button.layout.display == "none" and ">done<" in widget.header.value
-
-
-def test_stop_and_save_from_the_cancel_question_keeps_the_trained_adapter(cortex_shell, backend):
-    ran = run_cell(cortex_shell, "%%cortex train -o stopped_job\n" + train_spec(2000))
-    assert ran.success, ran.stderr
-    job = cortex_shell.user_ns["stopped_job"]
-    widget = job_widget._WIDGETS[job.job_id]
-    wait_until(lambda: widget.state.step >= 2, 120)
-    widget.cancel_button.click()
-    assert widget.confirm.layout.display == "flex"
-    widget.stop_and_save_button.click()
-    with Client(backend.url, backend.token) as client:
-        wait_until(lambda: client.get_job(job.job_id)["status"] in ("done", "cancelled", "failed"), 60)
-        info = client.get_job(job.job_id)
-        assert info["status"] == "done"
-        saved = {checkpoint["checkpoint_id"]: checkpoint for checkpoint in client.list_checkpoints(job.job_id)}
-    assert "final" in saved and 2 <= saved["final"]["step"] < 2000
-    assert widget.state.message == "freeing the device; the adapter is saved as checkpoint 'final' first"
-    wait_until(lambda: widget.state.status == "done", 30)
-    assert not widget.action_errors
 
 
 @pytest.mark.slow
