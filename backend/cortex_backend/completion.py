@@ -90,9 +90,10 @@ class Completion:
         if job["status"] != states.JOB_RUNNING or self.requests.has_active(job["id"]) or self.jobs.is_completing(job["id"]):
             return None
         record = self.progress.get(job["id"])
-        if record is not None and record.phase == states.PHASE_KEEP_ALIVE:
+        timeout = self.jobs.idle_timeout_s(job)
+        if timeout is None or (record is not None and record.phase == states.PHASE_KEEP_ALIVE):
             return None
-        return job["last_activity_at"] + self.jobs.idle_timeout_s(job)
+        return job["last_activity_at"] + timeout
 
     def sweep(self, now: float | None = None) -> list[str]:
         """Complete the running jobs whose idle timeout or keep-alive has passed; returns their ids."""

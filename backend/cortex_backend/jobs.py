@@ -53,6 +53,7 @@ def public_job(job: dict[str, Any]) -> dict[str, Any]:
         "finished_at": job["finished_at"],
         "last_activity_at": job["last_activity_at"],
         "idle_timeout_s": job["spec"].get("idle_timeout_s"),
+        "labels": job["spec"].get("labels") or {},
         "sub_jobs": [
             {
                 "sub_job_id": sub["id"],
@@ -277,8 +278,12 @@ class JobManager:
                 callback(job["id"], states.JOB_FAILED, "backend_restarted", None)
         return failed
 
-    def idle_timeout_s(self, job: dict[str, Any]) -> float:
-        return float(job["spec"].get("idle_timeout_s") or self.default_idle_timeout_s)
+    def idle_timeout_s(self, job: dict[str, Any]) -> float | None:
+        """Seconds a running job may have nothing to do before it is completed; None: never (0 in its spec)."""
+        timeout = job["spec"].get("idle_timeout_s")
+        if timeout is None:
+            timeout = self.default_idle_timeout_s
+        return float(timeout) if timeout else None
 
 
 def _log_task_failure(task: asyncio.Task) -> None:
