@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from cortex_nb.train_data import PackedData, examples_from_jsonl, pack_examples
-from cortex_nb.train_spec import SpecError, TrainSpec, parse_training_loop
+from cortex_nb.train_spec import FINAL_CHECKPOINT, SpecError, TrainSpec, parse_training_loop
 
 from ..faults import Faults
 from ..validation import validate_sampling_params
@@ -30,7 +30,6 @@ from .errors import OperationError
 from .model_state import ModelState
 from .trainer import Trainer
 
-FINAL_CHECKPOINT = "final"
 TEMP_PREFIX = ".tmp-"
 
 Report = Callable[[dict[str, Any]], None]
