@@ -13,7 +13,6 @@ from html import escape
 
 from ..states import (
     JOB_RUNNING,
-    JOB_TERMINAL,
     WORD_CANCELLED,
     WORD_DONE,
     WORD_FAILED,
@@ -39,7 +38,7 @@ BADGE_COLORS = {
     "running": "#2563eb",  # a source run's word while it runs (it has no training phases)
 }
 BAR_STYLES = {WORD_DONE: "success", WORD_FAILED: "danger", WORD_CANCELLED: ""}
-BAR_COLORS = {"success": "#15803d", "danger": "#b91c1c", "warning": "#b45309", "info": "#0891b2", "": "#9ca3af"}
+BAR_COLORS = {"success": "#15803d", "danger": "#b91c1c", "info": "#0891b2", "": "#9ca3af"}
 COLORS = {"train": "#2563eb", "eval": "#ea580c", "util": "#16a34a", "memory": "#9333ea"}
 # A running job whose progress is older than this says how old it is.
 STALE_AFTER_S = 15.0
@@ -71,10 +70,6 @@ def open_in_sidebar_html(job_id: str) -> str:
     )
 
 
-def ended(snap: Snapshot) -> bool:
-    return snap.job_status in JOB_TERMINAL
-
-
 def trained(snap: Snapshot) -> bool:
     """The training is over but the job still holds its device (sampling after it, or idle)."""
     return snap.job_status == JOB_RUNNING and snap.status in (WORD_SAMPLING, WORD_IDLE)
@@ -102,9 +97,9 @@ def stats_parts(snap: Snapshot, now: float) -> list[str]:
     progress = snap.job.get("progress") or {}
     total = f"/{snap.total_steps}" if snap.total_steps else ""
     parts = [f"step {snap.step}{total}"]
-    if snap.eta_s is not None and not ended(snap):
+    if snap.eta_s is not None and not snap.finished:
         parts.append(f"ETA {format_duration(snap.eta_s)}")
-    elif snap.elapsed_s is not None and ended(snap):
+    elif snap.elapsed_s is not None and snap.finished:
         parts.append(f"took {format_duration(snap.elapsed_s)}")
     if snap.tokens_per_s:
         parts.append(f"{format_count(snap.tokens_per_s)} tok/s")
@@ -124,7 +119,7 @@ def time_parts(snap: Snapshot, now: float) -> list[str]:
     """When it started or finished. Relative while the job runs (the widget refreshes them); a clock
     time once it ended, which stays true in a saved notebook."""
     started, finished = snap.job.get("started_at"), snap.job.get("finished_at")
-    if ended(snap):
+    if snap.finished:
         return [f"finished {clock_time(finished)}"] if finished else []
     parts = [f"started {ago(now - started)[0]}"] if started else []
     updated = (snap.job.get("progress") or {}).get("updated_at")
@@ -135,7 +130,7 @@ def time_parts(snap: Snapshot, now: float) -> list[str]:
 
 def refresh_in(snap: Snapshot, now: float) -> float | None:
     """Seconds until a text of this view changes by itself (a countdown, a relative time), or None."""
-    if ended(snap):
+    if snap.finished:
         return None
     if snap.idle or snap.job.get("keep_alive_until"):
         return 1.0 - now % 1.0 + 0.01  # "freeing the device in 4:32" counts down each second

@@ -29,7 +29,6 @@ from .job_view import (
     bar_style,
     device_chart_svg,
     device_note_html,
-    ended,
     header_html,
     job_repr,
     logs_pre,
@@ -54,8 +53,6 @@ MAX_REMEMBERED_WIDGETS = 32
 # While the job has ended but the feed still collects its last lines, look again this soon.
 FINAL_ROUND_S = 0.5
 CHART_LAYOUT = {"flex": "1 1 320px", "min_width": "240px", "max_width": "580px"}
-# Progress phases after the training loop: the job still holds its device, for sampling or idle.
-TRAINED_PHASES = ("keep_alive", "finished")
 
 _WIDGETS: OrderedDict[str, JobWidget] = OrderedDict()
 
@@ -300,14 +297,14 @@ class JobWidget(widgets.VBox):
             self.samples.layout.display = None
         self.logs_body.value = logs_pre(snap)
         self.logs.titles = (logs_title(snap),)
-        finished = ended(snap)
+        finished = snap.finished
         free = trained(snap)
         self.cancel_button.layout.display = "none" if finished or free else None
         self.free_button.layout.display = None if free else "none"
         self.save_button.disabled = finished
         if finished or free:
             self.confirm.layout.display = "none"
-        if ended(snap):
+        if snap.finished:
             if self._finished():
                 self._freeze_displays()
                 return None
