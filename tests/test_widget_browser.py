@@ -89,6 +89,20 @@ def test_widget_runs_live_in_jupyterlab_and_opens_the_sidebar(lab):
             expect(log_tail.locator(".jupyter-widget-Collapse-contents pre")).to_be_visible()  # ...still open
             expect(log_tail.locator(".jupyter-widget-Collapse-open")).to_have_count(1)
 
+            # The charts follow the cell's width.
+            chart = widget.locator("svg[aria-label^='loss per token']").first
+
+            def chart_width() -> float:  # None-safe: a render may swap the SVG in between
+                box = chart.bounding_box()
+                return box["width"] if box else -1.0
+
+            wait_until(lambda: chart_width() > 0, 10)
+            wide = chart_width()
+            page.set_viewport_size({"width": 700, "height": 1000})
+            wait_until(lambda: 0 < chart_width() < wide - 50, 10)
+            page.set_viewport_size({"width": 1400, "height": 1000})
+            wait_until(lambda: abs(chart_width() - wide) < 2, 10)
+
             widget.locator("button.jupyter-button").filter(has_text="log scale").click()
             expect(widget.locator("svg[aria-label='loss per token (log scale)'] polyline").first).to_be_visible(
                 timeout=10_000)
