@@ -136,7 +136,7 @@ def runs_frame(runs: Sequence[dict[str, Any]]) -> pd.DataFrame:
 # observability ---------------------------------------------------------------------------------------
 METRIC_COLUMNS = (
     "gpu_utilization_percent", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_temperature_c", "gpu_power_watts",
-    "cpu_percent", "ram_used_bytes", "ram_total_bytes",
+    "cpu_percent", "ram_used_bytes", "ram_total_bytes", "job_cpu_percent", "job_ram_bytes",
 )
 
 

@@ -314,7 +314,7 @@ class CheckpointManager:
             raise ApiError(
                 "checkpoint_not_found",
                 f"job {job_id!r} has no checkpoint {checkpoint_id!r} visible to this token;"
-                " list them with GET /v1/jobs/{job_id}/checkpoints",
+                f" list them with GET /v1/jobs/{job_id}/checkpoints",
             )
         return row
 
@@ -339,7 +339,7 @@ class CheckpointManager:
         if body.get("checkpoint_id") is None:
             raise ApiError(
                 "invalid_field",
-                "checkpoint_id: required (see GET /v1/jobs/{job_id}/checkpoints)",
+                f"checkpoint_id: required (see GET /v1/jobs/{job['id']}/checkpoints)",
                 {"field": "checkpoint_id"},
             )
         source_job_id = body.get("source_job_id") or job["id"]

@@ -128,8 +128,11 @@ class ManagedLoop:
             self.report({"event": "step", "step": stepped["step"], "loss": result["loss"],
                          "weights": float(batch["weights"].sum()), "tokens": int(batch["attention_mask"].sum()),
                          "at": time.time()})
-            print(f"[engine] step={stepped['step']} loss={result['loss']:.4g} grad_norm={stepped['grad_norm']:.4g}"
-                  f" lr={stepped['learning_rate']:.3g} tokens={stepped['tokens']}", flush=True)
+            weights = float(batch["weights"].sum())
+            per_token = f" loss_per_token={result['loss'] / weights:.4g}" if weights else ""
+            print(f"[engine] step={stepped['step']}{per_token} summed_loss={result['loss']:.4g}"
+                  f" grad_norm={stepped['grad_norm']:.4g} lr={stepped['learning_rate']:.3g} tokens={stepped['tokens']}",
+                  flush=True)
             final = step == total
             if eval_batches and (final or step % spec.eval.every == 0):
                 self._eval(stepped["step"], eval_batches)
