@@ -55,3 +55,12 @@ def test_the_backend_refuses_to_register_a_path_like_name(tmp_path, gpt2_dir):
     )
     assert result.returncode == 2
     assert "org/sub/model" in result.stderr and "at most one '/'" in result.stderr
+
+
+def test_a_tied_output_layer_is_a_module_lora_can_target(gpt2_dir, llama_dir):
+    """GPT-2 saves its output layer only as the input embedding (tied); LoRA can still adapt `lm_head`
+    (Tinker's train_unembed), so a job naming it is not refused."""
+    from cortex_backend.models import inspect_model_dir
+
+    assert "lm_head" in inspect_model_dir("g", gpt2_dir).module_names
+    assert "lm_head" in inspect_model_dir("l", llama_dir).module_names  # untied: saved as its own weight

@@ -131,6 +131,10 @@ def test_supervised_then_rl_loop_learns_arithmetic(service_client, backend, tink
         assert {job_id, sl_job} <= set(listed) and listed[job_id]["name"].startswith(f"tinker {TINKER_MODEL}")
         lines = [line["line"] for line in ours.tail_logs(sl_job)["lines"]]
         assert any("forward_backward=" in line for line in lines) and any("step=" in line for line in lines)
+        # The supervised job's progress record, folded from its requests like any primitive loop's.
+        progress = ours.get_job(sl_job)["progress"]
+        assert progress["source"] == "primitive" and progress["step"] == SL_STEPS
+        assert progress["last_checkpoint"] == "sl-final" and progress["loss_per_token"] == pytest.approx(nll[-1], rel=1e-4)
     listed = run_cell(cortex_shell, "%cortex jobs --limit 200")
     assert listed.success, listed.stderr
     row = listed.result.set_index("job_id").loc[job_id]
