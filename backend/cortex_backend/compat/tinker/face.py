@@ -79,7 +79,7 @@ class TinkerFace:
         self.sessions.end(session, reason)
         for job_id in session.models.values():
             with contextlib.suppress(ApiError):
-                self.service.jobs.complete(session.principal, job_id, self.service.requests.has_active)
+                self.service.completion.complete(session.principal, job_id)
         for sampler_id in session.samplers.values():
             sampler = self.sessions.sampling.get(sampler_id)
             if sampler is not None and sampler.ephemeral and sampler.checkpoint is not None:
@@ -162,12 +162,6 @@ class TinkerFace:
             "lora_rank": (sub.get("lora") or {}).get("r"),
             "model_name": info.name,
         }
-
-    def unload_model(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
-        job = self.model_job(principal, body.get("model_id"))
-        self.service.jobs.complete(principal, job["id"], self.service.requests.has_active)
-        future = self.futures.add(Future(f"unload.{job['id']}", principal.owner, "unload", job["id"], render={"model_id": body["model_id"]}))
-        return untyped_future(future, model_id=body["model_id"])
 
     # training -----------------------------------------------------------------------------------
     def _numbered(self, principal: Principal, job: dict[str, Any], seq: Any, op: str, translate_request) -> dict[str, Any]:

@@ -20,7 +20,7 @@ FUTURES_KEPT = 20_000
 class Future:
     id: str
     owner: str
-    kind: str  # create_model, forward_backward, forward, optim_step, save_state, save_for_sampler, load, sample, unload
+    kind: str  # create_model, forward_backward, forward, optim_step, save_state, save_for_sampler, load, sample
     job_id: str
     request_id: str | None = None
     # what the result needs besides the request's own result: datum lengths, a model id, a path, ...

@@ -63,7 +63,6 @@ OPERATIONS: dict[str, JsonOperation] = {
     "session_heartbeat": lambda face, who, body: face.heartbeat(who, body.get("session_id")),
     "create_model": lambda face, who, body: face.create_model(who, body),
     "get_info": lambda face, who, body: face.get_info(who, body.get("model_id")),
-    "unload_model": lambda face, who, body: face.unload_model(who, body),
     "optim_step": lambda face, who, body: face.optim_step(who, body),
     "save_weights": lambda face, who, body: face.save_state(who, body),
     "save_weights_for_sampler": lambda face, who, body: face.save_for_sampler(who, body),

@@ -74,10 +74,6 @@ def _outcome(face: TinkerFace, principal: Principal, future: Future) -> tuple[st
 
 
 def _job_outcome(face: TinkerFace, job: dict[str, Any], future: Future) -> dict[str, Any]:
-    if future.kind == "unload":
-        if job["status"] not in states.JOB_TERMINAL:
-            raise Pending("active")
-        return {"type": "unload_model", "model_id": future.render["model_id"]}
     if job["status"] == states.JOB_RUNNING:
         return {"type": "create_model", "model_id": future.render["model_id"]}
     if job["status"] in states.JOB_TERMINAL:

@@ -28,7 +28,6 @@ ROUTES: tuple[Route, ...] = (
     # models and training
     _route("create_model", "POST", "/create_model", WRITE),
     _route("get_info", "POST", "/get_info", READ),
-    _route("unload_model", "POST", "/unload_model", WRITE),
     _route("forward_backward", "POST", "/forward_backward", WRITE),
     _route("optim_step", "POST", "/optim_step", WRITE),
     _route("save_weights", "POST", "/save_weights", WRITE),
