@@ -117,7 +117,11 @@ class JobManager:
             raise ApiError("conflict", f"a job with id {job_id!r} already exists; choose another job_id or omit it")
         slots = len(spec["sub_jobs"])
         min_memory = int(float((spec.get("hardware") or {}).get("min_memory_gib", 0)) * 2**30)
-        if not self.scheduler.fits_ever(slots, min_memory):
+        models = frozenset(sub["base_model"] for sub in spec["sub_jobs"])
+        if not self.scheduler.fits_ever(slots, min_memory, models=models):
+            missing = self._models_on_no_host(models)
+            if missing:
+                raise ApiError("no_host_for_model", _no_host_message(missing), {"field": "sub_jobs", "models": missing})
             raise ApiError(
                 "exceeds_capacity",
                 f"the job needs {slots} device slot(s)"
@@ -137,9 +141,30 @@ class JobManager:
              "status": states.JOB_PENDING, "spec": spec},
             sub_jobs,
         )
-        self.scheduler.enqueue(job_id, slots, min_memory)
+        self.scheduler.enqueue(job_id, slots, min_memory, models=models)
         self.admit()
         return self.store.get_job(job_id)
+
+    # hosts that come and go (a cluster) ----------------------------------------------------------
+    def devices_changed(self) -> None:
+        """Hosts joined or left: a pending job that no host left can ever run fails now, clearly; the
+        others keep their place in the queue. (Running sub-jobs on a lost host are failed by the executor.)"""
+        for job_id in self.scheduler.pending_that_never_fit():
+            job = self.store.get_job(job_id)
+            if job is None:
+                continue
+            models = frozenset(sub["spec"]["base_model"] for sub in job["sub_jobs"])
+            missing = self._models_on_no_host(models)
+            if missing:
+                self.end(job_id, states.JOB_FAILED, "no_host_for_model", _no_host_message(missing))
+            else:
+                self.end(job_id, states.JOB_FAILED, "exceeds_capacity",
+                         f"the hosts left can never hold its {len(job['sub_jobs'])} sub-job(s); GET /v1/capacity shows them")
+        self.admit()
+
+    def _models_on_no_host(self, models: frozenset[str]) -> list[str]:
+        served = self.scheduler.models_served()
+        return [] if served is None else sorted(models - served)
 
     def admit(self) -> None:
         for job_id, placement in self.scheduler.admit():
@@ -255,6 +280,11 @@ class JobManager:
             if now - job["last_activity_at"] > timeout and job["id"] not in self._completing:
                 log.info("job %s idle for %.0fs: completing it", job["id"], now - job["last_activity_at"])
                 self.end(job["id"], states.JOB_DONE, None, None)
+
+
+def _no_host_message(models: list[str]) -> str:
+    return (f"no host in the cluster has model {models[0]!r} now; add one that has it with"
+            f" `cortex-nb host join HEAD_ADDRESS --model {models[0]}=DIR` (GET /v1/capacity lists each host's models)")
 
 
 def _log_task_failure(task: asyncio.Task) -> None:

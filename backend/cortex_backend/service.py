@@ -15,12 +15,12 @@ from .auth import ensure_admin_token
 from .checkpoints import CheckpointManager
 from .config import BackendSettings
 from .device_metrics import DeviceMetrics
-from .devices import detect_devices
+from .devices import Device
 from .events import EventFeed
-from .executor import Executor, LocalExecutor
+from .executor import Executor, create_executor
 from .jobs import JobManager
 from .logs import LogBook
-from .models import ModelCatalog
+from .models import ModelCatalog, ModelInfo
 from .monitor import Monitor
 from .operator_metrics import LiveState, OperatorMetrics
 from .requests import RequestManager
@@ -47,10 +47,9 @@ class Service:
             settings.data_dir.chmod(0o700)
         self.store = Store(settings.db_path)
         self.catalog = ModelCatalog(settings.models)
-        self.devices = detect_devices(settings.devices, settings.sub_jobs_per_device)
+        self.executor = executor or create_executor(settings, self)
+        self.devices = self.executor.current_devices()
         self.scheduler = Scheduler(self.devices)
-        self.executor = executor or LocalExecutor(self, self.devices, settings.warm_workers, settings.worker_threads,
-                                                  faults=settings.fault_injection)
         self.jobs = JobManager(self.store, self.catalog, self.scheduler, self.executor, settings.idle_timeout_s)
         self.checkpoints = CheckpointManager(self.store, settings.checkpoints_dir, settings.checkpoint_quota_bytes)
         self.weight_sync = WeightSyncCoordinator(self.executor)
@@ -60,9 +59,13 @@ class Service:
         self.uploads = UploadStore(settings.uploads_dir)
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.waiters.notify(job_id))
         self.runs = RunManager(settings, self.store, self.catalog, self.scheduler, self.logs, self.uploads, self.jobs.admit)
+        if not self.executor.runs_on_this_host:
+            self.runs.unavailable_reason = ("source runs execute on the backend's own host, and this backend runs its"
+                                            " work on a cluster's hosts (--executor ray); use a backend with the local executor")
         self._sweeper: asyncio.Task | None = None
         # observability
-        self.monitor = Monitor(self.store, self.devices, settings.monitor_interval_s, settings.metrics_retention_s)
+        self.monitor = Monitor(self.store, self.devices, settings.monitor_interval_s, settings.metrics_retention_s,
+                               sampler=self.executor.device_sampler())
         self.device_metrics = DeviceMetrics(self.store, self.jobs, self.monitor)
         self.events = EventFeed(self.store, settings.event_retention)
         self.operator_metrics = OperatorMetrics(LiveState(
@@ -101,8 +104,8 @@ class Service:
                     await task
         await self.events.stop()
         await self.runs.stop()
+        self.monitor.stop()  # before the executor: a cluster's samples are read through it
         await self.executor.shutdown()
-        self.monitor.stop()
         self.store.close()
 
     async def _housekeeping(self) -> None:
@@ -122,6 +125,10 @@ class Service:
             except Exception:
                 log.exception("idle sweep failed")
 
+    def capacity(self) -> dict[str, Any]:
+        """Devices and slots (summed and per host), and the executor that runs sub-jobs on them."""
+        return {**self.scheduler.capacity(), "executor": self.executor.describe()}
+
     # ExecutorListener ---------------------------------------------------------------------------
     def sub_job_ready(self, job_id: str, sub_job_id: str, info: dict[str, Any]) -> None:
         self.jobs.sub_job_ready(job_id, sub_job_id, info)
@@ -140,3 +147,10 @@ class Service:
 
     def sync_message(self, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes) -> None:
         self.weight_sync.route(job_id, sub_job_id, header, blob)
+
+    def devices_changed(self, devices: list[Device], host_models: dict[str, ModelInfo]) -> None:
+        self.devices = devices
+        self.catalog.set_host_models(host_models)
+        self.scheduler.set_devices(devices)
+        self.monitor.set_devices(devices)
+        self.jobs.devices_changed()

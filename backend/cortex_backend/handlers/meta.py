@@ -15,7 +15,7 @@ class VersionHandler(BaseHandler):
 
 class CapacityHandler(BaseHandler):
     def get(self) -> None:
-        self.write_json(self.service.scheduler.capacity())
+        self.write_json(self.service.capacity())
 
 
 class ModelsHandler(BaseHandler):
