@@ -53,7 +53,7 @@ async def run(settings: BackendSettings) -> None:
     port = _listen(server, settings.host, settings.port)
     url = f"{'https' if files else 'http'}://{settings.host}:{port}"
     endpoint = {"url": url, "pid": os.getpid(), "version": __version__, "api_version": API_VERSION,
-                "token_file": str(settings.admin_token_path)}
+                "token_file": str(settings.admin_token_path), "executor": service.executor.describe()}
     if files is not None:
         # Local clients (Client.local(), the Jupyter extension) pin this instead of trusting any certificate.
         endpoint["tls_fingerprint"] = files.fingerprint()
