@@ -28,7 +28,7 @@ from ..devices import Device, detect_devices
 from ..executor import Executor, ExecutorListener, SubJobAssignment, report_message
 from ..models import ModelInfo, inspect_model_dir
 from .checkpoint_transfer import STAGED_FILES, TransferError, read_checkpoint_files, write_checkpoint_files
-from .head import RayHead
+from .head import RayHead, choose_ray_auth_mode
 from .host_monitor import ClusterSampler
 from .hosts import ClusterHosts, Host, node_is_alive
 from .registry import (
@@ -142,6 +142,7 @@ class RayExecutor(Executor):
     def _connect(self, own: tuple[str, list[Device], dict[str, ModelInfo]] | None) -> None:
         # An actor's failed call that nobody reads (a send to a dead actor) is expected here, not news.
         os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+        choose_ray_auth_mode()
         import ray
 
         ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)

@@ -36,6 +36,7 @@ AGENT_PORT_OPTIONS = ("--metrics-export-port", "--dashboard-agent-grpc-port", "-
 AGENT_TIMEOUT_ENV = {"RAY_agent_register_timeout_ms": "180000"}
 # A node that fails to start anyway is started again.
 START_ATTEMPTS = 3
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
 
 
 class AgentPortWatcher(threading.Thread):
@@ -82,8 +83,17 @@ def ray_command() -> str:
     return str(candidate) if candidate.exists() else (shutil.which("ray") or "ray")
 
 
+def choose_ray_auth_mode() -> None:
+    """Make Ray's token authentication an explicit choice for every Ray process cortex-nb starts or
+    connects from. Left unset, Ray decides per process (a `ray start` turns it on when ~/.ray/auth_token
+    exists, a driver joining a cluster does not), and a head and its backend then fail to talk. Off
+    unless RAY_AUTH_MODE=token is set (docs/scale.md says how to turn it on)."""
+    os.environ.setdefault(AUTH_MODE_ENV, "disabled")
+
+
 def ray_environment() -> dict[str, str]:
     """The environment for Ray's processes (and so for every sub-job's actor): no credentials."""
+    choose_ray_auth_mode()
     env = scrubbed_environment()
     for key, value in AGENT_TIMEOUT_ENV.items():
         env.setdefault(key, value)

@@ -18,7 +18,14 @@ from pathlib import Path
 
 from ..devices import detect_devices
 from ..models import MODEL_NAME_PATTERN, TINY, inspect_model_dir
-from .head import START_ATTEMPTS, AgentPortWatcher, ray_command, ray_environment, start_arguments
+from .head import (
+    START_ATTEMPTS,
+    AgentPortWatcher,
+    choose_ray_auth_mode,
+    ray_command,
+    ray_environment,
+    start_arguments,
+)
 from .registry import HEAD_KEY, HOST_PREFIX, ClusterStore, host_record, node_resources
 from .versions import local_versions, mismatches
 
@@ -88,6 +95,7 @@ def join(head_address: str, *, name: str | None, models: dict[str, str], models_
         except ValueError as exc:
             raise JoinRefused(str(exc)) from None
         _reachable(head_address)
+        choose_ray_auth_mode()
         store = ClusterStore(head_address)
         check(store, name, infos)
     except JoinRefused as exc:
