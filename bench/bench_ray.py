@@ -16,6 +16,7 @@ other processes hits both. The Ray cluster is two nodes on this machine (the hea
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -96,8 +97,9 @@ def main() -> None:
     # Like for like: a Ray actor that reserves one CPU runs with OMP_NUM_THREADS=1 (Ray sets it), so the
     # local workers get the same; both run torch with one thread (--worker-threads 1).
     local = start_backend(work / "local", "--devices", "cpu:2", "--worker-threads", "1", env={"OMP_NUM_THREADS": "1"})
-    cluster = start_ray_cluster(work / "ray")
+    cluster = None
     try:
+        cluster = start_ray_cluster(work / "ray")
         cluster.join("b")
         with Client(local.url, local.token) as local_client, cluster.client() as ray_client:
             # 1. forward_backward + step, and no-op round trips: one trainer each, on this host.
@@ -140,8 +142,10 @@ def main() -> None:
             ray_pair.cancel()
             local_pair.cancel()
     finally:
-        cluster.stop()
+        if cluster is not None:
+            cluster.stop()
         local.stop()
+        shutil.rmtree(work, ignore_errors=True)
     log_rate = log_book_rate(50_000)
 
     def sync_row(name: str, weight_format: str) -> tuple[float, float]:

@@ -8,6 +8,7 @@ or log monitor. Every process is stopped by its process group at teardown.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -100,12 +101,14 @@ def start_ray_cluster(data_dir: Path, *backend_args: str) -> RayCluster:
     """The backend on a Ray head it starts (host "a", one CPU slot); join more hosts with `.join`."""
     # Ray's socket paths must stay short (the kernel caps them at 107 bytes): a short dir of its own.
     temp_dir = Path(tempfile.mkdtemp(prefix="crt", dir="/tmp"))
-    backend = start_backend(
-        data_dir, "--executor", "ray", "--devices", "cpu:1", "--host-name", "a", "--ray-port", "0",
-        "--ray-temp-dir", str(temp_dir), "--ray-object-store", OBJECT_STORE, "--worker-threads", "1", *backend_args,
-        timeout_s=START_TIMEOUT_S, env=RAY_ENV,
-    )
-    import json
-
+    try:
+        backend = start_backend(
+            data_dir, "--executor", "ray", "--devices", "cpu:1", "--host-name", "a", "--ray-port", "0",
+            "--ray-temp-dir", str(temp_dir), "--ray-object-store", OBJECT_STORE, "--worker-threads", "1", *backend_args,
+            timeout_s=START_TIMEOUT_S, env=RAY_ENV,
+        )
+    except BaseException:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
     info = json.loads((data_dir / "backend.json").read_text())
     return RayCluster(backend, info["executor"]["ray_address"], temp_dir)
