@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from cortex_nb import ConflictError, RequestFailed
-from cortex_nb.states import JOB_PENDING, JOB_RUNNING, JOB_STARTING
+from cortex_nb.datasets import addition_problems
+from cortex_nb.states import JOB_PENDING
 
 from .ray_cluster import start_ray_cluster
 from .reference import ReferenceTrainer, random_batch, reference_base, reference_logprobs, reference_lora
@@ -36,6 +37,8 @@ TOLERANCE = 1e-5
 TINY_VOCAB = 259
 HOST_FIELDS = {"cpu_percent", "ram_used_bytes", "ram_total_bytes"}
 LONG_GENERATE = {"max_tokens": 1500, "temperature": 1.0, "ignore_eos": True}
+MANAGED_SPEC = {"base_model": "tiny", "steps": 3, "batch_size": 4, "max_seq_len": 16, "lora": {"r": 4, "alpha": 8},
+                "save": {"every": 2}, "seed": 1}
 
 
 @pytest.fixture(scope="module")
@@ -248,8 +251,9 @@ def test_a_lost_host_fails_its_jobs_and_the_queue_carries_on(cluster, ray_client
     running = on_c.generate(["x"] * 2, **LONG_GENERATE)
     wait_until_started(ray_client, on_c.job_id, running.request_id)
     waits_for_c = ray_client.create_training_job("small-gpt2", wait=False)  # only host c has the model; it is busy
-    waits_for_any = ray_client.create_training_job("tiny", wait=False)  # queued behind it
-    assert ray_client.get_job(waits_for_c.job_id)["status"] == JOB_PENDING
+    # A managed run queued behind it: when it runs, its loop writes checkpoints on its host.
+    managed = ray_client.train({**MANAGED_SPEC, "data": addition_problems()[:64]}, name="managed-on-ray")
+    assert "on a host with small-gpt2" in ray_client.get_job(waits_for_c.job_id)["queue"]["reason"]
 
     cluster.hosts["c"].raylet().kill()
     lost = wait_for_status(ray_client, on_c.job_id, ("failed",))
@@ -258,19 +262,24 @@ def test_a_lost_host_fails_its_jobs_and_the_queue_carries_on(cluster, ray_client
         running.result()
     never = wait_for_status(ray_client, waits_for_c.job_id, ("failed",))
     assert never["failure_code"] == "no_host_for_model" and "small-gpt2" in never["failure_message"]
-    assert ray_client.get_job(waits_for_any.job_id)["status"] == JOB_PENDING
+    queued = ray_client.get_job(managed.job_id)
+    assert queued["status"] == JOB_PENDING and queued["queue"]["reason"].startswith("waiting for a cpu slot")
     capacity = ray_client.get_capacity()
     assert [host["host"] for host in capacity["hosts"]] == ["a", "b"] and capacity["pending"] == 1
     with pytest.raises(ConflictError) as refused:
         ray_client.create_training_job("small-gpt2", wait=False)
     assert refused.value.code == "no_host_for_model" and "cortex-nb host join" in str(refused.value)
 
-    # The backend and the other jobs carry on: the pair answers, and when it ends the queued job runs.
+    # The backend and the other jobs carry on: the pair answers, and when it ends the queued run trains on a
+    # remaining host, its checkpoints kept in the head's data dir.
     assert job.generate(["abc"], sub_job="sampling-0", max_tokens=3).result().tokens
     job.cancel()
-    admitted = wait_for_status(ray_client, waits_for_any.job_id, (JOB_STARTING, JOB_RUNNING))
-    assert admitted["sub_jobs"][0]["device"] in ("a/cpu", "b/cpu")
-    waits_for_any.cancel()
+    finished = managed.wait(timeout_s=600)
+    assert finished["status"] == "done" and finished["sub_jobs"][0]["device"] in ("a/cpu", "b/cpu")
+    assert finished["progress"]["step"] == MANAGED_SPEC["steps"] and finished["progress"]["last_checkpoint"] == "final"
+    kept = {checkpoint["checkpoint_id"] for checkpoint in ray_client.list_checkpoints(managed.job_id)}
+    assert kept == {"step-2", "final"}
+    assert {path.name for path in cluster.backend.data_dir.rglob("step-2") if path.is_dir()} == {"step-2"}
 
 
 def test_host_join_refuses_a_host_whose_versions_differ(cluster, tmp_path):

@@ -45,6 +45,9 @@ class ExecutorListener(Protocol):
     def sync_message(self, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes) -> None:
         """A weight-sync message from a sub-job's worker, for another sub-job of the same job."""
 
+    def loop_message(self, job_id: str, sub_job_id: str, header: dict[str, Any]) -> None:
+        """A managed training loop's report (`type: loop`: started, step, eval, samples, checkpoint, ended)."""
+
     def devices_changed(self, devices: list[Device], host_models: dict[str, ModelInfo]) -> None:
         """Hosts joined or left (executors whose devices change): the devices now served, and the models
         registered on those hosts."""
@@ -134,6 +137,8 @@ def report_message(listener: ExecutorListener, assignment: SubJobAssignment, hea
         listener.request_finished(job_id, header["request_id"], header, blob)
     elif kind == "sync":
         listener.sync_message(job_id, sub_job_id, header, blob)
+    elif kind == "loop":
+        listener.loop_message(job_id, sub_job_id, header)
     else:
         return False
     return True

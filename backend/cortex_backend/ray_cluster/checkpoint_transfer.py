@@ -6,7 +6,10 @@ written there, its files travel back with the request's result (Ray moves large 
 object store), and the head writes them into the chosen directory, checking each against the manifest's
 SHA-256, before the service renames it into place. A load goes the other way: the head reads the
 checkpoint's files, they travel with the request, and the worker reads them from a staging directory
-(verifying every file against the manifest, as it does locally). No directory is shared between hosts.
+(verifying every file against the manifest, as it does locally). A managed training loop (`train_loop`)
+writes its checkpoints into a staging directory too; each `checkpoint` report carries that checkpoint's
+files and names the directory on the head where the service expects it. No directory is shared between
+hosts.
 """
 
 from __future__ import annotations
@@ -63,15 +66,23 @@ class CheckpointStaging:
         self.root = Path(tempfile.mkdtemp(prefix="cortex-staging-"))
         self._saves: dict[str, Path] = {}
         self._loads: dict[str, Path] = {}
+        # train_loop request id -> (its checkpoint dir here, the job's checkpoint dir on the head)
+        self._loops: dict[str, tuple[Path, Path]] = {}
         self._lock = threading.Lock()
 
     def inbound(self, header: dict[str, Any], files: dict[str, bytes] | None) -> dict[str, Any]:
-        """A request as the worker should see it: save and load pointed at a staging directory here."""
-        if header.get("type") != "request" or header.get("op") not in ("save", "load"):
+        """A request as the worker should see it: save, load and a loop's checkpoints pointed at staging
+        directories here."""
+        if header.get("type") != "request" or header.get("op") not in ("save", "load", "train_loop"):
             return header
         request_id = header["request_id"]
         holder = self.root / request_id
         holder.mkdir()
+        if header["op"] == "train_loop":
+            staged = holder / "checkpoints"
+            with self._lock:
+                self._loops[request_id] = (staged, Path(header["params"]["checkpoint_dir"]))
+            return {**header, "params": {**header["params"], "checkpoint_dir": str(staged)}}
         staged = holder / "checkpoint"
         if header["op"] == "load":
             staged.mkdir()
@@ -82,14 +93,18 @@ class CheckpointStaging:
         return {**header, "params": {**header.get("params", {}), "directory": str(staged)}}
 
     def outbound(self, header: dict[str, Any]) -> dict[str, Any]:
-        """A finished save carries its files back; a finished save or load frees its staging directory."""
+        """A finished save, and a loop's checkpoint report, carry their files back; a finished request
+        frees its staging directory."""
+        if header.get("type") == "loop" and header.get("event") == "checkpoint":
+            return self._loop_checkpoint(header)
         if header.get("type") != "finished":
             return header
         request_id = header["request_id"]
         with self._lock:
             saved = self._saves.pop(request_id, None)
             loaded = self._loads.pop(request_id, None)
-        staged = saved or loaded
+            looped = self._loops.pop(request_id, None)
+        staged = saved or loaded or (looped[0] if looped else None)
         if staged is None:
             return header
         try:
@@ -98,6 +113,18 @@ class CheckpointStaging:
         finally:
             shutil.rmtree(staged.parent, ignore_errors=True)
         return header
+
+    def _loop_checkpoint(self, header: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            loop = self._loops.get(header.get("request_id", ""))
+        if loop is None:
+            return header
+        written = Path(header["directory"])
+        try:
+            files = read_checkpoint_files(written)
+        finally:
+            shutil.rmtree(written, ignore_errors=True)
+        return {**header, "directory": str(loop[1] / written.name), STAGED_FILES: files}
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

@@ -355,6 +355,8 @@ class RayExecutor(Executor):
             sub.stopping = True
         if kind == "finished" and STAGED_FILES in header:
             header = await self._keep_save(sub, header)
+        if kind == "loop" and STAGED_FILES in header:
+            header = await self._keep_loop_checkpoint(sub, header)
         if kind == "sync" and isinstance(blob, ray.ObjectRef):
             blob = StoredBlob(blob, int(header.get("blob_bytes", 0)))
         report_message(self.listener, assignment, header, blob)
@@ -373,6 +375,23 @@ class RayExecutor(Executor):
         except (TransferError, OSError) as exc:
             return {"type": "finished", "request_id": request_id, "status": "failed", "code": "operation_failed",
                     "message": f"save failed: the checkpoint written on host {sub.host.name} could not be kept: {exc}"}
+        return header
+
+    async def _keep_loop_checkpoint(self, sub: ActorSubJob, header: dict[str, Any]) -> dict[str, Any]:
+        """A managed loop's checkpoint, written on the host: its files go where the service adopts it from."""
+        header = dict(header)
+        files = header.pop(STAGED_FILES)
+        directory = Path(header["directory"])
+
+        def write() -> None:
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            write_checkpoint_files(directory, files, header.get("manifest") or {})
+
+        try:
+            await asyncio.to_thread(write)
+        except (TransferError, OSError) as exc:  # the service then finds no files and says it kept nothing
+            log.warning("checkpoint %s of %s from host %s could not be kept: %s", header.get("checkpoint_id"),
+                        sub.assignment.job_id, sub.host.name, exc)
         return header
 
     async def _actor_died(self, sub: ActorSubJob, exc: Exception) -> None:
