@@ -71,14 +71,25 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     runs = serve.add_argument_group("source runs (docs/job-spec.md)")
     runs.add_argument("--runs-workspace", type=Path, default=None, help="where runs' work dirs live (default DATA_DIR/workspace)")
     runs.add_argument("--run-namespaces", choices=("auto", "off"), default="auto",
-                      help="'auto': network, mount and PID namespaces where the host allows; 'off': none")
+                      help="'auto': each run in a bubblewrap sandbox (read-only minimal root, private /tmp, no network,"
+                           " own PID namespace) where the host allows; 'off': no sandbox (trusted code only)")
     runs.add_argument("--run-address-space-mib", type=int, default=None,
                       help="per-process address-space limit (default: host RAM for CPU runs, none for GPU runs)")
     runs.add_argument("--run-max-file-mib", type=int, default=16 * 1024, help="largest file a run may write")
-    runs.add_argument("--run-max-processes", type=int, default=512, help="processes and threads per run")
+    runs.add_argument("--run-max-processes", type=int, default=512, help="processes and threads per run (a cgroup pids.max where the host allows; default 512)")
     runs.add_argument("--run-kill-grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL when a run is stopped")
     runs.add_argument("--run-tmp-mib", type=int, default=1024, help="size cap of a run's private /tmp")
-    runs.add_argument("--run-uid-base", type=int, default=1_500_000_000, help="first uid runs execute as (root backends)")
+    runs.add_argument("--run-uid-base", type=int, default=1_500_000_000,
+                      help="root backends: runs execute as uids claimed from here upwards, one per slot, each locked"
+                           " host-wide so backends on one host never share one")
+    runs.add_argument("--run-memory-mib", type=_at_least(1, int), default=None,
+                      help="memory of a whole run, all its processes together, enforced by a per-run cgroup where the"
+                           " host allows (default: 3/4 of the host's RAM)")
+    runs.add_argument("--run-disk-mib", type=_at_least(0, int), default=64 * 1024,
+                      help="bytes a run's work dir may hold; past it the run is stopped (disk_quota_exceeded);"
+                           " 0: no quota (default 65536)")
+    runs.add_argument("--run-cpu-weight", type=_at_least(1, int), default=100,
+                      help="CPU weight of a run (cgroup cpu.weight, 1-10000; default 100)")
     # observability
     serve.add_argument("--log-retention-lines", type=_at_least(1, int), default=100_000,
                        help="log lines kept per job; older ones are dropped and reads say how many")
@@ -111,7 +122,8 @@ def run_backend_command(args: argparse.Namespace) -> int:
             runs_workspace=args.runs_workspace, run_namespaces=args.run_namespaces,
             run_address_space_mib=args.run_address_space_mib, run_max_file_mib=args.run_max_file_mib,
             run_max_processes=args.run_max_processes, run_kill_grace_s=args.run_kill_grace, run_tmp_mib=args.run_tmp_mib,
-            run_uid_base=args.run_uid_base,
+            run_uid_base=args.run_uid_base, run_memory_mib=args.run_memory_mib, run_disk_mib=args.run_disk_mib,
+            run_cpu_weight=args.run_cpu_weight,
             log_retention_lines=args.log_retention_lines, monitor_interval_s=args.monitor_interval,
             metrics_retention_s=args.metrics_retention_hours * 3600.0,
             checkpoint_quota_bytes=args.checkpoint_quota_bytes, fault_injection=tuple(args.fault_injection),

@@ -57,8 +57,15 @@ class BackendSettings:
     run_kill_grace_s: float = 5.0
     # Size cap of a run's private /tmp (a tmpfs: it counts against memory only as it is filled).
     run_tmp_mib: int = 1024
-    # When the backend is root, each concurrent run executes as its own uid from this pool.
+    # When the backend is root, each concurrent run executes as its own uid, claimed from here upwards
+    # with a host-wide lock (so backends on one host never share one).
     run_uid_base: int = 1_500_000_000
+    # Memory of a whole run (all its processes), enforced by a cgroup. None: 3/4 of the host's RAM.
+    run_memory_mib: int | None = None
+    # Bytes a run's work dir may hold (checked while it runs); 0 turns the quota off.
+    run_disk_mib: int = 64 * 1024
+    # CPU weight of a run against the backend's other work (cgroup cpu.weight; 100 is the default share).
+    run_cpu_weight: int = 100
 
     # observability --------------------------------------------------------------------------
     # Seconds between device samples (pynvml + psutil); 0 turns the monitor off.

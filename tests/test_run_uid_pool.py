@@ -1,0 +1,114 @@
+"""Run uids of root backends: each uid is held by one backend host-wide, a backend never kills another's
+runs, and a uid that still owns a process is never handed to a run."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import time
+
+import pytest
+
+from cortex_backend.runs import uids
+from cortex_nb import Client
+
+from .backend_process import start_backend
+from .run_projects import processes_with, wait_for_log, write_project
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="run uids exist only for root backends")
+
+
+def _sleepers(marker: str) -> list[int]:
+    """The run's `sleep` itself (bubblewrap's processes carry the command line in their arguments too)."""
+    return [pid for pid in processes_with(f"sleep {marker}") if open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"sleep")]
+
+
+def _uid_of(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid line for {pid}")
+
+
+def test_two_pools_on_one_host_never_share_a_uid(tmp_path):
+    base = 1_600_000_000 + random.randrange(10**6) * 16
+    first, second = uids.UidPool(base, 3, tmp_path), uids.UidPool(base, 3, tmp_path)
+    try:
+        assert first.claim() == [base, base + 1, base + 2]
+        assert second.claim() == [base + 3, base + 4, base + 5]
+    finally:
+        first.close()
+        second.close()
+    reclaimed = uids.UidPool(base, 3, tmp_path)  # closed pools give their uids back
+    try:
+        assert reclaimed.claim() == [base, base + 1, base + 2]
+    finally:
+        reclaimed.close()
+
+
+def test_a_uid_with_leftovers_is_quarantined_not_reused(tmp_path):
+    base = 1_600_000_000 + random.randrange(10**6) * 16
+    pool = uids.UidPool(base, 1, tmp_path)
+    try:
+        pool.claim()
+        uid = pool.acquire()
+        pool.release(uid, clean=False)
+        with pytest.raises(uids.UidPoolExhausted):
+            pool.acquire()
+        pool.retry_quarantined(lambda _: True)
+        assert pool.acquire() == uid
+    finally:
+        pool.close()
+
+
+def test_a_uid_that_owns_a_process_is_skipped(tmp_path):
+    base = 1_600_000_000 + random.randrange(10**6) * 16
+    marker = str(10**7 + random.randrange(10**7))
+    stranger = subprocess.Popen(["setpriv", f"--reuid={base}", f"--regid={base}", "--clear-groups", "sleep", marker])
+    try:
+        deadline = time.monotonic() + 10
+        while not processes_with(f"sleep {marker}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        backend = start_backend(tmp_path / "backend", "--devices", "cpu:1", "--warm-workers", "0", "--run-uid-base", str(base))
+        try:
+            with Client(backend.url, backend.token) as client:
+                handle = client.run(write_project(tmp_path / "p", "print('hi')", name="uid"))
+                assert handle.wait(120)["status"] == "done", handle.info
+                assert handle.report()["run_uid"] == base + 1
+            assert stranger.poll() is None, "the backend must not kill a process that is not its run's"
+        finally:
+            backend.stop()
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_second_root_backend_leaves_the_first_ones_runs_alone(tmp_path):
+    marker = str(10**7 + random.randrange(10**7))
+    first = start_backend(tmp_path / "first", "--devices", "cpu:1", "--warm-workers", "0", "--run-kill-grace", "1")
+    second = None
+    try:
+        with Client(first.url, first.token) as client:
+            handle = client.run(write_project(tmp_path / "a", "", name="long", command=f"echo up; exec sleep {marker}"))
+            wait_for_log(handle, "up")
+            deadline = time.monotonic() + 10
+            while not _sleepers(marker) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            [pid] = _sleepers(marker)
+            first_uid = _uid_of(pid)
+            second = start_backend(tmp_path / "second", "--devices", "cpu:1", "--warm-workers", "0")
+            with Client(second.url, second.token) as other:
+                quick = other.run(write_project(tmp_path / "b", "print('quick')", name="quick"))
+                assert quick.wait(120)["status"] == "done", quick.info
+                # Neither the second backend's start-up nor the end of its run touched the first one's run.
+                assert _sleepers(marker) == [pid]
+                assert handle.status() == "running", handle.info
+                assert quick.report()["run_uid"] != first_uid
+            handle.cancel()
+            final = handle.wait(60)
+            assert final["status"] == "cancelled", final
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
