@@ -6,6 +6,7 @@ submission order. Results stay readable after the fact (polling never drains any
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from typing import Any
@@ -43,6 +44,8 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "weight_sync": (states.TRAINING,),
 }
 FRAME_OPERATIONS = frozenset({"forward_backward", "forward"})
+# Frames larger than this are checked in a thread, so the IO loop keeps answering meanwhile.
+OFF_LOOP_FRAME_BYTES = 1 << 20
 MAX_WAIT_S = 60.0
 
 
@@ -74,6 +77,7 @@ class RequestManager:
         self.weight_sync = weight_sync
         self.waiters = Waiters()
         self._active: dict[str, set[str]] = {}
+        self._arrivals: dict[str, asyncio.Lock] = {}
         jobs.on_job_ended.append(self._job_ended)
 
     # submission -------------------------------------------------------------------------------
@@ -120,12 +124,12 @@ class RequestManager:
         info = self.catalog.get(sub["spec"]["base_model"])
         limit = max_seq_len(sub, self.catalog)
         if op == "forward_backward":
-            tensors, metadata = wire.decode_frame(body)
+            tensors, metadata = wire.decode_frame(body, copy=False)
             loss_fn, config = validate_loss(metadata)
             validate_token_batch(tensors, LOSS_INPUTS[loss_fn], info, limit)
-            return {"loss_fn": loss_fn, "batch_shape": list(tensors["input_ids"].shape)}, body
+            return {"loss_fn": loss_fn, "loss_fn_config": config, "batch_shape": list(tensors["input_ids"].shape)}, body
         if op == "forward":
-            tensors, _ = wire.decode_frame(body)
+            tensors, _ = wire.decode_frame(body, copy=False)
             validate_token_batch(tensors, ("target_tokens",), info, limit)
             return {"batch_shape": list(tensors["input_ids"].shape)}, body
         json_body = json_body or {}
@@ -149,6 +153,36 @@ class RequestManager:
     def submit(
         self, principal: Principal, job_id: str, op: str, body: bytes, json_body: dict[str, Any] | None, sub_job: str | None
     ) -> dict[str, Any]:
+        job, sub = self._target(principal, job_id, op, json_body, sub_job)
+        request_id = new_request_id()
+        params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
+        return self._enqueue(job_id, op, sub, request_id, params, blob)
+
+    async def submit_async(
+        self, principal: Principal, job_id: str, op: str, body: bytes, json_body: dict[str, Any] | None, sub_job: str | None
+    ) -> dict[str, Any]:
+        """`submit`, with a large frame's checks off the IO loop (they read every value of it). Requests of
+        one job still queue in the order they arrived: each waits for the one before it."""
+        arrivals = self._arrivals.setdefault(job_id, asyncio.Lock())
+        try:
+            async with arrivals:
+                job, sub = self._target(principal, job_id, op, json_body, sub_job)
+                request_id = new_request_id()
+                if op in FRAME_OPERATIONS and len(body) > OFF_LOOP_FRAME_BYTES:
+                    params, blob = await asyncio.to_thread(self.prepare, op, sub, body, json_body, job=job,
+                                                           principal=principal, request_id=request_id)
+                    job, sub = self._target(principal, job_id, op, json_body, sub_job)  # it may have ended meanwhile
+                else:
+                    params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
+                return self._enqueue(job_id, op, sub, request_id, params, blob)
+        finally:
+            if not arrivals.locked():
+                self._arrivals.pop(job_id, None)
+
+    def _target(
+        self, principal: Principal, job_id: str, op: str, json_body: dict[str, Any] | None, sub_job: str | None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The job (visible, still taking requests) and the sub-job that serves `op`."""
         job = self.jobs.visible_job(principal, job_id)
         if job["status"] in states.JOB_TERMINAL:
             raise ApiError(
@@ -166,8 +200,11 @@ class RequestManager:
             if op == "load" and (json_body or {}).get("target_sub_job_id") is not None:
                 sub_job = str(json_body["target_sub_job_id"])
             sub = self.choose_sub_job(job, op, sub_job)
-        request_id = new_request_id()
-        params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
+        return job, sub
+
+    def _enqueue(
+        self, job_id: str, op: str, sub: dict[str, Any], request_id: str, params: dict[str, Any], blob: bytes
+    ) -> dict[str, Any]:
         self.store.insert_request(
             {"id": request_id, "job_id": job_id, "sub_job_id": sub["id"], "op": op, "status": states.REQUEST_QUEUED,
              "params": {key: value for key, value in params.items() if key != "prompt_tokens"}}

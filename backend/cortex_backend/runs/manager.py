@@ -30,7 +30,7 @@ from ..auth import Principal
 from ..config import BackendSettings
 from ..devices import Device
 from ..executor import SCRUBBED_ENV_PREFIXES
-from ..logs import LogBook
+from ..logs import LogBook, run_log_key
 from ..models import ModelCatalog
 from ..pagination import parse_cursor, split_page
 from ..scheduler import Scheduler
@@ -545,7 +545,7 @@ class RunManager:
         self._timers[run_id] = asyncio.get_running_loop().call_later(timeout, self._stop, run_id, "timed_out")
 
     def _on_output(self, run_id: str, stream: str, lines: list[tuple[float, str]]) -> None:
-        self.logs.append(run_id, SUB_JOB, stream, lines)
+        self.logs.append(run_log_key(run_id), SUB_JOB, stream, lines)
         if stream == "stderr":
             self._stderr.setdefault(run_id, collections.deque(maxlen=STDERR_TAIL)).extend(line for _, line in lines)
 
@@ -672,14 +672,14 @@ class RunManager:
         summary = status if code is None else f"{status} ({code}): {message}"
         self._system_log(run_id, f"run ended: {summary}")
         self.waiters.notify(run_id)
-        self.logs.waiters.notify(run_id)
+        self.logs.waiters.notify(run_log_key(run_id))
 
     def _set_status(self, run_id: str, status: str, **fields: Any) -> None:
         self.store.update_run(run_id, status=status, **fields)
         self.waiters.notify(run_id)
 
     def _system_log(self, run_id: str, line: str) -> None:
-        self.logs.append(run_id, SUB_JOB, "system", [(time.time(), line)])
+        self.logs.append(run_log_key(run_id), SUB_JOB, "system", [(time.time(), line)])
 
 
 def run_environment(gpus: list[Device]) -> dict[str, str]:
