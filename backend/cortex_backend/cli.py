@@ -53,8 +53,19 @@ def _fault_option(value: str) -> str:
 def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="backend_command", required=True)
     serve = commands.add_parser("serve", help="run the backend service")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: loopback only; any other address is warned about: the backend"
+                            " does not serve TLS itself)")
     serve.add_argument("--port", type=int, default=8765, help="port (0 picks a free one; see DATA_DIR/backend.json)")
+    http = serve.add_argument_group("HTTP limits (docs/security.md)")
+    http.add_argument("--http-idle-timeout", type=_at_least(1.0), default=60.0, metavar="SECONDS",
+                      help="a request's headers must arrive within this, and an idle keep-alive connection closes after it"
+                           " (default 60)")
+    http.add_argument("--http-body-timeout", type=_at_least(1.0), default=120.0, metavar="SECONDS",
+                      help="a request's whole body must arrive within this, or the connection is closed (default 120)")
+    http.add_argument("--max-connections", type=_at_least(16, int), default=1000,
+                      help="open connections at most (also at most half the open-files limit); more are answered 503"
+                           " too_many_connections and closed (default 1000)")
     serve.add_argument("--data-dir", type=Path, default=default_data_dir(), help="where the store, tokens and checkpoints live")
     serve.add_argument("--model", action="append", type=_model_option, default=[], metavar="NAME=DIR",
                        help="register a local Hugging Face model directory (safetensors only); repeatable")
@@ -63,8 +74,20 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--warm-workers", type=int, default=1, help="idle pre-started worker processes per device")
     serve.add_argument("--worker-threads", type=int, default=None, help="torch threads per CPU worker")
     serve.add_argument("--idle-timeout", type=float, default=3600.0, help="seconds without requests before a job is completed")
-    serve.add_argument("--checkpoint-quota-bytes", type=_byte_count, default=None, metavar="BYTES",
-                       help="most bytes of checkpoints one token owner may keep (e.g. 50000000000 or 50G); default: no cap")
+    serve.add_argument("--checkpoint-quota-bytes", type=_byte_count, default=50 * 1024**3, metavar="BYTES",
+                       help="most bytes of checkpoints one token owner may keep (e.g. 50000000000 or 50G; 0: no cap;"
+                            " default 50GiB)")
+    storage = serve.add_argument_group("storage bounds (docs/security.md)")
+    storage.add_argument("--upload-ttl", type=_at_least(1.0), default=3600.0, metavar="SECONDS",
+                         help="chunks of an upload no request used are deleted after this (default 3600)")
+    storage.add_argument("--upload-quota-bytes", type=_byte_count, default=4 * 1024**3, metavar="BYTES",
+                         help="unused upload chunks one token owner may hold at once (default 4GiB); more are refused"
+                              " with quota_exceeded")
+    storage.add_argument("--idempotency-ttl", type=_at_least(1.0), default=24 * 3600.0, metavar="SECONDS",
+                         help="how long a request's Idempotency-Key is remembered for retries (default 86400)")
+    storage.add_argument("--history-retention-days", type=_at_least(0.0), default=30.0, metavar="DAYS",
+                         help="finished jobs without checkpoints and finished runs, with their requests, events, logs and"
+                              " outputs, are deleted this long after they ended (default 30)")
     serve.add_argument("--fault-injection", action="append", type=_fault_option, default=[], metavar="NAME[=SUB_JOB]",
                        help=argparse.SUPPRESS)  # testing only: see cortex_backend/faults.py
     serve.add_argument("--parent-pid", type=int, default=None, help="stop when this process exits (used by Client.local())")
@@ -116,7 +139,8 @@ def run_backend_command(args: argparse.Namespace) -> int:
         from .server import serve
 
         settings = BackendSettings(
-            host=args.host, port=args.port, data_dir=args.data_dir, models=dict(args.model), devices=args.devices,
+            host=args.host, port=args.port, data_dir=args.data_dir, http_idle_timeout_s=args.http_idle_timeout,
+            http_body_timeout_s=args.http_body_timeout, max_connections=args.max_connections, models=dict(args.model), devices=args.devices,
             sub_jobs_per_device=args.sub_jobs_per_device, warm_workers=args.warm_workers,
             worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout, parent_pid=args.parent_pid,
             runs_workspace=args.runs_workspace, run_namespaces=args.run_namespaces,
@@ -126,7 +150,9 @@ def run_backend_command(args: argparse.Namespace) -> int:
             run_cpu_weight=args.run_cpu_weight,
             log_retention_lines=args.log_retention_lines, monitor_interval_s=args.monitor_interval,
             metrics_retention_s=args.metrics_retention_hours * 3600.0,
-            checkpoint_quota_bytes=args.checkpoint_quota_bytes, fault_injection=tuple(args.fault_injection),
+            checkpoint_quota_bytes=args.checkpoint_quota_bytes or None, fault_injection=tuple(args.fault_injection),
+            upload_ttl_s=args.upload_ttl, upload_quota_bytes=args.upload_quota_bytes,
+            idempotency_ttl_s=args.idempotency_ttl, history_retention_s=args.history_retention_days * 86400.0,
         )
         try:
             ModelCatalog(settings.models)  # refuse unsafe or broken model directories before starting

@@ -33,10 +33,23 @@ class BackendSettings:
     # A running job with no request for this long is completed, freeing its device.
     idle_timeout_s: float = 3600.0
     max_body_bytes: int = wire.MAX_BODY_BYTES
+    # HTTP: a request's header block must arrive within (and a keep-alive connection may idle for)
+    # http_idle_timeout_s; its whole body within http_body_timeout_s. At most max_connections open at once.
+    http_idle_timeout_s: float = 60.0
+    http_body_timeout_s: float = 120.0
+    max_connections: int = 1000
     # Log lines kept per job; older lines are dropped and the logs say how many.
     log_retention_lines: int = 100_000
     # checkpoints: the most bytes of checkpoints one owner may keep (None: no cap).
-    checkpoint_quota_bytes: int | None = None
+    checkpoint_quota_bytes: int | None = 50 * 1024**3
+    # Storage that would otherwise only grow: chunks of an upload nobody used are deleted after
+    # upload_ttl_s; one owner's unused chunks may take upload_quota_bytes; an Idempotency-Key is
+    # remembered idempotency_ttl_s; finished jobs (without checkpoints) and runs, with their requests,
+    # events and logs, are forgotten history_retention_s after they ended.
+    upload_ttl_s: float = 3600.0
+    upload_quota_bytes: int = 4 * 1024**3
+    idempotency_ttl_s: float = 24 * 3600.0
+    history_retention_s: float = 30 * 24 * 3600.0
     # Test-only fault injection (see faults.py): "NAME" or "NAME=SUB_JOB_ID". Empty in any real deployment.
     fault_injection: tuple[str, ...] = ()
 

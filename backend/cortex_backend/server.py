@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
 import signal
 import socket
+import sys
 from pathlib import Path
 
 import tornado.httpserver
@@ -15,11 +17,32 @@ import tornado.netutil
 
 from cortex_nb.version import API_VERSION, __version__
 
+from . import log_limits
 from .app import MAX_STREAMED_BODY, make_app
 from .config import BackendSettings
+from .connections import GuardedHTTPServer, raise_descriptor_limit
 from .service import Service
 
 log = logging.getLogger("cortex_backend")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_if_exposed(host: str) -> None:
+    """Until the backend serves TLS itself, a listener beyond loopback sends tokens in clear text."""
+    if is_loopback(host):
+        return
+    message = (f"WARNING: listening on {host} without TLS: bearer tokens and data cross the network in clear text."
+               " Serve on 127.0.0.1 and reach it through an SSH tunnel or a TLS-terminating proxy (docs/security.md).")
+    log.warning(message)
+    print(message, file=sys.stderr, flush=True)
 
 
 def _listen(server: tornado.httpserver.HTTPServer, host: str, port: int) -> int:
@@ -29,15 +52,24 @@ def _listen(server: tornado.httpserver.HTTPServer, host: str, port: int) -> int:
 
 
 async def run(settings: BackendSettings) -> None:
+    descriptors = raise_descriptor_limit()
     service = Service(settings)
     await service.start()
-    server = tornado.httpserver.HTTPServer(make_app(service), max_body_size=MAX_STREAMED_BODY, idle_connection_timeout=300)
+    server = GuardedHTTPServer(
+        make_app(service), max_body_size=MAX_STREAMED_BODY,
+        # A header block, or a whole body, that has not arrived by then closes the connection.
+        idle_connection_timeout=settings.http_idle_timeout_s, body_timeout=settings.http_body_timeout_s,
+    )
+    # Leave descriptors for the store, workers and runs whatever the cap says.
+    server.max_connections = max(16, min(settings.max_connections, descriptors // 2))
     port = _listen(server, settings.host, settings.port)
+    warn_if_exposed(settings.host)
     url = f"http://{settings.host}:{port}"
     endpoint = {"url": url, "pid": os.getpid(), "version": __version__, "api_version": API_VERSION,
                 "token_file": str(settings.admin_token_path)}
     temporary = settings.endpoint_path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(endpoint))
+    with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+        handle.write(json.dumps(endpoint))
     temporary.replace(settings.endpoint_path)
     devices = ", ".join(f"{d.id} ({d.name}, {d.slots} slots)" for d in service.devices)
     log.info("cortex-nb backend %s listening on %s; devices: %s; models: %s", __version__, url, devices, service.catalog.names())
@@ -84,6 +116,8 @@ def _has_exited(pid: int) -> bool:
 
 def serve(settings: BackendSettings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        log_limits.install(handler)
     # One line per HTTP request drowns what matters; errors still log.
     logging.getLogger("tornado.access").setLevel(logging.WARNING)
     asyncio.run(run(settings))

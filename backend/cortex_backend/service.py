@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
+import time
 from typing import Any
 
 from .auth import ensure_admin_token
@@ -19,7 +21,7 @@ from .devices import detect_devices
 from .events import EventFeed
 from .executor import Executor, LocalExecutor
 from .jobs import JobManager
-from .logs import LogBook
+from .logs import LogBook, run_log_key
 from .models import ModelCatalog
 from .monitor import Monitor
 from .operator_metrics import LiveState, OperatorMetrics
@@ -35,6 +37,8 @@ log = logging.getLogger("cortex_backend.service")
 
 IDLE_SWEEP_S = 15.0
 HOUSEKEEPING_S = 60.0
+# Finished jobs or runs forgotten per housekeeping round at most (each round is a few short transactions).
+HISTORY_BATCH = 200
 
 
 class Service:
@@ -57,7 +61,7 @@ class Service:
         self.requests = RequestManager(self.store, self.catalog, self.jobs, self.executor,
                                        checkpoints=self.checkpoints, weight_sync=self.weight_sync)
         self.logs = LogBook(self.store, settings.log_retention_lines)
-        self.uploads = UploadStore(settings.uploads_dir)
+        self.uploads = UploadStore(settings.uploads_dir, settings.upload_quota_bytes, settings.upload_ttl_s)
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.waiters.notify(job_id))
         self.runs = RunManager(settings, self.store, self.catalog, self.scheduler, self.logs, self.uploads, self.jobs.admit)
         self._sweeper: asyncio.Task | None = None
@@ -106,13 +110,34 @@ class Service:
         self.store.close()
 
     async def _housekeeping(self) -> None:
-        """Bound what grows without end: the event feed (device samples are trimmed by the monitor)."""
+        """Bound what grows without end (device samples are trimmed by the monitor): the event feed, unused
+        upload chunks, remembered Idempotency-Keys, and finished jobs and runs past their retention."""
+        settings = self.settings
+        interval = min(HOUSEKEEPING_S, settings.upload_ttl_s / 2, settings.idempotency_ttl_s / 2,
+                       max(1.0, settings.history_retention_s / 2))
         while True:
+            for name, chore in (("event feed trim", self.events.trim),
+                                ("idempotency trim", lambda: self.store.trim_idempotency(time.time() - settings.idempotency_ttl_s)),
+                                ("history trim", self._forget_old_history)):
+                try:
+                    chore()
+                except Exception:
+                    log.exception("%s failed", name)
             try:
-                self.events.trim()
+                await asyncio.to_thread(self.uploads.sweep)
             except Exception:
-                log.exception("event feed trim failed")
-            await asyncio.sleep(HOUSEKEEPING_S)
+                log.exception("upload sweep failed")
+            await asyncio.sleep(interval)
+
+    def _forget_old_history(self) -> None:
+        before = time.time() - self.settings.history_retention_s
+        jobs = self.store.forget_finished_jobs(before, HISTORY_BATCH)
+        runs = self.store.forget_finished_runs(before, HISTORY_BATCH, run_log_key)
+        for run_id in runs:
+            shutil.rmtree(self.settings.runs_dir / run_id, ignore_errors=True)
+        if jobs or runs:
+            log.info("forgot %d job(s) and %d run(s) that ended more than %.1f day(s) ago", len(jobs), len(runs),
+                     self.settings.history_retention_s / 86400)
 
     async def _sweep_idle_jobs(self) -> None:
         while True:
