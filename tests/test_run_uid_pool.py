@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +115,27 @@ def test_a_second_root_backend_leaves_the_first_ones_runs_alone(tmp_path):
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_without_the_sandbox_a_runs_files_in_shared_places_go_before_its_uid_is_reused(tmp_path):
+    """With --run-namespaces off a run sees the host's /tmp and /var/tmp: what it leaves there must not
+    be waiting for the next run that gets its uid."""
+    workspace = Path(tempfile.mkdtemp(prefix="cortex-runs-test-", dir="/tmp"))
+    os.chmod(workspace, 0o711)
+    marker = f"cortex-left-{random.randrange(10**9)}"
+    backend = start_backend(tmp_path / "backend", "--devices", "cpu:1", "--warm-workers", "0", "--run-namespaces", "off",
+                            "--runs-workspace", str(workspace))
+    try:
+        with Client(backend.url, backend.token) as client:
+            leaver = client.run(write_project(tmp_path / "a", "", name="leaver",
+                                              command=f"echo secret > /tmp/{marker}; echo secret > /var/tmp/{marker}"))
+            assert leaver.wait(120)["status"] == "done", (leaver.info, leaver.logs())
+            assert not Path("/tmp", marker).exists() and not Path("/var/tmp", marker).exists()
+            follower = client.run(write_project(tmp_path / "b", "", name="follower", command="echo next"))
+            assert follower.wait(120)["status"] == "done"
+            assert follower.report()["run_uid"] == leaver.report()["run_uid"]  # clean, so back in the pool
+    finally:
+        backend.stop()
+        shutil.rmtree(workspace, ignore_errors=True)
+        for folder in ("/tmp", "/var/tmp"):
+            Path(folder, marker).unlink(missing_ok=True)

@@ -45,7 +45,7 @@ from .isolation import HostIsolation, probe_host
 from .launcher import SandboxProcess, SandboxResult
 from .outputs import collect_outputs
 from .spec import validate_run_spec
-from .uids import UidPool, kill_processes_of, processes_of, task_count
+from .uids import UidPool, kill_processes_of, processes_of, remove_files_of, task_count
 
 log = logging.getLogger("cortex_backend.runs")
 
@@ -391,8 +391,11 @@ class RunManager:
             if cgroup is not None:
                 await asyncio.to_thread(cgroup.remove)
             if uid is not None:
-                # A uid serves the next run only once nothing of this one is left, process or file.
+                # A uid serves the next run only once nothing of this one is left, process or file. Without the
+                # sandbox a run could write to the host's shared places (/tmp, /var/tmp, ...): clear those too.
                 clean = not workdir.exists() and not await asyncio.to_thread(processes_of, {uid})
+                if not self.host.sandboxed:
+                    clean = await asyncio.to_thread(remove_files_of, uid, self.host.world_writable) and clean
                 self.uids.release(uid, clean)
             (run_dir / "source.tar").unlink(missing_ok=True)
             (run_dir / "sandbox.json").unlink(missing_ok=True)

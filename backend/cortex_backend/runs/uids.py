@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -138,18 +139,39 @@ def kill_processes_of(uids: set[int], timeout_s: float = 5.0) -> int:
     return killed
 
 
-def files_owned_by(uid: int, root: Path) -> list[str]:
-    """Paths under `root` owned by `uid` (a run's work dir after clean-up must hold none)."""
-    found = []
-    if not root.exists():
-        return found
-    for folder, dirs, files in os.walk(root):
-        for name in (*dirs, *files):
-            path = os.path.join(folder, name)
-            with contextlib.suppress(OSError):
-                if os.lstat(path).st_uid == uid:
-                    found.append(path)
+def files_owned_by(uid: int, roots: list[str], max_depth: int = 3) -> list[str]:
+    """Paths owned by `uid` under `roots` (shared writable places such as /tmp), at most `max_depth`
+    levels down, outermost first."""
+    found: list[str] = []
+    todo = [(root, 0) for root in roots]
+    while todo:
+        folder, depth = todo.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                owner = entry.stat(follow_symlinks=False).st_uid
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if owner == uid:
+                found.append(entry.path)
+            elif is_dir and depth + 1 < max_depth:
+                todo.append((entry.path, depth + 1))
     return found
+
+
+def remove_files_of(uid: int, roots: list[str]) -> bool:
+    """Delete what `uid` left in `roots`; True when nothing of it is left there."""
+    for path in files_owned_by(uid, roots):
+        with contextlib.suppress(OSError):
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+    return not files_owned_by(uid, roots)
 
 
 def task_count(uid: int) -> int:
