@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from . import tls
 from .errors import CortexError
 
 
@@ -35,6 +36,8 @@ class LocalBackend:
     token: str
     data_dir: Path
     process: subprocess.Popen | None  # None when reusing someone else's
+    # Set when the backend serves HTTPS: its certificate's fingerprint, which clients pin.
+    tls_fingerprint: str | None = None
 
     def stop(self, timeout_s: float = 15.0) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -62,7 +65,8 @@ def _alive(endpoint_file: Path) -> dict | None:
     endpoint = running_endpoint(endpoint_file)
     try:
         if endpoint is not None:
-            httpx.get(endpoint["url"] + "/version", timeout=2.0).raise_for_status()
+            verify = tls.httpx_verify(endpoint.get("tls_fingerprint") or True)
+            httpx.get(endpoint["url"] + "/version", timeout=2.0, verify=verify).raise_for_status()
             return endpoint
     except (KeyError, httpx.HTTPError):
         pass
@@ -81,7 +85,8 @@ def ensure_local_backend(
     endpoint_file = data_dir / "backend.json"
     running = _alive(endpoint_file)
     if running is not None:
-        return LocalBackend(running["url"], Path(running["token_file"]).read_text().strip(), data_dir, None)
+        return LocalBackend(running["url"], Path(running["token_file"]).read_text().strip(), data_dir, None,
+                            running.get("tls_fingerprint"))
     endpoint_file.unlink(missing_ok=True)
     command = [sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(data_dir),
                "--devices", devices, "--warm-workers", str(warm_workers), "--parent-pid", str(os.getpid())]
@@ -97,7 +102,8 @@ def ensure_local_backend(
             raise CortexError(f"the embedded backend exited with code {process.returncode}:\n{tail}", code="backend_unavailable")
         endpoint = _alive(endpoint_file)
         if endpoint is not None and int(endpoint["pid"]) == process.pid:
-            backend = LocalBackend(endpoint["url"], Path(endpoint["token_file"]).read_text().strip(), data_dir, process)
+            backend = LocalBackend(endpoint["url"], Path(endpoint["token_file"]).read_text().strip(), data_dir, process,
+                                   endpoint.get("tls_fingerprint"))
             atexit.register(backend.stop)
             return backend
         time.sleep(0.1)

@@ -24,6 +24,7 @@ def jobs_frame(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
         {
             "job_id": job["job_id"],
             "name": job.get("name"),
+            "labels": ", ".join(f"{key}={value}" for key, value in sorted((job.get("labels") or {}).items())),
             "status": job["status"],
             "failure_code": job.get("failure_code"),
             "base_model": job["sub_jobs"][0]["base_model"] if job["sub_jobs"] else None,
@@ -34,7 +35,8 @@ def jobs_frame(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
         }
         for job in jobs
     ]
-    columns = ["job_id", "name", "status", "failure_code", "base_model", "sub_jobs", "devices", "created_at", "finished_at"]
+    columns = ["job_id", "name", "labels", "status", "failure_code", "base_model", "sub_jobs", "devices", "created_at",
+               "finished_at"]
     return pd.DataFrame(rows, columns=columns)
 
 

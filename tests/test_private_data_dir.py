@@ -1,11 +1,8 @@
-"""The backend's data dir is private from its first use (`token create` before any `serve` too), and
-`serve` warns when it listens beyond loopback without TLS."""
+"""The backend's data dir is private from its first use (`token create` before any `serve` too)."""
 
 from __future__ import annotations
 
 import stat
-import subprocess
-import sys
 
 from .backend_process import start_backend
 from .tokens import create_token
@@ -29,19 +26,3 @@ def test_token_create_before_serve_makes_a_private_data_dir(tmp_path):
                 assert path.is_dir() or _mode(path) & 0o077 == 0, f"{path.name} is {oct(_mode(path))}"
     finally:
         backend.stop()
-
-
-def test_serve_warns_when_it_listens_beyond_loopback(tmp_path):
-    backend = start_backend(tmp_path / "exposed", "--devices", "cpu:1", "--warm-workers", "0", "--host", "0.0.0.0")
-    try:
-        assert "without TLS" in backend.log()
-    finally:
-        backend.stop()
-    quiet = start_backend(tmp_path / "loopback", "--devices", "cpu:1", "--warm-workers", "0")
-    try:
-        assert "without TLS" not in quiet.log()
-    finally:
-        quiet.stop()
-    help_text = subprocess.run([sys.executable, "-m", "cortex_backend", "serve", "--help"], capture_output=True, text=True,
-                               check=True).stdout
-    assert "TLS" in help_text

@@ -53,9 +53,7 @@ def _fault_option(value: str) -> str:
 def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="backend_command", required=True)
     serve = commands.add_parser("serve", help="run the backend service")
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="address to listen on (default: loopback only; any other address is warned about: the backend"
-                            " does not serve TLS itself)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     serve.add_argument("--port", type=int, default=8765, help="port (0 picks a free one; see DATA_DIR/backend.json)")
     http = serve.add_argument_group("HTTP limits (docs/security.md)")
     http.add_argument("--http-idle-timeout", type=_at_least(1.0), default=60.0, metavar="SECONDS",
@@ -91,6 +89,11 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--fault-injection", action="append", type=_fault_option, default=[], metavar="NAME[=SUB_JOB]",
                        help=argparse.SUPPRESS)  # testing only: see cortex_backend/faults.py
     serve.add_argument("--parent-pid", type=int, default=None, help="stop when this process exits (used by Client.local())")
+    tls = serve.add_argument_group("TLS (docs/deploying.md)")
+    tls.add_argument("--tls", choices=("self-signed",), default=None,
+                     help="make (once) and keep a self-signed certificate in DATA_DIR/tls and print its SHA-256 fingerprint")
+    tls.add_argument("--tls-cert", type=Path, default=None, metavar="FILE", help="PEM certificate (chain) to serve HTTPS with")
+    tls.add_argument("--tls-key", type=Path, default=None, metavar="FILE", help="PEM private key of --tls-cert")
     runs = serve.add_argument_group("source runs (docs/job-spec.md)")
     runs.add_argument("--runs-workspace", type=Path, default=None, help="where runs' work dirs live (default DATA_DIR/workspace)")
     runs.add_argument("--run-namespaces", choices=("auto", "off"), default="auto",
@@ -133,10 +136,33 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     revoke.add_argument("--data-dir", type=Path, default=default_data_dir())
 
 
+def _tls_arguments_error(args: argparse.Namespace) -> str | None:
+    """Why the TLS options cannot be served as given (checked before anything starts), or None."""
+    if args.tls and (args.tls_cert or args.tls_key):
+        return "--tls self-signed and --tls-cert/--tls-key exclude each other"
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return "--tls-cert and --tls-key go together"
+    if args.tls_cert:
+        import ssl
+
+        from .tls import TlsFiles, server_context
+
+        try:
+            server_context(TlsFiles(args.tls_cert, args.tls_key))
+        except (OSError, ssl.SSLError) as exc:
+            return f"cannot serve TLS with {args.tls_cert} and {args.tls_key}: {exc}"
+    return None
+
+
 def run_backend_command(args: argparse.Namespace) -> int:
     if args.backend_command == "serve":
         from .models import ModelCatalog
         from .server import serve
+
+        tls_error = _tls_arguments_error(args)
+        if tls_error:
+            print(f"error: {tls_error}", file=sys.stderr)
+            return 2
 
         settings = BackendSettings(
             host=args.host, port=args.port, data_dir=args.data_dir, http_idle_timeout_s=args.http_idle_timeout,
@@ -153,6 +179,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
             checkpoint_quota_bytes=args.checkpoint_quota_bytes or None, fault_injection=tuple(args.fault_injection),
             upload_ttl_s=args.upload_ttl, upload_quota_bytes=args.upload_quota_bytes,
             idempotency_ttl_s=args.idempotency_ttl, history_retention_s=args.history_retention_days * 86400.0,
+            tls=args.tls, tls_cert=args.tls_cert, tls_key=args.tls_key,
         )
         try:
             ModelCatalog(settings.models)  # refuse unsafe or broken model directories before starting

@@ -48,6 +48,7 @@ def public_job(job: dict[str, Any]) -> dict[str, Any]:
         "finished_at": job["finished_at"],
         "last_activity_at": job["last_activity_at"],
         "idle_timeout_s": job["spec"].get("idle_timeout_s"),
+        "labels": job["spec"].get("labels") or {},
         "sub_jobs": [
             {
                 "sub_job_id": sub["id"],
@@ -248,7 +249,11 @@ class JobManager:
     def sweep_idle(self) -> None:
         now = time.time()
         for job in self.store.jobs_with_status([states.JOB_RUNNING]):
-            timeout = job["spec"].get("idle_timeout_s") or self.default_idle_timeout_s
+            timeout = job["spec"].get("idle_timeout_s")
+            if timeout is None:
+                timeout = self.default_idle_timeout_s
+            if timeout == 0:  # never completed for idleness
+                continue
             if now - job["last_activity_at"] > timeout and job["id"] not in self._completing:
                 log.info("job %s idle for %.0fs: completing it", job["id"], now - job["last_activity_at"])
                 self.end(job["id"], states.JOB_DONE, None, None)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import os
 import signal
 import socket
-import sys
 from pathlib import Path
 
 import tornado.httpserver
@@ -19,30 +17,13 @@ from cortex_nb.version import API_VERSION, __version__
 
 from . import log_limits
 from .app import MAX_STREAMED_BODY, make_app
+from .compat import url_specs as face_url_specs
 from .config import BackendSettings
 from .connections import GuardedHTTPServer, raise_descriptor_limit
 from .service import Service
+from .tls import SELF_SIGNED, TlsFiles, plaintext_warning, self_signed_files, server_context
 
 log = logging.getLogger("cortex_backend")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def warn_if_exposed(host: str) -> None:
-    """Until the backend serves TLS itself, a listener beyond loopback sends tokens in clear text."""
-    if is_loopback(host):
-        return
-    message = (f"WARNING: listening on {host} without TLS: bearer tokens and data cross the network in clear text."
-               " Serve on 127.0.0.1 and reach it through an SSH tunnel or a TLS-terminating proxy (docs/security.md).")
-    log.warning(message)
-    print(message, file=sys.stderr, flush=True)
 
 
 def _listen(server: tornado.httpserver.HTTPServer, host: str, port: int) -> int:
@@ -51,22 +32,39 @@ def _listen(server: tornado.httpserver.HTTPServer, host: str, port: int) -> int:
     return sockets[0].getsockname()[1]
 
 
+def tls_files(settings: BackendSettings) -> TlsFiles | None:
+    """The certificate and key to serve with, if any (a self-signed pair is made on first use)."""
+    if settings.tls == SELF_SIGNED:
+        return self_signed_files(settings.data_dir, settings.host)
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        return TlsFiles(settings.tls_cert, settings.tls_key)
+    return None
+
+
 async def run(settings: BackendSettings) -> None:
+    files = tls_files(settings)
+    ssl_options = server_context(files) if files is not None else None
+    warning = plaintext_warning(settings.host) if files is None else None
+    if warning:
+        log.warning(warning)
+        print(warning, flush=True)
     descriptors = raise_descriptor_limit()
     service = Service(settings)
     await service.start()
     server = GuardedHTTPServer(
-        make_app(service), max_body_size=MAX_STREAMED_BODY,
+        make_app(service, face_url_specs(service)), max_body_size=MAX_STREAMED_BODY, ssl_options=ssl_options,
         # A header block, or a whole body, that has not arrived by then closes the connection.
         idle_connection_timeout=settings.http_idle_timeout_s, body_timeout=settings.http_body_timeout_s,
     )
     # Leave descriptors for the store, workers and runs whatever the cap says.
     server.max_connections = max(16, min(settings.max_connections, descriptors // 2))
     port = _listen(server, settings.host, settings.port)
-    warn_if_exposed(settings.host)
-    url = f"http://{settings.host}:{port}"
+    url = f"{'https' if files else 'http'}://{settings.host}:{port}"
     endpoint = {"url": url, "pid": os.getpid(), "version": __version__, "api_version": API_VERSION,
                 "token_file": str(settings.admin_token_path)}
+    if files is not None:
+        # Local clients (Client.local(), the Jupyter extension) pin this instead of trusting any certificate.
+        endpoint["tls_fingerprint"] = files.fingerprint()
     temporary = settings.endpoint_path.with_suffix(".tmp")
     with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
         handle.write(json.dumps(endpoint))
@@ -74,6 +72,8 @@ async def run(settings: BackendSettings) -> None:
     devices = ", ".join(f"{d.id} ({d.name}, {d.slots} slots)" for d in service.devices)
     log.info("cortex-nb backend %s listening on %s; devices: %s; models: %s", __version__, url, devices, service.catalog.names())
     print(f"cortex-nb backend listening on {url} (admin token in {settings.admin_token_path})", flush=True)
+    if files is not None:
+        print(f"TLS certificate {files.cert}; clients pin it with verify = \"{endpoint['tls_fingerprint']}\"", flush=True)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
