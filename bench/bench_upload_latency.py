@@ -101,7 +101,7 @@ def main() -> None:
                 time.sleep(args.idle_seconds)
                 prober.phase = "chunks"
                 for chunk in chunks:
-                    http.put(f"{backend.url}/v1/uploads/{upload_id}/{chunk.index}", content=chunk.data,
+                    http.put(f"{backend.url}/v1/uploads/{upload_id}/chunks/{chunk.index}", content=chunk.data,
                              headers={wire.CHUNK_SHA_HEADER: chunk.sha256, wire.CHUNK_COUNT_HEADER: str(len(chunks))}
                              ).raise_for_status()
                 prober.phase = "assembly"

@@ -245,3 +245,16 @@ def test_a_taken_job_id_is_answered_the_same_whoever_owns_it(runs_backend, owner
     finally:
         httpx.post(f"{runs_backend.url}/v1/jobs/audit-shared-id/cancel", timeout=30,
                    headers={"Authorization": f"Bearer {owners['alice-audit']}"})
+
+
+# finding 6 -----------------------------------------------------------------------------------------
+def test_a_large_frame_reaches_the_worker_intact_through_chunks(backend, running_job):
+    """The chunked path (assembled into a memory map, checked as views, written to the worker in slices)
+    gives the same result as the same batch sent in one body."""
+    batch = random_batch(np.random.default_rng(7), 259, 64, 128)  # a 1.3 MB frame: streamed to the worker
+    with Client(backend.url, backend.token) as direct, Client(backend.url, backend.token) as chunked:
+        chunked.max_body_bytes, chunked.chunk_bytes = 4096, 256 * 1024
+        first = direct.poll_request(running_job, direct.forward_backward(running_job, batch))
+        second = chunked.poll_request(running_job, chunked.forward_backward(running_job, batch))
+    assert first["loss"] == pytest.approx(second["loss"], rel=1e-6)
+    assert first["metrics"]["tokens:sum"] == second["metrics"]["tokens:sum"]

@@ -9,6 +9,7 @@ Bounded: one owner's unused chunks may take `quota_bytes`, and an upload nobody 
 from __future__ import annotations
 
 import hashlib
+import mmap
 import shutil
 import threading
 import time
@@ -108,16 +109,22 @@ class UploadStore:
             part.unlink()
         (folder / "consumed").write_text("")
 
-    def take(self, principal: Principal, upload_id: str, sha256: str) -> bytearray:
+    def take(self, principal: Principal, upload_id: str, sha256: str) -> mmap.mmap | bytes:
         """Assemble and consume the upload; its chunks are removed once used.
 
-        The chunks are read straight into one buffer and hashed as they come, so a frame of N bytes takes
-        N bytes of memory (joining a list of chunks took twice that)."""
+        The chunks are read straight into one anonymous memory map and hashed as they come: a frame of N
+        bytes takes N bytes of memory (joining a list of chunks took twice that), and nothing holds the
+        GIL for long (a bytearray of N bytes is zero-filled under the GIL first; a map is not)."""
         folder, parts = self._complete_parts(principal, upload_id)
         sizes = [part.stat().st_size for part in parts]
         if sum(sizes) > wire.MAX_FRAME_BYTES:
             raise ApiError("body_too_large", f"upload {upload_id} is {sum(sizes)} bytes; a frame is at most {wire.MAX_FRAME_BYTES}")
-        data = bytearray(sum(sizes))
+        if not sum(sizes):
+            self._consume(folder, parts)
+            if wire.sha256_hex(b"") != sha256.lower():
+                raise ApiError("chunk_mismatch", f"the assembled upload's SHA-256 does not match {sha256}")
+            return b""
+        data = mmap.mmap(-1, sum(sizes))
         view = memoryview(data)
         digest, offset = hashlib.sha256(), 0
         for part, size in zip(parts, sizes):
