@@ -277,6 +277,8 @@ def case_filesystem_and_network(tier: Tier, work: Path) -> list[Escape]:
         listeners.close()
         for path in canaries:
             path.unlink(missing_ok=True)
+    OBSERVED[(tier.name, "filesystem_and_network")] = (
+        f"{len(results)} probes; the host saw {len(listeners.accepted)} connection(s) and no planted file")
     # Judged by what is really the host's: a write into a private tmpfs, or a listing of one, is no escape.
     for name, result in results.items():
         text = json.dumps(result["value"])
@@ -390,6 +392,7 @@ def case_fork_bomb(tier: Tier, work: Path) -> list[Escape]:
         result = json.loads(handle.outputs("fork", work / "fork.json").read_text())
         limit = handle.report()["limits"]["processes"]
     escapes = []
+    OBSERVED[(tier.name, "fork_bomb")] = f"forked {result['forked']} with a limit of {limit}, then: {result['error']}"
     if result["forked"] > limit:
         escapes.append(Escape("fork_bomb", f"forked {result['forked']} processes past a limit of {limit}"))
     deadline = time.monotonic() + 10
@@ -458,7 +461,9 @@ def case_memory_fill(tier: Tier, work: Path) -> list[Escape]:
     OBSERVED[(tier.name, "memory_fill")] = f"peak {peak() / MIB:.0f} MiB of {RUN_MEMORY_MIB} MiB ({mechanism})"
     # A cgroup is a hard limit. A watched limit is not: it promises only that the run is stopped once its
     # total passes the limit (tested above); how far past depends on how fast it allocates.
-    allowance = RUN_MEMORY_MIB * MIB + 32 * MIB  # the sampler's view and the cgroup's differ a little
+    # The sampler's view and the cgroup's differ a little: file pages of the interpreter may be charged to
+    # whoever read them first, outside the run's cgroup.
+    allowance = RUN_MEMORY_MIB * MIB + 48 * MIB
     if mechanism != "watched" and peak() > allowance:
         escapes.append(Escape("memory_fill", f"the host saw {peak() / MIB:.0f} MiB resident under a {mechanism or 'per-process'}"
                                              f" limit of {RUN_MEMORY_MIB} MiB"))
