@@ -63,7 +63,7 @@ def main() -> None:
             idle, idle_failures = probe(backend.url, backend.token, min(args.seconds, 5.0))
             address = urlsplit(backend.url)
             slow = []
-            for index in range(args.connections):
+            for _ in range(args.connections):
                 sock = socket.create_connection((address.hostname, address.port), timeout=30)
                 sock.sendall(b"GET /version HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
                 slow.append(sock)

@@ -484,7 +484,7 @@ while True:
 
 def _allocated(root: Path) -> int:
     total = 0
-    for folder, dirs, files in os.walk(root):
+    for folder, _, files in os.walk(root):
         for name in files:
             try:
                 total += os.lstat(os.path.join(folder, name)).st_blocks * 512

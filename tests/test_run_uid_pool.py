@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cortex_backend.runs import uids
+
 from cortex_nb import Client
 
 from .backend_process import start_backend

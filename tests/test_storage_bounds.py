@@ -10,9 +10,9 @@ import time
 
 import httpx
 import pytest
-
 from cortex_backend.cli import add_backend_commands
 from cortex_backend.config import BackendSettings
+
 from cortex_nb import wire
 
 from .backend_process import start_backend

@@ -127,7 +127,7 @@ class UploadStore:
         data = mmap.mmap(-1, sum(sizes))
         view = memoryview(data)
         digest, offset = hashlib.sha256(), 0
-        for part, size in zip(parts, sizes):
+        for part, size in zip(parts, sizes, strict=True):
             with open(part, "rb") as handle:
                 read = handle.readinto(view[offset : offset + size])
             if read != size:
