@@ -93,7 +93,9 @@ def start_tier(name: str, root: Path) -> Tier:
         store = Store(data_dir / "cortex.sqlite3")
         tokens = {owner: create_token(store, owner, ["jobs:read", "runs:write"]) for owner in ("alice", "bob")}
         store.close()
-        backend = start_backend(data_dir, *BACKEND_ARGS)
+        # A run-uid pool of its own: on a shared machine the default one may be in use by other backends.
+        base = 1_600_000_000 + secrets.randbelow(10**6) * 16
+        backend = start_backend(data_dir, *BACKEND_ARGS, "--run-uid-base", str(base))
         runtime = [sysconfig.get_paths()["purelib"], os.path.realpath(sys.base_prefix)]
         return Tier(name, backend, Path(os.path.expanduser("~")), runtime, data_dir / "workspace", tokens)
     user = make_user_home()

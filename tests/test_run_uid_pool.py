@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -89,7 +90,10 @@ def test_a_uid_that_owns_a_process_is_skipped(tmp_path):
 
 def test_a_second_root_backend_leaves_the_first_ones_runs_alone(tmp_path):
     marker = str(10**7 + random.randrange(10**7))
-    first = start_backend(tmp_path / "first", "--devices", "cpu:1", "--warm-workers", "0", "--run-kill-grace", "1")
+    # Both on one pool of their own (the default one may be in use by other backends on a shared machine).
+    base = str(1_600_000_000 + random.randrange(10**6) * 16)
+    first = start_backend(tmp_path / "first", "--devices", "cpu:1", "--warm-workers", "0", "--run-kill-grace", "1",
+                          "--run-uid-base", base)
     second = None
     try:
         with Client(first.url, first.token) as client:
@@ -100,7 +104,7 @@ def test_a_second_root_backend_leaves_the_first_ones_runs_alone(tmp_path):
                 time.sleep(0.05)
             [pid] = _sleepers(marker)
             first_uid = _uid_of(pid)
-            second = start_backend(tmp_path / "second", "--devices", "cpu:1", "--warm-workers", "0")
+            second = start_backend(tmp_path / "second", "--devices", "cpu:1", "--warm-workers", "0", "--run-uid-base", base)
             with Client(second.url, second.token) as other:
                 quick = other.run(write_project(tmp_path / "b", "print('quick')", name="quick"))
                 assert quick.wait(120)["status"] == "done", quick.info
@@ -108,9 +112,13 @@ def test_a_second_root_backend_leaves_the_first_ones_runs_alone(tmp_path):
                 assert _sleepers(marker) == [pid]
                 assert handle.status() == "running", handle.info
                 assert quick.report()["run_uid"] != first_uid
-            handle.cancel()
+                assert first_uid == int(base)
+            # Killed from outside, it is not said to have run out of memory when the cgroup says it did not.
+            os.kill(pid, signal.SIGKILL)
             final = handle.wait(60)
-            assert final["status"] == "cancelled", final
+            assert final["status"] == "failed" and "SIGKILL" in final["failure_message"], final
+            if handle.report()["isolation"]["memory"].startswith("cgroup"):
+                assert "not by its memory limit" in final["failure_message"], final
     finally:
         first.stop()
         if second is not None:

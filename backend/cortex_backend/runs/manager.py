@@ -613,7 +613,7 @@ class RunManager:
                 why = f"it reached the CPU-time limit of {limits['cpu_seconds']} s per process"
             elif result.signal == signal.SIGXFSZ:
                 why = f"it wrote past the file-size limit of {_size(limits['file_size_bytes'])}"
-            elif result.signal == signal.SIGKILL and cgroup is not None and "memory" in config["isolation"].get("memory", ""):
+            elif result.signal == signal.SIGKILL and config["isolation"].get("memory", "").startswith("cgroup"):
                 why = f"not by its memory limit ({run_memory}, which it did not reach): from outside the run"
             elif result.signal == signal.SIGKILL:
                 why = "from outside the run (the host's out-of-memory killer, or an operator)"
