@@ -251,10 +251,12 @@ def test_a_taken_job_id_is_answered_the_same_whoever_owns_it(runs_backend, owner
 def test_a_large_frame_reaches_the_worker_intact_through_chunks(backend, running_job):
     """The chunked path (assembled into a memory map, checked as views, written to the worker in slices)
     gives the same result as the same batch sent in one body."""
-    batch = random_batch(np.random.default_rng(7), 259, 64, 128)  # a 1.3 MB frame: streamed to the worker
+    batch = random_batch(np.random.default_rng(7), 259, 4, 16)
+    # A tensor no loss reads makes the frame 2 MB, past what goes to a worker in one write.
+    ballasted = {**batch, "ballast": np.zeros(512 * 1024, np.float32)}
     with Client(backend.url, backend.token) as direct, Client(backend.url, backend.token) as chunked:
         chunked.max_body_bytes, chunked.chunk_bytes = 4096, 256 * 1024
         first = direct.poll_request(running_job, direct.forward_backward(running_job, batch))
-        second = chunked.poll_request(running_job, chunked.forward_backward(running_job, batch))
+        second = chunked.poll_request(running_job, chunked.forward_backward(running_job, ballasted))
     assert first["loss"] == pytest.approx(second["loss"], rel=1e-6)
     assert first["metrics"]["tokens:sum"] == second["metrics"]["tokens:sum"]
