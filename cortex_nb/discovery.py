@@ -20,6 +20,7 @@ from .client import Client
 class Connection:
     client: Client
     source: str  # where the endpoint came from, for messages
+    local: bool = False  # this user's local backend (`%cortex connect --local`)
 
     def describe(self) -> str:
         version = (self.client.backend_version or {}).get("version", "?")
@@ -30,7 +31,7 @@ def how_to_connect() -> str:
     """What to do when nothing is configured."""
     return "\n".join([
         "no cortex backend is configured. Connect with one of:",
-        "  %cortex connect --local                           an embedded backend on this machine",
+        "  %cortex connect --local                           your local backend on this machine (started if none runs)",
         "  %cortex connect http://HOST:8765 --token-env VAR  a backend URL; the token is read from $VAR",
         "  %cortex connect https://HOST:8765 --verify sha256:...  an https backend, its certificate pinned",
         f"  %cortex connect PROFILE                           a profile in {profiles.config_path()}",
@@ -75,8 +76,6 @@ def connect_url(url: str, token_env: str | None = None, verify: str | None = Non
 
 
 def connect_local(data_dir: str | Path | None = None, **client_options: Any) -> Connection:
-    from .local import default_local_dir
-
+    """This user's local backend, found through its state file or started (it outlives the kernel)."""
     client = Client.local(data_dir, **client_options)
-    where = Path(data_dir).expanduser() if data_dir else default_local_dir()
-    return Connection(client, f"the embedded backend in {where}")
+    return Connection(client, f"your local backend in {client.local_backend.data_dir}", local=True)

@@ -36,7 +36,7 @@ TELEMETRY_PATH = "/v1/telemetry"
 
 # The operations that are recorded. The backend counts anything else as "other", keeping /metrics bounded.
 ESSENTIAL_OPERATIONS = frozenset({
-    "check_version", "create_job", "get_job", "list_jobs", "wait_for_job", "cancel_job", "complete_job",
+    "check_version", "create_job", "get_job", "list_jobs", "wait_for_job", "wait_for_progress", "cancel_job", "complete_job",
     "forward_backward", "forward", "step", "generate", "poll_request", "cancel_request",
     "tail_logs", "download_stdout_logs", "get_job_metrics", "download_metrics", "list_events",
 })

@@ -265,7 +265,9 @@ def test_weight_sync_logs_and_ordinary_jobs(sdk, ours, tls_backend, cortex_shell
         # the SDK's list all show it.
         frame_ = _cortex_jobs(cortex_shell, tls_backend, backend)
         row = frame_.set_index("job_id").loc[job_id]
-        assert row["labels"] == f"api=cortex-training, database={DATABASE}, schema={SCHEMA}" and row["status"] == "running"
+        # Its one word in %cortex jobs: running with nothing queued, it is idle, counting down to freeing its device.
+        assert row["labels"] == f"api=cortex-training, database={DATABASE}, schema={SCHEMA}" and row["status"] == "idle"
+        assert row["detail"].startswith("freeing the device in ")
         assert ours.get_job(job_id)["labels"]["database"] == DATABASE
         listed = {j["job_id"]: j for j in sdk.list_jobs(status="running")}
         assert listed[job_id]["experiment_name"] == "sdk-demo" and listed[job_id]["database"] == DATABASE

@@ -3,17 +3,13 @@ keeps a job from being completed for idleness."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import httpx
 import pytest
-from cortex_backend.jobs import JobManager
-from cortex_backend.store import Store
 
 from cortex_nb import errors
 from cortex_nb.views import jobs_frame
 
+from .notebook_fixtures import wait_until
 from .tokens import create_token
 
 
@@ -37,34 +33,14 @@ def test_labels_are_recorded_shown_and_validated(backend, client):
         assert caught.value.detail["field"] == field
 
 
-class _NoWorkers:
-    """The sweep only decides which jobs end; nothing runs here."""
-
-    async def stop_sub_job(self, job_id, sub_job_id):
-        return None
-
-
-def test_zero_idle_timeout_means_never(tmp_path):
-    store = Store(tmp_path / "db.sqlite3")
-
-    class _Scheduler:
-        def release(self, job_id):
-            return True
-
-        def admit(self):
-            return []
-
-    jobs = JobManager(store, None, _Scheduler(), _NoWorkers(), default_idle_timeout_s=3600)
-    for job_id, timeout in (("job-never", 0), ("job-brief", 5)):
-        spec = {"sub_jobs": [{"type": "sampling", "base_model": "tiny"}], "idle_timeout_s": timeout}
-        store.insert_job({"id": job_id, "owner": "alice", "status": "running", "spec": spec},
-                         [{"id": "sampling-0", "type": "sampling", "status": "running", "spec": spec["sub_jobs"][0]}])
-        store.update_job(job_id, last_activity_at=time.time() - 3600)
-
-    async def sweep():
-        jobs.sweep_idle()
-        await asyncio.sleep(0)
-
-    asyncio.run(sweep())
-    assert store.get_job("job-never")["status"] == "running"
-    assert store.get_job("job-brief")["status"] == "done"
+def test_zero_idle_timeout_means_never(client):
+    """idle_timeout_s 0 keeps a job up however long it has nothing to do; a short one frees its device."""
+    sampler = [{"type": "sampling", "base_model": "tiny"}]
+    never = client.create_job(sampler, name="never-idles", idle_timeout_s=0)
+    brief = client.create_job(sampler, name="idles-briefly", idle_timeout_s=1)
+    try:
+        wait_until(lambda: client.get_job(brief["job_id"])["status"] == "done", 120)
+        never = client.wait_for_job(never["job_id"])
+        assert never["status"] == "running" and never["idle"] is None  # nothing to count down
+    finally:
+        client.cancel_job(never["job_id"])

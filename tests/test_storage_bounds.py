@@ -4,6 +4,8 @@ checkpoint quota is on by default."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sqlite3
 import time
@@ -37,7 +39,8 @@ def _wait_for(condition, timeout_s: float = 60.0) -> bool:
 
 
 def test_one_owner_cannot_hold_more_unused_chunks_than_its_quota(tmp_path):
-    backend = start_backend(tmp_path / "quota", "--devices", "cpu:1", "--warm-workers", "0", "--upload-quota-bytes", "20MiB")
+    backend = start_backend(tmp_path / "quota", "--devices", "cpu:1", "--warm-workers", "0", "--upload-quota-bytes", "20MiB",
+                            "--dataset-quota-bytes", "4KiB")
     try:
         other = create_token(backend.data_dir, "other-uploader", "jobs:write")
         chunk = os.urandom(8 * MIB)
@@ -48,6 +51,12 @@ def test_one_owner_cannot_hold_more_unused_chunks_than_its_quota(tmp_path):
         assert "--upload-quota-bytes" in refused.json()["error"]["message"]
         # The cap is per owner: someone else may still upload.
         assert _put_chunk(backend, other, "up-q0", chunk).status_code == 200
+        # Training datasets are capped per owner too.
+        small, large = (("\n".join(json.dumps({"text": "x" * 60}) for _ in range(n)) + "\n").encode() for n in (10, 60))
+        for body, status in ((small, 200), (large, 413)):
+            answer = httpx.put(f"{backend.url}/v1/datasets/{hashlib.sha256(body).hexdigest()}", content=body, timeout=60,
+                               headers={"Authorization": f"Bearer {backend.token}"})
+            assert answer.status_code == status, answer.text
     finally:
         backend.stop()
 
@@ -96,6 +105,6 @@ def test_the_checkpoint_quota_and_other_bounds_are_on_by_default(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for option in ("--checkpoint-quota-bytes", "--upload-ttl", "--upload-quota-bytes", "--idempotency-ttl",
                    "--history-retention-days", "--http-body-timeout", "--max-connections", "--run-memory-mib",
-                   "--run-disk-mib"):
+                   "--run-disk-mib", "--dataset-quota-bytes"):
         assert option in text
     assert "default 50GiB" in text

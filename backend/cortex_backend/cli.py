@@ -71,7 +71,12 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--sub-jobs-per-device", type=int, default=4, help="sub-jobs sharing one device before jobs queue")
     serve.add_argument("--warm-workers", type=int, default=1, help="idle pre-started worker processes per device")
     serve.add_argument("--worker-threads", type=int, default=None, help="torch threads per CPU worker")
-    serve.add_argument("--idle-timeout", type=float, default=3600.0, help="seconds without requests before a job is completed")
+    serve.add_argument("--idle-timeout", type=_at_least(1.0), default=300.0,
+                       help="seconds a running job may have nothing to do before it is completed, freeing its device"
+                            " (trained steps are saved as checkpoint 'final' first)")
+    serve.add_argument("--idle-exit", type=_at_least(1.0), default=None, metavar="SECONDS",
+                       help="stop the backend after this long with no job queued or running and no source run"
+                            " (the per-user local backend uses 1800); default: never")
     serve.add_argument("--checkpoint-quota-bytes", type=_byte_count, default=50 * 1024**3, metavar="BYTES",
                        help="most bytes of checkpoints one token owner may keep (e.g. 50000000000 or 50G; 0: no cap;"
                             " default 50GiB)")
@@ -81,6 +86,8 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     storage.add_argument("--upload-quota-bytes", type=_byte_count, default=4 * 1024**3, metavar="BYTES",
                          help="unused upload chunks one token owner may hold at once (default 4GiB); more are refused"
                               " with quota_exceeded")
+    storage.add_argument("--dataset-quota-bytes", type=_byte_count, default=8 * 1024**3, metavar="BYTES",
+                         help="bytes of training datasets one token owner may keep (default 8GiB; 0: no cap)")
     storage.add_argument("--idempotency-ttl", type=_at_least(1.0), default=24 * 3600.0, metavar="SECONDS",
                          help="how long a request's Idempotency-Key is remembered for retries (default 86400)")
     storage.add_argument("--history-retention-days", type=_at_least(0.0), default=30.0, metavar="DAYS",
@@ -88,7 +95,6 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
                               " outputs, are deleted this long after they ended (default 30)")
     serve.add_argument("--fault-injection", action="append", type=_fault_option, default=[], metavar="NAME[=SUB_JOB]",
                        help=argparse.SUPPRESS)  # testing only: see cortex_backend/faults.py
-    serve.add_argument("--parent-pid", type=int, default=None, help="stop when this process exits (used by Client.local())")
     tls = serve.add_argument_group("TLS (docs/deploying.md)")
     tls.add_argument("--tls", choices=("self-signed",), default=None,
                      help="make (once) and keep a self-signed certificate in DATA_DIR/tls and print its SHA-256 fingerprint")
@@ -168,7 +174,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
             host=args.host, port=args.port, data_dir=args.data_dir, http_idle_timeout_s=args.http_idle_timeout,
             http_body_timeout_s=args.http_body_timeout, max_connections=args.max_connections, models=dict(args.model), devices=args.devices,
             sub_jobs_per_device=args.sub_jobs_per_device, warm_workers=args.warm_workers,
-            worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout, parent_pid=args.parent_pid,
+            worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout, idle_exit_s=args.idle_exit,
             runs_workspace=args.runs_workspace, run_namespaces=args.run_namespaces,
             run_address_space_mib=args.run_address_space_mib, run_max_file_mib=args.run_max_file_mib,
             run_max_processes=args.run_max_processes, run_kill_grace_s=args.run_kill_grace, run_tmp_mib=args.run_tmp_mib,
@@ -178,6 +184,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
             metrics_retention_s=args.metrics_retention_hours * 3600.0,
             checkpoint_quota_bytes=args.checkpoint_quota_bytes or None, fault_injection=tuple(args.fault_injection),
             upload_ttl_s=args.upload_ttl, upload_quota_bytes=args.upload_quota_bytes,
+            dataset_quota_bytes=args.dataset_quota_bytes or None,
             idempotency_ttl_s=args.idempotency_ttl, history_retention_s=args.history_retention_days * 86400.0,
             tls=args.tls, tls_cert=args.tls_cert, tls_key=args.tls_key,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cortex_nb import states, wire
@@ -78,6 +79,8 @@ class RequestManager:
         self.waiters = Waiters()
         self._active: dict[str, set[str]] = {}
         self._arrivals: dict[str, asyncio.Lock] = {}
+        # Called with (request row, result) when a request succeeds, e.g. to fold it into the job's progress.
+        self.on_succeeded: list[Callable[[dict[str, Any], dict[str, Any]], None]] = []
         jobs.on_job_ended.append(self._job_ended)
 
     # submission -------------------------------------------------------------------------------
@@ -127,7 +130,11 @@ class RequestManager:
             tensors, metadata = wire.decode_frame(body, copy=False)
             loss_fn, config = validate_loss(metadata)
             validate_token_batch(tensors, LOSS_INPUTS[loss_fn], info, limit)
-            return {"loss_fn": loss_fn, "loss_fn_config": config, "batch_shape": list(tensors["input_ids"].shape)}, body
+            # Tokens trained on (the attention-mask sum): what the job's progress record counts.
+            mask = tensors.get("attention_mask")
+            tokens = int(mask.sum()) if mask is not None else int(tensors["input_ids"].size)
+            return {"loss_fn": loss_fn, "loss_fn_config": config, "batch_shape": list(tensors["input_ids"].shape),
+                    "tokens": tokens}, body
         if op == "forward":
             tensors, _ = wire.decode_frame(body, copy=False)
             validate_token_batch(tensors, ("target_tokens",), info, limit)
@@ -156,7 +163,8 @@ class RequestManager:
         job, sub = self._target(principal, job_id, op, json_body, sub_job)
         request_id = new_request_id()
         params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
-        return self._enqueue(job_id, op, sub, request_id, params, blob)
+        self._enqueue(job_id, sub, request_id, op, params, blob)
+        return self.store.get_request(request_id)
 
     async def submit_async(
         self, principal: Principal, job_id: str, op: str, body: bytes, json_body: dict[str, Any] | None, sub_job: str | None
@@ -174,7 +182,8 @@ class RequestManager:
                     job, sub = self._target(principal, job_id, op, json_body, sub_job)  # it may have ended meanwhile
                 else:
                     params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
-                return self._enqueue(job_id, op, sub, request_id, params, blob)
+                self._enqueue(job_id, sub, request_id, op, params, blob)
+                return self.store.get_request(request_id)
         finally:
             if not arrivals.locked():
                 self._arrivals.pop(job_id, None)
@@ -202,9 +211,18 @@ class RequestManager:
             sub = self.choose_sub_job(job, op, sub_job)
         return job, sub
 
-    def _enqueue(
-        self, job_id: str, op: str, sub: dict[str, Any], request_id: str, params: dict[str, Any], blob: bytes
-    ) -> dict[str, Any]:
+    def submit_for_service(self, job: dict[str, Any], op: str, params: dict[str, Any], blob: bytes = b"") -> str:
+        """Queue a request the service makes itself on the job's training sub-job (a managed loop, the
+        final save before a device is freed); returns its id. It is an ordinary request: listed,
+        cancellable, and it keeps the job from idling."""
+        sub = self.choose_sub_job(job, "save" if op == "save" else "step", None)
+        request_id = new_request_id()
+        if op == "save":
+            params = self.checkpoints.prepare_save(request_id, job, sub, params)
+        self._enqueue(job["id"], sub, request_id, op, params, blob)
+        return request_id
+
+    def _enqueue(self, job_id: str, sub: dict[str, Any], request_id: str, op: str, params: dict[str, Any], blob: bytes) -> None:
         self.store.insert_request(
             {"id": request_id, "job_id": job_id, "sub_job_id": sub["id"], "op": op, "status": states.REQUEST_QUEUED,
              "params": {key: value for key, value in params.items() if key != "prompt_tokens"}}
@@ -216,7 +234,6 @@ class RequestManager:
             self.weight_sync.dispatch(job_id, request_id, sub["id"], params)
         else:
             self.executor.submit(job_id, sub["id"], request_id, op, params, blob)
-        return self.store.get_request(request_id)
 
     # reading ----------------------------------------------------------------------------------
     def _visible_request(self, principal: Principal, job_id: str, request_id: str) -> dict[str, Any]:
@@ -250,6 +267,19 @@ class RequestManager:
 
     def has_active(self, job_id: str) -> bool:
         return bool(self._active.get(job_id))
+
+    def active_ops(self, job_id: str) -> list[str]:
+        """The operations of a job's queued and running requests."""
+        rows = (self.store.get_request(request_id) for request_id in self._active.get(job_id, ()))
+        return [row["op"] for row in rows if row is not None]
+
+    def cancel_for_service(self, job_id: str, request_id: str) -> None:
+        """Stop a request the service made (a managed loop, when its device is freed)."""
+        request = self.store.get_request(request_id)
+        if request is not None and request["status"] not in states.REQUEST_TERMINAL:
+            self.executor.cancel_request(job_id, request["sub_job_id"], request_id)
+            self.store.add_request_event(request_id, "cancel_requested", {})
+            self.waiters.notify(request_id)
 
     # cancel -----------------------------------------------------------------------------------
     def cancel(self, principal: Principal, job_id: str, request_id: str) -> dict[str, Any]:
@@ -290,6 +320,9 @@ class RequestManager:
         if status == states.REQUEST_SUCCEEDED and request["op"] == "weight_sync":
             result = {**(result or {}), "relayed_bytes": self.weight_sync.relayed_bytes(request_id)}
         if status == states.REQUEST_SUCCEEDED:
+            # Folded before the request ends: its end may end the job (a completing one) and close the record.
+            for callback in self.on_succeeded:
+                callback(request, result or {})
             self._finish(job_id, request_id, status, result=result, tensors=blob or None)
         else:
             self._finish(job_id, request_id, status, error=(message.get("code", "operation_failed"), message.get("message", "")))

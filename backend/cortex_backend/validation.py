@@ -106,7 +106,7 @@ def validate_job_status(value: str | None) -> str | None:
 LORA_KEYS = {"r", "alpha", "dropout", "target_modules"}
 OPTIMIZER_KEYS = {"lr", "betas", "eps", "weight_decay", "grad_clip"}
 SUB_JOB_KEYS = {"type", "base_model", "lora", "optimizer", "max_seq_len", "seed"}
-JOB_KEYS = {"job_id", "name", "experiment", "hardware", "sub_jobs", "idle_timeout_s", "labels"}
+JOB_KEYS = {"job_id", "name", "experiment", "hardware", "sub_jobs", "idle_timeout_s", "labels", "training_loop"}
 MAX_LABELS = 16
 LABEL_KEY = re.compile(r"[a-z][a-z0-9_.-]{0,62}")
 
@@ -126,7 +126,7 @@ def validate_labels(labels: Any) -> dict[str, str]:
     return dict(labels)
 
 
-def _validate_lora(lora: Any, field: str) -> dict[str, Any]:
+def _validate_lora(lora: Any, field: str, info: ModelInfo) -> dict[str, Any]:
     lora = _expect_keys(lora, field, LORA_KEYS)
     if "r" in lora:
         check_number(lora["r"], f"{field}.r", 1, 1024, integer=True)
@@ -141,7 +141,21 @@ def _validate_lora(lora: Any, field: str) -> dict[str, Any]:
         )
         if not ok:
             raise _field_error(f"{field}.target_modules", "must be 'all-linear' or a non-empty list of module names")
+        if isinstance(modules, list):
+            _check_target_modules(modules, f"{field}.target_modules", info)
     return lora
+
+
+def _check_target_modules(modules: list[str], field: str, info: ModelInfo) -> None:
+    """Refuse module names the model does not have now, not when its worker applies the adapter."""
+    known = info.module_names
+    if not known:
+        return
+    for module in modules:
+        if not any(name == module or name.endswith("." + module) for name in known):
+            leaves = sorted({name.rsplit(".", 1)[-1] for name in known})
+            raise _field_error(field, f"model {info.name} has no module {module!r}; its modules are named "
+                                      + ", ".join(leaves[:24]) + (" ..." if len(leaves) > 24 else ""))
 
 
 def _validate_optimizer(optimizer: Any, field: str) -> dict[str, Any]:
@@ -192,7 +206,7 @@ def validate_job(body: Any, catalog: ModelCatalog) -> dict[str, Any]:
         if "base_model" not in sub:
             raise _field_error(f"{field}.base_model", "is required: the name of a registered model (see GET /v1/models)")
         info = catalog.get(sub["base_model"])
-        lora = _validate_lora(sub.get("lora"), f"{field}.lora")
+        lora = _validate_lora(sub.get("lora"), f"{field}.lora", info)
         optimizer = _validate_optimizer(sub.get("optimizer"), f"{field}.optimizer")
         if sub.get("optimizer") is not None and sub["type"] != TRAINING:
             raise _field_error(f"{field}.optimizer", "only a training sub-job has an optimizer")

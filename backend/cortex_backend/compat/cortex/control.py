@@ -24,7 +24,7 @@ class JobsHandler(CortexHandler):
         cursor = None
         while True:  # every page: the SDK lists without paging
             page = self.service.jobs.list(self.principal, ours, 500, cursor)
-            jobs.extend(page["jobs"])
+            jobs.extend(public_job(job) for job in page["jobs"])
             cursor = page.get("next_cursor")
             if not cursor or len(jobs) >= 5000:
                 break
