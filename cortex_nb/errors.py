@@ -59,6 +59,8 @@ ERROR_STATUS: dict[str, int] = {
     "checkpoint_exists": 409,
     "output_not_available": 409,
     "checkpoint_corrupted": 409,
+    # a cluster (the Ray executor): the model is registered on no host that is up now
+    "no_host_for_model": 409,
     # a chunk group of the Cortex SDK surface (docs/cortex-sdk.md): replay it from chunk 0, or stop
     "chunk_group_restart_required": 409,
     "chunk_group_conflict": 409,

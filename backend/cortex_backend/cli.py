@@ -1,4 +1,4 @@
-"""`cortex-nb backend ...`: serve, and manage tokens."""
+"""`cortex-nb backend ...`: serve, and manage tokens; `cortex-nb host join` (a host joins a Ray cluster)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,9 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--data-dir", type=Path, default=default_data_dir(), help="where the store, tokens and checkpoints live")
     serve.add_argument("--model", action="append", type=_model_option, default=[], metavar="NAME=DIR",
                        help="register a local Hugging Face model directory (safetensors only); repeatable")
-    serve.add_argument("--devices", default="auto", help="'auto', 'cpu', 'cpu:N' (N slots) or GPU indices like '0,1'")
+    serve.add_argument("--devices", default="auto",
+                       help="'auto', 'cpu', 'cpu:N' (N slots) or GPU indices like '0,1'; with --executor ray also 'none'"
+                            " (the head serves no devices of its own)")
     serve.add_argument("--sub-jobs-per-device", type=int, default=4, help="sub-jobs sharing one device before jobs queue")
     serve.add_argument("--warm-workers", type=int, default=1, help="idle pre-started worker processes per device")
     serve.add_argument("--worker-threads", type=int, default=None, help="torch threads per CPU worker")
@@ -95,6 +97,17 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
                               " outputs, are deleted this long after they ended (default 30)")
     serve.add_argument("--fault-injection", action="append", type=_fault_option, default=[], metavar="NAME[=SUB_JOB]",
                        help=argparse.SUPPRESS)  # testing only: see cortex_backend/faults.py
+    cluster = serve.add_argument_group("executors (docs/scale.md)")
+    cluster.add_argument("--executor", choices=("local", "ray"), default="local",
+                         help="'local': a worker process per sub-job on this host; 'ray': a Ray actor per sub-job on the"
+                              " hosts of a Ray cluster (pip install 'cortex-nb[ray]')")
+    cluster.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                         help="ray: join this existing cluster (run the backend on its head) instead of starting a head here")
+    cluster.add_argument("--ray-port", type=int, default=6379, help="ray: the port of the head this backend starts (0: any)")
+    cluster.add_argument("--ray-object-store", type=_byte_count, default=None, metavar="BYTES",
+                         help="ray: the head's object store size (default: Ray's)")
+    cluster.add_argument("--ray-temp-dir", type=Path, default=None, help="ray: Ray's temporary dir on this host (default /tmp/ray)")
+    cluster.add_argument("--host-name", default=None, help="ray: the name this host's devices go by (default: its host name)")
     tls = serve.add_argument_group("TLS (docs/deploying.md)")
     tls.add_argument("--tls", choices=("self-signed",), default=None,
                      help="make (once) and keep a self-signed certificate in DATA_DIR/tls and print its SHA-256 fingerprint")
@@ -186,12 +199,18 @@ def run_backend_command(args: argparse.Namespace) -> int:
             upload_ttl_s=args.upload_ttl, upload_quota_bytes=args.upload_quota_bytes,
             dataset_quota_bytes=args.dataset_quota_bytes or None,
             idempotency_ttl_s=args.idempotency_ttl, history_retention_s=args.history_retention_days * 86400.0,
+            executor=args.executor, ray_address=args.ray_address, ray_port=args.ray_port,
+            ray_object_store_bytes=args.ray_object_store, ray_temp_dir=args.ray_temp_dir, host_name=args.host_name,
             tls=args.tls, tls_cert=args.tls_cert, tls_key=args.tls_key,
         )
         try:
             ModelCatalog(settings.models)  # refuse unsafe or broken model directories before starting
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
+            return 2
+        problem = _executor_problem(settings)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
             return 2
         serve(settings)
         return 0
@@ -217,6 +236,42 @@ def run_backend_command(args: argparse.Namespace) -> int:
             return 1
         print(f"revoked {args.token_id}")
     return 0
+
+
+def _executor_problem(settings: BackendSettings) -> str | None:
+    if settings.executor != "ray":
+        if settings.devices.strip().lower() == "none":
+            return "--devices none needs --executor ray (a local backend with no devices could run nothing)"
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        return "--executor ray needs Ray: pip install 'cortex-nb[ray]'"
+    return None
+
+
+def add_host_join_arguments(join: argparse.ArgumentParser) -> None:
+    """`cortex-nb host join HEAD_ADDRESS ...` (docs/scale.md)."""
+    join.add_argument("head_address", metavar="HEAD_ADDRESS", help="the Ray head's HOST:PORT (the backend prints it)")
+    join.add_argument("--name", default=None, help="the name this host's devices go by (default: its host name)")
+    join.add_argument("--model", action="append", type=_model_option, default=[], metavar="NAME=DIR",
+                      help="a local Hugging Face model directory on this host (safetensors only); repeatable")
+    join.add_argument("--models-dir", type=Path, default=None,
+                      help="register every model directory in DIR (each subdirectory with a config.json, by its name)")
+    join.add_argument("--devices", default="auto", help="'auto', 'cpu', 'cpu:N' (N slots) or GPU indices like '0,1'")
+    join.add_argument("--sub-jobs-per-device", type=_at_least(1, int), default=1,
+                      help="sub-jobs sharing one GPU (each reserves num_gpus=1/N); default 1")
+    join.add_argument("--object-store", type=_byte_count, default=None, metavar="BYTES",
+                      help="this host's Ray object store size (default: Ray's)")
+    join.add_argument("--block", action="store_true", help="stay in the foreground; the host leaves when this command stops")
+
+
+def run_host_join(args: argparse.Namespace) -> int:
+    from .ray_cluster.join import join
+
+    return join(args.head_address, name=args.name, models=dict(args.model), models_dir=args.models_dir,
+                devices=args.devices, sub_jobs_per_device=args.sub_jobs_per_device,
+                object_store_bytes=args.object_store, block=args.block)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -63,6 +63,21 @@ class BackendSettings:
     # Test-only fault injection (see faults.py): "NAME" or "NAME=SUB_JOB_ID". Empty in any real deployment.
     fault_injection: tuple[str, ...] = ()
 
+    # Executors (docs/scale.md) -------------------------------------------------------------------
+    # "local": one worker process per sub-job on this host; "ray": one Ray actor per sub-job on the
+    # hosts of a Ray cluster (pip install 'cortex-nb[ray]').
+    executor: str = "local"
+    # ray: the cluster to join ("HOST:PORT" of its head); None starts a Ray head here.
+    ray_address: str | None = None
+    # ray, when starting the head here: its port (hosts join HOST:PORT), its object store's size
+    # (None: Ray's default) and Ray's temporary directory (None: Ray's default, /tmp/ray).
+    ray_port: int = 6379
+    ray_object_store_bytes: int | None = None
+    ray_temp_dir: Path | None = None
+    # ray, when starting the head here: the name this host's devices go by (default: the host name);
+    # `devices` "none" makes the head serve no devices of its own.
+    host_name: str | None = None
+
     # TLS (docs/deploying.md): an operator's certificate and key, or "self-signed" to make and keep one
     # in DATA_DIR/tls. None serves plain HTTP (fine on loopback; a warning beyond it).
     tls_cert: Path | None = None

@@ -71,7 +71,7 @@ async def run(settings: BackendSettings) -> None:
     port = _listen(server, settings.host, settings.port)
     url = f"{'https' if files else 'http'}://{settings.host}:{port}"
     # Local clients (Client.local(), the Jupyter extension) pin the fingerprint instead of trusting any certificate.
-    write_endpoint(settings, url, files.fingerprint() if files is not None else None)
+    write_endpoint(settings, url, files.fingerprint() if files is not None else None, service.executor.describe())
     devices = ", ".join(f"{d.id} ({d.name}, {d.slots} slots)" for d in service.devices)
     log.info("cortex-nb backend %s listening on %s; devices: %s; models: %s", __version__, url, devices, service.catalog.names())
     print(f"cortex-nb backend listening on {url} (admin token in {settings.admin_token_path})", flush=True)
@@ -93,13 +93,17 @@ async def run(settings: BackendSettings) -> None:
     _remove_own_endpoint(settings.endpoint_path)
 
 
-def write_endpoint(settings: BackendSettings, url: str, tls_fingerprint: str | None = None) -> None:
-    """backend.json, atomically and readable by this user only (it names the token files)."""
+def write_endpoint(settings: BackendSettings, url: str, tls_fingerprint: str | None = None,
+                   executor: dict | None = None) -> None:
+    """backend.json, atomically and readable by this user only (it names the token files). `executor`
+    describes the executor (a Ray backend's gives the address hosts join)."""
     endpoint = {"url": url, "pid": os.getpid(), "token_file": str(settings.user_token_path),
                 "admin_token_file": str(settings.admin_token_path), "version": __version__,
                 "api_version": API_VERSION, "started_at": time.time(), "data_dir": str(settings.data_dir)}
     if tls_fingerprint is not None:
         endpoint["tls_fingerprint"] = tls_fingerprint
+    if executor is not None:
+        endpoint["executor"] = executor
     temporary = settings.endpoint_path.with_name(f".{settings.endpoint_path.name}.{os.getpid()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:

@@ -22,13 +22,13 @@ from .completion import Completion
 from .config import BackendSettings
 from .datasets import DatasetStore
 from .device_metrics import DeviceMetrics
-from .devices import detect_devices
+from .devices import Device
 from .events import EventFeed
-from .executor import Executor, LocalExecutor
+from .executor import Executor, create_executor
 from .job_views import JobViews
 from .jobs import JobManager
 from .logs import LogBook, run_log_key
-from .models import ModelCatalog
+from .models import ModelCatalog, ModelInfo
 from .monitor import Monitor
 from .operator_metrics import LiveState, OperatorMetrics
 from .progress import ProgressBook, fold_request
@@ -58,10 +58,9 @@ class Service:
             settings.data_dir.chmod(0o700)
         self.store = Store(settings.db_path)
         self.catalog = ModelCatalog(settings.models)
-        self.devices = detect_devices(settings.devices, settings.sub_jobs_per_device)
+        self.executor = executor or create_executor(settings, self)
+        self.devices = self.executor.current_devices()
         self.scheduler = Scheduler(self.devices)
-        self.executor = executor or LocalExecutor(self, self.devices, settings.warm_workers, settings.worker_threads,
-                                                  faults=settings.fault_injection)
         self.jobs = JobManager(self.store, self.catalog, self.scheduler, self.executor, settings.idle_timeout_s)
         self.checkpoints = CheckpointManager(self.store, settings.checkpoints_dir, settings.checkpoint_quota_bytes)
         self.weight_sync = WeightSyncCoordinator(self.executor)
@@ -71,6 +70,9 @@ class Service:
         self.uploads = UploadStore(settings.uploads_dir, settings.upload_quota_bytes, settings.upload_ttl_s)
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.waiters.notify(job_id))
         self.runs = RunManager(settings, self.store, self.catalog, self.scheduler, self.logs, self.uploads, self.jobs.admit)
+        if not self.executor.runs_on_this_host:
+            self.runs.unavailable_reason = ("source runs execute on the backend's own host, and this backend runs its"
+                                            " work on a cluster's hosts (--executor ray); use a backend with the local executor")
         self._sweeper: asyncio.Task | None = None
         # managed training: datasets, loops in the training worker, progress records, freeing devices
         self.progress = ProgressBook(self.store, self.jobs.waiters.notify)
@@ -83,7 +85,7 @@ class Service:
         self.job_views = JobViews(self.store, self.scheduler, self.jobs, self.progress, self.completion)
         # observability
         self.monitor = Monitor(self.store, self.devices, settings.monitor_interval_s, settings.metrics_retention_s,
-                               worker_pid=self.executor.worker_pid)
+                               worker_pid=self.executor.worker_pid, sampler=self.executor.device_sampler())
         self.device_metrics = DeviceMetrics(self.store, self.jobs, self.monitor)
         self.events = EventFeed(self.store, settings.event_retention)
         self.operator_metrics = OperatorMetrics(LiveState(
@@ -122,8 +124,8 @@ class Service:
                     await task
         await self.events.stop()
         await self.runs.stop()
+        self.monitor.stop()  # before the executor: a cluster's samples are read through it
         await self.executor.shutdown()
-        self.monitor.stop()
         self.store.close()
 
     async def _housekeeping(self) -> None:
@@ -164,6 +166,10 @@ class Service:
             except Exception:
                 log.exception("idle sweep failed")
 
+    def capacity(self) -> dict[str, Any]:
+        """Devices and slots (summed and per host), and the executor that runs sub-jobs on them."""
+        return {**self.scheduler.capacity(), "executor": self.executor.describe()}
+
     def _trained_to_the_end(self, job_id: str) -> bool:
         """After a restart: was this job's training over (a keep-alive cut short), so that it is done?"""
         progress = self.store.get_progress(job_id) or {}
@@ -201,3 +207,10 @@ class Service:
 
     def loop_message(self, job_id: str, sub_job_id: str, header: dict[str, Any]) -> None:
         self.training_loops.on_message(job_id, sub_job_id, header)
+
+    def devices_changed(self, devices: list[Device], host_models: dict[str, ModelInfo]) -> None:
+        self.devices = devices
+        self.catalog.set_host_models(host_models)
+        self.scheduler.set_devices(devices)
+        self.monitor.set_devices(devices)
+        self.jobs.devices_changed()

@@ -124,6 +124,8 @@ class RunManager:
         self._stderr: dict[str, collections.deque[str]] = {}
         self._submitting: dict[tuple[str, str], asyncio.Future] = {}
         self._tasks: dict[str, asyncio.Task] = {}
+        # Set when this backend's devices are not on its own host (a cluster executor): runs are refused.
+        self.unavailable_reason: str | None = None
         scheduler.admission_listeners[RUN_KIND] = self.admitted
 
     # start-up and shutdown ----------------------------------------------------------------------
@@ -235,6 +237,8 @@ class RunManager:
     # submit -------------------------------------------------------------------------------------
     async def submit(self, principal: Principal, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Create the run, or return the one this submission id already made; (run, created)."""
+        if self.unavailable_reason:
+            raise ApiError("unsupported_operation", self.unavailable_reason)
         unknown = sorted(set(body) - BODY_KEYS)
         if unknown:
             raise ApiError("invalid_field", f"{unknown[0]}: unknown field; allowed: {sorted(BODY_KEYS)}", {"field": unknown[0]})
