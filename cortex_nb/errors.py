@@ -50,6 +50,8 @@ ERROR_STATUS: dict[str, int] = {
     "method_not_allowed": 405,
     # 409: the request is fine but the state of things forbids it now
     "conflict": 409,
+    # a job_id already taken (by anyone: the answer never says whose) or reserved
+    "job_id_unavailable": 409,
     "job_not_running": 409,
     "job_finished": 409,
     "idempotency_key_reused": 409,

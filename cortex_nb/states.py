@@ -67,12 +67,13 @@ FAILURE_CODES = {
 # Failure codes a source run ends with (docs/job-spec.md). Stable: users match on them.
 RUN_FAILURE_CODES = {
     "workload_runtime_failed": "the command exited non-zero or was killed by a signal; see exit_code and the logs",
-    "workload_out_of_memory": "the workload ran out of memory (its address-space limit, or the device's memory)",
+    "workload_out_of_memory": "the workload ran out of memory (the run's memory limit, its address-space limit, or the device's)",
+    "disk_quota_exceeded": "the run's work dir passed its quota (--run-disk-mib) and the run was stopped",
     "output_missing": "a required output was not written",
     "output_too_large": "an output is larger than its max_bytes",
     "timed_out": "the run passed its timeout_seconds and was stopped",
     "cancelled": "cancelled by the user",
-    "isolation_unsupported": "isolation: required, and this host cannot give the run a network namespace",
+    "isolation_unsupported": "isolation: required, and this host cannot give the run its sandbox or per-run limits",
     "spec_invalid": "the spec was refused",
     "sandbox_failed": "the backend could not set up the run's sandbox; see the message",
     "backend_restarted": "the backend restarted while the run was in flight",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -154,6 +155,10 @@ def create_executor(settings: BackendSettings, listener: ExecutorListener) -> Ex
     return LocalExecutor(listener, devices, settings.warm_workers, settings.worker_threads, faults=settings.fault_injection)
 
 
+# A blob larger than this is written to its worker a slice at a time (WorkerProcess.send).
+STREAMED_BLOB_BYTES = 1 << 20
+STREAM_SLICE_BYTES = 1 << 20
+
 @dataclass
 class WorkerProcess:
     process: asyncio.subprocess.Process
@@ -166,10 +171,36 @@ class WorkerProcess:
     tasks: list[asyncio.Task] = field(default_factory=list)
     ready: asyncio.Future | None = None
     early_output: list[tuple[str, float, str]] = field(default_factory=list)
+    # Messages waiting behind a large blob that is being written a slice at a time.
+    outbox: collections.deque = field(default_factory=collections.deque)
+    sender: asyncio.Task | None = None
 
     def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
-        if not self.writer.is_closing():
+        """Messages reach the worker in the order sent. A large blob is written in slices with the IO loop
+        free in between: written at once, a 256 MiB frame is copied into the transport's buffer in one go
+        and every other client waits for that copy."""
+        if self.writer.is_closing():
+            return
+        if len(blob) <= STREAMED_BLOB_BYTES and not self.outbox:
             self.writer.write(ipc.pack(header, blob))
+            return
+        self.outbox.append((header, blob))
+        if self.sender is None or self.sender.done():
+            self.sender = asyncio.ensure_future(self._send_outbox())
+
+    async def _send_outbox(self) -> None:
+        try:
+            while self.outbox:
+                header, blob = self.outbox.popleft()
+                if self.writer.is_closing():
+                    return
+                self.writer.write(ipc.pack_header(header, len(blob)))
+                view = memoryview(blob)
+                for start in range(0, len(view), STREAM_SLICE_BYTES):
+                    self.writer.write(view[start : start + STREAM_SLICE_BYTES])
+                    await self.writer.drain()
+        except (ConnectionError, RuntimeError):
+            self.outbox.clear()  # the worker is gone; its end is reported by the reader
 
 
 # Settings every worker runs with, whichever executor starts it.

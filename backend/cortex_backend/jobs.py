@@ -131,7 +131,9 @@ class JobManager:
             spec = validate(principal, spec)
         job_id = spec.get("job_id") or new_job_id()
         if self.store.job_exists(job_id):
-            raise ApiError("conflict", f"a job with id {job_id!r} already exists; choose another job_id or omit it")
+            # The same answer whoever owns it: job ids are global, and naming the job would confirm it to anyone.
+            raise ApiError("job_id_unavailable", "this job_id cannot be used; choose another job_id, or omit it to get a"
+                           " fresh one", {"field": "job_id"})
         slots = len(spec["sub_jobs"])
         min_memory = int(float((spec.get("hardware") or {}).get("min_memory_gib", 0)) * 2**30)
         models = frozenset(sub["base_model"] for sub in spec["sub_jobs"])

@@ -19,7 +19,7 @@ from cortex_nb.errors import ApiError
 from .tokenizer import ByteTokenizer, FileTokenizer, Tokenizer
 
 TINY = "tiny"
-MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
 
 # The built-in model: Llama-shaped, random weights from a fixed seed, byte-level tokens.
 TINY_CONFIG: dict[str, Any] = {

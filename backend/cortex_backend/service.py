@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
 from typing import Any
 
@@ -26,7 +27,7 @@ from .events import EventFeed
 from .executor import Executor, create_executor
 from .job_views import JobViews
 from .jobs import JobManager
-from .logs import LogBook
+from .logs import LogBook, run_log_key
 from .models import ModelCatalog, ModelInfo
 from .monitor import Monitor
 from .operator_metrics import LiveState, OperatorMetrics
@@ -43,6 +44,8 @@ from .weight_sync import WeightSyncCoordinator
 log = logging.getLogger("cortex_backend.service")
 
 HOUSEKEEPING_S = 60.0
+# Finished jobs or runs forgotten per housekeeping round at most (each round is a few short transactions).
+HISTORY_BATCH = 200
 
 
 class Service:
@@ -64,7 +67,7 @@ class Service:
         self.requests = RequestManager(self.store, self.catalog, self.jobs, self.executor,
                                        checkpoints=self.checkpoints, weight_sync=self.weight_sync)
         self.logs = LogBook(self.store, settings.log_retention_lines)
-        self.uploads = UploadStore(settings.uploads_dir)
+        self.uploads = UploadStore(settings.uploads_dir, settings.upload_quota_bytes, settings.upload_ttl_s)
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.waiters.notify(job_id))
         self.runs = RunManager(settings, self.store, self.catalog, self.scheduler, self.logs, self.uploads, self.jobs.admit)
         if not self.executor.runs_on_this_host:
@@ -75,7 +78,7 @@ class Service:
         self.progress = ProgressBook(self.store, self.jobs.waiters.notify)
         self.requests.on_succeeded.append(lambda request, result: fold_request(self.progress, request, result))
         self.jobs.on_job_ended.append(lambda job_id, status, *_: self.progress.job_ended(job_id, status))
-        self.datasets = DatasetStore(self.store, settings.datasets_dir)
+        self.datasets = DatasetStore(self.store, settings.datasets_dir, settings.dataset_quota_bytes)
         self.training_loops = TrainingLoops(self.store, self.catalog, self.jobs, self.requests, self.checkpoints,
                                             self.datasets, self.progress, self.system_log_line)
         self.completion = Completion(self.store, self.jobs, self.requests, self.progress, self.training_loops)
@@ -126,13 +129,34 @@ class Service:
         self.store.close()
 
     async def _housekeeping(self) -> None:
-        """Bound what grows without end: the event feed (device samples are trimmed by the monitor)."""
+        """Bound what grows without end (device samples are trimmed by the monitor): the event feed, unused
+        upload chunks, remembered Idempotency-Keys, and finished jobs and runs past their retention."""
+        settings = self.settings
+        interval = min(HOUSEKEEPING_S, settings.upload_ttl_s / 2, settings.idempotency_ttl_s / 2,
+                       max(1.0, settings.history_retention_s / 2))
         while True:
+            for name, chore in (("event feed trim", self.events.trim),
+                                ("idempotency trim", lambda: self.store.trim_idempotency(time.time() - settings.idempotency_ttl_s)),
+                                ("history trim", self._forget_old_history)):
+                try:
+                    chore()
+                except Exception:
+                    log.exception("%s failed", name)
             try:
-                self.events.trim()
+                await asyncio.to_thread(self.uploads.sweep)
             except Exception:
-                log.exception("event feed trim failed")
-            await asyncio.sleep(HOUSEKEEPING_S)
+                log.exception("upload sweep failed")
+            await asyncio.sleep(interval)
+
+    def _forget_old_history(self) -> None:
+        before = time.time() - self.settings.history_retention_s
+        jobs = self.store.forget_finished_jobs(before, HISTORY_BATCH)
+        runs = self.store.forget_finished_runs(before, HISTORY_BATCH, run_log_key)
+        for run_id in runs:
+            shutil.rmtree(self.settings.runs_dir / run_id, ignore_errors=True)
+        if jobs or runs:
+            log.info("forgot %d job(s) and %d run(s) that ended more than %.1f day(s) ago", len(jobs), len(runs),
+                     self.settings.history_retention_s / 86400)
 
     async def _sweep_idle_jobs(self) -> None:
         while True:

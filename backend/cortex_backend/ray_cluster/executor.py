@@ -258,6 +258,8 @@ class RayExecutor(Executor):
 
     def submit(self, job_id: str, sub_job_id: str, request_id: str, op: str, params: dict[str, Any], blob: bytes) -> None:
         header = {"type": "request", "request_id": request_id, "op": op, "params": params}
+        if not isinstance(blob, bytes):
+            blob = bytes(memoryview(blob))  # an assembled upload is a memory map, which Ray cannot serialise
         sub = self._sub_jobs.get((job_id, sub_job_id))
         if sub is None:
             self._backlog[(job_id, sub_job_id)].append((header, blob))
