@@ -6,6 +6,7 @@ submission order. Results stay readable after the fact (polling never drains any
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Callable
@@ -45,6 +46,8 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "weight_sync": (states.TRAINING,),
 }
 FRAME_OPERATIONS = frozenset({"forward_backward", "forward"})
+# Frames larger than this are checked in a thread, so the IO loop keeps answering meanwhile.
+OFF_LOOP_FRAME_BYTES = 1 << 20
 MAX_WAIT_S = 60.0
 # How far ahead of the next expected sequence number a submission may arrive (and wait).
 MAX_SEQUENCE_GAP = 1024
@@ -92,6 +95,7 @@ class RequestManager:
         self.waiters = Waiters()
         self._active: dict[str, set[str]] = {}
         self._streams: dict[tuple[str, str], SequenceStream] = {}
+        self._arrivals: dict[str, asyncio.Lock] = {}
         # Called with (request row, result) when a request succeeds, e.g. to fold it into the job's progress.
         self.on_succeeded: list[Callable[[dict[str, Any], dict[str, Any]], None]] = []
         jobs.on_job_ended.append(self._job_ended)
@@ -140,15 +144,16 @@ class RequestManager:
         info = self.catalog.get(sub["spec"]["base_model"])
         limit = max_seq_len(sub, self.catalog)
         if op == "forward_backward":
-            tensors, metadata = wire.decode_frame(body)
+            tensors, metadata = wire.decode_frame(body, copy=False)
             loss_fn, config = validate_loss(metadata)
             validate_token_batch(tensors, LOSS_INPUTS[loss_fn], info, limit)
             # Tokens trained on (the attention-mask sum): what the job's progress record counts.
             mask = tensors.get("attention_mask")
             tokens = int(mask.sum()) if mask is not None else int(tensors["input_ids"].size)
-            return {"loss_fn": loss_fn, "batch_shape": list(tensors["input_ids"].shape), "tokens": tokens}, body
+            return {"loss_fn": loss_fn, "loss_fn_config": config, "batch_shape": list(tensors["input_ids"].shape),
+                    "tokens": tokens}, body
         if op == "forward":
-            tensors, metadata = wire.decode_frame(body)
+            tensors, metadata = wire.decode_frame(body, copy=False)
             params: dict[str, Any] = {}
             required: tuple[str, ...] = ("target_tokens",)
             if metadata.get("loss_fn") is not None:
@@ -187,24 +192,89 @@ class RequestManager:
         """Validate and queue one operation. With `sequence` (stream name, number), a number already
         submitted answers with the same request (a retry runs once), and a number that arrives early
         waits until the numbers before it have been submitted (per-stream order, whatever the arrival order)."""
+        stream, seen = self._admit(principal, job_id, sequence)
+        if seen is not None:
+            return seen
+        try:
+            job, sub = self._target(principal, job_id, op, json_body, sub_job)
+            request_id = new_request_id()
+            params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
+            self._enqueue(job_id, sub, request_id, op, params, blob, stream, sequence[1] if sequence else 0)
+            return self.store.get_request(request_id)
+        except ApiError as exc:
+            if stream is not None:
+                self._use_up(job_id, stream, sequence[1], exc)
+            raise
+
+    async def submit_async(
+        self,
+        principal: Principal,
+        job_id: str,
+        op: str,
+        body: bytes,
+        json_body: dict[str, Any] | None,
+        sub_job: str | None,
+        sequence: tuple[str, int] | None = None,
+    ) -> dict[str, Any]:
+        """`submit`, with a large frame's checks off the IO loop (they read every value of it). Requests of
+        one job still queue in the order they arrived: each waits for the one before it."""
+        arrivals = self._arrivals.setdefault(job_id, asyncio.Lock())
+        try:
+            async with arrivals:
+                stream, seen = self._admit(principal, job_id, sequence)
+                if seen is not None:
+                    return seen
+                try:
+                    job, sub = self._target(principal, job_id, op, json_body, sub_job)
+                    request_id = new_request_id()
+                    if op in FRAME_OPERATIONS and len(body) > OFF_LOOP_FRAME_BYTES:
+                        params, blob = await asyncio.to_thread(self.prepare, op, sub, body, json_body, job=job,
+                                                               principal=principal, request_id=request_id)
+                        job, sub = self._target(principal, job_id, op, json_body, sub_job)  # it may have ended meanwhile
+                    else:
+                        params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
+                    self._enqueue(job_id, sub, request_id, op, params, blob, stream, sequence[1] if sequence else 0)
+                    return self.store.get_request(request_id)
+                except ApiError as exc:
+                    if stream is not None:
+                        self._use_up(job_id, stream, sequence[1], exc)
+                    raise
+        finally:
+            if not arrivals.locked():
+                self._arrivals.pop(job_id, None)
+
+    def _admit(
+        self, principal: Principal, job_id: str, sequence: tuple[str, int] | None
+    ) -> tuple[SequenceStream | None, dict[str, Any] | None]:
+        """A numbered submission's stream, and the request a retry of its number already made (a number
+        refused before is refused again with the same error)."""
+        if sequence is None:
+            return None, None
+        self._check_accepting(self.jobs.visible_job(principal, job_id))
+        stream = self._stream(job_id, sequence)
+        seq = sequence[1]
+        if seq in stream.request_ids:
+            return stream, self.store.get_request(stream.request_ids[seq])
+        if seq in stream.refusals:
+            raise stream.refusals[seq]
+        if seq < stream.next_seq:
+            raise ApiError("invalid_field", f"sequence {seq} of stream {sequence[0]!r} was used before; number submissions upward",
+                           {"field": "sequence"})
+        return stream, None
+
+    def _target(
+        self, principal: Principal, job_id: str, op: str, json_body: dict[str, Any] | None, sub_job: str | None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The job (visible, still taking requests) and the sub-job that serves `op`."""
         job = self.jobs.visible_job(principal, job_id)
         self._check_accepting(job)
-        stream = self._stream(job_id, sequence) if sequence is not None else None
-        if stream is not None:
-            seq = sequence[1]
-            if seq in stream.request_ids:
-                return self.store.get_request(stream.request_ids[seq])
-            if seq in stream.refusals:
-                raise stream.refusals[seq]
-            if seq < stream.next_seq:
-                raise ApiError("invalid_field", f"sequence {seq} of stream {sequence[0]!r} was used before; number submissions upward",
-                               {"field": "sequence"})
-            try:
-                return self._submit(principal, job, op, body, json_body, sub_job, stream, seq)
-            except ApiError as exc:
-                self._use_up(job_id, stream, seq, exc)
-                raise
-        return self._submit(principal, job, op, body, json_body, sub_job, None, 0)
+        if op == "weight_sync":
+            sub = self.weight_sync.source(job, json_body or {})
+        else:
+            if op == "load" and (json_body or {}).get("target_sub_job_id") is not None:
+                sub_job = str(json_body["target_sub_job_id"])
+            sub = self.choose_sub_job(job, op, sub_job)
+        return job, sub
 
     def _check_accepting(self, job: dict[str, Any]) -> None:
         if job["status"] in states.JOB_TERMINAL:
@@ -247,29 +317,6 @@ class RequestManager:
                 {"field": "sequence"},
             )
         return stream
-
-    def _submit(
-        self,
-        principal: Principal,
-        job: dict[str, Any],
-        op: str,
-        body: bytes,
-        json_body: dict[str, Any] | None,
-        sub_job: str | None,
-        stream: SequenceStream | None,
-        seq: int,
-    ) -> dict[str, Any]:
-        job_id = job["id"]
-        if op == "weight_sync":
-            sub = self.weight_sync.source(job, json_body or {})
-        else:
-            if op == "load" and (json_body or {}).get("target_sub_job_id") is not None:
-                sub_job = str(json_body["target_sub_job_id"])
-            sub = self.choose_sub_job(job, op, sub_job)
-        request_id = new_request_id()
-        params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
-        self._enqueue(job_id, sub, request_id, op, params, blob, stream, seq)
-        return self.store.get_request(request_id)
 
     def submit_for_service(self, job: dict[str, Any], op: str, params: dict[str, Any], blob: bytes = b"") -> str:
         """Queue a request the service makes itself on the job's training sub-job (a managed loop, the
