@@ -39,7 +39,10 @@ class Futures:
         return future
 
     def get(self, principal: Principal, future_id: Any) -> Future:
-        future = self._futures.get(future_id) if isinstance(future_id, str) else None
+        if not isinstance(future_id, str):
+            raise ApiError("invalid_field", f"request_id: must be the string a call returned, got {str(future_id)[:80]}",
+                           {"field": "request_id"})
+        future = self._futures.get(future_id)
         if future is None or not principal.can_see(future.owner):
             raise ApiError("request_not_found", f"no future {str(future_id)[:80]!r} is visible to this key")
         return future

@@ -91,7 +91,7 @@ def _training_run(face: TinkerFace, job: dict[str, Any]) -> dict[str, Any]:
 def training_runs(face: TinkerFace, principal: Principal, limit: int, offset: int) -> dict[str, Any]:
     listed = face.service.jobs.list(principal, None, MAX_LISTED, None)["jobs"]
     trainers = [job for job in listed if any(sub["type"] == states.TRAINING for sub in job["sub_jobs"])]
-    page = [_training_run(face, face.service.store.get_job(job["job_id"])) for job in trainers[offset : offset + limit]]
+    page = [_training_run(face, job) for job in trainers[offset : offset + limit]]
     return {"training_runs": page, "cursor": {"offset": offset, "limit": limit, "total_count": len(trainers)}}
 
 

@@ -76,7 +76,10 @@ class Sessions:
 
     def find(self, principal: Principal, session_id: Any) -> Session:
         """A session this principal may see (ended or not); 404 otherwise, as for one that never existed."""
-        session = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        if not isinstance(session_id, str):
+            raise ApiError("invalid_field", f"session_id: must be the string create_session returned, got {str(session_id)[:80]}",
+                           {"field": "session_id"})
+        session = self._sessions.get(session_id)
         if session is None or not principal.can_see(session.principal.owner):
             raise ApiError("session_not_found", f"no session {str(session_id)[:80]!r} is visible to this key; create a ServiceClient")
         return session
