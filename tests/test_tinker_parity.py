@@ -125,10 +125,10 @@ def test_base_model_logprobs_and_greedy_equal_transformers(service_client, llama
             assert greedy.sequences[0].tokens == reference
 
 
-def test_forward_backward_custom_trains_as_the_same_loss_built_in(service_client):
+def test_forward_backward_custom_trains_as_the_same_loss_in_peft(service_client, llama_dir):
     """A client-side loss (forward_backward_custom) reaches the backend as cross_entropy with weights -dC/dlogprob:
-    here C = sum(w * logprob), so the weights sent are -w, negative. It must train exactly as cross_entropy with
-    weights -w does."""
+    here C = sum(w * logprob), so the weights sent are -w, negative. One step of it must train exactly as peft
+    minimising C does."""
     from tinker import types
 
     tokens = [5, 17, 33, 2, 60, 41, 9, 12]
@@ -138,20 +138,25 @@ def test_forward_backward_custom_trains_as_the_same_loss_built_in(service_client
 
     def custom(batch, logprobs):
         loss = sum((torch.tensor(d.loss_fn_inputs["weights"].data) * lp).sum() for d, lp in zip(batch, logprobs, strict=True))
-        return loss, {"custom:sum": float(loss)}
+        return loss, {"custom:sum": float(loss.detach())}
 
-    custom_client = service_client.create_lora_training_client(base_model=TINKER_MODEL, rank=4, seed=3).result()
-    builtin_client = service_client.create_lora_training_client(base_model=TINKER_MODEL, rank=4, seed=3).result()
-    negated = [types.Datum(model_input=data[0].model_input, loss_fn_inputs={"target_tokens": tokens[1:], "weights": [-x for x in w]})]
-    adam = types.AdamParams(learning_rate=1e-2)
-    custom_result = custom_client.forward_backward_custom(data, custom).result()
-    custom_client.optim_step(adam).result()
-    builtin_result = builtin_client.forward_backward(negated, "cross_entropy").result()
-    builtin_client.optim_step(adam).result()
-    assert custom_result.metrics["loss:sum"] == pytest.approx(custom_result.metrics["custom:sum"])
-    assert custom_result.metrics["surrogate_loss:sum"] == pytest.approx(builtin_result.metrics["loss:sum"], rel=1e-5)
-    after = [c.forward(data, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy() for c in (custom_client, builtin_client)]
-    np.testing.assert_allclose(after[0], after[1], rtol=0, atol=TOLERANCE)
+    client = service_client.create_lora_training_client(base_model=TINKER_MODEL, rank=RANK, seed=3).result()
+    custom_result = client.forward_backward_custom(data, custom).result()
+    client.optim_step(types.AdamParams(**ADAM)).result()
+    after = client.forward(data, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+
+    reference = reference_lora(reference_base(TINKER_MODEL, llama_dir), r=RANK, alpha=32, seed=3, target_modules=TARGETS).eval()
+    optimizer = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=ADAM["learning_rate"],
+                                  betas=(ADAM["beta1"], ADAM["beta2"]), eps=ADAM["eps"], weight_decay=ADAM["weight_decay"])
+    expected_loss = (torch.tensor(w) * _reference_logprobs(reference, tokens[:-1], tokens[1:])).sum()
+    expected_loss.backward()
+    optimizer.step()
+    with torch.no_grad():
+        expected_after = _reference_logprobs(reference, tokens[:-1], tokens[1:]).numpy()
+    assert custom_result.metrics["custom:sum"] == pytest.approx(expected_loss.item(), rel=TOLERANCE, abs=TOLERANCE)
+    # What the backend computed: cross_entropy with the negative weights -w, whose value is C itself.
+    assert custom_result.metrics["surrogate_loss:sum"] == pytest.approx(expected_loss.item(), rel=TOLERANCE, abs=TOLERANCE)
+    np.testing.assert_allclose(after, expected_after, rtol=0, atol=TOLERANCE)
 
 
 def test_sampling_params_seed_stop_and_truncation(service_client):
