@@ -61,7 +61,7 @@ def test_cookbook_supervised_and_rl_recipes(backend, tinker_key, hf_home, tmp_pa
     sl_log, rl_log = tmp_path / "sl", tmp_path / "rl"
     # Both at once, as two users would: each is its own Tinker session and its own job.
     supervised = _start_recipe("tinker_cookbook.recipes.chat_sl.train", {
-        "dataset": conversations, "lora_rank": 8, "learning_rate": 3e-2, "batch_size": 16, "max_steps": 4, "max_length": 64,
+        "dataset": conversations, "lora_rank": 8, "learning_rate": 1e-2, "batch_size": 16, "max_steps": 4, "max_length": 64,
         "save_every": 0, "eval_every": 0, "infrequent_eval_every": 0,
     }, backend, tinker_key, hf_home, sl_log)
     rl = _start_recipe("tinker_cookbook.recipes.math_rl.train", {
@@ -72,7 +72,9 @@ def test_cookbook_supervised_and_rl_recipes(backend, tinker_key, hf_home, tmp_pa
     metrics = _finished(supervised, sl_log)
     assert len(metrics) == 4
     nll = [row["train_mean_nll"] for row in metrics]
-    assert nll[-1] < nll[0], f"the cookbook's train_mean_nll should fall: {nll}"
+    # The recipe passes no seed, so each run starts from its own random LoRA A (B is zero: the first step's NLL is
+    # the base model's). At this learning rate the NLL falls in every run; a larger one sometimes spikes.
+    assert nll[-1] < 0.9 * nll[0], f"the cookbook's train_mean_nll should fall: {nll}"
     _final_checkpoints_are_ours(backend, tinker_key, sl_log)
 
     iterations = [row for row in _finished(rl, rl_log) if "env/all/total_episodes" in row]

@@ -181,7 +181,10 @@ class WorkerProcess:
         and every other client waits for that copy."""
         if self.writer.is_closing():
             return
-        if len(blob) <= STREAMED_BLOB_BYTES and not self.outbox:
+        # Written at once only when nothing is being streamed: a large blob already taken off the outbox may be
+        # half written, and a message written now would land inside it.
+        streaming = self.sender is not None and not self.sender.done()
+        if len(blob) <= STREAMED_BLOB_BYTES and not self.outbox and not streaming:
             self.writer.write(ipc.pack(header, blob))
             return
         self.outbox.append((header, blob))

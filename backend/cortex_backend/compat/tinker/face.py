@@ -166,25 +166,35 @@ class TinkerFace:
     # training -----------------------------------------------------------------------------------
     def _numbered(self, principal: Principal, job: dict[str, Any], seq: Any, op: str, translate_request) -> dict[str, Any]:
         """Submit a numbered request: a seq_id seen before answers with its request; a refusal uses the number up."""
+        sequence, done, body, json_body = self._translated(principal, job, seq, translate_request)
+        return done or self.service.requests.submit(principal, job["id"], op, body, json_body, None, sequence)
+
+    async def _numbered_async(self, principal: Principal, job: dict[str, Any], seq: Any, op: str, translate_request) -> dict[str, Any]:
+        """`_numbered` for a frame: its checks run off the IO loop when it is large (RequestManager.submit_async)."""
+        sequence, done, body, json_body = self._translated(principal, job, seq, translate_request)
+        return done or await self.service.requests.submit_async(principal, job["id"], op, body, json_body, None, sequence)
+
+    def _translated(self, principal: Principal, job: dict[str, Any], seq: Any, translate_request) -> tuple[Any, ...]:
+        """(sequence, the request a retry already made or None, body, json body)."""
         if isinstance(seq, bool) or not isinstance(seq, int):
             raise ApiError("invalid_field", f"seq_id: must be an integer, got {seq!r}", {"field": "seq_id"})
         sequence = (STREAM, seq)
         done = self.service.requests.sequenced(job["id"], sequence)
         if done is not None:
-            return done
+            return sequence, done, b"", None
         try:
             body, json_body = translate_request()
         except ApiError as exc:
             self.service.requests.refuse(principal, job["id"], sequence, exc)
             raise
-        return self.service.requests.submit(principal, job["id"], op, body, json_body, None, sequence)
+        return sequence, None, body, json_body
 
     def future_for(self, principal: Principal, kind: str, job_id: str, request: dict[str, Any], **render: Any) -> Future:
         return self.futures.known(request["id"]) or self.futures.add(
             Future(request["id"], principal.owner, kind, job_id, request["id"], render)
         )
 
-    def forward_backward(self, principal: Principal, request: ForwardBackwardRequest) -> dict[str, Any]:
+    async def forward_backward(self, principal: Principal, request: ForwardBackwardRequest) -> dict[str, Any]:
         job = self.model_job(principal, request.model_id)
         lengths: list[int] = []
 
@@ -194,7 +204,7 @@ class TinkerFace:
             return body, None
 
         op = "forward" if request.forward_only else "forward_backward"
-        submitted = self._numbered(principal, job, request.seq_id, op, frame)
+        submitted = await self._numbered_async(principal, job, request.seq_id, op, frame)
         future = self.future_for(principal, op, job["id"], submitted, lengths=np.asarray(lengths, np.int32))
         return untyped_future(future, model_id=request.model_id)
 

@@ -86,13 +86,13 @@ class OperationHandler(TinkerHandler):
 class ForwardBackwardHandler(TinkerHandler):
     """The one body the SDK sends as protobuf (optionally zstd-compressed)."""
 
-    def post(self) -> None:
+    async def post(self) -> None:
         body = self.body
         if not self.request.headers.get("Content-Type", "").startswith(messages.CONTENT_TYPE):
             raise ApiError("invalid_request", f"forward_backward takes a {messages.CONTENT_TYPE} body (tinker SDK 0.38 or later)")
         if self.request.headers.get("Content-Encoding", "") == "zstd":
             body = decompress(body, self.service.settings.max_body_bytes)
-        self.write_json(self.face.forward_backward(self.principal, messages.decode_forward_backward(body)))
+        self.write_json(await self.face.forward_backward(self.principal, messages.decode_forward_backward(body)))
 
 
 def decompress(body: bytes, limit: int) -> bytes:
