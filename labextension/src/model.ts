@@ -5,7 +5,7 @@
 import { API_VERSION, PACKAGE_VERSION } from './contract';
 import { formatBytes } from './format';
 import { IJobRow, ITrainingSummary, finishedTrainings, isTerminal, jobRow, listedJobs } from './jobrows';
-import { ICapacity, ICheckpoint, IDevice, IJob, ILogLine, IMetricSample, IStatus } from './types';
+import { ICapacity, ICheckpoint, IDevice, IJob, ILogLine, IMetricSample, IMetricsPage, IStatus } from './types';
 
 export function apiMajor(version: string | undefined | null): number | null {
   if (!version) {
@@ -61,6 +61,14 @@ export function connectionState(status: IStatus | null, requestError: string | n
     return noLocalBackend(status) ? 'no_local_backend' : 'unreachable';
   }
   return status.authenticated ? 'connected' : 'unauthenticated';
+}
+
+/** The one quiet line a view shows when there are no GPU metrics (older backends send only the reason). */
+export function gpuMetricsNote(page: IMetricsPage): string | null {
+  if (page.gpu_metrics_note !== undefined) {
+    return page.gpu_metrics_note ?? null;
+  }
+  return page.gpu_unavailable_reason ? `no GPU metrics: ${page.gpu_unavailable_reason}` : null;
 }
 
 /** No backend is configured and no local backend runs: the panel offers to start one. */
@@ -241,7 +249,8 @@ export interface IPanelState {
   status: IStatus | null;
   capacity: ICapacity | null;
   hostSamples: IMetricSample[];
-  gpuUnavailableReason: string | null;
+  /** One quiet line when the host reports no GPU metrics ("CPU host: no GPU metrics"). */
+  gpuMetricsNote: string | null;
   jobs: IJob[];
   error: string | null;
   updatedAt: number | null;
@@ -258,7 +267,7 @@ export class PanelModel {
     status: null,
     capacity: null,
     hostSamples: [],
-    gpuUnavailableReason: null,
+    gpuMetricsNote: null,
     jobs: [],
     error: null,
     updatedAt: null,

@@ -6,7 +6,7 @@
 import { Poll } from '@lumino/polling';
 
 import { CortexApi, CortexApiError } from './api';
-import { PanelModel, noLocalBackend } from './model';
+import { PanelModel, gpuMetricsNote, noLocalBackend } from './model';
 import { hasRoute } from './routes';
 import { IMetricSample } from './types';
 
@@ -79,7 +79,7 @@ export class PanelRefresher {
         capacity,
         jobs,
         hostSamples: metrics.samples,
-        gpuUnavailableReason: metrics.reason,
+        gpuMetricsNote: metrics.note,
         error: null,
         updatedAt: Date.now()
       });
@@ -90,15 +90,15 @@ export class PanelRefresher {
     }
   }
 
-  private async _hostMetrics(): Promise<{ samples: IMetricSample[]; reason: string | null }> {
+  private async _hostMetrics(): Promise<{ samples: IMetricSample[]; note: string | null }> {
     if (!hasRoute('host_metrics')) {
-      return { samples: [], reason: null };
+      return { samples: [], note: null };
     }
     const page = await this._api.hostMetrics(this._hostSince);
     const samples = [...this._model.state.hostSamples, ...page.samples].slice(-HOST_SAMPLES_KEPT);
     if (page.samples.length) {
       this._hostSince = page.next_since ?? page.samples[page.samples.length - 1].at;
     }
-    return { samples, reason: page.gpu_unavailable_reason ?? null };
+    return { samples, note: gpuMetricsNote(page) };
   }
 }

@@ -163,15 +163,22 @@ export interface IMetricSample {
   gpu_memory_total_bytes?: number;
   gpu_temperature_c?: number;
   gpu_power_watts?: number;
+  /** The host's CPU and RAM (all processes), not the job's. */
   cpu_percent?: number;
   ram_used_bytes?: number;
   ram_total_bytes?: number;
+  /** The job's own worker processes (job metrics only; absent when the monitor could not read them). */
+  job_cpu_percent?: number;
+  job_ram_bytes?: number;
 }
 
 export interface IMetricsPage {
   samples: IMetricSample[];
   next_since?: number | null;
+  /** The technical reason (NVML's error); views show `gpu_metrics_note` instead. */
   gpu_unavailable_reason?: string | null;
+  /** One short line for views: "CPU host: no GPU metrics" on a host without NVIDIA GPUs, else what is wrong. */
+  gpu_metrics_note?: string | null;
 }
 
 export interface ILogLine {

@@ -6,6 +6,7 @@ import {
   PanelModel,
   connectionState,
   deviceRows,
+  gpuMetricsNote,
   noLocalBackend,
   versionWarnings
 } from '../src/model';
@@ -139,6 +140,13 @@ describe('devices', () => {
     expect(cpu).toMatchObject({ utilization: 42.4, memoryFraction: 0.25, temperatureC: null, powerW: null });
     expect(cpu.utilizationLabel).toBe('CPU 42%');
     expect(cpu.memoryLabel).toBe('RAM 6.0 GiB / 24.0 GiB');
+  });
+
+  it('says in one quiet line that a CPU host has no GPU metrics', () => {
+    expect(gpuMetricsNote({ samples: [], gpu_unavailable_reason: 'NVML Shared Library Not Found',
+      gpu_metrics_note: 'CPU host: no GPU metrics' })).toBe('CPU host: no GPU metrics');
+    expect(gpuMetricsNote({ samples: [], gpu_unavailable_reason: 'driver too old' })).toBe('no GPU metrics: driver too old');
+    expect(gpuMetricsNote({ samples: [] })).toBeNull();
   });
 
   it('is empty before the first capacity report', () => {

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from traitlets.config import Config
 from cortex_nb import __version__
 from cortex_nb.version import API_VERSION
 
+from ..jupyter_process import stop_local_backend
 from ..tokens import create_token
 from .test_server_extension import body, fetch_error, server_config
 
@@ -118,25 +118,6 @@ async def test_start_local_backend_starts_it_detached_and_connects(jp_fetch, loc
         assert jobs["jobs"] == []
     finally:
         stop_local_backend(local_dir)
-
-
-def stop_local_backend(local_dir) -> None:
-    try:
-        pid = json.loads((local_dir / "backend.json").read_text())["pid"]
-    except (OSError, ValueError, KeyError):
-        return
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    os.killpg(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("jp_server_config", [server_config("http://127.0.0.1:9", "/nonexistent")])

@@ -3,7 +3,7 @@ import { meter } from '../charts/meter';
 import { h } from '../dom';
 import { IDeviceRow } from '../model';
 
-export function renderDevices(rows: IDeviceRow[], gpuUnavailableReason: string | null): HTMLElement {
+export function renderDevices(rows: IDeviceRow[], gpuMetricsNote: string | null): HTMLElement {
   const section = h('section', { class: 'cortex-section cortex-devices' }, h('h3', {}, 'Devices'));
   if (!rows.length) {
     section.appendChild(h('div', { class: 'cortex-muted' }, 'no devices reported yet'));
@@ -25,8 +25,8 @@ export function renderDevices(rows: IDeviceRow[], gpuUnavailableReason: string |
       )
     );
   }
-  if (gpuUnavailableReason) {
-    section.appendChild(h('div', { class: 'cortex-muted cortex-gpu-reason' }, `No GPU metrics: ${gpuUnavailableReason}`));
+  if (gpuMetricsNote) {
+    section.appendChild(h('div', { class: 'cortex-muted cortex-gpu-reason' }, gpuMetricsNote));
   }
   return section;
 }

@@ -16,8 +16,8 @@ import { lossChart } from '../charts/losschart';
 import { displayState } from '../contract';
 import { h, replaceChildren, wordBadge } from '../dom';
 import { formatAge, formatBytes, formatLoss } from '../format';
-import { isTerminal, jobActions, jobProgress, jobTitle } from '../jobrows';
-import { LogBuffer, MetricSeries, sortCheckpoints } from '../model';
+import { isTerminal, jobActions, jobLabel, jobProgress, jobTitle } from '../jobrows';
+import { LogBuffer, MetricSeries, gpuMetricsNote, sortCheckpoints } from '../model';
 import { RouteUnavailableError, hasRoute } from '../routes';
 import { ICheckpoint, IJob } from '../types';
 
@@ -32,7 +32,7 @@ export class JobView extends Widget {
   job: IJob | null = null;
   private _checkpoints: ICheckpoint[] | null = null;
   private _checkpointSeen: string | null = null;
-  private _gpuReason: string | null = null;
+  private _gpuNote: string | null = null;
   private _notice: string | null = null;
   private _error: string | null = null;
   private _busy = false;
@@ -113,8 +113,8 @@ export class JobView extends Widget {
       throw error;  // back off
     }
     const job = this.job;
-    this.title.label = jobTitle(job);
-    this.title.caption = `cortex-nb job ${job.job_id}${job.name ? ` (${job.name})` : ''}`;
+    this.title.label = jobLabel(job);
+    this.title.caption = `cortex-nb job ${jobLabel(job)}`;
     this.renderHeader();
     this.renderTraining();
     const checkpoint = `${job.status}|${job.progress?.last_checkpoint ?? ''}`;
@@ -189,7 +189,7 @@ export class JobView extends Widget {
     try {
       const page = await this._api.jobMetrics(this.jobId, this.metrics.since);
       this.metrics.append(page.samples, page.next_since);
-      this._gpuReason = page.gpu_unavailable_reason ?? null;
+      this._gpuNote = gpuMetricsNote(page);
     } catch (error) {
       if (!(error instanceof CortexApiError || error instanceof RouteUnavailableError)) {
         throw error;
@@ -351,15 +351,19 @@ export class JobView extends Widget {
             { title: 'GPU memory', format: formatBytes })
         ]
       : [
-          lineChart([{ label: 'CPU %', points: metrics.points('cpu_percent'), className: 'cortex-series-1' }],
-            { title: 'host CPU', ...percent }),
-          lineChart([{ label: 'RAM', points: metrics.points('ram_used_bytes'), className: 'cortex-series-2' }],
-            { title: 'host RAM', format: formatBytes })
+          lineChart([
+            { label: 'host CPU %', points: metrics.points('cpu_percent'), className: 'cortex-series-1' },
+            { label: 'job CPU %', points: metrics.points('job_cpu_percent'), className: 'cortex-series-2' }
+          ], { title: 'CPU', ...percent }),
+          lineChart([
+            { label: 'host RAM', points: metrics.points('ram_used_bytes'), className: 'cortex-series-1' },
+            { label: 'job RAM', points: metrics.points('job_ram_bytes'), className: 'cortex-series-2' }
+          ], { title: 'RAM', format: formatBytes })
         ];
     replaceChildren(
       this._charts,
       ...charts,
-      this._gpuReason ? h('div', { class: 'cortex-muted' }, `CPU host: no GPU metrics (${this._gpuReason})`) : null
+      this._gpuNote ? h('div', { class: 'cortex-muted cortex-gpu-reason' }, this._gpuNote) : null
     );
   }
 
