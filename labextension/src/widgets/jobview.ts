@@ -3,8 +3,9 @@
  * finished training) Free device, the training's progress bar and loss chart from the backend's progress
  * record, the latest samples, device metrics, checkpoints, and logs that follow the job until it ends.
  *
- * The progress record is long-polled (`after_progress`): about one request per update while training,
- * one per wait while nothing changes. Metrics and checkpoints refresh on a slower poll.
+ * The progress record and the logs are long-polled (`after_progress`, `wait`), at most one request each
+ * per two seconds while training and one per wait while nothing changes; metrics and checkpoints
+ * refresh on a slower poll.
  */
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Poll } from '@lumino/polling';
@@ -25,6 +26,12 @@ import { ICheckpoint, IJob } from '../types';
 const LOG_WAIT_S = 20;
 /** Seconds one progress long-poll may wait. */
 const PROGRESS_WAIT_S = 20;
+/**
+ * The least time between two progress or log fetches: a long-poll answers as soon as anything is new,
+ * and a training makes something new every step, so without a floor the view would fetch once per step
+ * (one per log line). Two seconds batches them and still reads as live.
+ */
+const MIN_FETCH_INTERVAL_MS = 2000;
 
 export class JobView extends Widget {
   readonly logs = new LogBuffer(5000);
@@ -72,7 +79,7 @@ export class JobView extends Widget {
     });
     this._watch = new Poll({
       factory: () => this.watchOnce(),
-      frequency: { interval: 1000, backoff: true, max: 30 * 1000 },
+      frequency: { interval: MIN_FETCH_INTERVAL_MS, backoff: true, max: 30 * 1000 },
       standby: 'when-hidden',
       name: `cortex-nb:job:${jobId}`
     });
@@ -213,8 +220,14 @@ export class JobView extends Widget {
   /** Long-poll the logs: each call returns as soon as lines arrive, or after LOG_WAIT_S. */
   private async _followLogs(): Promise<void> {
     let delay = 500;
+    let last = 0;
     while (!this.isDisposed) {
       const ended = this.job !== null && isTerminal(this.job.status);
+      const wait = last + MIN_FETCH_INTERVAL_MS - Date.now();
+      if (wait > 0 && !ended) {
+        await new Promise(resolve => setTimeout(resolve, wait));
+      }
+      last = Date.now();
       try {
         const page = await this._api.logs(this.jobId, this.logs.cursor, ended ? 0 : LOG_WAIT_S, this._abort.signal);
         const fresh = this.logs.append(page.lines, page.cursor, page.dropped ?? 0);
