@@ -20,6 +20,7 @@ from .client import Client
 class Connection:
     client: Client
     source: str  # where the endpoint came from, for messages
+    local: bool = False  # this user's local backend (`%cortex connect --local`)
 
     def describe(self) -> str:
         version = (self.client.backend_version or {}).get("version", "?")
@@ -73,8 +74,6 @@ def connect_url(url: str, token_env: str | None = None, **client_options: Any) -
 
 
 def connect_local(data_dir: str | Path | None = None, **client_options: Any) -> Connection:
-    from .local import default_local_dir
-
+    """This user's local backend, found through its state file or started (it outlives the kernel)."""
     client = Client.local(data_dir, **client_options)
-    where = Path(data_dir).expanduser() if data_dir else default_local_dir()
-    return Connection(client, f"the embedded backend in {where}")
+    return Connection(client, f"your local backend in {client.local_backend.data_dir}", local=True)

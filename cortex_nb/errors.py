@@ -26,6 +26,9 @@ ERROR_STATUS: dict[str, int] = {
     "chunk_mismatch": 400,
     "spec_invalid": 400,
     "exceeds_capacity": 400,
+    # managed training: datasets are named by the SHA-256 of their bytes
+    "hash_mismatch": 400,
+    "invalid_dataset": 400,
     # source runs
     "manifest_mismatch": 400,
     "incompatible_adapter": 400,
@@ -42,6 +45,7 @@ ERROR_STATUS: dict[str, int] = {
     "checkpoint_not_found": 404,
     "run_not_found": 404,
     "output_not_declared": 404,
+    "dataset_not_found": 404,
     # 405
     "method_not_allowed": 405,
     # 409: the request is fine but the state of things forbids it now

@@ -69,7 +69,7 @@ def start_backend(
         if endpoint.exists():
             info = json.loads(endpoint.read_text())
             if info["pid"] == process.pid:
-                token = Path(info["token_file"]).read_text().strip()
+                token = Path(info["admin_token_file"]).read_text().strip()
                 return BackendProcess(info["url"], token, data_dir, process)
         time.sleep(0.05)
     process.kill()

@@ -7,7 +7,6 @@ import time
 import pytest
 
 from cortex_nb import Client
-from cortex_nb.train_loop import live_run
 from cortex_nb.widgets import job_widget, state
 from cortex_nb.widgets.throttle import MAX_RENDERS_PER_S, RenderThrottle
 
@@ -18,17 +17,16 @@ def test_cancel_button_cancels_the_job_on_the_backend(cortex_shell, backend):
     ran = run_cell(cortex_shell, "%%cortex train -o button_job\n" + train_spec(2000))
     assert ran.success, ran.stderr
     job = cortex_shell.user_ns["button_job"]
-    run = live_run(job.job_id)
     widget = job_widget._WIDGETS[job.job_id]
-    wait_until(lambda: run.state.step >= 3, 120)
-    assert not run.done
+    wait_until(lambda: widget.state.step >= 3, 120)
+    assert not widget.state.finished
 
     widget.cancel_button.click()  # what a click in the browser calls
 
     with Client(backend.url, backend.token) as client:
         wait_until(lambda: client.get_job(job.job_id)["status"] == "cancelled", 30)
-    wait_until(lambda: run.done, 30)
-    assert run.status == "cancelled" and run.state.step < 2000
+    wait_until(lambda: widget.state.finished, 30)
+    assert widget.state.status == "cancelled" and widget.state.step < 2000
     widget.throttle.flush()
     wait_until(lambda: widget.cancel_button.disabled and "cancelled" in repr(widget), 10)
     assert widget.progress.bar_style == "warning"
@@ -44,26 +42,21 @@ def test_a_2000_step_run_keeps_the_widget_data_bounded(cortex_shell, backend):
     elapsed = time.monotonic() - started
     assert ran.success, ran.stderr
     job = cortex_shell.user_ns["long_job"]
-    try:
-        run = live_run(job.job_id)
-        widget = job_widget._WIDGETS[job.job_id]
-        assert run.status == "done" and run.state.step == 2000 and run.state.loss.count == 2000
-        # The backend logged a line per step; the widget kept only its tail.
-        wait_until(lambda: widget.feed.log_cursor >= 2000, 30)
-        sizes = run.state.retained_sizes()
-        assert sizes["loss_points"] <= state.CHART_POINTS
-        assert sizes["log_lines"] == state.LOG_TAIL_LINES
-        assert sizes["rate_window"] <= state.RATE_WINDOW + 1
-        assert sizes["metric_points"] <= 2 * state.METRIC_POINTS
-        widget.throttle.flush()
-        snap = run.state.snapshot()
-        assert snap.loss[0][0] == 1 and snap.loss[-1][0] > 1990  # the whole run is still on the chart
-        assert len(widget.loss_chart.value) < 12_000 and len(widget.logs.value) < 20_000
-        # Batched updates: never more than 4 renders a second over the run.
-        assert widget.throttle.renders <= MAX_RENDERS_PER_S * elapsed + 2
-        assert widget.progress.value == 2000
-    finally:
-        job.cancel()
+    widget = job_widget._WIDGETS[job.job_id]
+    snap = widget.state.snapshot()
+    assert snap.status == "done" and snap.step == 2000
+    # The backend logged a line per step; the widget kept only its tail.
+    wait_until(lambda: widget.feed.log_cursor >= 2000, 30)
+    sizes = widget.state.retained_sizes()
+    assert sizes["loss_points"] <= state.CHART_POINTS
+    assert sizes["log_lines"] == state.LOG_TAIL_LINES
+    assert sizes["metric_points"] <= 2 * state.METRIC_POINTS
+    widget.throttle.flush()
+    assert snap.loss[0][0] == 1 and snap.loss[-1][0] > 1990  # the whole run is still on the chart
+    assert len(widget.loss_chart.value) < 12_000 and len(widget.logs.value) < 20_000
+    # Batched updates: never more than 4 renders a second over the run.
+    assert widget.throttle.renders <= MAX_RENDERS_PER_S * elapsed + 2
+    assert widget.progress.value == 2000
 
 
 def test_render_throttle_batches_bursts_to_four_a_second():

@@ -15,6 +15,7 @@ batch_size: 4
 max_seq_len: 64
 optimizer: {{lr: 0.003}}
 lora: {{r: 16, alpha: 32}}
+keep_alive: 5m
 """
 
 CELLS = [
@@ -24,10 +25,8 @@ CELLS = [
     "%%cortex sample --job {job.job_id} --temperature 0 --max-tokens 10\nThe lighthouse keeper\n",
     "%cortex jobs --status running",
     (
-        "from cortex_nb.train_loop import live_run\n"
-        "state = live_run(job.job_id).state\n"
-        "points = [loss for _, loss in state.snapshot().loss]\n"
-        "assert state.status == 'done' and len(points) == 15 and points[-1] < points[0], points\n"
+        "points = list(job.history['loss_per_token'])\n"
+        "assert job.progress['phase'] == 'keep_alive' and len(points) == 15 and points[-1] < points[0], points\n"
         "print('loss fell', round(points[0], 3), '->', round(points[-1], 3))"
     ),
     "job.cancel()['status']",
@@ -64,18 +63,16 @@ def test_notebook_with_widgets_runs_in_a_real_kernel(tmp_path, monkeypatch, back
     notebook = execute(tmp_path, monkeypatch, backend, noninteractive=False)
     connect, train, sample, jobs, check, cancel = notebook.cells[1:]
     assert texts(connect).startswith(f"connected to {backend.url}")
-    summary = [line for line in texts(train).splitlines() if "(tiny) done: 15/15 steps" in line]
-    assert len(summary) == 1 and "loss " in summary[0]
+    summary = [line for line in texts(train).splitlines() if "(tiny) sampling: 15/15 steps" in line]
+    assert len(summary) == 1 and "loss per token " in summary[0]
     job_id = summary[0].split()[0]
     widget_outputs = [o for o in train.outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     assert len(widget_outputs) == 1
-    # Its saved text is the final state, not the one at display.
-    assert widget_outputs[0].data["text/plain"].startswith(f"<cortex job {job_id} done step 15/15 loss ")
     # The trait updates made on background threads reached the frontend: the saved widget state
     # holds the finished progress bar and the falling loss chart.
     state = notebook.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
     bars = [m["state"] for m in state.values() if m["model_name"] == "IntProgressModel"]
-    assert any(bar["value"] == 15 and bar["max"] == 15 and bar["bar_style"] == "success" for bar in bars)
+    assert any(bar["value"] == 15 and bar["max"] == 15 for bar in bars)
     html = [m["state"].get("value", "") for m in state.values() if m["model_name"] == "HTMLModel"]
     assert any("<polyline" in value and "loss per token" in value for value in html)
     assert any(f'data-cortex-open-job="{job_id}"' in value for value in html)
@@ -91,9 +88,9 @@ def test_notebook_in_noninteractive_mode_prints_progress_and_summary(tmp_path, m
     text = texts(train)
     lines = text.strip().splitlines()
     job_id = lines[0].split(":")[0]
-    assert lines[0].startswith(f"{job_id}: training tiny for 15 steps")
-    assert any(line.startswith(f"{job_id} step 15/15  loss ") for line in lines)
-    assert lines[-1].startswith(f"{job_id} (tiny) done: 15/15 steps")
+    assert lines[0].startswith(f"{job_id}: training tiny on the backend: 15 steps")
+    assert any(line.startswith(f"{job_id} step 15/15  loss per token ") for line in lines)
+    assert lines[-1].startswith(f"{job_id} (tiny) sampling: 15/15 steps")
     assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in train.outputs)
     assert texts(notebook.cells[-1]) == "'cancelled'"
 

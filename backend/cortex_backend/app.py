@@ -6,7 +6,7 @@ import tornado.web
 
 from cortex_nb import routes
 
-from .handlers import checkpoints, jobs, logs, meta, observability, requests, runs, uploads
+from .handlers import checkpoints, datasets, jobs, logs, meta, observability, requests, runs, uploads
 from .handlers.base import NotFoundHandler
 from .service import Service
 
@@ -33,6 +33,8 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "get_request_tensors": requests.RequestTensorsHandler,
     "cancel_request": requests.RequestCancelHandler,
     "upload_chunk": uploads.UploadChunkHandler,
+    "put_dataset": datasets.DatasetHandler,
+    "get_dataset": datasets.DatasetHandler,
     "job_logs": logs.JobLogsHandler,
     # source runs
     "create_run": runs.RunsHandler,

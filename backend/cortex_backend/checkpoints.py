@@ -227,6 +227,21 @@ class CheckpointManager:
         )
         return {"type": kind, "checkpoint_id": requested, "directory": str(directory)}
 
+    def adopt(self, request_id: str, job: dict[str, Any], sub_job_id: str, name: str, kind: str, directory: str,
+              manifest: dict[str, Any]) -> dict[str, Any]:
+        """Make valid a checkpoint a managed training loop wrote (`name`, or `name-2`... if taken), exactly
+        as a finished save request is: files checked, quota applied, renamed, recorded."""
+        job_dir = self.job_dir(job["owner"], job["id"])
+        path = Path(directory)
+        if path.parent != job_dir or not path.name.startswith(TEMP_PREFIX) or kind not in CHECKPOINT_TYPES:
+            raise ApiError("internal_error", f"a training loop reported a checkpoint outside its job's directory: {directory}")
+        unique, suffix = validate_checkpoint_id(name), 1
+        while self._id_taken(job["id"], unique):
+            suffix += 1
+            unique = f"{name}-{suffix}"
+        self._saves[request_id] = PendingSave(job["owner"], job["id"], sub_job_id, unique, kind, path, 0)
+        return self.commit_save(request_id, {"manifest": manifest})
+
     def _final_id(self, save: PendingSave, step: int) -> str:
         if save.requested_id is not None:
             return save.requested_id

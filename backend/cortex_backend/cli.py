@@ -62,12 +62,16 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--sub-jobs-per-device", type=int, default=4, help="sub-jobs sharing one device before jobs queue")
     serve.add_argument("--warm-workers", type=int, default=1, help="idle pre-started worker processes per device")
     serve.add_argument("--worker-threads", type=int, default=None, help="torch threads per CPU worker")
-    serve.add_argument("--idle-timeout", type=float, default=3600.0, help="seconds without requests before a job is completed")
+    serve.add_argument("--idle-timeout", type=_at_least(1.0), default=300.0,
+                       help="seconds a running job may have nothing to do before it is completed, freeing its device"
+                            " (trained steps are saved as checkpoint 'final' first)")
+    serve.add_argument("--idle-exit", type=_at_least(1.0), default=None, metavar="SECONDS",
+                       help="stop the backend after this long with no job queued or running and no source run"
+                            " (the per-user local backend uses 1800); default: never")
     serve.add_argument("--checkpoint-quota-bytes", type=_byte_count, default=None, metavar="BYTES",
                        help="most bytes of checkpoints one token owner may keep (e.g. 50000000000 or 50G); default: no cap")
     serve.add_argument("--fault-injection", action="append", type=_fault_option, default=[], metavar="NAME[=SUB_JOB]",
                        help=argparse.SUPPRESS)  # testing only: see cortex_backend/faults.py
-    serve.add_argument("--parent-pid", type=int, default=None, help="stop when this process exits (used by Client.local())")
     runs = serve.add_argument_group("source runs (docs/job-spec.md)")
     runs.add_argument("--runs-workspace", type=Path, default=None, help="where runs' work dirs live (default DATA_DIR/workspace)")
     runs.add_argument("--run-namespaces", choices=("auto", "off"), default="auto",
@@ -107,7 +111,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
         settings = BackendSettings(
             host=args.host, port=args.port, data_dir=args.data_dir, models=dict(args.model), devices=args.devices,
             sub_jobs_per_device=args.sub_jobs_per_device, warm_workers=args.warm_workers,
-            worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout, parent_pid=args.parent_pid,
+            worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout, idle_exit_s=args.idle_exit,
             runs_workspace=args.runs_workspace, run_namespaces=args.run_namespaces,
             run_address_space_mib=args.run_address_space_mib, run_max_file_mib=args.run_max_file_mib,
             run_max_processes=args.run_max_processes, run_kill_grace_s=args.run_kill_grace, run_tmp_mib=args.run_tmp_mib,

@@ -30,18 +30,23 @@ class BackendSettings:
     warm_workers: int = 1
     # Torch threads per CPU worker; None lets torch choose.
     worker_threads: int | None = None
-    # A running job with no request for this long is completed, freeing its device.
-    idle_timeout_s: float = 3600.0
+    # A running job with no request for this long is completed, freeing its device (a trained adapter
+    # is saved as checkpoint `final` first). Short, and shown to users as a countdown.
+    idle_timeout_s: float = 300.0
+    # How often idle timeouts and keep-alives are checked.
+    idle_sweep_s: float = 1.0
+    # Stop the backend after this many seconds with no job queued or running and no source run (the
+    # per-user local backend); None: serve until stopped.
+    idle_exit_s: float | None = None
     max_body_bytes: int = wire.MAX_BODY_BYTES
+    # The largest training dataset one PUT /v1/datasets/{id} may upload.
+    max_dataset_bytes: int = 256 * 1024 * 1024
     # Log lines kept per job; older lines are dropped and the logs say how many.
     log_retention_lines: int = 100_000
     # checkpoints: the most bytes of checkpoints one owner may keep (None: no cap).
     checkpoint_quota_bytes: int | None = None
     # Test-only fault injection (see faults.py): "NAME" or "NAME=SUB_JOB_ID". Empty in any real deployment.
     fault_injection: tuple[str, ...] = ()
-
-    # Stop when this process exits (the embedded backend follows the kernel that started it).
-    parent_pid: int | None = None
 
     # Source runs (docs/job-spec.md) ------------------------------------------------------------
     # Where runs' work dirs live; emptied at every start-up. Default: DATA_DIR/workspace.
@@ -90,6 +95,15 @@ class BackendSettings:
     @property
     def uploads_dir(self) -> Path:
         return self.data_dir / "uploads"
+
+    @property
+    def user_token_path(self) -> Path:
+        """A token for the OS user's own processes (kernels, the Jupyter server): not admin."""
+        return self.data_dir / "user.token"
+
+    @property
+    def datasets_dir(self) -> Path:
+        return self.data_dir / "datasets"
 
     @property
     def checkpoints_dir(self) -> Path:

@@ -60,7 +60,7 @@ def validate_job_status(value: str | None) -> str | None:
 LORA_KEYS = {"r", "alpha", "dropout", "target_modules"}
 OPTIMIZER_KEYS = {"lr", "betas", "eps", "weight_decay", "grad_clip"}
 SUB_JOB_KEYS = {"type", "base_model", "lora", "optimizer", "max_seq_len", "seed"}
-JOB_KEYS = {"job_id", "name", "experiment", "hardware", "sub_jobs", "idle_timeout_s"}
+JOB_KEYS = {"job_id", "name", "experiment", "hardware", "sub_jobs", "idle_timeout_s", "training_loop"}
 
 
 def _validate_lora(lora: Any, field: str) -> dict[str, Any]:

@@ -35,6 +35,11 @@ class CortexMagics(Magics):
         # The previous client stays open: runs and widgets started through it keep using it.
         self.connection = connection
 
+    def reconnect_hint(self) -> str:
+        if self.connection is not None and self.connection.local:
+            return "%cortex connect --local starts a new local backend (its jobs are marked as they really ended)"
+        return "check that the backend runs, then %cortex connect again"
+
     def client(self):
         if self.connection is None:
             raise UsageError("not connected: run %cortex connect first (or %cortex connect --local)")
@@ -61,6 +66,8 @@ class CortexMagics(Magics):
             return command.func(self, args, cell)
         except SpecError as exc:
             raise UsageError(f"cortex {name}: {one_line(exc.message)}") from None
+        except errors.ConnectionError as exc:
+            raise UsageError(f"cortex {name}: backend gone: {one_line(exc.message)}; {self.reconnect_hint()}") from None
         except errors.CortexError as exc:
             raise UsageError(f"cortex {name}: [{exc.code}] {one_line(exc.message)}") from None
 

@@ -1,8 +1,8 @@
 """The live job widget: header, progress, loss and device charts, samples, log tail, buttons.
 
-Background threads (training loop, backend feed) only write the `JobState`; a `RenderThrottle`
-turns state into trait values at most 4 times a second. Widgets are created on the main thread,
-at display, where the cell's parent message is captured for the threads.
+A background feed (`JobFeed`: the job's progress record from the backend, logs, metrics) only writes
+the `JobState`; a `RenderThrottle` turns state into trait values at most 4 times a second. Widgets are
+created on the main thread, at display, where the cell's parent message is captured for the threads.
 """
 
 from __future__ import annotations
@@ -17,33 +17,32 @@ from IPython.display import display
 from ..errors import CortexError
 from ..job_feed import JobFeed
 from ..kernel_threads import capture_parent, start_thread
-from ..states import JOB_TERMINAL
-from .state import (
-    RUN_CANCELLED,
-    RUN_DONE,
-    RUN_FAILED,
-    RUN_STOPPED,
-    RUN_TERMINAL,
-    JobState,
-    Snapshot,
-    format_count,
-    format_duration,
+from ..states import (
+    JOB_TERMINAL,
+    WORD_CANCELLED,
+    WORD_DONE,
+    WORD_FAILED,
+    WORD_IDLE,
+    WORD_QUEUED,
+    WORD_SAMPLING,
+    WORD_STARTING,
+    WORD_TRAINING,
 )
+from .state import TERMINAL_WORDS, JobState, Snapshot, format_count, format_duration
 from .svg import Line, line_chart
 from .throttle import RenderThrottle
 
 if TYPE_CHECKING:
     from ..client import Client
-    from ..train_loop import TrainingRun
 
 LOG_LINES_SHOWN = 40
 MAX_REMEMBERED_WIDGETS = 32
 OPEN_IN_SIDEBAR_CLASS = "cortex-open-in-sidebar"
 BADGE_COLORS = {
-    "pending": "#6b7280", "starting": "#2563eb", "training": "#2563eb", "running": "#2563eb",
-    RUN_DONE: "#15803d", RUN_FAILED: "#b91c1c", RUN_CANCELLED: "#b45309", RUN_STOPPED: "#b45309",
+    WORD_QUEUED: "#6b7280", WORD_STARTING: "#2563eb", WORD_TRAINING: "#2563eb", WORD_SAMPLING: "#0891b2",
+    WORD_IDLE: "#6b7280", WORD_DONE: "#15803d", WORD_FAILED: "#b91c1c", WORD_CANCELLED: "#b45309",
 }
-BAR_STYLES = {RUN_DONE: "success", RUN_FAILED: "danger", RUN_CANCELLED: "warning", RUN_STOPPED: "warning"}
+BAR_STYLES = {WORD_DONE: "success", WORD_FAILED: "danger", WORD_CANCELLED: "warning"}
 COLORS = {"train": "#2563eb", "eval": "#ea580c", "util": "#16a34a", "memory": "#9333ea"}
 
 
@@ -51,18 +50,16 @@ _WIDGETS: OrderedDict[str, JobWidget] = OrderedDict()
 
 
 class JobWidget(widgets.VBox):
-    """A live view of one job. Display it; it follows the backend (and this kernel's loop, if any)."""
+    """A live view of one job. Display it; it follows the backend's record of the job."""
 
     def __init__(
         self,
         client: Client,
         state: JobState,
-        run: TrainingRun | None = None,
         save_supported: bool = False,
     ) -> None:
         self.client = client
         self.state = state
-        self.run = run
         self.header = widgets.HTML()
         self.message = widgets.HTML()
         self.progress = widgets.IntProgress(min=0, max=1, value=0, layout=widgets.Layout(width="320px"))
@@ -90,8 +87,7 @@ class JobWidget(widgets.VBox):
         ])
         self.add_class("cortex-job-widget")
         self.save_supported = save_supported
-        self.feed = JobFeed(client, state, follow_requests=run is None,
-                            run_finished=(lambda: run.done) if run is not None else None)
+        self.feed = JobFeed(client, state)
         self.throttle = RenderThrottle(self.render, self._finished)
         self.action_errors: list[str] = []
         self._display_handle: Any = None
@@ -121,8 +117,7 @@ class JobWidget(widgets.VBox):
         super().close()
 
     def _finished(self) -> bool:
-        run_over = self.run is None or self.run.done
-        return run_over and not self.feed.alive and self.state.finished
+        return not self.feed.alive and self.state.finished
 
     # buttons ------------------------------------------------------------------------------------
     def _on_cancel(self, _button: Any = None) -> None:
@@ -133,10 +128,7 @@ class JobWidget(widgets.VBox):
 
     def _cancel(self) -> None:
         try:
-            if self.run is not None:
-                self.run.cancel_job()
-            else:
-                self.state.set_job(self.client.cancel_job(self.state.job_id))
+            self.state.set_job(self.client.cancel_job(self.state.job_id))
             self.state.note("cancelled")
         except CortexError as exc:
             self.action_errors.append(str(exc))
@@ -153,7 +145,7 @@ class JobWidget(widgets.VBox):
         from ..training import TrainingJob
 
         try:
-            job = self.run.job if self.run is not None else TrainingJob(self.client, self.client.get_job(self.state.job_id))
+            job = TrainingJob(self.client, self.client.get_job(self.state.job_id))
             saved = job.save().result()
             checkpoint_id = saved.get("checkpoint_id") if isinstance(saved, dict) else getattr(saved, "checkpoint_id", None)
             self.state.record_checkpoint(str(checkpoint_id))
@@ -180,7 +172,7 @@ class JobWidget(widgets.VBox):
         self.logs.value = logs_html(snap)
         self.cancel_button.disabled = snap.job_status in JOB_TERMINAL
         self.save_button.disabled = snap.job_status in JOB_TERMINAL
-        if self._display_handle is not None and snap.status in RUN_TERMINAL | JOB_TERMINAL:
+        if self._display_handle is not None and snap.status in TERMINAL_WORDS:
             handle, self._display_handle = self._display_handle, None
             handle.update(self)
 
@@ -215,10 +207,8 @@ def header_html(snap: Snapshot) -> str:
     parts.append(f"device <code>{escape(', '.join(snap.devices) or '-')}</code>")
     badge = (f'<span class="cortex-status" style="background:{color};color:white;border-radius:8px;'
              f'padding:1px 8px">{escape(snap.status)}</span>')
-    job_note = ""
-    if snap.run_status and snap.job_status and snap.job_status != snap.run_status:
-        job_note = f' <span style="opacity:.7">(job {escape(snap.job_status)})</span>'
-    return " · ".join(parts) + " " + badge + job_note
+    detail = f' <span style="opacity:.7">{escape(snap.detail)}</span>' if snap.detail else ""
+    return " · ".join(parts) + " " + badge + detail
 
 
 def stats_html(snap: Snapshot) -> str:
@@ -226,7 +216,7 @@ def stats_html(snap: Snapshot) -> str:
     parts = [f"step {snap.step}{total}"]
     if snap.eta_s is not None:
         parts.append(f"ETA {format_duration(snap.eta_s)}")
-    elif snap.elapsed_s is not None and snap.status in RUN_TERMINAL:
+    elif snap.elapsed_s is not None and snap.status in TERMINAL_WORDS:
         parts.append(f"took {format_duration(snap.elapsed_s)}")
     if snap.tokens_per_s:
         parts.append(f"{format_count(snap.tokens_per_s)} tok/s")
@@ -290,8 +280,8 @@ def show_job(client: Client, job_id: str, save_supported: bool = False) -> JobWi
     """Display a live widget for an existing job.
 
     In the kernel that shows (or showed) it, the same widget appears again: one state, one feed.
-    Otherwise, as after a kernel restart, it is rebuilt from the backend: status, steps and loss
-    from request results, the log tail and device metrics.
+    Otherwise, as after a kernel restart, it is built from the backend: the job's progress record
+    (steps, loss and eval curves, samples, ETA), the log tail and device metrics.
     """
     widget = _WIDGETS.get(job_id)
     if widget is not None and widget.comm is not None:
@@ -302,6 +292,6 @@ def show_job(client: Client, job_id: str, save_supported: bool = False) -> JobWi
     job = client.get_job(job_id)
     state = JobState(job_id, job.get("name"))
     state.set_job(job)
-    widget = JobWidget(client, state, None, save_supported)
+    widget = JobWidget(client, state, save_supported)
     remember_widget(widget)
     return widget.show()
