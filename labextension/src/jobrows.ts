@@ -162,7 +162,7 @@ export function unsavedSteps(record: IProgressRecord | null): number | null {
     return record.step;
   }
   const saved = record.last_checkpoint_step;
-  return saved === undefined || saved === null ? null : Math.max(0, record.step - saved);
+  return saved === null ? null : Math.max(0, record.step - saved);
 }
 
 export interface IJobActions {

@@ -43,6 +43,8 @@ export interface ISubJob {
   device: string | null;
   failure_code: string | null;
   failure_message: string | null;
+  /** What the worker reported when it started (engine, dtype, adapter), where it did. */
+  info?: Record<string, unknown> | null;
 }
 
 /**
@@ -69,8 +71,8 @@ export interface IProgressRecord {
   elapsed_s: number | null;
   eta_s: number | null;
   last_checkpoint: string | null;
-  /** The step `last_checkpoint` holds (absent from backends that do not report it). */
-  last_checkpoint_step?: number | null;
+  /** The step `last_checkpoint` holds. */
+  last_checkpoint_step: number | null;
   weight_version: number | null;
   /** At most 256 points, decimated by the backend. */
   history: Array<{ step: number; loss_per_token: number }>;

@@ -115,8 +115,8 @@ describe('actions', () => {
   });
 
   it('assumes steps would be lost when the record cannot say which step a checkpoint holds', () => {
-    expect(unsavedSteps(progress({ last_checkpoint: 'step-40', last_checkpoint_step: undefined }))).toBeNull();
-    expect(jobActions(job({ progress: progress({ last_checkpoint: 'step-40', last_checkpoint_step: undefined }) })).cancelWarning)
+    expect(unsavedSteps(progress({ last_checkpoint: 'step-40', last_checkpoint_step: null }))).toBeNull();
+    expect(jobActions(job({ progress: progress({ last_checkpoint: 'step-40', last_checkpoint_step: null }) })).cancelWarning)
       .toContain('the trained steps since checkpoint step-40 would be lost');
   });
 });

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from tornado.httpclient import HTTPClientError
@@ -109,8 +110,10 @@ async def test_start_local_backend_starts_it_detached_and_connects(jp_fetch, loc
         state = json.loads((local_dir / "backend.json").read_text())
         assert status["backend_url"] == state["url"] and status["source"]["pid"] == state["pid"]
         assert "admin" not in status["identity"]["scopes"]
-        # Its own session: no kernel's (nor this server's) process group or terminal signals reach it.
+        # Its own session, tied to no process: no kernel's (nor this server's) exit or signals reach it.
         assert os.getsid(state["pid"]) == state["pid"]
+        assert "--parent-pid" not in Path(f"/proc/{state['pid']}/cmdline").read_text()
+        assert Path(state["token_file"]).name == "user.token"
         # A second click finds the one running; it starts no other.
         again = body(await jp_fetch("cortex", "api", "local", "start", method="POST", body=b"{}", request_timeout=180))
         assert again["source"]["pid"] == state["pid"]
