@@ -97,7 +97,7 @@ class Client:
         if endpoint is None:
             raise errors.CortexError(
                 f"no backend configured: set CORTEX_URL and CORTEX_TOKEN, add a profile to {profiles.config_path()},"
-                " or use Client.local() for an embedded backend",
+                " or use Client.local() for your local backend",
                 code="invalid_request",
             )
         return cls(endpoint.url, endpoint.token, **kwargs)

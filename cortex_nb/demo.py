@@ -1,4 +1,4 @@
-"""`cortex-nb demo`: fine-tune the built-in `tiny` model with LoRA on a short text, on the embedded
+"""`cortex-nb demo`: fine-tune the built-in `tiny` model with LoRA on a short text, on a local
 backend, and show the loss falling and a greedy sample before and after.
 """
 

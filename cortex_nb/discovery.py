@@ -31,7 +31,7 @@ def how_to_connect() -> str:
     """What to do when nothing is configured."""
     return "\n".join([
         "no cortex backend is configured. Connect with one of:",
-        "  %cortex connect --local                           an embedded backend on this machine",
+        "  %cortex connect --local                           your local backend on this machine (started if none runs)",
         "  %cortex connect http://HOST:8765 --token-env VAR  a backend URL; the token is read from $VAR",
         f"  %cortex connect PROFILE                           a profile in {profiles.config_path()}",
         "  or set CORTEX_URL and CORTEX_TOKEN in the kernel's environment, then %cortex connect;",

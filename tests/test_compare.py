@@ -14,11 +14,13 @@ PROMPTS = ["The lighthouse keeper", "On stormy nights"]
 
 def test_compare_two_runs_overlays_curves_and_samples_both_side_by_side(cortex_shell):
     sample = "{every: 6, prompts: ['The lighthouse keeper', 'On stormy nights'], max_tokens: 6}"
-    for name, lr in (("fast", 0.003), ("slow", 0.0005)):
-        ran = run_cell(cortex_shell, f"%%cortex train --wait -o {name} --name lr-{name}\n"
+    for name, lr in (("fast", 0.003), ("slow", 0.0005)):  # both train at once
+        ran = run_cell(cortex_shell, f"%%cortex train -o {name} --name lr-{name}\n"
                        + train_spec(12, sample=sample).replace("lr: 0.003", f"lr: {lr}"))
         assert ran.success, ran.stderr
     fast, slow = cortex_shell.user_ns["fast"], cortex_shell.user_ns["slow"]
+    fast.wait(timeout_s=300)
+    slow.wait(timeout_s=300)
     ran = run_cell(cortex_shell, f"%cortex compare {fast.job_id} {slow.job_id} --max-tokens 8 -o comparison")
     assert ran.success, ran.stderr
     comparison = cortex_shell.user_ns["comparison"]

@@ -66,18 +66,22 @@ def test_kernel_restarts_leave_the_local_backend_and_every_notebooks_runs_alive(
 
 
 def test_two_starts_at_once_make_one_local_backend_that_exits_when_idle(tmp_path):
-    code = ("import sys; from cortex_nb.local import ensure_local_backend;"
-            f" print(ensure_local_backend({str(tmp_path)!r}, warm_workers=0, idle_exit_s=3).pid)")
+    # Each racer starts (or finds) the backend and gives it a job at once, before its 3 s idle exit.
+    code = ("from cortex_nb import Client; from cortex_nb.local import ensure_local_backend;"
+            f" backend = ensure_local_backend({str(tmp_path)!r}, warm_workers=0, idle_exit_s=3);"
+            " job = Client(backend.url, backend.token).create_training_job('tiny', wait=False);"
+            " print(backend.pid, job.job_id)")
     racers = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    pids = {int(racer.communicate(timeout=180)[0].strip()) for racer in racers}
+    answers = [racer.communicate(timeout=180)[0].split() for racer in racers]
+    pids = {int(pid) for pid, _ in answers}
     assert len(pids) == 1, pids  # the lock let one start it; the other found it
     pid = pids.pop()
     backend = find_local_backend(tmp_path)
     assert backend is not None and backend.pid == pid
+    assert not wait_for_exit(pid, 5.0)  # jobs (starting, then running) keep it up past its idle exit
     client = Client(backend.url, backend.token)
-    job = client.create_training_job("tiny", name="keeps-it-up")
-    assert not wait_for_exit(pid, 6.0)  # a running job keeps it up past its idle exit
-    job.complete()
+    for _, job_id in answers:
+        client.complete_job(job_id)
     assert wait_for_exit(pid, 60.0), "the local backend did not exit after its idle period"
     assert not (tmp_path / "backend.json").exists()
 

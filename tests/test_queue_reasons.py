@@ -34,9 +34,10 @@ def four_slot_shell(cortex_shell, tmp_path):
 def test_the_fifth_run_says_why_it_waits_and_starts_when_a_run_finishes(four_slot_shell):
     shell, backend = four_slot_shell
     client = Client(backend.url, backend.token)
-    # q0 is short; q1..q3 train far longer than this test runs.
-    for index, steps in enumerate((80, 5000, 5000, 5000)):
-        ran = run_cell(shell, f"%%cortex train --name q{index} -o q{index}\n" + train_spec(steps))
+    # q0 is short (80 small steps); q1..q3 train far longer than this test runs.
+    short = train_spec(80).replace("batch_size: 4", "batch_size: 1").replace("max_seq_len: 64", "max_seq_len: 16")
+    for index, spec in enumerate((short, train_spec(5000), train_spec(5000), train_spec(5000))):
+        ran = run_cell(shell, f"%%cortex train --name q{index} -o q{index}\n" + spec)
         assert ran.success, ran.stderr
     holders = [shell.user_ns[f"q{index}"] for index in range(4)]
     ran = run_cell(shell, "%%cortex train --name q4 -o q4\n" + train_spec(20))

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 @magic_arguments(name="cortex connect")
 @argument("target", nargs="?", help="a profile name or a backend URL (http://host:port)")
 @argument("--token-env", metavar="VAR", help="with a URL: read the token from $VAR (default $CORTEX_TOKEN)")
-@argument("--local", action="store_true", help="start (or reuse) an embedded backend on this machine")
-@argument("--data-dir", metavar="DIR", help="with --local: the embedded backend's data dir")
+@argument("--local", action="store_true", help="your local backend on this machine (found through its state file, or started; it outlives the kernel)")
+@argument("--data-dir", metavar="DIR", help="with --local: the local backend's data dir")
 def connect_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     """Connect to a cortex backend. With no argument it tries, in order: env CORTEX_URL/CORTEX_TOKEN,
     the default profile, the proxy of the Jupyter server running this kernel (the backend token never

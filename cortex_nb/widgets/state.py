@@ -84,6 +84,8 @@ class JobState:
         self.job_status: str | None = None
         self.message: str | None = None
         self.backend_gone = False
+        # Set by a view while it shows the log tail: the feed then reads new lines every 2 s, else every 15 s.
+        self.logs_open = False
         self.progress: dict[str, Any] = {}
         self.loss = DecimatedSeries(CHART_POINTS)
         self.eval_loss = DecimatedSeries(CHART_POINTS)
