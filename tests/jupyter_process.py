@@ -127,6 +127,11 @@ def start_jupyter(
         settings = home / "config" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
         settings.mkdir(parents=True, exist_ok=True)
         (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+        # Every cell stays in the page (JupyterLab 4 otherwise renders only cells near the viewport), so a
+        # test can read any cell's output without scrolling to it.
+        notebook_settings = home / "config" / "lab" / "user-settings" / "@jupyterlab" / "notebook-extension"
+        notebook_settings.mkdir(parents=True, exist_ok=True)
+        (notebook_settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     log_path = home / f"jupyter-{app}.log"
     log = open(log_path, "ab")  # noqa: SIM115
     process = subprocess.Popen(

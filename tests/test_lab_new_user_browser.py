@@ -13,22 +13,19 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
+import signal
 import time
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from .jupyter_process import local_dir_of, start_jupyter, stop_local_backend
+from cortex_nb import Client
+from cortex_nb.local import process_exited, running_endpoint
 
-ROOT = Path(__file__).resolve().parent.parent
-SCREENSHOTS = Path(os.environ.get("CORTEX_SCREENSHOT_DIR", ROOT / "artifacts" / "screenshots"))
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run", "--disable-quic",
-]
+from .browser import CHROMIUM, CHROMIUM_ARGS, ROOT, open_sidebar, screenshot
+from .jupyter_process import local_dir_of, start_jupyter, stop_local_backend
+from .notebook_fixtures import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -57,17 +54,94 @@ def page(lab):
         browser.close()
 
 
-def open_sidebar(page: Page) -> None:
-    if not page.locator("#cortex-nb-sidebar").is_visible():
-        page.locator('.lm-TabBar-tab[data-id="cortex-nb-sidebar"]').click()
-    expect(page.locator("#cortex-nb-sidebar")).to_be_visible()
+@pytest.fixture(autouse=True)
+def screenshot_on_failure(request, page):
+    """A failed step leaves a picture of the page (artifacts/screenshots/failed-<test>.png)."""
+    failed = request.session.testsfailed
+    yield
+    if request.session.testsfailed > failed:
+        screenshot(page, f"failed-{request.node.name}.png")
 
 
-def screenshot(target, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    target.screenshot(path=str(SCREENSHOTS / name))
+def notebook(*cells: str) -> dict:
+    return {
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": [cell]}
+                  for cell in cells],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }
 
 
+CONNECT = "%load_ext cortex_nb\n%cortex connect --local"
+PROBLEMS = "from cortex_nb.datasets import addition_problems\nproblems = addition_problems()"
+
+
+def train_cell(name: str, steps: int, lr: float, output: str, extra: str = "") -> str:
+    return (f"%%cortex train -o {output} --name {name}\nbase_model: tiny\ndata: $problems\nlora: {{r: 16, alpha: 32}}\n"
+            f"optimizer: {{lr: {lr}}}\nbatch_size: 25\nmax_seq_len: 16\nsteps: {steps}\nseed: 0\n{extra}")
+
+
+# Story state shared by the steps (ids of what earlier steps made).
+STORY: dict[str, str] = {}
+
+
+def local_client(home: Path) -> Client:
+    """A client of the user's local backend with the user's token: what the sidebar and kernels see."""
+    state = running_endpoint(local_dir_of(home) / "backend.json")
+    assert state is not None, "no local backend runs"
+    return Client(state["url"], Path(state["token_file"]).read_text().strip())
+
+
+def job_named(client: Client, name: str) -> dict:
+    jobs = [job for job in client.list_jobs(limit=200) if job["name"] == name]
+    assert jobs, f"no job named {name}"
+    return jobs[0]
+
+
+def open_notebook(page: Page, server, name: str) -> None:
+    """Open a notebook from the server's root (the page reloads; open tabs and kernels stay)."""
+    page.goto(f"{server.url}lab/tree/{name}")
+    expect(page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current").filter(has_text=name)).to_have_count(
+        1, timeout=60_000)
+    expect(page.locator(".jp-NotebookPanel:visible .jp-Cell").first).to_be_visible(timeout=60_000)
+    expect(page.locator(".jp-StatusBar-Widget").filter(has_text=re.compile(r"\| Idle"))).to_have_count(1, timeout=120_000)
+
+
+def menu(page: Page, top: str, item: str) -> None:
+    page.locator("#jp-menu-panel").get_by_text(top, exact=True).click()
+    page.locator(".lm-Menu-item").filter(has_text=item).first.click()
+
+
+def select_cell(page: Page, index: int) -> None:
+    """Select a cell in command mode (its prompt, not its editor, which JupyterLab may still be laying out)."""
+    page.locator(".jp-NotebookPanel:visible .jp-Cell").nth(index).locator(".jp-InputPrompt").click()
+
+
+def run_cell(page: Page, index: int) -> None:
+    select_cell(page, index)
+    page.keyboard.press("Shift+Enter")
+
+
+def restart_kernel(page: Page) -> None:
+    menu(page, "Kernel", "Restart Kernel…")
+    page.locator(".jp-Dialog .jp-mod-accept").click()
+    expect(page.locator(".jp-StatusBar-Widget").filter(has_text=re.compile(r"\| Idle"))).to_have_count(1, timeout=120_000)
+
+
+def activate_tab(page: Page, title: str) -> None:
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").filter(has_text=title).first.click()
+
+
+def sidebar_row(page: Page, job_id: str):
+    return page.locator(f'#cortex-nb-sidebar .cortex-job[data-job-id="{job_id}"]')
+
+
+def step_of(text: str) -> int:
+    found = re.search(r"step (\d+)", text)
+    return int(found.group(1)) if found else -1
+
+
+# 1 ------------------------------------------------------------------------------------------------
 def test_with_nothing_configured_the_sidebar_offers_to_start_the_local_backend(page, lab):
     _, home = lab
     open_sidebar(page)
@@ -77,11 +151,245 @@ def test_with_nothing_configured_the_sidebar_offers_to_start_the_local_backend(p
     expect(connection.locator(".cortex-start-local")).to_have_text("Start local backend")
     expect(page.locator("#cortex-nb-sidebar .cortex-jobs")).to_contain_text("no jobs yet")
 
+
+# 2 ------------------------------------------------------------------------------------------------
+def test_the_quickstart_starts_the_local_backend_and_the_sidebar_follows_its_job_live(page, lab):
+    server, home = lab
+    quickstart = json.loads((ROOT / "notebooks" / "01-quickstart.ipynb").read_text())
+    (home / "root" / "01-quickstart.ipynb").write_text(json.dumps(quickstart))
+    open_notebook(page, server, "01-quickstart.ipynb")
+    open_sidebar(page)
+    menu(page, "Run", "Run All Cells")
+
+    # `%cortex connect --local` started the user's local backend; the sidebar sees it by itself.
+    sidebar = page.locator("#cortex-nb-sidebar")
+    expect(sidebar.locator(".cortex-connection")).to_have_attribute("data-state", "connected", timeout=180_000)
+    expect(sidebar.locator(".cortex-connection")).not_to_contain_text("as admin")
+    state = running_endpoint(local_dir_of(home) / "backend.json")
+    assert state is not None and os.getsid(state["pid"]) == state["pid"]  # its own session: no kernel's child
+    STORY["backend_pid"] = str(state["pid"])
+
+    row = sidebar.locator('.cortex-job[data-word="training"]').filter(has_text="quickstart-addition")
+    expect(row).to_be_visible(timeout=180_000)
+    job_id = row.get_attribute("data-job-id")
+    STORY["quickstart"] = job_id
+    expect(row.locator(".cortex-job-detail")).to_contain_text(re.compile(r"step \d+/200"))
+    expect(row.locator("progress")).to_be_visible()
+    expect(row.locator(".cortex-job-training")).to_contain_text("loss per token", timeout=60_000)
+    wait_until(lambda: step_of(row.locator(".cortex-job-detail").inner_text()) >= 20, 120, interval_s=0.5)
+    widget = page.locator(".jp-NotebookPanel:visible .cortex-job-widget").first
+    widget.scroll_into_view_if_needed()
+    screenshot(page, "jupyterlab-sidebar.png")
+
+    row.click()
+    view = page.locator(f"#cortex-job-{job_id}")
+    expect(view).to_be_visible(timeout=30_000)
+    # The tab carries the job's name.
+    expect(page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").filter(has_text=f"quickstart-addition ({job_id})")).to_have_count(1)
+    chart = view.locator('svg[aria-label="loss per token"]')
+    expect(chart.locator("path.cortex-chart-line").first).to_have_attribute("d", re.compile(r"^M[\d.]+,[\d.]+ L"), timeout=60_000)
+    expect(view.locator(".cortex-progress-label")).to_contain_text(re.compile(r"step \d+/200"))
+    expect(view.locator(".cortex-log")).to_contain_text("step", timeout=60_000)
+    screenshot(page, "jupyterlab-job-view.png")
+
+    # The notebook runs to its end: trained, sampled, checked, and the job completed.
+    activate_tab(page, "01-quickstart.ipynb")
+    outputs = page.locator(".jp-NotebookPanel:visible .jp-OutputArea")
+    expect(outputs.filter(has_text="exact match on all")).to_have_count(1, timeout=300_000)
+    expect(outputs.filter(has_text="Traceback")).to_have_count(0)
+    finished = sidebar.locator(f'.cortex-training[data-job-id="{job_id}"]')
+    expect(finished).to_be_visible(timeout=60_000)
+    expect(finished.locator(".cortex-badge")).to_have_text("done")
+    expect(finished).to_contain_text(re.compile(r"loss per token [\d.]+ · took \d+:\d\d · 200/200 steps"))
+
+
+# 3 ------------------------------------------------------------------------------------------------
+def test_a_kernel_restart_leaves_the_run_going_and_job_reattaches_to_it(page, lab):
+    server, home = lab
+    (home / "root" / "long-run.ipynb").write_text(json.dumps(notebook(
+        CONNECT + "\n" + PROBLEMS, train_cell("outlives-kernel", 3000, 0.002, "run"))))
+    open_notebook(page, server, "long-run.ipynb")
+    run_cell(page, 0)
+    run_cell(page, 1)
+    client = local_client(home)
+    wait_until(lambda: any(job["name"] == "outlives-kernel" for job in client.list_jobs()), 120)
+    job_id = job_named(client, "outlives-kernel")["job_id"]
+    STORY["long_run"] = job_id
+    widget = page.locator(".jp-NotebookPanel:visible .jp-OutputArea").nth(1)
+    expect(widget).to_contain_text(re.compile(r"step [1-9]\d*/3000"), timeout=180_000)
+
+    restart_kernel(page)
+    restarted_at = time.monotonic()
+    step_then = (client.get_job(job_id)["progress"] or {}).get("step", 0)
+    # The run is the backend's: it goes on without the kernel.
+    wait_until(lambda: (client.get_job(job_id)["progress"] or {}).get("step", 0) > step_then + 3, 120)
+    assert client.get_job(job_id)["status"] == "running"
+
+    # Reattach from the restarted kernel: the widget shows the live run, advancing.
+    run_cell(page, 0)
+    select_cell(page, -1)
+    page.keyboard.press("b")  # a new cell below
+    page.keyboard.press("Enter")
+    page.keyboard.type(f"%cortex job {job_id}")
+    page.keyboard.press("Shift+Enter")
+    reattached = page.locator(".jp-NotebookPanel:visible .jp-Cell").filter(has_text=f"%cortex job {job_id}").locator(
+        ".jp-OutputArea")
+    expect(reattached).to_contain_text(re.compile(r"step \d+/3000"), timeout=120_000)
+    first = step_of(reattached.inner_text())
+    assert first > step_then
+    wait_until(lambda: step_of(reattached.inner_text()) > first, 120)
+    print(f"kernel restart -> reattached widget showing the live step: {time.monotonic() - restarted_at:.1f} s")
+
+    # Another notebook's kernel restarts: nothing else is disturbed.
+    pid = int(STORY["backend_pid"])
+    activate_tab(page, "01-quickstart.ipynb")
+    restart_kernel(page)
+    step_now = client.get_job(job_id)["progress"]["step"]
+    wait_until(lambda: client.get_job(job_id)["progress"]["step"] > step_now + 3, 120)
+    assert not process_exited(pid) and running_endpoint(local_dir_of(home) / "backend.json")["pid"] == pid
+    assert client.get_job(STORY["quickstart"])["status"] == "done"
+    activate_tab(page, "long-run.ipynb")
+    shown = step_of(reattached.inner_text())
+    wait_until(lambda: step_of(reattached.inner_text()) > shown, 120)
+
+    # Cancel from the sidebar's job view: trained steps would be lost, so it asks first.
+    sidebar_row(page, job_id).click()
+    view = page.locator(f"#cortex-job-{job_id}")
+    expect(view.locator(".cortex-cancel")).to_be_visible(timeout=30_000)
+    view.locator(".cortex-cancel").click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("would be lost")
+    dialog.get_by_role("button", name="Cancel and lose them").click()
+    expect(view.locator(".cortex-job-header .cortex-badge")).to_have_text("cancelled", timeout=60_000)
+    assert client.get_job(job_id)["status"] == "cancelled"
+    client.close()
+
+
+# 4 ------------------------------------------------------------------------------------------------
+SWEEP = [("sweep-1", 20, 0.003), ("sweep-2", 40, 0.0005), ("sweep-3", 60, 0.001), ("sweep-4", 80, 0.002),
+         ("sweep-5", 20, 0.004)]
+
+
+def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
+    server, home = lab
+    sampled = "eval: {data: $problems, every: 10}\nsample: {every: 20, prompts: [\"2+3=\"], max_tokens: 3}\n"
+    cells = [CONNECT + "\n" + PROBLEMS]
+    cells += [train_cell(name, steps, lr, f"s{i + 1}", sampled if i < 2 else "") for i, (name, steps, lr) in enumerate(SWEEP)]
+    cells += ["for run in (s1, s2, s3, s4, s5):\n    run.wait()",
+              "import cortex_nb\ncortex_nb.compare([s1, s2], max_tokens=3)"]
+    (home / "root" / "sweep.ipynb").write_text(json.dumps(notebook(*cells)))
+    open_notebook(page, server, "sweep.ipynb")
+    menu(page, "Run", "Run All Cells")
+
+    client = local_client(home)
+    names = {name for name, *_ in SWEEP}
+    wait_until(lambda: len([job for job in client.list_jobs() if job["name"] in names]) == 5, 180)
+    ids = {name: job_named(client, name)["job_id"] for name, *_ in SWEEP}
+    STORY.update(ids)
+    fifth = sidebar_row(page, ids["sweep-5"])
+    # While it waits, the sidebar and its widget say why and where in the queue.
+    expect(fifth).to_have_attribute("data-word", "queued", timeout=120_000)
+    expect(fifth.locator(".cortex-job-detail")).to_contain_text(
+        re.compile(r"#1 in the queue: waiting for a cpu slot: 4/4 held by .*sweep-"))
+    screenshot(page, "jupyterlab-sidebar-queue.png")
+    fifth_widget = page.locator(".jp-NotebookPanel:visible .jp-Cell").nth(5).locator(".jp-OutputArea")
+    expect(fifth_widget).to_contain_text("queued", timeout=60_000)
+    expect(fifth_widget).to_contain_text("waiting for a cpu slot")
+
+    # It starts as soon as the first run ends, not when the last does.
+    expect(fifth).to_have_attribute("data-word", "training", timeout=300_000)
+    jobs = {name: client.get_job(job_id) for name, job_id in ids.items()}
+    first_end = min(jobs[name]["finished_at"] or float("inf") for name in ("sweep-1", "sweep-2", "sweep-3", "sweep-4"))
+    assert jobs["sweep-5"]["started_at"] >= first_end
+    assert jobs["sweep-4"]["finished_at"] is None or jobs["sweep-5"]["started_at"] < jobs["sweep-4"]["finished_at"]
+
+    finished = page.locator("#cortex-nb-sidebar .cortex-trainings")
+    for name, steps, _ in SWEEP:
+        expect(finished.locator(f'.cortex-training[data-job-id="{ids[name]}"]')).to_contain_text(
+            f"{steps}/{steps} steps", timeout=300_000)
+    client.close()
+
+
+# 5 ------------------------------------------------------------------------------------------------
+def test_two_trainings_compared_in_the_sidebar_and_the_notebook(page, lab):
+    finished = page.locator("#cortex-nb-sidebar .cortex-trainings")
+    for name in ("sweep-1", "sweep-2"):
+        finished.locator(f'.cortex-training[data-job-id="{STORY[name]}"] .cortex-compare-tick').check()
+    finished.locator(".cortex-compare").click()
+    view = page.locator(".cortex-compare-view")
+    expect(view).to_be_visible(timeout=30_000)
+    chart = view.locator('svg[aria-label="loss per token"]')
+    expect(chart.locator("path.cortex-chart-line:not(.cortex-chart-dashed)")).to_have_count(2, timeout=30_000)
+    expect(chart.locator("path.cortex-chart-dashed")).to_have_count(2)
+    rows = view.locator(".cortex-compare-table tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0)).to_contain_text("sweep-1")
+    expect(view.locator(".cortex-compare-table th.cortex-differs")).to_have_text(["lr"])
+    screenshot(page, "jupyterlab-compare.png")
+
+    # The notebook's `cortex_nb.compare`: overlaid curves and an A/B table of samples.
+    activate_tab(page, "sweep.ipynb")
+    compared = page.locator(".jp-NotebookPanel:visible .cortex-compare-widget")
+    expect(compared).to_be_visible(timeout=300_000)
+    expect(compared).to_contain_text("sweep-1")
+    expect(compared.locator(".cortex-ab-token").first).to_be_attached(timeout=60_000)
+
+
+# 6 ------------------------------------------------------------------------------------------------
+def test_a_saved_notebook_shows_the_final_widget_picture_without_a_kernel(page, lab):
+    import httpx
+
+    server, home = lab
+    activate_tab(page, "sweep.ipynb")
+    page.keyboard.press("Control+s")
+    saved = home / "root" / "sweep.ipynb"
+    wait_until(lambda: saved.read_text().count("cortex-job-static") >= 5, 60)
+    menu(page, "File", "Close All Tabs")
+    for kernel in httpx.get(f"{server.url}api/kernels", headers=server.headers()).json():
+        httpx.delete(f"{server.url}api/kernels/{kernel['id']}", headers=server.headers())
+    # Reopened with no kernel to be had: the browser may not start one.
+    page.route(re.compile(r".*/api/(sessions|kernels).*"), lambda route: route.abort()
+               if route.request.method == "POST" else route.continue_())
+    try:
+        page.goto(f"{server.url}lab/tree/sweep.ipynb")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        page.wait_for_timeout(2000)
+        while page.locator(".jp-Dialog").count():  # "cannot start a kernel": dismissed, as a user would
+            page.keyboard.press("Escape")
+            page.wait_for_timeout(500)
+        pictures = page.locator(".jp-NotebookPanel:visible .cortex-job-static")
+        expect(pictures).to_have_count(5, timeout=60_000)
+        expect(pictures.first.locator('img[alt^="loss per token"]')).to_be_visible()
+        screenshot(pictures.first, "reopened-widget-picture.png")
+    finally:
+        page.unroute(re.compile(r".*/api/(sessions|kernels).*"))
+
+
+# 7 ------------------------------------------------------------------------------------------------
+def test_the_sidebar_notices_the_local_backend_go_and_starts_it_again(page, lab):
+    _, home = lab
+    pid = int(STORY["backend_pid"])
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: process_exited(pid), 60)
+    connection = page.locator("#cortex-nb-sidebar .cortex-connection")
+    expect(connection).to_have_attribute("data-state", "no_local_backend", timeout=30_000)
     connection.locator(".cortex-start-local").click()
     expect(connection).to_have_attribute("data-state", "connected", timeout=180_000)
-    state = json.loads((local_dir_of(home) / "backend.json").read_text())
-    expect(connection.locator(".cortex-backend-url")).to_have_text(state["url"])
-    # The user's own token, not admin: the owner is the OS user, as for %cortex connect --local.
-    expect(connection).not_to_contain_text("as admin")
-    assert os.getsid(state["pid"]) == state["pid"]  # its own session: it belongs to no kernel or server
-    screenshot(page.locator("#cortex-nb-sidebar"), "sidebar-started-local-backend.png")
+    state = running_endpoint(local_dir_of(home) / "backend.json")
+    assert state is not None and state["pid"] != pid and os.getsid(state["pid"]) == state["pid"]
+    # The same store: finished trainings are still listed, as they really ended.
+    finished = page.locator("#cortex-nb-sidebar .cortex-trainings")
+    expect(finished.locator(f'.cortex-training[data-job-id="{STORY["sweep-1"]}"] .cortex-badge')).to_have_text("done",
+                                                                                                      timeout=30_000)
+    expect(finished.locator(f'.cortex-training[data-job-id="{STORY["long_run"]}"] .cortex-badge')).to_have_text("cancelled")
+
+
+def test_the_palette_lists_the_cortex_commands(page):
+    menu(page, "View", "Command Palette")
+    search = page.locator(".lm-CommandPalette-input")
+    expect(search).to_be_visible()
+    search.fill("Cortex")
+    items = page.locator(".lm-CommandPalette-item")
+    for label in ("Cortex: Refresh", "Cortex: Open job…", "Cortex: Compare trainings"):
+        expect(items.filter(has_text=label)).to_have_count(1)
+    page.keyboard.press("Escape")

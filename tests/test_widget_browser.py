@@ -16,7 +16,7 @@ from cortex_nb import Client
 from .backend_process import start_backend
 from .jupyter_process import start_jupyter_for
 from .notebook_fixtures import DEMO_TEXT, wait_until
-from .test_jupyter_panel_browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS
+from .browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS
 
 TRAIN_CELL = f"""%%cortex train -o job --name widget-in-lab
 base_model: tiny
