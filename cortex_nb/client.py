@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import errors, profiles, wire
+from . import errors, profiles, tls, wire
 from .log_stream import LogStream
 from .losses import LOSS_INPUTS
 from .routes import route
@@ -73,19 +73,22 @@ class Client:
         auth_scheme: str = "Bearer",
         extra_headers: dict[str, str] | None = None,
         cookies: dict[str, str] | None = None,
+        verify: bool | str | None = None,
     ) -> None:
+        """`verify` checks an https backend's certificate: True (system CAs, the default; else
+        $CORTEX_VERIFY), a CA file, or a `sha256:...` pin (see cortex_nb/tls.py)."""
         self.url = url.rstrip("/")
         self.poll = poll or PollPolicy()
         self.transport = Transport(
             self.url, token, auth_scheme=auth_scheme, timeout_s=timeout_s, retry=retry,
-            extra_headers=extra_headers, cookies=cookies,
+            extra_headers=extra_headers, cookies=cookies, verify=verify if verify is not None else tls.verify_from_env(),
         )
         # Frames above `max_body_bytes` travel as chunks of `chunk_bytes` (each with its SHA-256).
         self.max_body_bytes = wire.MAX_BODY_BYTES
         self.chunk_bytes = wire.CHUNK_BYTES
         self.backend_version: dict[str, Any] | None = None
         self.local_backend = None  # the LocalEndpoint of Client.local()
-        self.telemetry = Telemetry(self.url, self.transport.headers, self.transport.cookies)
+        self.telemetry = Telemetry(self.url, self.transport.headers, self.transport.cookies, verify=self.transport.verify)
         if check_version:
             self.check_version()
 
@@ -100,6 +103,7 @@ class Client:
                 " or use Client.local() for your local backend",
                 code="invalid_request",
             )
+        kwargs.setdefault("verify", endpoint.verify)
         return cls(endpoint.url, endpoint.token, **kwargs)
 
     @classmethod
@@ -110,6 +114,8 @@ class Client:
 
         options = ("models", "devices", "warm_workers", "idle_exit_s")
         backend = ensure_local_backend(data_dir, **{k: kwargs.pop(k) for k in list(kwargs) if k in options})
+        if backend.tls_fingerprint:
+            kwargs.setdefault("verify", backend.tls_fingerprint)
         client = cls(backend.url, backend.token, **kwargs)
         client.local_backend = backend
         return client

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .states import SAMPLING, TRAINING
+from .train_spec import FINAL_CHECKPOINT
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -134,8 +135,8 @@ def _checkpoint_of(client: Client, job: dict[str, Any]) -> str:
     """The checkpoint a run is compared with: `final` where there is one, else its latest."""
     checkpoints = client.list_checkpoints(job["job_id"])
     ids = [row["checkpoint_id"] for row in checkpoints]
-    if "final" in ids:
-        return "final"
+    if FINAL_CHECKPOINT in ids:
+        return FINAL_CHECKPOINT
     if not ids:
         raise errors.CortexError(
             f"job {job['job_id']} has no checkpoint to sample from; free its device with job.complete() (it saves"

@@ -101,6 +101,11 @@ class JobFeed(BackgroundLoop):
             self._poll_metrics()
         self.rounds += 1
 
+    def read_logs_next_round(self) -> None:
+        """A view just opened its log tail: read new lines in the next round, not when the slow
+        closed-tail timer says."""
+        self._due.pop("logs", None)
+
     def _poll_logs(self) -> None:
         while True:
             page = self.client.tail_logs(self.state.job_id, self.log_cursor, limit=1000)
@@ -120,7 +125,9 @@ class JobFeed(BackgroundLoop):
             self.state.add_metrics([], note="this backend serves no device metrics")
             return
         self.metrics_since = page.get("next_since", self.metrics_since)
-        self.state.add_metrics(page.get("samples") or [], note=page.get("gpu_unavailable_reason"))
+        # The backend's one quiet line ("CPU host: no GPU metrics"); older backends only give the reason.
+        note = page.get("gpu_metrics_note", page.get("gpu_unavailable_reason"))
+        self.state.add_metrics(page.get("samples") or [], note=note)
 
     def _is_due(self, name: str, every_s: float) -> bool:
         now = time.monotonic()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from . import tls
 from .errors import CortexError
 
 STATE_FILE = "backend.json"
@@ -51,6 +52,8 @@ class LocalEndpoint:
     pid: int
     data_dir: Path
     version: str
+    # Set when the backend serves HTTPS: its certificate's fingerprint, which clients pin.
+    tls_fingerprint: str | None = None
     # Whether this call started it (a one-shot command such as `cortex-nb demo` stops what it started).
     started: bool = False
 
@@ -87,10 +90,12 @@ def find_local_backend(data_dir: str | Path | None = None) -> LocalEndpoint | No
     if endpoint is None:
         return None
     try:
-        version = httpx.get(endpoint["url"] + "/version", timeout=2.0)
+        fingerprint = endpoint.get("tls_fingerprint")
+        version = httpx.get(endpoint["url"] + "/version", timeout=2.0, verify=tls.httpx_verify(fingerprint or True))
         version.raise_for_status()
         token = Path(endpoint["token_file"]).read_text().strip()
-        return LocalEndpoint(endpoint["url"], token, int(endpoint["pid"]), data_dir, version.json().get("version", "?"))
+        return LocalEndpoint(endpoint["url"], token, int(endpoint["pid"]), data_dir, version.json().get("version", "?"),
+                             fingerprint)
     except (KeyError, ValueError, OSError, httpx.HTTPError):
         return None
 

@@ -48,6 +48,10 @@ FAILURE_CODES = {
     "out_of_memory": "the device ran out of memory",
     "invalid_batch": "the batch did not fit the model",
     "operation_failed": "the operation raised an error; see the message",
+    # managed training runs
+    "training_loop_failed": "the managed training loop raised an error; see the message and the job's logs",
+    "non_finite_gradients": "a step's gradient norm was NaN or infinite; lower the learning rate or clip gradients",
+    "invalid_dataset": "the run's dataset could not be cut into training rows; see the message",
     # checkpoints and weight sync
     "checkpoint_corrupted": "a checkpoint file no longer matches its SHA-256; it was not loaded",
     "incompatible_adapter": "the weights do not fit the sub-job's adapter (base model, rank or target modules)",

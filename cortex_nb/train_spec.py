@@ -31,6 +31,9 @@ LOOP_KEYS = (
     "data", "eval", "batch_size", "max_seq_len", "packing", "steps", "epochs", "sample", "save", "seed", "keep_alive_s",
 )
 LOOP_EVAL_KEYS = ("every", "dataset_id", "max_rows")
+# The checkpoint the end of a training is saved as (a managed run's last step, or "Free device" on a job
+# with trained steps no checkpoint holds); `final-2`, ... when the name is taken.
+FINAL_CHECKPOINT = "final"
 DATASET_ID = re.compile(r"^[0-9a-f]{64}$")
 # The longest keep-alive a spec may ask for: a week, like a job's idle timeout.
 MAX_KEEP_ALIVE_S = 7 * 24 * 3600

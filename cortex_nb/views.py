@@ -18,7 +18,7 @@ def _time(value: float | None):
     return datetime.fromtimestamp(value, tz=timezone.utc) if value else None
 
 
-JOB_COLUMNS = ["job_id", "name", "status", "detail", "base_model", "step", "total_steps", "loss_per_token",
+JOB_COLUMNS = ["job_id", "name", "labels", "status", "detail", "base_model", "step", "total_steps", "loss_per_token",
                "eval_loss_per_token", "duration", "lr", "lora_r", "batch_size", "steps", "devices", "failure_code",
                "created_at", "finished_at"]
 
@@ -41,6 +41,7 @@ def jobs_frame(jobs: Sequence[dict[str, Any]], now: float | None = None) -> pd.D
         rows.append({
             "job_id": job["job_id"],
             "name": job.get("name"),
+            "labels": ", ".join(f"{key}={value}" for key, value in sorted((job.get("labels") or {}).items())),
             "status": word,
             "detail": detail,
             "base_model": job["sub_jobs"][0]["base_model"] if job["sub_jobs"] else None,
@@ -135,7 +136,7 @@ def runs_frame(runs: Sequence[dict[str, Any]]) -> pd.DataFrame:
 # observability ---------------------------------------------------------------------------------------
 METRIC_COLUMNS = (
     "gpu_utilization_percent", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_temperature_c", "gpu_power_watts",
-    "cpu_percent", "ram_used_bytes", "ram_total_bytes",
+    "cpu_percent", "ram_used_bytes", "ram_total_bytes", "job_cpu_percent", "job_ram_bytes",
 )
 
 

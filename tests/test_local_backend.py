@@ -127,6 +127,10 @@ def test_a_dead_local_backend_says_backend_gone_and_connect_local_brings_a_new_o
         assert jobs.loc[midway_job.job_id, "status"] == "failed"
         assert jobs.loc[midway_job.job_id, "failure_code"] == "backend_restarted"
         assert jobs.loc[kept_job.job_id, "step"] == 5
+        assert kept_job.client is not magics.connection.client  # the old connection's client: use the new one
+        phases = {job_id: magics.connection.client.get_job(job_id)["progress"]["phase"]
+                  for job_id in (kept_job.job_id, midway_job.job_id)}
+        assert phases == {kept_job.job_id: "finished", midway_job.job_id: "failed"}
     finally:
         magics.connection = previous
         found = find_local_backend(tmp_path)

@@ -116,7 +116,7 @@ def test_train_20_steps_returns_job_and_widget_shows_falling_loss(cortex_shell, 
     assert widget.progress.value == 20 and widget.progress.max == 20
     assert ">sampling<" in widget.header.value and "tiny" in widget.header.value
     assert "<polyline" in widget.loss_chart.value
-    assert repr(widget) == f"<cortex job {trained_job.job_id} sampling step 20/20 loss {snap.last_loss:.4f}>"
+    assert repr(widget) == f"<cortex job {trained_job.job_id} sampling step 20/20 loss per token {snap.last_loss:.4f}>"
     with Client(backend.url, backend.token) as client:
         job = client.get_job(trained_job.job_id)
     assert job["status"] == "running" and job["name"] == "magic-test" and job["progress"]["phase"] == "keep_alive"
@@ -128,16 +128,20 @@ def test_widget_device_chart_shows_cpu_and_ram_from_the_backend_monitor(trained_
     """This host has no NVIDIA GPU: the backend's samples carry CPU/RAM only, and so does the chart."""
     state = widget_state(trained_job.job_id)
     job_widget._WIDGETS[trained_job.job_id].feed.start()
-    wait_until(lambda: len(state.snapshot().metrics.get("cpu_percent", [])) >= 2, 60)
+    wait_until(lambda: len(state.snapshot().metrics.get("job_cpu_percent", [])) >= 2, 60)
     snap = state.snapshot()
     assert snap.metric_kind == "cpu" and snap.metrics_device == snap.devices[0]
-    assert set(snap.metrics) == {"cpu_percent", "ram_percent"}  # no GPU series, not even zeros
+    # The host's CPU/RAM and the job's own worker's; no GPU series, not even zeros.
+    assert set(snap.metrics) == {"cpu_percent", "ram_percent", "job_cpu_percent", "job_ram_percent"}
+    assert snap.metrics_note == "CPU host: no GPU metrics"
     assert all(0 <= value <= 100 for _, value in snap.metrics["ram_percent"])
     widget = job_widget._WIDGETS[trained_job.job_id]
     widget.throttle.mark_dirty()
     widget.throttle.flush()
     wait_until(lambda: "<polyline" in widget.device_chart.value, 10)
-    assert f"CPU / RAM (no GPU) {snap.metrics_device}" in widget.device_chart.value
+    assert f"CPU / RAM, % of host · {snap.metrics_device}" in widget.device_chart.value
+    assert ">job CPU<" in widget.device_chart.value and ">host CPU<" in widget.device_chart.value
+    assert widget.device_note.value.count("GPU") == 1 and "CPU host: no GPU metrics" in widget.device_note.value
 
 
 def test_train_without_wait_leaves_the_notebook_free(cortex_shell, backend):
@@ -315,13 +319,20 @@ def test_job_widget_is_rebuilt_from_the_backend_after_a_restart(cortex_shell, ow
 @pytest.mark.parametrize(
     ("cell", "expected"),
     [
-        ("%%cortex train\nbase_model: tiny\nsteps: 5: 6\n", "not valid YAML at line 2, column 9: mapping values"),
-        ("%%cortex train\nbase_model: tiny\ndata: x.jsonl\nsteps: 5\nlearning_rate: 0.1\n", "unknown key learning_rate"),
+        # Lines are the cell's: line 1 is the %%cortex line.
+        ("%%cortex train\nbase_model: tiny\nsteps: 5: 6\n", "not valid YAML at line 3, column 9: mapping values"),
+        ("%%cortex train\nbase_model: tiny\ndata: x.jsonl\nsteps: 5\nlearning_rate: 0.1\n", "unknown key learning_rate; allowed: base_model"),
+        ("%%cortex train\nbase_model: tiny\ndata: x.jsonl\nsteps: 5\nlearning_rate: 0.1\n", "(line 5)"),
         ("%%cortex train\ndata: x.jsonl\nsteps: 5\nlora: {rank: 8}\n", "unknown key in lora lora.rank"),
         ("%%cortex train\ndata: /no/such/train.jsonl\nsteps: 5\n", "data: no file '/no/such/train.jsonl'"),
         ("%%cortex train\ndata: $not_defined_here\nsteps: 5\n", "data: $not_defined_here is not defined"),
         ("%%cortex train\ndata: x.jsonl\n", "give exactly one of steps"),
+        ("%%cortex train\ndata: x.jsonl\nsteps: 5\nlora:\n  alpha: 8\n  r: 0\n", "lora.r (line 6): must be >= 1, not 0"),
+        # Refused by the backend when the job is created, named as the cell writes it, with its line.
+        (f"%%cortex train\ndata: {DEMO_TEXT}\nsteps: 2\nlora:\n  r: 4\n  target_modules: [q_proj, q_projj]\n",
+         "[invalid_field] lora.target_modules (line 6): model tiny has no module 'q_projj'; its modules are named "),
         ("%cortex job job-doesnotexist", "[job_not_found] no job 'job-doesnotexist'"),
+        ("%cortex job job-doesnotexist", "list yours with %cortex jobs"),
         ("%cortex logs job-doesnotexist", "[job_not_found]"),
         ("%cortex cancel job-doesnotexist", "[job_not_found]"),
         ("%cortex jobs --status sleeping", "invalid choice: 'sleeping'"),
@@ -337,6 +348,7 @@ def test_problems_print_one_clear_line(cortex_shell, cell, expected):
     assert ran.error_lines[0].startswith("UsageError: cortex")
     assert expected in ran.error_lines[0]
     assert "Traceback" not in ran.stdout + ran.stderr
+    assert "/v1/" not in ran.error_lines[0]  # hints name magics, not REST routes
 
 
 def test_bad_jsonl_row_is_named(cortex_shell, tmp_path):
@@ -379,3 +391,15 @@ def test_noninteractive_job_prints_what_the_backend_knows(cortex_shell, trained_
     line = ran.stdout.strip()
     assert line.startswith(f"{trained_job.job_id} (tiny) sampling: 20/20 steps")
     assert f"loss per token {live.first_loss:.4f} -> {live.last_loss:.4f}" in line
+
+
+def test_error_hints_name_the_magic_that_shows_the_same_thing():
+    from cortex_nb.magics.error_text import in_magic_words
+
+    assert in_magic_words("no job 'x' is visible to this token; list yours with GET /v1/jobs") == (
+        "no job 'x' is visible to this token; list yours with %cortex jobs")
+    assert in_magic_words("list them with GET /v1/jobs/job-1a/checkpoints") == "list them with %cortex checkpoints job-1a"
+    assert in_magic_words("(GET /v1/capacity shows its devices), (GET /v1/models)") == (
+        "(%cortex capacity shows its devices), (%cortex models)")
+    # A route with no magic of its own stays as it is; so does one that only starts like a known one.
+    assert in_magic_words("see GET /v1/jobs/job-1a/requests") == "see GET /v1/jobs/job-1a/requests"

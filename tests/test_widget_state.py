@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ElementTree
 
-from cortex_nb.widgets import job_widget
+from cortex_nb.widgets import job_view
 from cortex_nb.widgets.state import LOG_LINE_CHARS, LOG_TAIL_LINES, DecimatedSeries, JobState
 from cortex_nb.widgets.svg import Line, line_chart
 
@@ -38,7 +38,7 @@ def test_device_metrics_draw_gpu_when_present_and_cpu_ram_otherwise():
                      for i in range(5)])
     snap = gpu.snapshot()
     assert snap.metric_kind == "gpu" and snap.metrics["gpu_memory_percent"][0] == (0.0, 25.0)
-    svg = job_widget.device_chart_svg(snap)
+    svg = job_view.device_chart_svg(snap)
     assert "GPU util %" in svg and "CPU %" not in svg
     ElementTree.fromstring(svg)
 
@@ -55,7 +55,7 @@ def test_device_metrics_draw_gpu_when_present_and_cpu_ram_otherwise():
     snap = cpu.snapshot()
     assert snap.metric_kind == "cpu" and snap.metrics["ram_percent"] == [(0.0, 25.0)]
     assert "gpu_utilization_percent" not in snap.metrics
-    assert "CPU / RAM (no GPU)" in job_widget.device_chart_svg(snap)
+    assert "CPU / RAM, % of host · cpu" in job_view.device_chart_svg(snap)
 
 
 def job_with_progress(steps: int, status: str = "running", **progress) -> dict:
@@ -75,7 +75,7 @@ def test_loss_chart_is_wellformed_svg_with_both_series():
     history = [{"step": s, "loss_per_token": 5.0 - s / 100} for s in range(1, 256)]
     evals = [{"step": s, "eval_loss_per_token": 5.1 - s / 100} for s in range(50, 256, 50)]
     state.set_job(job_with_progress(255, history=history, eval_history=evals))
-    svg = job_widget.loss_chart_svg(state.snapshot())
+    svg = job_view.loss_chart_svg(state.snapshot())
     root = ElementTree.fromstring(svg)
     lines = root.findall("{http://www.w3.org/2000/svg}polyline")
     assert len(lines) == 2
@@ -92,7 +92,7 @@ def test_summary_and_repr_read_the_backends_record_as_text():
     summary = state.summary()
     assert summary == ("job-s (tiny) done: 10/10 steps in 0:10, loss per token 2.9000 -> 2.0000,"
                        " eval loss per token 2.5000, 100 tok/s")
-    assert job_widget.job_repr(state.snapshot()) == "<cortex job job-s done step 10/10 loss 2.0000>"
+    assert job_view.job_repr(state.snapshot()) == "<cortex job job-s done step 10/10 loss per token 2.0000>"
 
 
 def test_a_waiting_job_says_why_and_an_idle_one_when_it_frees_its_device():

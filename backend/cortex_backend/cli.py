@@ -72,6 +72,11 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
                        help="most bytes of checkpoints one token owner may keep (e.g. 50000000000 or 50G); default: no cap")
     serve.add_argument("--fault-injection", action="append", type=_fault_option, default=[], metavar="NAME[=SUB_JOB]",
                        help=argparse.SUPPRESS)  # testing only: see cortex_backend/faults.py
+    tls = serve.add_argument_group("TLS (docs/deploying.md)")
+    tls.add_argument("--tls", choices=("self-signed",), default=None,
+                     help="make (once) and keep a self-signed certificate in DATA_DIR/tls and print its SHA-256 fingerprint")
+    tls.add_argument("--tls-cert", type=Path, default=None, metavar="FILE", help="PEM certificate (chain) to serve HTTPS with")
+    tls.add_argument("--tls-key", type=Path, default=None, metavar="FILE", help="PEM private key of --tls-cert")
     runs = serve.add_argument_group("source runs (docs/job-spec.md)")
     runs.add_argument("--runs-workspace", type=Path, default=None, help="where runs' work dirs live (default DATA_DIR/workspace)")
     runs.add_argument("--run-namespaces", choices=("auto", "off"), default="auto",
@@ -103,10 +108,33 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     revoke.add_argument("--data-dir", type=Path, default=default_data_dir())
 
 
+def _tls_arguments_error(args: argparse.Namespace) -> str | None:
+    """Why the TLS options cannot be served as given (checked before anything starts), or None."""
+    if args.tls and (args.tls_cert or args.tls_key):
+        return "--tls self-signed and --tls-cert/--tls-key exclude each other"
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return "--tls-cert and --tls-key go together"
+    if args.tls_cert:
+        import ssl
+
+        from .tls import TlsFiles, server_context
+
+        try:
+            server_context(TlsFiles(args.tls_cert, args.tls_key))
+        except (OSError, ssl.SSLError) as exc:
+            return f"cannot serve TLS with {args.tls_cert} and {args.tls_key}: {exc}"
+    return None
+
+
 def run_backend_command(args: argparse.Namespace) -> int:
     if args.backend_command == "serve":
         from .models import ModelCatalog
         from .server import serve
+
+        tls_error = _tls_arguments_error(args)
+        if tls_error:
+            print(f"error: {tls_error}", file=sys.stderr)
+            return 2
 
         settings = BackendSettings(
             host=args.host, port=args.port, data_dir=args.data_dir, models=dict(args.model), devices=args.devices,
@@ -119,6 +147,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
             log_retention_lines=args.log_retention_lines, monitor_interval_s=args.monitor_interval,
             metrics_retention_s=args.metrics_retention_hours * 3600.0,
             checkpoint_quota_bytes=args.checkpoint_quota_bytes, fault_injection=tuple(args.fault_injection),
+            tls=args.tls, tls_cert=args.tls_cert, tls_key=args.tls_key,
         )
         try:
             ModelCatalog(settings.models)  # refuse unsafe or broken model directories before starting

@@ -16,6 +16,7 @@ from typing import Any
 
 from cortex_nb import states
 from cortex_nb.errors import ApiError
+from cortex_nb.train_spec import FINAL_CHECKPOINT
 
 from .auth import Principal
 from .jobs import JobManager
@@ -26,7 +27,6 @@ from .training_loops import TrainingLoops, loop_spec
 
 log = logging.getLogger("cortex_backend.completion")
 
-FINAL_CHECKPOINT = "final"
 
 
 class Completion:
@@ -69,10 +69,7 @@ class Completion:
     def _save_final(self, job: dict[str, Any]) -> str:
         loop = loop_spec(job) or {}
         kind = (loop.get("save") or {}).get("type", "weights-only")
-        name, suffix = FINAL_CHECKPOINT, 1
-        while self.store.get_checkpoint(job["id"], name) is not None:
-            suffix += 1
-            name = f"{FINAL_CHECKPOINT}-{suffix}"
+        name = self.requests.checkpoints.free_name(job["id"], FINAL_CHECKPOINT)
         self.requests.submit_for_service(job, "save", {"checkpoint_id": name, "type": kind})
         log.info("job %s: saving checkpoint %s before freeing its device", job["id"], name)
         return name
@@ -90,9 +87,10 @@ class Completion:
         if job["status"] != states.JOB_RUNNING or self.requests.has_active(job["id"]) or self.jobs.is_completing(job["id"]):
             return None
         record = self.progress.get(job["id"])
-        if record is not None and record.phase == states.PHASE_KEEP_ALIVE:
+        timeout = self.jobs.idle_timeout_s(job)
+        if timeout is None or (record is not None and record.phase == states.PHASE_KEEP_ALIVE):
             return None
-        return job["last_activity_at"] + self.jobs.idle_timeout_s(job)
+        return job["last_activity_at"] + timeout
 
     def sweep(self, now: float | None = None) -> list[str]:
         """Complete the running jobs whose idle timeout or keep-alive has passed; returns their ids."""

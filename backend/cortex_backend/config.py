@@ -48,6 +48,12 @@ class BackendSettings:
     # Test-only fault injection (see faults.py): "NAME" or "NAME=SUB_JOB_ID". Empty in any real deployment.
     fault_injection: tuple[str, ...] = ()
 
+    # TLS (docs/deploying.md): an operator's certificate and key, or "self-signed" to make and keep one
+    # in DATA_DIR/tls. None serves plain HTTP (fine on loopback; a warning beyond it).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls: str | None = None
+
     # Source runs (docs/job-spec.md) ------------------------------------------------------------
     # Where runs' work dirs live; emptied at every start-up. Default: DATA_DIR/workspace.
     runs_workspace: Path | None = None
@@ -78,6 +84,10 @@ class BackendSettings:
         self.models = {name: Path(path).expanduser().resolve() for name, path in self.models.items()}
         if self.runs_workspace is not None:
             self.runs_workspace = Path(self.runs_workspace).expanduser().resolve()
+        if self.tls_cert is not None:
+            self.tls_cert = Path(self.tls_cert).expanduser().resolve()
+        if self.tls_key is not None:
+            self.tls_key = Path(self.tls_key).expanduser().resolve()
 
     @property
     def db_path(self) -> Path:

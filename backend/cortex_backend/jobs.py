@@ -53,6 +53,7 @@ def public_job(job: dict[str, Any]) -> dict[str, Any]:
         "finished_at": job["finished_at"],
         "last_activity_at": job["last_activity_at"],
         "idle_timeout_s": job["spec"].get("idle_timeout_s"),
+        "labels": job["spec"].get("labels") or {},
         "sub_jobs": [
             {
                 "sub_job_id": sub["id"],
@@ -251,7 +252,7 @@ class JobManager:
     def recover_after_restart(self, trained_to_the_end: Callable[[str], bool] = lambda job_id: False) -> int:
         """Jobs that were in flight when the backend stopped cannot continue: fail them, clearly. A job
         whose training had ended (a managed run sampling in its keep-alive) is marked as it really
-        ended: done."""
+        ended: done. `on_job_ended` callbacks hear of each, as of any job that ends."""
         stale = self.store.jobs_with_status([states.JOB_PENDING, states.JOB_STARTING, states.JOB_RUNNING])
         failed = 0
         for job in stale:
@@ -260,6 +261,8 @@ class JobManager:
                     if sub["status"] not in states.JOB_TERMINAL:
                         self.store.update_sub_job(job["id"], sub["id"], status=states.JOB_DONE)
                 self.store.update_job(job["id"], status=states.JOB_DONE, finished_at=time.time())
+                for callback in self.on_job_ended:
+                    callback(job["id"], states.JOB_DONE, None, None)
                 continue
             failed += 1
             for sub in job["sub_jobs"]:
@@ -271,10 +274,16 @@ class JobManager:
                 " (and load a checkpoint, if you saved one)",
                 finished_at=time.time(),
             )
+            for callback in self.on_job_ended:
+                callback(job["id"], states.JOB_FAILED, "backend_restarted", None)
         return failed
 
-    def idle_timeout_s(self, job: dict[str, Any]) -> float:
-        return float(job["spec"].get("idle_timeout_s") or self.default_idle_timeout_s)
+    def idle_timeout_s(self, job: dict[str, Any]) -> float | None:
+        """Seconds a running job may have nothing to do before it is completed; None: never (0 in its spec)."""
+        timeout = job["spec"].get("idle_timeout_s")
+        if timeout is None:
+            timeout = self.default_idle_timeout_s
+        return float(timeout) if timeout else None
 
 
 def _log_task_failure(task: asyncio.Task) -> None:

@@ -215,6 +215,7 @@ class ProgressBook:
         record = self._records.pop(job_id, None)
         self._persisted_at.pop(job_id, None)
         if record is None:
+            self._close_stored(job_id, status)
             return
         if record.phase in (states.PHASE_WAITING, states.PHASE_TRAINING, states.PHASE_KEEP_ALIVE):
             ended = {states.JOB_DONE: states.PHASE_FINISHED, states.JOB_CANCELLED: states.PHASE_STOPPED}
@@ -222,6 +223,16 @@ class ProgressBook:
         record.updated_at = time.time()
         self.store.save_progress(job_id, record.to_json())
         self.notify(progress_key(job_id))
+
+    def _close_stored(self, job_id: str, status: str) -> None:
+        """A job that ended while no record was in memory (after a backend restart): its stored record
+        says how it ended too."""
+        stored = self.store.get_progress(job_id)
+        if stored is None or stored.get("phase") not in (states.PHASE_WAITING, states.PHASE_TRAINING, states.PHASE_KEEP_ALIVE):
+            return
+        ended = {states.JOB_DONE: states.PHASE_FINISHED, states.JOB_CANCELLED: states.PHASE_STOPPED}
+        stored.update(phase=ended.get(status, states.PHASE_FAILED), eta_s=None, updated_at=time.time())
+        self.store.save_progress(job_id, stored)
 
 
 def fold_request(book: ProgressBook, request: dict[str, Any], result: dict[str, Any]) -> None:

@@ -7,7 +7,6 @@ when the slots a job waits for depend on such holders there is no estimate (null
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -102,6 +101,3 @@ class QueueReasons:
             return "run" if runs == 1 else "runs"
         return "jobs and runs"
 
-
-def seconds_until(at: float | None, now: float | None = None) -> float | None:
-    return None if at is None else at - (now or time.time())

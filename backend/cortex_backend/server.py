@@ -25,8 +25,10 @@ from cortex_nb.version import API_VERSION, __version__
 
 from .app import MAX_STREAMED_BODY, make_app
 from .auth import ensure_user_token
+from .compat import url_specs as face_url_specs
 from .config import BackendSettings
 from .service import Service
+from .tls import SELF_SIGNED, TlsFiles, plaintext_warning, self_signed_files, server_context
 
 log = logging.getLogger("cortex_backend")
 
@@ -37,17 +39,36 @@ def _listen(server: tornado.httpserver.HTTPServer, host: str, port: int) -> int:
     return sockets[0].getsockname()[1]
 
 
+def tls_files(settings: BackendSettings) -> TlsFiles | None:
+    """The certificate and key to serve with, if any (a self-signed pair is made on first use)."""
+    if settings.tls == SELF_SIGNED:
+        return self_signed_files(settings.data_dir, settings.host)
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        return TlsFiles(settings.tls_cert, settings.tls_key)
+    return None
+
+
 async def run(settings: BackendSettings) -> None:
+    files = tls_files(settings)
+    ssl_options = server_context(files) if files is not None else None
+    warning = plaintext_warning(settings.host) if files is None else None
+    if warning:
+        log.warning(warning)
+        print(warning, flush=True)
     service = Service(settings)
     await service.start()
     ensure_user_token(service.store, settings.user_token_path)
-    server = tornado.httpserver.HTTPServer(make_app(service), max_body_size=MAX_STREAMED_BODY, idle_connection_timeout=300)
+    server = tornado.httpserver.HTTPServer(make_app(service, face_url_specs(service)), max_body_size=MAX_STREAMED_BODY,
+                                           idle_connection_timeout=300, ssl_options=ssl_options)
     port = _listen(server, settings.host, settings.port)
-    url = f"http://{settings.host}:{port}"
-    write_endpoint(settings, url)
+    url = f"{'https' if files else 'http'}://{settings.host}:{port}"
+    # Local clients (Client.local(), the Jupyter extension) pin the fingerprint instead of trusting any certificate.
+    write_endpoint(settings, url, files.fingerprint() if files is not None else None)
     devices = ", ".join(f"{d.id} ({d.name}, {d.slots} slots)" for d in service.devices)
     log.info("cortex-nb backend %s listening on %s; devices: %s; models: %s", __version__, url, devices, service.catalog.names())
     print(f"cortex-nb backend listening on {url} (admin token in {settings.admin_token_path})", flush=True)
+    if files is not None:
+        print(f"TLS certificate {files.cert}; clients pin it with verify = \"{files.fingerprint()}\"", flush=True)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -64,11 +85,13 @@ async def run(settings: BackendSettings) -> None:
     _remove_own_endpoint(settings.endpoint_path)
 
 
-def write_endpoint(settings: BackendSettings, url: str) -> None:
+def write_endpoint(settings: BackendSettings, url: str, tls_fingerprint: str | None = None) -> None:
     """backend.json, atomically and readable by this user only (it names the token files)."""
     endpoint = {"url": url, "pid": os.getpid(), "token_file": str(settings.user_token_path),
                 "admin_token_file": str(settings.admin_token_path), "version": __version__,
                 "api_version": API_VERSION, "started_at": time.time(), "data_dir": str(settings.data_dir)}
+    if tls_fingerprint is not None:
+        endpoint["tls_fingerprint"] = tls_fingerprint
     temporary = settings.endpoint_path.with_name(f".{settings.endpoint_path.name}.{os.getpid()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:

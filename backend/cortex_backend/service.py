@@ -79,7 +79,8 @@ class Service:
         self.completion = Completion(self.store, self.jobs, self.requests, self.progress, self.training_loops)
         self.job_views = JobViews(self.store, self.scheduler, self.jobs, self.progress, self.completion)
         # observability
-        self.monitor = Monitor(self.store, self.devices, settings.monitor_interval_s, settings.metrics_retention_s)
+        self.monitor = Monitor(self.store, self.devices, settings.monitor_interval_s, settings.metrics_retention_s,
+                               worker_pid=self.executor.worker_pid)
         self.device_metrics = DeviceMetrics(self.store, self.jobs, self.monitor)
         self.events = EventFeed(self.store, settings.event_retention)
         self.operator_metrics = OperatorMetrics(LiveState(

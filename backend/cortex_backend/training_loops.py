@@ -109,10 +109,6 @@ class TrainingLoops:
                   "checkpoint_dir": str(self.checkpoints.job_dir(job["owner"], job_id))}
         self._loops[job_id] = self.requests.submit_for_service(job, "train_loop", params, train + held_out)
 
-    def running_loop(self, job_id: str) -> str | None:
-        """The request id of the job's loop while it trains."""
-        return self._loops.get(job_id)
-
     def stop(self, job_id: str) -> bool:
         """Ask the loop to stop after its current step (it saves `final` first); False if none runs."""
         request_id = self._loops.get(job_id)

@@ -100,7 +100,7 @@ class Worker:
         self.forward_backward_calls += 1
         speed = result.get("tokens_per_second")
         print(
-            f"[engine] forward_backward={self.forward_backward_calls} loss={result['loss']:.4g}"
+            f"[engine] forward_backward={self.forward_backward_calls} summed_loss={result['loss']:.4g}"
             f" tokens={result['metrics']['tokens:sum']} tokens/s={speed or 0:.0f}"
             f" peak_memory={result['peak_memory_bytes'] / 2**20:.0f}MiB",
             flush=True,

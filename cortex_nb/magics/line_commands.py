@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 @subcommand("connect", "line", "connect to a backend (profile, URL, --local, or discovered)")
 @magic_arguments(name="cortex connect")
-@argument("target", nargs="?", help="a profile name or a backend URL (http://host:port)")
+@argument("target", nargs="?", help="a profile name or a backend URL (http://host:port or https://host:port)")
 @argument("--token-env", metavar="VAR", help="with a URL: read the token from $VAR (default $CORTEX_TOKEN)")
+@argument("--verify", metavar="PIN_OR_CA", help="with an https URL: a sha256:... fingerprint to pin, or a CA file")
 @argument("--local", action="store_true", help="your local backend on this machine (found through its state file, or started; it outlives the kernel)")
 @argument("--data-dir", metavar="DIR", help="with --local: the local backend's data dir")
 def connect_command(self: CortexMagics, args: Any, cell: str | None) -> None:
@@ -34,7 +35,7 @@ def connect_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     if args.local:
         connection = discovery.connect_local(args.data_dir)
     elif args.target and "://" in args.target:
-        connection = discovery.connect_url(args.target, args.token_env)
+        connection = discovery.connect_url(args.target, args.token_env, args.verify)
     elif args.target:
         connection = discovery.connect_profile(args.target)
     else:

@@ -31,7 +31,9 @@ def train_command(self: CortexMagics, args: Any, cell: str | None):
     from ..widgets.state import JobState
 
     client = self.client()
-    spec = parse_train_spec(cell or "")
+    # The cell's first line is the %%cortex line: with it standing in as a blank line, the spec's errors
+    # name the lines as the cell numbers them.
+    spec = parse_train_spec("\n" + (cell or ""))
     job = client.train(spec, name=args.name, namespace=self.shell.user_ns)
     state = JobState(job.job_id, args.name, spec.base_model)
     state.set_job(job.info)
@@ -46,7 +48,7 @@ def train_command(self: CortexMagics, args: Any, cell: str | None):
         widget.show()
         completed = watch(job, state, printer=False) if args.wait else True
         if args.wait:
-            widget.throttle.flush()
+            widget.settle()
     if args.wait or noninteractive():
         print(state.summary())
         if not completed:

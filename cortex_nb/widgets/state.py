@@ -66,6 +66,8 @@ class Snapshot:
     checkpoints: list[str] = field(default_factory=list)
     queue: dict[str, Any] | None = None
     idle: dict[str, Any] | None = None
+    # The last job JSON as the backend sent it (progress, queue, idle, ...); {} before the first.
+    job: dict[str, Any] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -199,6 +201,11 @@ class JobState:
                     used, total = sample.get("ram_used_bytes"), sample.get("ram_total_bytes")
                     if used is not None and total:
                         self._metric("ram_percent").append(x, 100.0 * used / total)
+                    # The job's own worker processes, where the backend could attribute them.
+                    if sample.get("job_cpu_percent") is not None:
+                        self._metric("job_cpu_percent").append(x, float(sample["job_cpu_percent"]))
+                    if sample.get("job_ram_bytes") is not None and total:
+                        self._metric("job_ram_percent").append(x, 100.0 * sample["job_ram_bytes"] / total)
         self._changed()
 
     def _metric(self, name: str) -> DecimatedSeries:
@@ -243,6 +250,7 @@ class JobState:
                 metrics_note=self.metrics_note, metrics_device=self.metrics_device, log_tail=list(self.log_tail),
                 logs_dropped=self.logs_dropped, samples_step=self.samples_step, samples=list(self.samples),
                 checkpoints=list(self.checkpoints), queue=self.job.get("queue"), idle=self.job.get("idle"),
+                job=dict(self.job),
             )
 
     def retained_sizes(self) -> dict[str, int]:
@@ -261,7 +269,7 @@ class JobState:
         if snap.last_loss is not None:
             parts.append(f"loss per token {snap.last_loss:.4f}")
         if snap.last_eval is not None:
-            parts.append(f"eval {snap.last_eval:.4f}")
+            parts.append(f"eval loss per token {snap.last_eval:.4f}")
         if snap.tokens_per_s:
             parts.append(f"{format_count(snap.tokens_per_s)} tok/s")
         if snap.eta_s is not None:

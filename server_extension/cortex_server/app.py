@@ -42,10 +42,19 @@ class CortexServerApp(ExtensionApp):
         help="Where the user's local backend keeps its state file, backend.json (default: env CORTEX_LOCAL_DIR,"
         " else $XDG_DATA_HOME/cortex-nb/local), the same place %cortex connect --local looks.",
     )
+    backend_verify = Unicode(
+        config=True,
+        help="For an https backend_url: a 'sha256:...' fingerprint to pin (what `cortex-nb backend serve --tls"
+        " self-signed` prints) or a CA file; empty: the system's CAs (env CORTEX_VERIFY).",
+    )
     connect_timeout_s = Float(10.0, config=True, help="Seconds to wait for a connection to the backend.")
     request_timeout_s = Float(
         300.0, config=True, help="Seconds a forwarded call may take, long-polls included (they ask for at most 60 s)."
     )
+
+    @default("backend_verify")
+    def _default_backend_verify(self) -> str:
+        return os.environ.get("CORTEX_VERIFY", "")
 
     @default("token_file")
     def _default_token_file(self) -> str:
@@ -60,6 +69,7 @@ class CortexServerApp(ExtensionApp):
         locator = locate(self.backend_url, self.token_file, local_dir)
         self.connection = BackendConnection(
             locator, connect_timeout_s=self.connect_timeout_s, request_timeout_s=self.request_timeout_s,
+            verify=self.backend_verify or None,
         )
         # ExtensionApp prepends base_url to these patterns (JupyterHub's /user/NAME/ included).
         api_prefix = url_path_join(self.serverapp.base_url, API_PATH)

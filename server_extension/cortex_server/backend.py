@@ -18,6 +18,7 @@ from typing import Any
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
 from tornado.httputil import HTTPHeaders
 
+from cortex_nb import tls
 from cortex_nb.errors import ApiError
 from cortex_nb.version import __version__
 
@@ -76,9 +77,12 @@ class BackendConnection:
     """Sends requests to the backend on behalf of Jupyter-authenticated callers."""
 
     def __init__(self, locator: BackendLocator, *, connect_timeout_s: float, request_timeout_s: float,
-                 max_clients: int = 64) -> None:
+                 max_clients: int = 64, verify: tls.Verify | None = None) -> None:
         self.locator = locator
         self._token_file: TokenFile | None = None
+        # An https backend's certificate: system CAs, a CA file or a pinned fingerprint (cortex_nb/tls.py).
+        self._verify = verify
+        self._ssl_context: Any = None
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
         # Our own client, so long-polls (logs, request status) never queue behind Jupyter's other fetches.
@@ -90,6 +94,14 @@ class BackendConnection:
     def target(self) -> BackendTarget:
         """Where calls go now: the configured backend, or the local one running now (or none)."""
         return self.locator.current()
+
+    def ssl_options(self, target: BackendTarget) -> Any:
+        """The TLS context for an https target (made once); None for plain http (the local backend)."""
+        if not (target.url or "").startswith("https://"):
+            return None
+        if self._ssl_context is None:
+            self._ssl_context = tls.ssl_context(self._verify)
+        return self._ssl_context
 
     def token(self, target: BackendTarget) -> str:
         assert target.token_file is not None
@@ -131,6 +143,7 @@ class BackendConnection:
             request_timeout=self.request_timeout_s,
             follow_redirects=False,
             decompress_response=False,
+            ssl_options=self.ssl_options(target),
             allow_nonstandard_methods=True,
             header_callback=header_callback,
             streaming_callback=streaming_callback,

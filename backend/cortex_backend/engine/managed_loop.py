@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from cortex_nb.train_data import PackedData, examples_from_jsonl, pack_examples
-from cortex_nb.train_spec import SpecError, TrainSpec, parse_training_loop
+from cortex_nb.train_spec import FINAL_CHECKPOINT, SpecError, TrainSpec, parse_training_loop
 
 from ..faults import Faults
 from ..validation import validate_sampling_params
@@ -30,7 +30,6 @@ from .errors import OperationError
 from .model_state import ModelState
 from .trainer import Trainer
 
-FINAL_CHECKPOINT = "final"
 TEMP_PREFIX = ".tmp-"
 
 Report = Callable[[dict[str, Any]], None]
@@ -129,8 +128,11 @@ class ManagedLoop:
             self.report({"event": "step", "step": stepped["step"], "loss": result["loss"],
                          "weights": float(batch["weights"].sum()), "tokens": int(batch["attention_mask"].sum()),
                          "at": time.time()})
-            print(f"[engine] step={stepped['step']} loss={result['loss']:.4g} grad_norm={stepped['grad_norm']:.4g}"
-                  f" lr={stepped['learning_rate']:.3g} tokens={stepped['tokens']}", flush=True)
+            weights = float(batch["weights"].sum())
+            per_token = f" loss_per_token={result['loss'] / weights:.4g}" if weights else ""
+            print(f"[engine] step={stepped['step']}{per_token} summed_loss={result['loss']:.4g}"
+                  f" grad_norm={stepped['grad_norm']:.4g} lr={stepped['learning_rate']:.3g} tokens={stepped['tokens']}",
+                  flush=True)
             final = step == total
             if eval_batches and (final or step % spec.eval.every == 0):
                 self._eval(stepped["step"], eval_batches)
