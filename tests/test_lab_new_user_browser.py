@@ -180,6 +180,7 @@ def test_the_quickstart_starts_the_local_backend_and_the_sidebar_follows_its_job
     widget = page.locator(".jp-NotebookPanel:visible .cortex-job-widget").first
     widget.scroll_into_view_if_needed()
     screenshot(page, "jupyterlab-sidebar.png")
+    screenshot(widget, "job-widget.png")  # the README's: the widget live, mid-training
 
     row.click()
     view = page.locator(f"#cortex-job-{job_id}")
@@ -201,6 +202,13 @@ def test_the_quickstart_starts_the_local_backend_and_the_sidebar_follows_its_job
     expect(finished).to_be_visible(timeout=60_000)
     expect(finished.locator(".cortex-badge")).to_have_text("done")
     expect(finished).to_contain_text(re.compile(r"loss per token [\d.]+ · took \d+:\d\d · 200/200 steps"))
+    # Its view: the adapter the training ended with is a checkpoint, and the widget's final picture stays.
+    activate_tab(page, "quickstart-addition")
+    expect(view.locator('.cortex-job-checkpoints tr[data-checkpoint-id="final"]')).to_be_visible(timeout=60_000)
+    expect(view.locator(".cortex-job-header .cortex-badge")).to_have_text("done")
+    activate_tab(page, "01-quickstart.ipynb")
+    # Ended, the widget leaves its final picture (what a saved notebook keeps).
+    expect(page.locator(".jp-NotebookPanel:visible .cortex-job-static")).to_have_count(1, timeout=60_000)
 
 
 # 3 ------------------------------------------------------------------------------------------------
@@ -252,8 +260,8 @@ def test_a_kernel_restart_leaves_the_run_going_and_job_reattaches_to_it(page, la
     shown = step_of(reattached.inner_text())
     wait_until(lambda: step_of(reattached.inner_text()) > shown, 120)
 
-    # Cancel from the sidebar's job view: trained steps would be lost, so it asks first.
-    sidebar_row(page, job_id).click()
+    # "Open in sidebar" on the widget opens the job's view; its Cancel asks first, trained steps would be lost.
+    reattached.locator(".cortex-open-in-sidebar").click()
     view = page.locator(f"#cortex-job-{job_id}")
     expect(view.locator(".cortex-cancel")).to_be_visible(timeout=30_000)
     view.locator(".cortex-cancel").click()
@@ -376,7 +384,12 @@ def test_the_sidebar_notices_the_local_backend_go_and_starts_it_again(page, lab)
     connection.locator(".cortex-start-local").click()
     expect(connection).to_have_attribute("data-state", "connected", timeout=180_000)
     state = running_endpoint(local_dir_of(home) / "backend.json")
-    assert state is not None and state["pid"] != pid and os.getsid(state["pid"]) == state["pid"]
+    assert state is not None and state["pid"] != pid
+    # Started by the server, yet its own: its own session, tied to no process, the user's (not admin) token.
+    assert os.getsid(state["pid"]) == state["pid"]
+    assert "--parent-pid" not in Path(f"/proc/{state['pid']}/cmdline").read_text()
+    assert Path(state["token_file"]).name == "user.token"
+    expect(connection).not_to_contain_text("as admin")
     # The same store: finished trainings are still listed, as they really ended.
     finished = page.locator("#cortex-nb-sidebar .cortex-trainings")
     expect(finished.locator(f'.cortex-training[data-job-id="{STORY["sweep-1"]}"] .cortex-badge')).to_have_text("done",

@@ -17,9 +17,9 @@ from playwright.sync_api import expect, sync_playwright
 from cortex_nb import Client
 
 from .backend_process import start_backend
+from .browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS
 from .jupyter_process import start_jupyter_for
 from .notebook_fixtures import DEMO_TEXT, wait_until
-from .browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS
 
 TRAIN_CELL = f"""%%cortex train -o job --name widget-in-lab
 base_model: tiny

@@ -121,6 +121,8 @@ export interface IJob {
   finished_at: number | null;
   last_activity_at?: number | null;
   idle_timeout_s?: number | null;
+  /** Free-form key/value labels a client attached at creation. */
+  labels?: Record<string, string> | null;
   sub_jobs: ISubJob[];
   training_loop?: ITrainingLoop | null;
   /** null when the job never trained. */

@@ -1,15 +1,14 @@
 """With no backend configured, the Jupyter server uses the user's local backend: found through its state
 file (the same one `%cortex connect --local` uses), with the non-admin token that file names, seen as
-soon as it starts or dies, and started on request ("Start local backend" in the sidebar)."""
+soon as it starts or dies. Starting it from the sidebar ("Start local backend") is exercised in the
+browser (tests/test_lab_new_user_browser.py); here, that a configured backend is never replaced."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from tornado.httpclient import HTTPClientError
@@ -18,7 +17,6 @@ from traitlets.config import Config
 from cortex_nb import __version__
 from cortex_nb.version import API_VERSION
 
-from ..jupyter_process import stop_local_backend
 from ..tokens import create_token
 from .test_server_extension import body, fetch_error, server_config
 
@@ -100,27 +98,6 @@ async def test_the_local_backend_is_found_through_its_state_file_with_its_user_t
     write_state_file(local_dir, url=backend.url, pid=dead_pid(), token_file=token_file)
     status = body(await jp_fetch("cortex", "api", "status"))
     assert status["reachable"] is False and status["error"]["detail"] == {"local_backend": "not_running"}
-
-
-async def test_start_local_backend_starts_it_detached_and_connects(jp_fetch, local_dir):
-    try:
-        status = body(await jp_fetch("cortex", "api", "local", "start", method="POST", body=b"{}",
-                                     request_timeout=180))
-        assert status["reachable"] is True and status["authenticated"] is True, status
-        state = json.loads((local_dir / "backend.json").read_text())
-        assert status["backend_url"] == state["url"] and status["source"]["pid"] == state["pid"]
-        assert "admin" not in status["identity"]["scopes"]
-        # Its own session, tied to no process: no kernel's (nor this server's) exit or signals reach it.
-        assert os.getsid(state["pid"]) == state["pid"]
-        assert "--parent-pid" not in Path(f"/proc/{state['pid']}/cmdline").read_text()
-        assert Path(state["token_file"]).name == "user.token"
-        # A second click finds the one running; it starts no other.
-        again = body(await jp_fetch("cortex", "api", "local", "start", method="POST", body=b"{}", request_timeout=180))
-        assert again["source"]["pid"] == state["pid"]
-        jobs = body(await jp_fetch("cortex", "api", "v1", "jobs"))
-        assert jobs["jobs"] == []
-    finally:
-        stop_local_backend(local_dir)
 
 
 @pytest.mark.parametrize("jp_server_config", [server_config("http://127.0.0.1:9", "/nonexistent")])
