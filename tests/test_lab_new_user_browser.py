@@ -98,13 +98,15 @@ def job_named(client: Client, name: str) -> dict:
     return jobs[0]
 
 
-def open_notebook(page: Page, server, name: str) -> None:
+def open_notebook(page: Page, server, name: str, kernel: bool = True) -> None:
     """Open a notebook from the server's root (the page reloads; open tabs and kernels stay)."""
     page.goto(f"{server.url}lab/tree/{name}")
     expect(page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current").filter(has_text=name)).to_have_count(
         1, timeout=60_000)
     expect(page.locator(".jp-NotebookPanel:visible .jp-Cell").first).to_be_visible(timeout=60_000)
-    expect(page.locator(".jp-StatusBar-Widget").filter(has_text=re.compile(r"\| Idle"))).to_have_count(1, timeout=120_000)
+    if kernel:
+        expect(page.locator(".jp-StatusBar-Widget").filter(has_text=re.compile(r"\| Idle"))).to_have_count(
+            1, timeout=120_000)
 
 
 def menu(page: Page, top: str, item: str) -> None:
@@ -118,14 +120,35 @@ def select_cell(page: Page, index: int) -> None:
 
 
 def run_cell(page: Page, index: int) -> None:
-    select_cell(page, index)
-    page.keyboard.press("Shift+Enter")
+    """Run one cell (Shift+Enter in command mode) and see that it was queued or ran: a keystroke that reached
+    no notebook (focus still elsewhere while JupyterLab settles) is pressed again."""
+    prompt = page.locator(".jp-NotebookPanel:visible .jp-Cell").nth(index).locator(".jp-InputPrompt")
+    for _ in range(3):
+        select_cell(page, index)
+        page.keyboard.press("Shift+Enter")
+        try:
+            expect(prompt).to_have_text(re.compile(r"\[(\*|\d+)\]"), timeout=10_000)
+            return
+        except AssertionError:
+            continue
+    expect(prompt).to_have_text(re.compile(r"\[(\*|\d+)\]"))
 
 
-def restart_kernel(page: Page) -> None:
-    menu(page, "Kernel", "Restart Kernel…")
+def restart_kernel(page: Page, clear: bool = False) -> None:
+    menu(page, "Kernel", "Restart Kernel and Clear Outputs of All Cells…" if clear else "Restart Kernel…")
     page.locator(".jp-Dialog .jp-mod-accept").click()
     expect(page.locator(".jp-StatusBar-Widget").filter(has_text=re.compile(r"\| Idle"))).to_have_count(1, timeout=120_000)
+
+
+def dismiss_dialogs(page: Page, settle_ms: int = 2000) -> None:
+    """Close the dialogs JupyterLab raised (e.g. "Error Starting Kernel"), as a user would, until none
+    has come for `settle_ms`."""
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < settle_ms / 1000:
+        if page.locator(".jp-Dialog").count():
+            page.keyboard.press("Escape")
+            quiet_since = time.monotonic()
+        page.wait_for_timeout(250)
 
 
 def activate_tab(page: Page, title: str) -> None:
@@ -226,7 +249,7 @@ def test_a_kernel_restart_leaves_the_run_going_and_job_reattaches_to_it(page, la
     widget = page.locator(".jp-NotebookPanel:visible .jp-OutputArea").nth(1)
     expect(widget).to_contain_text(re.compile(r"step [1-9]\d*/3000"), timeout=180_000)
 
-    restart_kernel(page)
+    restart_kernel(page, clear=True)  # the widget goes with the kernel; prompts start again at [ ]
     restarted_at = time.monotonic()
     step_then = (client.get_job(job_id)["progress"] or {}).get("step", 0)
     # The run is the backend's: it goes on without the kernel.
@@ -274,45 +297,64 @@ def test_a_kernel_restart_leaves_the_run_going_and_job_reattaches_to_it(page, la
 
 
 # 4 ------------------------------------------------------------------------------------------------
-SWEEP = [("sweep-1", 20, 0.003), ("sweep-2", 40, 0.0005), ("sweep-3", 60, 0.001), ("sweep-4", 80, 0.002),
-         ("sweep-5", 20, 0.004)]
+# The first four take the local backend's four CPU slots: sweep-1 trains briefly, then keeps its device for
+# sampling (keep_alive) until it is freed from its view; sweep-2..4 are long runs the test stops afterwards.
+# sweep-5 is submitted once all four hold their slot.
+SWEEP = [("sweep-1", 60, 0.003), ("sweep-2", 3000, 0.0005), ("sweep-3", 3000, 0.001), ("sweep-4", 3000, 0.002),
+         ("sweep-5", 30, 0.0005)]
 
 
 def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     server, home = lab
-    sampled = "eval: {data: $problems, every: 10}\nsample: {every: 20, prompts: [\"2+3=\"], max_tokens: 3}\n"
-    cells = [CONNECT + "\n" + PROBLEMS]
-    cells += [train_cell(name, steps, lr, f"s{i + 1}", sampled if i < 2 else "") for i, (name, steps, lr) in enumerate(SWEEP)]
-    cells += ["for run in (s1, s2, s3, s4, s5):\n    run.wait()",
-              "import cortex_nb\ncortex_nb.compare([s1, s2], max_tokens=3)"]
+    sampled = "eval: {data: $problems, every: 10}\nsample: {every: 30, prompts: [\"2+3=\"], max_tokens: 3}\n"
+    extra = {"sweep-1": sampled + "keep_alive: 10m\n", "sweep-5": sampled}
+    trains = [train_cell(name, steps, lr, f"s{i + 1}", extra.get(name, "")) for i, (name, steps, lr) in enumerate(SWEEP)]
+    cells = [CONNECT + "\n" + PROBLEMS, *trains[:4], "for run in (s1, s2, s3, s4):\n    run.wait_ready()", trains[4],
+             "for run in (s1, s5):\n    run.wait()", "import cortex_nb\ncortex_nb.compare([s1, s5], max_tokens=3)"]
     (home / "root" / "sweep.ipynb").write_text(json.dumps(notebook(*cells)))
     open_notebook(page, server, "sweep.ipynb")
     menu(page, "Run", "Run All Cells")
 
     client = local_client(home)
     names = {name for name, *_ in SWEEP}
-    wait_until(lambda: len([job for job in client.list_jobs() if job["name"] in names]) == 5, 180)
+    wait_until(lambda: len([job for job in client.list_jobs() if job["name"] in names]) == 5, 300)
     ids = {name: job_named(client, name)["job_id"] for name, *_ in SWEEP}
     STORY.update(ids)
+    # While it waits, its widget and the sidebar say why and where in the queue.
+    fifth_widget = page.locator(".jp-NotebookPanel:visible .jp-Cell").nth(6).locator(".jp-OutputArea")
+    expect(fifth_widget).to_contain_text("queued", timeout=120_000)
+    expect(fifth_widget).to_contain_text(re.compile(r"#1 in the queue: waiting for a cpu slot: 4/4 held by .*sweep-1"))
     fifth = sidebar_row(page, ids["sweep-5"])
-    # While it waits, the sidebar and its widget say why and where in the queue.
-    expect(fifth).to_have_attribute("data-word", "queued", timeout=120_000)
+    expect(fifth).to_have_attribute("data-word", "queued", timeout=30_000)
     expect(fifth.locator(".cortex-job-detail")).to_contain_text(
-        re.compile(r"#1 in the queue: waiting for a cpu slot: 4/4 held by .*sweep-"))
+        re.compile(r"#1 in the queue: waiting for a cpu slot: 4/4 held by .*sweep-1"))
+    fifth_widget.scroll_into_view_if_needed()
     screenshot(page, "jupyterlab-sidebar-queue.png")
-    fifth_widget = page.locator(".jp-NotebookPanel:visible .jp-Cell").nth(5).locator(".jp-OutputArea")
-    expect(fifth_widget).to_contain_text("queued", timeout=60_000)
-    expect(fifth_widget).to_contain_text("waiting for a cpu slot")
 
-    # It starts as soon as the first run ends, not when the last does.
-    expect(fifth).to_have_attribute("data-word", "training", timeout=300_000)
+    # sweep-1 has trained and keeps its device for sampling: its view offers Free device, not Cancel.
+    first = sidebar_row(page, ids["sweep-1"])
+    expect(first).to_have_attribute("data-word", "sampling", timeout=300_000)
+    expect(first.locator(".cortex-job-detail")).to_contain_text(re.compile(r"keep-alive, freeing the device in \d+:\d\d"))
+    first.click()
+    view = page.locator(f"#cortex-job-{ids['sweep-1']}")
+    expect(view.locator(".cortex-free-device")).to_be_visible(timeout=30_000)
+    expect(view.locator(".cortex-cancel")).to_have_count(0)
+    screenshot(page, "jupyterlab-job-view-keep-alive.png")
+    view.locator(".cortex-free-device").click()
+    expect(view.locator(".cortex-notice")).to_contain_text("Device freed", timeout=60_000)
+    expect(view.locator(".cortex-job-header .cortex-badge")).to_have_text("done", timeout=60_000)
+
+    # The fifth starts as soon as sweep-1's slot is free, while the three long runs still hold theirs.
+    activate_tab(page, "sweep.ipynb")
+    expect(fifth_widget).to_contain_text(re.compile(r"training|done"), timeout=300_000)
     jobs = {name: client.get_job(job_id) for name, job_id in ids.items()}
-    first_end = min(jobs[name]["finished_at"] or float("inf") for name in ("sweep-1", "sweep-2", "sweep-3", "sweep-4"))
-    assert jobs["sweep-5"]["started_at"] >= first_end
-    assert jobs["sweep-4"]["finished_at"] is None or jobs["sweep-5"]["started_at"] < jobs["sweep-4"]["finished_at"]
+    assert jobs["sweep-1"]["status"] == "done" and jobs["sweep-5"]["started_at"] >= jobs["sweep-1"]["finished_at"]
+    assert [jobs[name]["status"] for name in ("sweep-2", "sweep-3", "sweep-4")] == ["running"] * 3
+    for name in ("sweep-2", "sweep-3", "sweep-4"):
+        client.cancel_job(ids[name])
 
     finished = page.locator("#cortex-nb-sidebar .cortex-trainings")
-    for name, steps, _ in SWEEP:
+    for name, steps in (("sweep-1", 60), ("sweep-5", 30)):
         expect(finished.locator(f'.cortex-training[data-job-id="{ids[name]}"]')).to_contain_text(
             f"{steps}/{steps} steps", timeout=300_000)
     client.close()
@@ -321,7 +363,7 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
 # 5 ------------------------------------------------------------------------------------------------
 def test_two_trainings_compared_in_the_sidebar_and_the_notebook(page, lab):
     finished = page.locator("#cortex-nb-sidebar .cortex-trainings")
-    for name in ("sweep-1", "sweep-2"):
+    for name in ("sweep-1", "sweep-5"):
         finished.locator(f'.cortex-training[data-job-id="{STORY[name]}"] .cortex-compare-tick').check()
     finished.locator(".cortex-compare").click()
     view = page.locator(".cortex-compare-view")
@@ -352,19 +394,15 @@ def test_a_saved_notebook_shows_the_final_widget_picture_without_a_kernel(page, 
     page.keyboard.press("Control+s")
     saved = home / "root" / "sweep.ipynb"
     wait_until(lambda: saved.read_text().count("cortex-job-static") >= 5, 60)
-    menu(page, "File", "Close All Tabs")
     for kernel in httpx.get(f"{server.url}api/kernels", headers=server.headers()).json():
         httpx.delete(f"{server.url}api/kernels/{kernel['id']}", headers=server.headers())
     # Reopened with no kernel to be had: the browser may not start one.
     page.route(re.compile(r".*/api/(sessions|kernels).*"), lambda route: route.abort()
                if route.request.method == "POST" else route.continue_())
     try:
-        page.goto(f"{server.url}lab/tree/sweep.ipynb")
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-        page.wait_for_timeout(2000)
-        while page.locator(".jp-Dialog").count():  # "cannot start a kernel": dismissed, as a user would
-            page.keyboard.press("Escape")
-            page.wait_for_timeout(500)
+        open_notebook(page, server, "sweep.ipynb", kernel=False)
+        dismiss_dialogs(page)  # "Error Starting Kernel"
+        expect(page.locator(".jp-StatusBar-Widget").filter(has_text="No Kernel")).to_have_count(1)
         pictures = page.locator(".jp-NotebookPanel:visible .cortex-job-static")
         expect(pictures).to_have_count(5, timeout=60_000)
         expect(pictures.first.locator('img[alt^="loss per token"]')).to_be_visible()
@@ -376,6 +414,7 @@ def test_a_saved_notebook_shows_the_final_widget_picture_without_a_kernel(page, 
 # 7 ------------------------------------------------------------------------------------------------
 def test_the_sidebar_notices_the_local_backend_go_and_starts_it_again(page, lab):
     _, home = lab
+    dismiss_dialogs(page, settle_ms=500)
     pid = int(STORY["backend_pid"])
     os.kill(pid, signal.SIGTERM)
     wait_until(lambda: process_exited(pid), 60)
@@ -398,6 +437,7 @@ def test_the_sidebar_notices_the_local_backend_go_and_starts_it_again(page, lab)
 
 
 def test_the_palette_lists_the_cortex_commands(page):
+    dismiss_dialogs(page, settle_ms=500)
     menu(page, "View", "Command Palette")
     search = page.locator(".lm-CommandPalette-input")
     expect(search).to_be_visible()
