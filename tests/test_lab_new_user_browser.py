@@ -199,7 +199,8 @@ def test_the_quickstart_starts_the_local_backend_and_the_sidebar_follows_its_job
     expect(row.locator(".cortex-job-detail")).to_contain_text(re.compile(r"step \d+/200"))
     expect(row.locator("progress")).to_be_visible()
     expect(row.locator(".cortex-job-training")).to_contain_text("loss per token", timeout=60_000)
-    wait_until(lambda: step_of(row.locator(".cortex-job-detail").inner_text()) >= 20, 120, interval_s=0.5)
+    # Far enough in that the widget's device chart has a few samples (the README's pictures).
+    wait_until(lambda: step_of(row.locator(".cortex-job-detail").inner_text()) >= 100, 180, interval_s=0.5)
     widget = page.locator(".jp-NotebookPanel:visible .cortex-job-widget").first
     widget.scroll_into_view_if_needed()
     screenshot(page, "jupyterlab-sidebar.png")
@@ -297,17 +298,18 @@ def test_a_kernel_restart_leaves_the_run_going_and_job_reattaches_to_it(page, la
 
 
 # 4 ------------------------------------------------------------------------------------------------
-# The first four take the local backend's four CPU slots: sweep-1 trains briefly, then keeps its device for
-# sampling (keep_alive) until it is freed from its view; sweep-2..4 are long runs the test stops afterwards.
+# The first four take the local backend's four CPU slots: each trains briefly, then keeps its device for
+# sampling (keep_alive), sweep-1 until it is freed from its view, the others until the test frees them.
 # sweep-5 is submitted once all four hold their slot.
-SWEEP = [("sweep-1", 60, 0.003), ("sweep-2", 3000, 0.0005), ("sweep-3", 3000, 0.001), ("sweep-4", 3000, 0.002),
+SWEEP = [("sweep-1", 60, 0.003), ("sweep-2", 10, 0.0005), ("sweep-3", 10, 0.001), ("sweep-4", 10, 0.002),
          ("sweep-5", 30, 0.0005)]
 
 
 def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     server, home = lab
     sampled = "eval: {data: $problems, every: 10}\nsample: {every: 30, prompts: [\"2+3=\"], max_tokens: 3}\n"
-    extra = {"sweep-1": sampled + "keep_alive: 10m\n", "sweep-5": sampled}
+    extra = {"sweep-1": sampled + "keep_alive: 10m\n", "sweep-2": "keep_alive: 10m\n", "sweep-3": "keep_alive: 10m\n",
+             "sweep-4": "keep_alive: 10m\n", "sweep-5": sampled}
     trains = [train_cell(name, steps, lr, f"s{i + 1}", extra.get(name, "")) for i, (name, steps, lr) in enumerate(SWEEP)]
     cells = [CONNECT + "\n" + PROBLEMS, *trains[:4], "for run in (s1, s2, s3, s4):\n    run.wait_ready()", trains[4],
              "for run in (s1, s5):\n    run.wait()", "import cortex_nb\ncortex_nb.compare([s1, s5], max_tokens=3)"]
@@ -344,14 +346,14 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     expect(view.locator(".cortex-notice")).to_contain_text("Device freed", timeout=60_000)
     expect(view.locator(".cortex-job-header .cortex-badge")).to_have_text("done", timeout=60_000)
 
-    # The fifth starts as soon as sweep-1's slot is free, while the three long runs still hold theirs.
+    # The fifth starts as soon as sweep-1's slot is free, while the three others still hold theirs.
     activate_tab(page, "sweep.ipynb")
     expect(fifth_widget).to_contain_text(re.compile(r"training|done"), timeout=300_000)
     jobs = {name: client.get_job(job_id) for name, job_id in ids.items()}
     assert jobs["sweep-1"]["status"] == "done" and jobs["sweep-5"]["started_at"] >= jobs["sweep-1"]["finished_at"]
     assert [jobs[name]["status"] for name in ("sweep-2", "sweep-3", "sweep-4")] == ["running"] * 3
     for name in ("sweep-2", "sweep-3", "sweep-4"):
-        client.cancel_job(ids[name])
+        client.complete_job(ids[name])
 
     finished = page.locator("#cortex-nb-sidebar .cortex-trainings")
     for name, steps in (("sweep-1", 60), ("sweep-5", 30)):
@@ -406,6 +408,7 @@ def test_a_saved_notebook_shows_the_final_widget_picture_without_a_kernel(page, 
         pictures = page.locator(".jp-NotebookPanel:visible .cortex-job-static")
         expect(pictures).to_have_count(5, timeout=60_000)
         expect(pictures.first.locator('img[alt^="loss per token"]')).to_be_visible()
+        dismiss_dialogs(page)
         screenshot(pictures.first, "reopened-widget-picture.png")
     finally:
         page.unroute(re.compile(r".*/api/(sessions|kernels).*"))

@@ -3,8 +3,8 @@ proxy, runs `%%cortex train`, and the widget shows the run live. The log tail th
 open while the widget re-renders; the log scale redraws the loss; once training is over (kept alive)
 Free device replaces Cancel, Save checkpoint acts on the backend, "Open in sidebar" opens the panel's
 job view; Free device ends the job and the widget becomes its static final picture. Saves a
-screenshot of the widget under artifacts/screenshots (or $CORTEX_SCREENSHOT_DIR); docs/images holds
-the README's copy."""
+screenshot of the widget under artifacts/screenshots (or $CORTEX_SCREENSHOT_DIR) as
+job-widget-through-proxy.png (the README's job-widget.png comes from tests/test_lab_new_user_browser.py)."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_widget_runs_live_in_jupyterlab_and_opens_the_sidebar(lab):
             expect(cancel).to_be_hidden()
             expect(free).to_be_visible()
             SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            widget.screenshot(path=str(SCREENSHOTS / "job-widget.png"))
+            widget.screenshot(path=str(SCREENSHOTS / "job-widget-through-proxy.png"))
 
             job_id = widget.locator("[data-cortex-open-job]").get_attribute("data-cortex-open-job")
             assert job_id and job_id.startswith("job-")
