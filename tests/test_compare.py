@@ -10,13 +10,14 @@ import pytest
 from .notebook_fixtures import run_cell, train_spec
 
 PROMPTS = ["The lighthouse keeper", "On stormy nights"]
+STEPS = 8
 
 
 def test_compare_two_runs_overlays_curves_and_samples_both_side_by_side(cortex_shell):
-    sample = "{every: 6, prompts: ['The lighthouse keeper', 'On stormy nights'], max_tokens: 6}"
+    sample = "{every: 100, prompts: ['The lighthouse keeper', 'On stormy nights'], max_tokens: 6}"  # at the end
     for name, lr in (("fast", 0.003), ("slow", 0.0005)):  # both train at once
         ran = run_cell(cortex_shell, f"%%cortex train -o {name} --name lr-{name}\n"
-                       + train_spec(12, sample=sample).replace("lr: 0.003", f"lr: {lr}"))
+                       + train_spec(STEPS, sample=sample).replace("lr: 0.003", f"lr: {lr}"))
         assert ran.success, ran.stderr
     fast, slow = cortex_shell.user_ns["fast"], cortex_shell.user_ns["slow"]
     fast.wait(timeout_s=300)
@@ -28,7 +29,7 @@ def test_compare_two_runs_overlays_curves_and_samples_both_side_by_side(cortex_s
     # Curves: both runs, every step, the backend's numbers.
     for job in (fast, slow):
         curve = comparison.curves[comparison.curves["job_id"] == job.job_id]
-        assert list(curve["step"]) == list(range(1, 13))
+        assert list(curve["step"]) == list(range(1, STEPS + 1))
         assert list(curve["loss_per_token"]) == [p["loss_per_token"] for p in job.refresh()["progress"]["history"]]
     # Table: the hyperparameter that differs and the final metrics.
     table = comparison.table.set_index("job_id")

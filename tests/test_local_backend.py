@@ -22,27 +22,26 @@ CONNECT = "%load_ext cortex_nb\n%cortex connect --local"
 
 def test_kernel_restarts_leave_the_local_backend_and_every_notebooks_runs_alive(tmp_path):
     local = tmp_path / "local"
-    env = kernel_env(local)
-    first, second = Kernel(env, tmp_path), Kernel(env, tmp_path)
+    kernel = Kernel(kernel_env(local), tmp_path)
     try:
-        assert "your local backend in" in first.run(CONNECT)
+        assert "your local backend in" in kernel.run(CONNECT)
         backend = find_local_backend(local)
         assert backend is not None and backend.started is False  # found through its state file
-        first.run("%%cortex train -o job --name outlives-restart\n" + train_spec(4000))
-        job_id = first.run("print(job.job_id)").strip()
-        second.run(CONNECT)
-        second.run("%%cortex train -o other --name other-notebook\n" + train_spec(4000))
-        other_id = second.run("print(other.job_id)").strip()
-        client = Client(backend.url, backend.token)  # this user's token: it sees both notebooks' jobs
-        wait_until(lambda: (client.get_job(job_id)["progress"] or {}).get("step", 0) >= 3, 180)
+        kernel.run("%%cortex train -o job --name outlives-restart\n" + train_spec(4000))
+        job_id = kernel.run("print(job.job_id)").strip()
+        # Another notebook of this user: the same backend, found the same way, with the same token.
+        other_notebook = Client(backend.url, backend.token)
+        other_id = other_notebook.train(train_spec(4000), name="other-notebook").job_id
+        assert {job_id, other_id} <= {job["job_id"] for job in other_notebook.list_jobs(limit=10)}
+        wait_until(lambda: (other_notebook.get_job(job_id)["progress"] or {}).get("step", 0) >= 3, 180)
 
-        first.restart()  # the kernel that started the backend
+        kernel.restart()  # the kernel that started the backend
 
-        before = client.get_job(job_id)["progress"]["step"]
+        before = other_notebook.get_job(job_id)["progress"]["step"]
         assert find_local_backend(local).pid == backend.pid and not process_exited(backend.pid)
-        first.run(CONNECT)
-        first.run(f"%cortex job {job_id}")
-        reattached = first.run(
+        kernel.run(CONNECT)
+        kernel.run(f"%cortex job {job_id}")
+        reattached = kernel.run(
             "import time\nfrom cortex_nb.widgets import job_widget\n"
             f"state = job_widget._WIDGETS[{job_id!r}].state\n"
             "while state.step == 0: time.sleep(0.05)\n"
@@ -53,13 +52,12 @@ def test_kernel_restarts_leave_the_local_backend_and_every_notebooks_runs_alive(
         assert reattached[0] == "training" and before <= int(reattached[1]) < int(reattached[2])
         assert reattached[3] == "4000"  # the run's own plan, known to the backend
         for run_id in (job_id, other_id):  # the other notebook's run never noticed
-            assert client.get_job(run_id)["status"] == "running"
-        wait_until(lambda: client.get_job(other_id)["progress"]["step"] > before, 120)
+            assert other_notebook.get_job(run_id)["status"] == "running"
+        wait_until(lambda: other_notebook.get_job(other_id)["progress"]["step"] > before, 120)
         for run_id in (job_id, other_id):
-            client.cancel_job(run_id)
+            other_notebook.cancel_job(run_id)
     finally:
-        first.shutdown()
-        second.shutdown()
+        kernel.shutdown()
         found = find_local_backend(local)
         if found is not None:
             found.stop()

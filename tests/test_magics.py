@@ -159,6 +159,7 @@ def test_train_without_wait_leaves_the_notebook_free(cortex_shell, backend):
         run_cell(cortex_shell, f"%cortex cancel {job.job_id}")
     wait_until(lambda: state.finished, 60)
     assert state.status == "cancelled" and state.step < 2000
+    assert not job.client.list_checkpoints(job.job_id)  # cancel stops now and saves nothing
 
 
 def test_train_with_eval_and_samples_from_a_dataframe_variable(cortex_shell, backend):

@@ -1,6 +1,5 @@
 """Checkpoints of managed runs from the notebook front: `save: {every}` in the train spec, `final` at the
-end, `%cortex checkpoints`, the widget's Save button; and "Free device", which never throws a trained
-adapter away."""
+end, `%cortex checkpoints`, the widget's Save button. ("Free device" saving `final`: test_managed_training.py.)"""
 
 from __future__ import annotations
 
@@ -41,30 +40,3 @@ def _one_batch(job):
     from cortex_nb.batching import next_token_batch
 
     return next_token_batch(job.client.tokenize("tiny", ["The lamp is lit."]))
-
-
-def test_free_device_saves_final_before_completing(client: Client):
-    """`complete` on a job with trained steps no checkpoint holds saves them as `final` first: a client's
-    own loop, and a managed run stopped mid-training (the loop stops after its step and saves)."""
-    own = client.create_training_job("tiny", lora={"r": 8}, optimizer={"lr": 0.003}, name="own-loop")
-    for _ in range(3):
-        own.forward_backward(_one_batch(own))
-        own.step()
-    freed = own.complete()
-    assert freed["saved_checkpoint"] == "final"
-    wait_until(lambda: own.refresh()["status"] == "done", 60)
-    [final] = client.list_checkpoints(own.job_id)
-    assert final["checkpoint_id"] == "final" and final["step"] == 3 and final["type"] == "weights-only"
-    assert own.info["progress"]["phase"] == "finished" and own.info["progress"]["last_checkpoint"] == "final"
-
-    managed = client.train(train_spec(2000), name="stopped-early")
-    wait_until(lambda: (managed.progress or {}).get("step", 0) >= 3, 120)
-    freed = managed.complete()
-    assert freed["saved_checkpoint"] == "final"
-    wait_until(lambda: managed.refresh()["status"] == "done", 60)
-    progress = managed.info["progress"]
-    assert progress["phase"] == "stopped" and 3 <= progress["step"] < 2000
-    checkpoints = {c["checkpoint_id"]: c for c in client.list_checkpoints(managed.job_id)}
-    assert checkpoints["final"]["step"] == progress["step"] == progress["weight_version"]
-    again = managed.complete()  # idempotent once done, and nothing more to save
-    assert again["status"] == "done" and again["saved_checkpoint"] is None

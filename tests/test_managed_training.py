@@ -46,7 +46,17 @@ def test_a_managed_run_trains_to_the_same_losses_as_the_primitive_api(client: Cl
     assert record["source"] == "primitive" and record["step"] == 12 and record["total_steps"] is None
     assert [p["loss_per_token"] for p in record["history"]] == pytest.approx(managed_curve, rel=1e-6, abs=1e-7)
     assert record["tokens"] == finished["progress"]["tokens"] > 0
-    primitive.cancel()
+    assert finished["progress"]["last_checkpoint"] == "final" and finished["progress"]["last_checkpoint_step"] == 12
+
+    # Free device on the client's own job: its 12 trained steps are in no checkpoint, so they are saved first.
+    freed = primitive.complete()
+    assert freed["saved_checkpoint"] == "final"
+    wait_until(lambda: primitive.refresh()["status"] == "done", 60)
+    [final] = client.list_checkpoints(primitive.job_id)
+    assert final["checkpoint_id"] == "final" and final["step"] == 12 and final["type"] == "weights-only"
+    assert primitive.info["progress"]["phase"] == "finished" and primitive.info["progress"]["last_checkpoint"] == "final"
+    again = primitive.complete()  # idempotent once done, and nothing more to save
+    assert again["status"] == "done" and again["saved_checkpoint"] is None
 
 
 def test_a_dataset_is_uploaded_once_and_named_by_its_hash(client: Client, backend):
@@ -93,7 +103,8 @@ def test_a_bad_training_loop_is_refused_naming_the_field(client: Client, loop, f
     assert refused.value.status == 400 and refused.value.detail["field"] == field, refused.value
 
 
-def test_a_long_run_answers_progress_long_polls_and_serves_requests_between_its_steps(client: Client):
+def test_a_long_run_answers_long_polls_serves_requests_between_steps_and_frees_its_device_keeping_the_adapter(
+        client: Client):
     job = client.train({**SPEC, "data": addition_problems(), "steps": 2000})
     wait_until(lambda: (job.progress or {}).get("step", 0) >= 2, 120)
     before = job.info["progress"]
@@ -105,10 +116,15 @@ def test_a_long_run_answers_progress_long_polls_and_serves_requests_between_its_
     # A sample asked for while the loop trains runs between two steps, not after the whole run.
     sample = job.generate(["2+3="], max_tokens=2, temperature=0).result(timeout_s=120)
     assert 2 <= sample.weight_version < 2000 and job.refresh()["progress"]["phase"] == "training"
-    job.cancel()
+    # Free device mid-training: the loop stops after its step in hand and saves the adapter as `final`.
+    assert job.complete()["saved_checkpoint"] == "final"
     ended = client.wait_for_progress(job.job_id, answered["progress"]["updated_at"], 20.0)
-    assert ended["status"] == "cancelled" and ended["progress"]["phase"] == "stopped"
-    assert not client.list_checkpoints(job.job_id)  # cancel saves nothing (complete would)
+    wait_until(lambda: job.refresh()["status"] == "done", 60)
+    progress = job.info["progress"]
+    assert progress["phase"] == "stopped" and 2 <= progress["step"] < 2000
+    checkpoints = {c["checkpoint_id"]: c for c in client.list_checkpoints(job.job_id)}
+    assert checkpoints["final"]["step"] == progress["step"] == progress["weight_version"]
+    assert ended["progress"]["updated_at"] > answered["progress"]["updated_at"]
 
 
 def test_keep_alive_holds_the_device_for_sampling_then_frees_it(client: Client):

@@ -59,7 +59,7 @@ export class CortexSidebar extends Widget {
         startError: state.startError,
         startLocal: this._actions.startLocal
       }),
-      renderDevices(model.devices(), state.gpuMetricsNote),
+      renderDevices(model.devices(), state.gpuMetricsNote, model.hosts()),
       renderJobs(model.jobRows(now), this._actions.openJob),
       renderTrainings({
         trainings: model.finishedTrainings(now),
