@@ -4,7 +4,9 @@ through Playwright, one per-user local backend started by the first notebook tha
 
 The tests are one story in steps, sharing one JupyterLab, one browser page and one local backend (a
 JupyterLab and a backend start once per module, which is what keeps this affordable on two cores).
-Each step asserts its own outcome. Screenshots land in artifacts/screenshots (or $CORTEX_SCREENSHOT_DIR);
+Each step asserts its own outcome. The cell widget is checked on the way (live, kept alive, its log tail
+staying open, log scale, charts that follow the cell's width, Save checkpoint, Free device, its final
+picture) in a notebook that connects through the Jupyter server's proxy. Screenshots land in artifacts/screenshots (or $CORTEX_SCREENSHOT_DIR);
 docs/images holds the README's copies.
 """
 
@@ -270,6 +272,7 @@ def test_a_kernel_restart_leaves_the_run_going_and_job_reattaches_to_it(page, la
     first = step_of(reattached.inner_text())
     assert first > step_then
     wait_until(lambda: step_of(reattached.inner_text()) > first, 120)
+    screenshot(reattached, "reattached-widget.png")
     print(f"kernel restart -> reattached widget showing the live step: {time.monotonic() - restarted_at:.1f} s")
 
     # Another notebook's kernel restarts: nothing else is disturbed.
@@ -299,10 +302,16 @@ def test_a_kernel_restart_leaves_the_run_going_and_job_reattaches_to_it(page, la
 
 # 4 ------------------------------------------------------------------------------------------------
 # The first four take the local backend's four CPU slots: each trains briefly, then keeps its device for
-# sampling (keep_alive), sweep-1 until it is freed from its view, the others until the test frees them.
-# sweep-5 is submitted once all four hold their slot.
+# sampling (keep_alive), sweep-1 until it is freed from its widget, sweep-2 from its view, the others by the
+# test. sweep-5 is submitted once all four hold their slot. This notebook connects with a bare `%cortex
+# connect`: through the Jupyter server's proxy, to the same local backend.
 SWEEP = [("sweep-1", 60, 0.003), ("sweep-2", 10, 0.0005), ("sweep-3", 10, 0.001), ("sweep-4", 10, 0.002),
          ("sweep-5", 30, 0.0005)]
+
+
+def countdown(widget) -> str:
+    found = re.search(r"freeing the device in (\d+:\d\d)", widget.inner_text())
+    return found.group(1) if found else ""
 
 
 def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
@@ -311,11 +320,17 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     extra = {"sweep-1": sampled + "keep_alive: 10m\n", "sweep-2": "keep_alive: 10m\n", "sweep-3": "keep_alive: 10m\n",
              "sweep-4": "keep_alive: 10m\n", "sweep-5": sampled}
     trains = [train_cell(name, steps, lr, f"s{i + 1}", extra.get(name, "")) for i, (name, steps, lr) in enumerate(SWEEP)]
-    cells = [CONNECT + "\n" + PROBLEMS, *trains[:4], "for run in (s1, s2, s3, s4):\n    run.wait_ready()", trains[4],
+    cells = ["%load_ext cortex_nb\n%cortex connect\n" + PROBLEMS, *trains[:4],
+             "for run in (s1, s2, s3, s4):\n    run.wait_ready()", trains[4],
              "for run in (s1, s5):\n    run.wait()", "import cortex_nb\ncortex_nb.compare([s1, s5], max_tokens=3)"]
     (home / "root" / "sweep.ipynb").write_text(json.dumps(notebook(*cells)))
     open_notebook(page, server, "sweep.ipynb")
-    menu(page, "Run", "Run All Cells")
+    # Up to the fifth training; the last two cells wait and compare, later (step 5). A kernel busy in a cell
+    # takes no widget clicks (ipywidgets' messages queue behind it), so the widgets are used with it idle.
+    select_cell(page, 7)
+    menu(page, "Run", "Run All Above Selected Cell")
+    outputs = [page.locator(".jp-NotebookPanel:visible .jp-Cell").nth(i).locator(".jp-OutputArea") for i in range(len(cells))]
+    expect(outputs[0]).to_contain_text("through its cortex-nb proxy", timeout=120_000)
 
     client = local_client(home)
     names = {name for name, *_ in SWEEP}
@@ -323,7 +338,7 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     ids = {name: job_named(client, name)["job_id"] for name, *_ in SWEEP}
     STORY.update(ids)
     # While it waits, its widget and the sidebar say why and where in the queue.
-    fifth_widget = page.locator(".jp-NotebookPanel:visible .jp-Cell").nth(6).locator(".jp-OutputArea")
+    fifth_widget = outputs[6]
     expect(fifth_widget).to_contain_text("queued", timeout=120_000)
     expect(fifth_widget).to_contain_text(re.compile(r"#1 in the queue: waiting for a cpu slot: 4/4 held by .*sweep-1"))
     fifth = sidebar_row(page, ids["sweep-5"])
@@ -333,7 +348,8 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     fifth_widget.scroll_into_view_if_needed()
     screenshot(page, "jupyterlab-sidebar-queue.png")
 
-    # sweep-1 has trained and keeps its device for sampling: its view offers Free device, not Cancel.
+    # sweep-1 has trained and keeps its device for sampling: its view offers Free device, not Cancel, and
+    # its log, followed to the end, stays at the end while the view fills in.
     first = sidebar_row(page, ids["sweep-1"])
     expect(first).to_have_attribute("data-word", "sampling", timeout=300_000)
     expect(first.locator(".cortex-job-detail")).to_contain_text(re.compile(r"keep-alive, freeing the device in \d+:\d\d"))
@@ -341,18 +357,83 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     view = page.locator(f"#cortex-job-{ids['sweep-1']}")
     expect(view.locator(".cortex-free-device")).to_be_visible(timeout=30_000)
     expect(view.locator(".cortex-cancel")).to_have_count(0)
+    expect(view.locator(".cortex-log")).to_contain_text("step=60", timeout=60_000)
+    log = view.locator(".cortex-log")
+    at_end = "n => n.scrollHeight > n.clientHeight && n.scrollTop + n.clientHeight >= n.scrollHeight - 8"
+    try:
+        wait_until(lambda: log.evaluate(at_end), 30)
+    except AssertionError:
+        where = log.evaluate("n => [n.scrollTop, n.clientHeight, n.scrollHeight].join()")
+        raise AssertionError(f"the log is not at its end (scrollTop, clientHeight, scrollHeight: {where})") from None
     screenshot(page, "jupyterlab-job-view-keep-alive.png")
-    view.locator(".cortex-free-device").click()
-    expect(view.locator(".cortex-notice")).to_contain_text("Device freed", timeout=60_000)
-    expect(view.locator(".cortex-job-header .cortex-badge")).to_have_text("done", timeout=60_000)
+
+    # Its widget, kept alive: nothing red to click, Free device instead of Cancel.
+    activate_tab(page, "sweep.ipynb")
+    widget = outputs[1].locator(".cortex-job-widget")
+    widget.scroll_into_view_if_needed()
+    expect(widget.locator(".cortex-status")).to_have_text("sampling", timeout=60_000)
+    expect(widget).to_contain_text("step 60/60")
+    expect(widget).to_contain_text("samples at step 60")
+    expect(widget).to_contain_text("CPU host: no GPU metrics")
+    expect(widget.locator("svg[aria-label^='CPU / RAM'] polyline")).to_have_count(4, timeout=30_000)  # host, job
+    cancel = widget.locator("button.jupyter-button", has_text=re.compile(r"^\s*Cancel\s*$"))
+    free = widget.locator("button.jupyter-button", has_text=re.compile(r"^\s*Free device\s*$"))
+    expect(cancel).to_be_hidden()
+    expect(free).to_be_visible()
+    screenshot(widget, "job-widget-keep-alive.png")
+    # The log tail, opened by a click, stays open through the re-renders that follow (the countdown moves).
+    log_tail = widget.locator(".widget-accordion").filter(has_text="log tail")
+    log_tail.locator(".jupyter-widget-Collapse-header").click()
+    expect(log_tail.locator(".jupyter-widget-Collapse-contents pre")).to_be_visible(timeout=10_000)
+    shown = countdown(widget)
+    wait_until(lambda: countdown(widget) not in ("", shown), 30)  # a render later...
+    expect(log_tail.locator(".jupyter-widget-Collapse-open")).to_have_count(1)  # ...still open
+    # The log scale redraws the loss (train and eval); the charts follow the cell's width.
+    widget.locator("button.jupyter-button").filter(has_text="log scale").click()
+    expect(widget.locator("svg[aria-label='loss per token (log scale)'] polyline")).to_have_count(2, timeout=10_000)
+    chart = widget.locator("svg[aria-label^='loss per token']").first
+
+    def chart_width() -> float:  # None-safe: a render may swap the SVG in between
+        box = chart.bounding_box()
+        return box["width"] if box else -1.0
+
+    wait_until(lambda: chart_width() > 0, 30)
+    wide = chart_width()
+    page.set_viewport_size({"width": 700, "height": 900})
+    wait_until(lambda: 0 < chart_width() < wide - 50, 30)
+    page.set_viewport_size({"width": 1400, "height": 900})
+    wait_until(lambda: abs(chart_width() - wide) < 2, 30)
+    # Save checkpoint acts on the backend; Free device ends the job, and the widget becomes its final picture.
+    widget.locator("button.jupyter-button").filter(has_text="Save checkpoint").click()
+    wait_until(lambda: "step-60" in [c["checkpoint_id"] for c in client.list_checkpoints(ids["sweep-1"])], 60)
+    expect(widget).to_contain_text("saved checkpoint step-60", timeout=30_000)
+    free.click()
+    picture = outputs[1].locator(".cortex-job-static")
+    expect(picture).to_be_visible(timeout=60_000)
+    expect(widget).to_have_count(0)
+    expect(picture.locator(".cortex-status")).to_have_text("done")
+    expect(picture).to_contain_text("step 60/60")
+    expect(picture.locator("img[alt^='loss per token (log scale)']")).to_be_visible()
+    expect(picture.locator("details[open] pre")).to_contain_text("[engine]")  # the log tail, left open
+    assert client.get_job(ids["sweep-1"])["status"] == "done"
 
     # The fifth starts as soon as sweep-1's slot is free, while the three others still hold theirs.
-    activate_tab(page, "sweep.ipynb")
     expect(fifth_widget).to_contain_text(re.compile(r"training|done"), timeout=300_000)
     jobs = {name: client.get_job(job_id) for name, job_id in ids.items()}
-    assert jobs["sweep-1"]["status"] == "done" and jobs["sweep-5"]["started_at"] >= jobs["sweep-1"]["finished_at"]
+    assert jobs["sweep-5"]["started_at"] >= jobs["sweep-1"]["finished_at"]
     assert [jobs[name]["status"] for name in ("sweep-2", "sweep-3", "sweep-4")] == ["running"] * 3
-    for name in ("sweep-2", "sweep-3", "sweep-4"):
+    # The picture's button still opens the job; sweep-2 is freed from its view.
+    picture.locator(".cortex-open-in-sidebar").click()
+    expect(view).to_be_visible(timeout=30_000)
+    expect(view.locator(".cortex-job-header")).to_contain_text("sweep-1")
+    expect(view.locator(".cortex-job-header .cortex-badge")).to_have_text("done", timeout=60_000)
+    sidebar_row(page, ids["sweep-2"]).click()
+    second = page.locator(f"#cortex-job-{ids['sweep-2']}")
+    expect(second.locator(".cortex-free-device")).to_be_visible(timeout=30_000)
+    second.locator(".cortex-free-device").click()
+    expect(second.locator(".cortex-notice")).to_contain_text("Device freed", timeout=60_000)
+    expect(second.locator(".cortex-job-header .cortex-badge")).to_have_text("done", timeout=60_000)
+    for name in ("sweep-3", "sweep-4"):
         client.complete_job(ids[name])
 
     finished = page.locator("#cortex-nb-sidebar .cortex-trainings")
@@ -364,6 +445,10 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
 
 # 5 ------------------------------------------------------------------------------------------------
 def test_two_trainings_compared_in_the_sidebar_and_the_notebook(page, lab):
+    # The notebook's last two cells (wait for both runs, compare them) run meanwhile.
+    activate_tab(page, "sweep.ipynb")
+    select_cell(page, 7)
+    menu(page, "Run", "Run Selected Cell and All Below")
     finished = page.locator("#cortex-nb-sidebar .cortex-trainings")
     for name in ("sweep-1", "sweep-5"):
         finished.locator(f'.cortex-training[data-job-id="{STORY[name]}"] .cortex-compare-tick').check()

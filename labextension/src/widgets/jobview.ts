@@ -53,6 +53,12 @@ export class JobView extends Widget {
   private _checkpointsNode = h('div', { class: 'cortex-job-checkpoints' });
   private _logNode = h('pre', { class: 'cortex-log', 'aria-live': 'polite' });
   private _follow = true;
+  // Where the view itself last scrolled the log to: the scroll event that follows says nothing about the
+  // user (the layout may have changed in between, so it could read as "scrolled up").
+  private _ownScrollTop = -1;
+  // The log box changes size without a scroll event (the sections above it fill in, the tab is shown
+  // again): a log being followed is kept scrolled to its end through that.
+  private _logResize = typeof ResizeObserver === 'undefined' ? null : new ResizeObserver(() => this._keepLogAtEnd());
 
   constructor(
     private readonly _api: CortexApi,
@@ -75,8 +81,12 @@ export class JobView extends Widget {
     );
     this._logNode.addEventListener('scroll', () => {
       const node = this._logNode;
+      if (Math.abs(node.scrollTop - this._ownScrollTop) <= 1) {
+        return;
+      }
       this._follow = node.scrollTop + node.clientHeight >= node.scrollHeight - 8;
     });
+    this._logResize?.observe(this._logNode);
     this._watch = new Poll({
       factory: () => this.watchOnce(),
       frequency: { interval: MIN_FETCH_INTERVAL_MS, backoff: true, max: 30 * 1000 },
@@ -259,8 +269,13 @@ export class JobView extends Widget {
     while (this._logNode.childNodes.length > 500) {
       this._logNode.removeChild(this._logNode.firstChild!);
     }
+    this._keepLogAtEnd();
+  }
+
+  private _keepLogAtEnd(): void {
     if (this._follow) {
       this._logNode.scrollTop = this._logNode.scrollHeight;
+      this._ownScrollTop = this._logNode.scrollTop;
     }
   }
 
@@ -417,6 +432,7 @@ export class JobView extends Widget {
     }
     window.clearInterval(this._ticker);
     this._abort.abort();
+    this._logResize?.disconnect();
     this._watch.dispose();
     this._slow.dispose();
     super.dispose();
