@@ -201,12 +201,12 @@ def test_the_quickstart_starts_the_local_backend_and_the_sidebar_follows_its_job
     expect(row.locator(".cortex-job-detail")).to_contain_text(re.compile(r"step \d+/200"))
     expect(row.locator("progress")).to_be_visible()
     expect(row.locator(".cortex-job-training")).to_contain_text("loss per token", timeout=60_000)
-    # Far enough in that the widget's device chart has a few samples (the README's pictures).
+    # Far enough in that the loss curve has its shape (the README's sidebar picture).
     wait_until(lambda: step_of(row.locator(".cortex-job-detail").inner_text()) >= 100, 180, interval_s=0.5)
     widget = page.locator(".jp-NotebookPanel:visible .cortex-job-widget").first
     widget.scroll_into_view_if_needed()
     screenshot(page, "jupyterlab-sidebar.png")
-    screenshot(widget, "job-widget.png")  # the README's: the widget live, mid-training
+    screenshot(widget, "job-widget-training.png")
 
     row.click()
     view = page.locator(f"#cortex-job-{job_id}")
@@ -380,7 +380,7 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     free = widget.locator("button.jupyter-button", has_text=re.compile(r"^\s*Free device\s*$"))
     expect(cancel).to_be_hidden()
     expect(free).to_be_visible()
-    screenshot(widget, "job-widget-keep-alive.png")
+    screenshot(widget, "job-widget.png")  # the README's
     # The log tail, opened by a click, stays open through the re-renders that follow (the countdown moves).
     log_tail = widget.locator(".widget-accordion").filter(has_text="log tail")
     log_tail.locator(".jupyter-widget-Collapse-header").click()
@@ -413,6 +413,7 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     expect(widget).to_have_count(0)
     expect(picture.locator(".cortex-status")).to_have_text("done")
     expect(picture).to_contain_text("step 60/60")
+    expect(picture).to_contain_text("device freed")
     expect(picture.locator("img[alt^='loss per token (log scale)']")).to_be_visible()
     expect(picture.locator("details[open] pre")).to_contain_text("[engine]")  # the log tail, left open
     assert client.get_job(ids["sweep-1"])["status"] == "done"
