@@ -28,10 +28,10 @@ from .errors import (
     VersionMismatchError,
 )
 from .futures import APIFuture
+from .protocol.versions import API_VERSION, __version__
 from .runs import RunHandle
 from .training import GenerateResult, Sampler, TrainingJob
 from .transport import RetryPolicy
-from .version import API_VERSION, __version__
 
 
 def load_ipython_extension(ipython) -> None:

@@ -8,7 +8,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cortex-nb", description="Fine-tune and sample language models from notebooks.")
-    from .version import __version__
+    from .protocol.versions import __version__
 
     parser.add_argument("--version", action="version", version=f"cortex-nb {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -80,7 +80,7 @@ def run_command(args: argparse.Namespace) -> int:
     """`cortex-nb run` and `cortex-nb runs`."""
     from .client import Client
     from .errors import CortexError, SubmissionOutcomeUnknown
-    from .states import JOB_DONE
+    from .protocol.states import JOB_DONE
 
     try:
         with Client.from_profile(args.profile) as client:

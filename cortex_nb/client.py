@@ -17,14 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from . import errors, profiles, tls, wire
+from . import errors, profiles, tls
 from .log_stream import LogStream
-from .losses import LOSS_INPUTS
-from .routes import route
-from .states import JOB_RUNNING, JOB_TERMINAL, REQUEST_SUCCEEDED, REQUEST_TERMINAL
+from .protocol import wire
+from .protocol.losses import LOSS_INPUTS
+from .protocol.routes import route
+from .protocol.states import JOB_RUNNING, JOB_TERMINAL, REQUEST_SUCCEEDED, REQUEST_TERMINAL
+from .protocol.versions import API_VERSION, api_major
 from .telemetry import Telemetry, recorded
 from .transport import RetryPolicy, Transport
-from .version import API_VERSION, api_major
 
 
 @dataclass

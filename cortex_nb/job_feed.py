@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from . import errors
 from .kernel_threads import BackgroundLoop
-from .states import JOB_TERMINAL
+from .protocol.states import JOB_TERMINAL
 from .widgets.state import JobState
 
 if TYPE_CHECKING:

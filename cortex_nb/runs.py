@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from . import errors, job_spec, wire
-from .routes import route
-from .states import JOB_DONE, JOB_TERMINAL
+from . import errors, job_spec
+from .protocol import wire
+from .protocol.routes import route
+from .protocol.states import JOB_DONE, JOB_TERMINAL
 
 if TYPE_CHECKING:
     from .client import Client

@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from .protocol.versions import __version__
 from .redaction import bounded
-from .version import __version__
 
 log = logging.getLogger("cortex_nb.telemetry")
 

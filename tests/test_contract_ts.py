@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cortex_nb import routes, states
-from cortex_nb.version import __version__
+from cortex_nb.protocol import routes, states
+from cortex_nb.protocol.versions import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from cortex_nb import Client, errors, routes
+from cortex_nb import Client, errors
+from cortex_nb.protocol import routes
 
 from .backend_process import start_backend
 from .jupyter_process import start_jupyter_for

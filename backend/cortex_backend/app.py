@@ -1,10 +1,10 @@
-"""The Tornado application: every route in `cortex_nb.routes` mapped to its handler."""
+"""The Tornado application: every route in `cortex_nb.protocol.routes` mapped to its handler."""
 
 from __future__ import annotations
 
 import tornado.web
 
-from cortex_nb import routes
+from cortex_nb.protocol import routes
 
 from .handlers import checkpoints, datasets, jobs, logs, meta, observability, requests, runs, uploads
 from .handlers.base import NotFoundHandler

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cortex_nb.routes import SCOPES
+from cortex_nb.protocol.routes import SCOPES
 
 from .config import BackendSettings, default_data_dir
 

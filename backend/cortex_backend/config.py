@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cortex_nb import wire
+from cortex_nb.protocol import wire
 
 
 def default_data_dir() -> Path:

@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cortex_nb import states, wire
 from cortex_nb.errors import ApiError
-from cortex_nb.losses import LOSS_INPUTS
+from cortex_nb.protocol import states, wire
+from cortex_nb.protocol.losses import LOSS_INPUTS
 
 from .auth import Principal
 from .checkpoints import CheckpointManager

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from cortex_nb import states
+from cortex_nb.protocol import states
 
 from .auth import ensure_admin_token
 from .checkpoints import CheckpointManager

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from cortex_nb.errors import ApiError
-from cortex_nb.losses import LOSS_INPUTS
-from cortex_nb.states import JOB_STATES, SUB_JOB_TYPES, TRAINING
+from cortex_nb.protocol.losses import LOSS_INPUTS
+from cortex_nb.protocol.states import JOB_STATES, SUB_JOB_TYPES, TRAINING
 
 from .models import ModelCatalog, ModelInfo
 

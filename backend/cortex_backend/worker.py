@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cortex_nb import wire
+from cortex_nb.protocol import wire
 
 from .faults import Faults
 from .ipc import BlockingChannel

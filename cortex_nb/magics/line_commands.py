@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import discovery, errors
-from ..states import JOB_STATES, JOB_TERMINAL, clock, display_state
+from ..protocol.states import JOB_STATES, JOB_TERMINAL, clock, display_state
 from ..train_spec import save_supported
 from .registry import checkpoints_supported, noninteractive, subcommand
 

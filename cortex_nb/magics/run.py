@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..states import JOB_DONE, JOB_STATES
+from ..protocol.states import JOB_DONE, JOB_STATES
 from .registry import noninteractive, subcommand
 
 if TYPE_CHECKING:

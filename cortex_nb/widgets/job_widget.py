@@ -23,7 +23,7 @@ from IPython.display import display
 from ..errors import CortexError
 from ..job_feed import JobFeed
 from ..kernel_threads import capture_parent, start_thread
-from ..states import JOB_RUNNING
+from ..protocol.states import JOB_RUNNING
 from .job_view import (
     ViewOptions,
     bar_style,

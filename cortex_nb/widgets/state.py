@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..protocol.states import JOB_TERMINAL, WORD_CANCELLED, WORD_DONE, WORD_FAILED, clock, display_state
 from ..series import CHART_POINTS, DecimatedSeries
-from ..states import JOB_TERMINAL, WORD_CANCELLED, WORD_DONE, WORD_FAILED, clock, display_state
 
 METRIC_POINTS = 240
 LOG_TAIL_LINES = 200
@@ -37,7 +37,7 @@ class Snapshot:
     name: str | None
     model: str | None
     devices: list[str]
-    # The one word for the job's state (`cortex_nb.states.display_state`) and its detail, e.g.
+    # The one word for the job's state (`cortex_nb.protocol.states.display_state`) and its detail, e.g.
     # ("queued", "#2 in the queue: waiting for a cpu slot: 4/4 held by jobs q0, q1, q2, q3").
     status: str
     detail: str | None
@@ -224,7 +224,7 @@ class JobState:
 
     @property
     def status(self) -> str:
-        """The job's display word (`cortex_nb.states.display_state`)."""
+        """The job's display word (`cortex_nb.protocol.states.display_state`)."""
         with self._lock:
             return display_state(self.job)[0] if self.job.get("status") else "starting"
 

@@ -19,7 +19,7 @@ from tornado.httputil import HTTPHeaders
 
 from cortex_nb import tls
 from cortex_nb.errors import ApiError
-from cortex_nb.version import __version__
+from cortex_nb.protocol.versions import __version__
 
 # Request headers the browser or kernel may pass on to the backend (lower case).
 FORWARDED_REQUEST_HEADERS = frozenset({"content-type", "accept", "idempotency-key", "user-agent"})

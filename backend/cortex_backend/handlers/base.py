@@ -12,9 +12,9 @@ from typing import Any
 
 import tornado.web
 
-from cortex_nb import routes
 from cortex_nb.errors import ApiError
-from cortex_nb.version import API_VERSION, __version__
+from cortex_nb.protocol import routes
+from cortex_nb.protocol.versions import API_VERSION, __version__
 
 from ..auth import Principal, authenticate
 from ..service import Service

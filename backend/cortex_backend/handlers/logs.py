@@ -15,7 +15,7 @@ from typing import Any
 
 from tornado.iostream import StreamClosedError
 
-from cortex_nb import states
+from cortex_nb.protocol import states
 
 from ..logs import MAX_PAGE
 from .base import BaseHandler

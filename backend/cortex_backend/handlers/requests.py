@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cortex_nb import wire
+from cortex_nb.protocol import wire
 
 from .base import BaseHandler
 

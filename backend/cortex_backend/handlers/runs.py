@@ -3,7 +3,7 @@ outputs (listing and download), and the chunk uploads that carry a run's source 
 
 from __future__ import annotations
 
-from cortex_nb import states
+from cortex_nb.protocol import states
 
 from ..runs.manager import public_run
 from ..validation import validate_job_status

@@ -23,8 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cortex_nb import job_spec, states
+from cortex_nb import job_spec
 from cortex_nb.errors import ApiError
+from cortex_nb.protocol import states
 
 from ..auth import Principal
 from ..config import BackendSettings

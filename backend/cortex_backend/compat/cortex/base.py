@@ -9,8 +9,8 @@ from typing import Any
 
 import tornado.web
 
-from cortex_nb import routes
 from cortex_nb.errors import ApiError
+from cortex_nb.protocol import routes
 
 from ...auth import authenticate
 from ...handlers.base import BaseHandler
@@ -36,7 +36,7 @@ class CortexFace:
 
 
 class CortexHandler(BaseHandler):
-    """Auth and errors for the SDK's paths (which are not in `cortex_nb.routes`: they are another API)."""
+    """Auth and errors for the SDK's paths (which are not in `cortex_nb.protocol.routes`: they are another API)."""
 
     face: CortexFace
     # Set by handlers that need no token (signed download links).
