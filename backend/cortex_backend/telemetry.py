@@ -12,13 +12,17 @@ from collections import deque
 from typing import Any
 
 from cortex_nb.errors import ApiError
+from cortex_nb.protocol.schemas.telemetry import (
+    ERROR_TYPES,
+    ESSENTIAL_OPERATIONS,
+    MAX_MESSAGE_CHARS,
+    MAX_RECORDS_PER_POST,
+)
 from cortex_nb.redaction import bounded
-from cortex_nb.telemetry import ERROR_TYPES, ESSENTIAL_OPERATIONS, MAX_MESSAGE_CHARS
 
 from .auth import Principal
 from .operator_metrics import OperatorMetrics
 
-MAX_RECORDS_PER_POST = 100
 RECENT_KEPT = 1000
 
 
