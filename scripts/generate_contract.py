@@ -18,7 +18,7 @@ TARGET = ROOT / "labextension" / "src" / "contract.ts"
 
 def render() -> str:
     sys.path.insert(0, str(ROOT))
-    from cortex_nb.protocol import routes, states
+    from cortex_nb.protocol import errors, routes, states
     from cortex_nb.protocol import versions as version
 
     def literal(value: object) -> str:
@@ -61,7 +61,7 @@ def render() -> str:
         "/** Stable failure codes and what each means. */",
         "export const FAILURE_CODES: Readonly<Record<string, string>> = {",
     ]
-    lines += [f"  {literal(code)}: {literal(text)}," for code, text in states.FAILURE_CODES.items()]
+    lines += [f"  {literal(code)}: {literal(text)}," for code, text in errors.FAILURE_CODES.items()]
     lines += ["};", ""]
     return "\n".join(lines)
 

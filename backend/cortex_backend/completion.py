@@ -14,8 +14,8 @@ import logging
 import time
 from typing import Any
 
-from cortex_nb.errors import ApiError
 from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
 from cortex_nb.train_spec import FINAL_CHECKPOINT
 
 from .auth import Principal

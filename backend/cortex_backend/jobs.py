@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cortex_nb.errors import ApiError
 from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
 
 from .auth import Principal
 from .executor import Executor, SubJobAssignment

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cortex_nb.errors import ApiError
 from cortex_nb.protocol import states, wire
+from cortex_nb.protocol.errors import ApiError
 from cortex_nb.protocol.losses import LOSS_INPUTS
 
 from .auth import Principal

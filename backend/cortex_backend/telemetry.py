@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import Any
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 from cortex_nb.protocol.schemas.telemetry import (
     ERROR_TYPES,
     ESSENTIAL_OPERATIONS,

@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from cortex_nb.errors import ApiError
 from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
 from cortex_nb.train_spec import SpecError, parse_training_loop
 
 from .auth import Principal

@@ -10,8 +10,8 @@ import hashlib
 import shutil
 from pathlib import Path
 
-from cortex_nb.errors import ApiError
 from cortex_nb.protocol import wire
+from cortex_nb.protocol.errors import ApiError
 
 from .auth import Principal
 from .validation import ID_PATTERN

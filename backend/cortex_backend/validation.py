@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 from cortex_nb.protocol.losses import LOSS_INPUTS
 from cortex_nb.protocol.states import JOB_STATES, SUB_JOB_TYPES, TRAINING
 

@@ -16,8 +16,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from cortex_nb.errors import ApiError
 from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
 
 from .checkpoints import check_adapters_match
 from .executor import Executor

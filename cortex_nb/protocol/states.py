@@ -1,4 +1,6 @@
-"""Job, sub-job and request states, and the failure codes a job or request can end with.
+"""Job, sub-job, request and progress states, and the one word each job state is shown with.
+
+The failure codes they end with are in `errors.ERROR_CODES`.
 
 One definition for the backend, the client, the widgets and (through a generated copy checked by a
 test) the sidebar panel.
@@ -36,42 +38,6 @@ OPERATIONS_BY_TYPE: dict[str, frozenset[str]] = {
     TRAINING: frozenset({"forward_backward", "step", "generate", "forward", "save", "load", "noop"}),
     SAMPLING: frozenset({"generate", "forward", "load", "noop"}),
     LOG_PROBABILITY: frozenset({"forward", "load", "noop"}),
-}
-
-# Failure codes a job, sub-job or request ends with. Stable: users match on them.
-FAILURE_CODES = {
-    "worker_crashed": "the worker process serving the sub-job died",
-    "worker_start_failed": "the worker could not load the model or start",
-    "backend_restarted": "the backend restarted while this was in flight",
-    "cancelled": "cancelled by the user",
-    "idle_timeout": "no request arrived within the job's idle timeout",
-    "out_of_memory": "the device ran out of memory",
-    "invalid_batch": "the batch did not fit the model",
-    "operation_failed": "the operation raised an error; see the message",
-    # managed training runs
-    "training_loop_failed": "the managed training loop raised an error; see the message and the job's logs",
-    "non_finite_gradients": "a step's gradient norm was NaN or infinite; lower the learning rate or clip gradients",
-    "invalid_dataset": "the run's dataset could not be cut into training rows; see the message",
-    # checkpoints and weight sync
-    "checkpoint_corrupted": "a checkpoint file no longer matches its SHA-256; it was not loaded",
-    "incompatible_adapter": "the weights do not fit the sub-job's adapter (base model, rank or target modules)",
-    "quota_exceeded": "the owner's checkpoint quota would be exceeded; nothing was kept",
-    "weight_sync_failed": "a sampler could not take the trainer's weights; it kept its previous ones",
-    "weight_sync_timeout": "a weight-sync participant did not answer in time",
-}
-
-# Failure codes a source run ends with (docs/job-spec.md). Stable: users match on them.
-RUN_FAILURE_CODES = {
-    "workload_runtime_failed": "the command exited non-zero or was killed by a signal; see exit_code and the logs",
-    "workload_out_of_memory": "the workload ran out of memory (its address-space limit, or the device's memory)",
-    "output_missing": "a required output was not written",
-    "output_too_large": "an output is larger than its max_bytes",
-    "timed_out": "the run passed its timeout_seconds and was stopped",
-    "cancelled": "cancelled by the user",
-    "isolation_unsupported": "isolation: required, and this host cannot give the run a network namespace",
-    "spec_invalid": "the spec was refused",
-    "sandbox_failed": "the backend could not set up the run's sandbox; see the message",
-    "backend_restarted": "the backend restarted while the run was in flight",
 }
 
 # Progress records (GET /v1/jobs/{id} -> "progress"): who drives the training, and where it is.

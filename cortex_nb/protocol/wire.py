@@ -18,7 +18,7 @@ import numpy as np
 from safetensors.numpy import load as _st_load
 from safetensors.numpy import save as _st_save
 
-from ..errors import ApiError
+from .errors import ApiError
 
 FRAME_CONTENT_TYPE = "application/vnd.cortex.frame+safetensors"
 METADATA_KEY = "cortex"

@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from cortex_nb.errors import ApiError
 from cortex_nb.protocol import routes
+from cortex_nb.protocol.errors import ApiError
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HT
 from tornado.httputil import HTTPHeaders
 
 from cortex_nb import tls
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 from cortex_nb.protocol.versions import __version__
 
 # Request headers the browser or kernel may pass on to the backend (lower case).

@@ -12,8 +12,8 @@ from typing import Any
 
 import tornado.web
 
-from cortex_nb.errors import ApiError
 from cortex_nb.protocol import routes
+from cortex_nb.protocol.errors import ApiError
 from cortex_nb.protocol.versions import API_VERSION, __version__
 
 from ..auth import Principal, authenticate

@@ -3,7 +3,7 @@ complete ("Free device")."""
 
 from __future__ import annotations
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 from ..validation import validate_job_status
 from .base import BaseHandler

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 from cortex_nb.protocol.versions import API_VERSION, __version__
 
 from .base import BaseHandler

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cortex_nb.errors import ApiError
 from cortex_nb.protocol import wire
+from cortex_nb.protocol.errors import ApiError
 
 from .base import BaseHandler
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cortex_nb import job_spec
-from cortex_nb.errors import ApiError, CortexError
+from cortex_nb.protocol.errors import ApiError, CortexError
 
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 ENTRY_KEYS = {"path", "bytes", "sha256", "kind"}

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from cortex_nb import job_spec
-from cortex_nb.errors import ApiError
 from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
 
 from ..auth import Principal
 from ..config import BackendSettings

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from cortex_nb import job_spec
-from cortex_nb.errors import ApiError, CortexError
+from cortex_nb.protocol.errors import ApiError, CortexError
 
 from ..models import ModelCatalog
 from ..scheduler import Scheduler

@@ -9,8 +9,8 @@ from typing import Any
 
 import tornado.web
 
-from cortex_nb.errors import ApiError
 from cortex_nb.protocol import routes
+from cortex_nb.protocol.errors import ApiError
 
 from ...auth import authenticate
 from ...handlers.base import BaseHandler

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save as _st_save
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 VERSION = "DSSST1"
 PLACEHOLDER = "__dss_empty__"
