@@ -20,7 +20,7 @@ import numpy as np
 from . import errors, profiles, tls
 from .log_stream import LogStream
 from .protocol import wire
-from .protocol.losses import LOSS_INPUTS
+from .protocol.losses import LOSSES, wire_dtype
 from .protocol.routes import route
 from .protocol.states import JOB_RUNNING, JOB_TERMINAL, REQUEST_SUCCEEDED, REQUEST_TERMINAL
 from .protocol.versions import API_VERSION, api_major
@@ -47,16 +47,9 @@ class PollPolicy:
             interval = min(interval * self.multiplier, self.max_interval_s)
 
 
-INT_TENSORS = ("input_ids", "target_tokens", "attention_mask")
-
-
 def as_batch(batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Lists or arrays -> numpy with the dtypes the wire expects (ids int64, the rest float32)."""
-    arrays = {}
-    for name, value in batch.items():
-        array = np.asarray(value)
-        arrays[name] = array.astype(np.int64) if name in INT_TENSORS else array.astype(np.float32)
-    return arrays
+    """Lists or arrays -> numpy with the dtypes the losses' tensor specs name (ids int64, the rest float32)."""
+    return {name: np.asarray(value).astype(wire_dtype(name)) for name, value in batch.items()}
 
 
 class Client:
@@ -320,8 +313,8 @@ class Client:
         sub_job: str | None = None,
     ) -> str:
         """Queue a forward+backward pass; gradients accumulate until `step`. Returns the request id."""
-        if loss_fn not in LOSS_INPUTS:
-            raise errors.BadRequestError(f"loss_fn must be one of {sorted(LOSS_INPUTS)}, got {loss_fn!r}", code="unknown_loss")
+        if loss_fn not in LOSSES:
+            raise errors.BadRequestError(f"loss_fn must be one of {sorted(LOSSES)}, got {loss_fn!r}", code="unknown_loss")
         frame = wire.encode_frame(as_batch(batch), {"loss_fn": loss_fn, "loss_fn_config": loss_fn_config or {}})
         return self._submit_frame("forward_backward", job_id, frame, sub_job)
 

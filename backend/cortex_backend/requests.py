@@ -13,7 +13,6 @@ from typing import Any
 
 from cortex_nb.protocol import states, wire
 from cortex_nb.protocol.errors import ApiError
-from cortex_nb.protocol.losses import LOSS_INPUTS
 
 from .auth import Principal
 from .checkpoints import CheckpointManager
@@ -124,12 +123,14 @@ class RequestManager:
         limit = max_seq_len(sub, self.catalog)
         if op == "forward_backward":
             tensors, metadata = wire.decode_frame(body)
-            loss_fn, config = validate_loss(metadata)
-            validate_token_batch(tensors, LOSS_INPUTS[loss_fn], info, limit)
+            loss, config = validate_loss(metadata)
+            validate_token_batch(tensors, loss.tensors, info, limit)
             # Tokens trained on (the attention-mask sum): what the job's progress record counts.
             mask = tensors.get("attention_mask")
             tokens = int(mask.sum()) if mask is not None else int(tensors["input_ids"].size)
-            return {"loss_fn": loss_fn, "batch_shape": list(tensors["input_ids"].shape), "tokens": tokens}, body
+            # The worker computes with these validated params, never with the frame's own metadata.
+            return {"loss_fn": loss.name, "loss_fn_config": config, "batch_shape": list(tensors["input_ids"].shape),
+                    "tokens": tokens}, body
         if op == "forward":
             tensors, _ = wire.decode_frame(body)
             validate_token_batch(tensors, ("target_tokens",), info, limit)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from cortex_nb.protocol.errors import ApiError
-from cortex_nb.protocol.losses import LOSS_INPUTS
+from cortex_nb.protocol.losses import DEFAULT_LOSS, LOSSES, TENSORS, LossSpec
 from cortex_nb.protocol.states import JOB_STATES, SUB_JOB_TYPES, TRAINING
 
 from .models import ModelCatalog, ModelInfo
@@ -197,7 +197,8 @@ def _int_tensor(tensors: dict[str, np.ndarray], name: str) -> np.ndarray:
 def validate_token_batch(
     tensors: dict[str, np.ndarray], required: tuple[str, ...], info: ModelInfo, max_seq_len: int
 ) -> None:
-    """Shapes [B, T] agree, token ids exist in the vocabulary, and T fits the sub-job."""
+    """The tensors a loss needs (its `LossSpec`) are there with their dtypes, every one has input_ids'
+    [batch, length] shape, token ids exist in the vocabulary, and the length fits the sub-job."""
     names = ("input_ids", *required)
     missing = [name for name in names if name not in tensors]
     if missing:
@@ -206,17 +207,21 @@ def validate_token_batch(
     if input_ids.ndim != 2 or 0 in input_ids.shape:
         raise ApiError("invalid_batch", f"input_ids must be a non-empty [batch, length] matrix, got shape {list(input_ids.shape)}")
     for name in (*required, "attention_mask"):
-        if name in tensors and tensors[name].shape != input_ids.shape:
+        if name not in tensors:
+            continue
+        if tensors[name].shape != input_ids.shape:
             raise ApiError(
                 "invalid_batch",
                 f"tensor '{name}' has shape {list(tensors[name].shape)} but input_ids has {list(input_ids.shape)}; they must match",
                 {"field": name},
             )
+        if TENSORS[name].integer:
+            _int_tensor(tensors, name)
     if input_ids.shape[1] > max_seq_len:
         raise ApiError("invalid_batch", f"sequence length {input_ids.shape[1]} exceeds the sub-job's max_seq_len {max_seq_len}")
     for name in ("input_ids", "target_tokens"):
         if name in tensors:
-            array = _int_tensor(tensors, name)
+            array = tensors[name]
             if array.min() < 0 or array.max() >= info.vocab_size:
                 raise ApiError(
                     "invalid_batch",
@@ -228,18 +233,19 @@ def validate_token_batch(
             raise ApiError("invalid_batch", f"tensor '{name}' holds NaN or infinite values", {"field": name})
 
 
-def validate_loss(metadata: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    loss_fn = metadata.get("loss_fn", "cross_entropy")
-    if loss_fn not in LOSS_INPUTS:
-        raise ApiError("unknown_loss", f"loss_fn {loss_fn!r} is not one of {sorted(LOSS_INPUTS)}", {"field": "loss_fn"})
+def validate_loss(metadata: dict[str, Any]) -> tuple[LossSpec, dict[str, float]]:
+    """The frame's loss and its complete config (the spec's defaults where the client sent none)."""
+    name = metadata.get("loss_fn", DEFAULT_LOSS)
+    spec = LOSSES.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise ApiError("unknown_loss", f"loss_fn {name!r} is not one of {sorted(LOSSES)}", {"field": "loss_fn"})
     config = metadata.get("loss_fn_config") or {}
     if not isinstance(config, dict):
         raise _field_error("loss_fn_config", "must be an object")
-    allowed = {"clip_low_threshold", "clip_high_threshold"} if loss_fn == "ppo" else set()
-    _expect_keys(config, "loss_fn_config", allowed)
-    for key, value in config.items():
-        check_number(value, f"loss_fn_config.{key}", 0)
-    return loss_fn, config
+    problem = spec.config_problem(config)
+    if problem is not None:
+        raise _field_error(f"loss_fn_config.{problem[0]}", problem[1])
+    return spec, spec.with_defaults(config)
 
 
 SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs", "ignore_eos"}

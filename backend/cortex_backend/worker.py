@@ -95,8 +95,8 @@ class Worker:
         return {"ok": True}, b""
 
     def forward_backward(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
-        tensors, metadata = wire.decode_frame(blob)
-        result, out = self.trainer.forward_backward(tensors, metadata["loss_fn"], metadata.get("loss_fn_config") or {})
+        tensors, _ = wire.decode_frame(blob)
+        result, out = self.trainer.forward_backward(tensors, params["loss_fn"], params["loss_fn_config"])
         self.forward_backward_calls += 1
         speed = result.get("tokens_per_second")
         print(
