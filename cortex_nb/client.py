@@ -20,6 +20,7 @@ import numpy as np
 from . import errors, profiles, tls
 from .log_stream import LogStream
 from .protocol import wire
+from .protocol.checkpoint_format import MANIFEST_SHA_HEADER
 from .protocol.losses import LOSSES, wire_dtype
 from .protocol.routes import route
 from .protocol.states import JOB_RUNNING, JOB_TERMINAL, REQUEST_SUCCEEDED, REQUEST_TERMINAL
@@ -473,7 +474,7 @@ class Client:
         path = route("export_checkpoint").url(job_id=job_id, checkpoint_id=checkpoint_id)
         with tempfile.TemporaryFile() as archive:
             headers = self.transport.download(path, archive, params={"contents": contents})
-            extract_verified(archive, Path(dest), headers.get("X-Cortex-Manifest-Sha256"))
+            extract_verified(archive, Path(dest), headers.get(MANIFEST_SHA_HEADER))
         return Path(dest)
 
     # logs ----------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ cannot be deleted.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import secrets
@@ -25,6 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cortex_nb.protocol.checkpoint_format import (
+    CHECKPOINT_TYPES,
+    EXPORT_CONTENTS,
+    MANIFEST,
+    RESUMABLE,
+    WEIGHTS_ONLY,
+    encode_manifest,
+    export_manifest,
+    matches,
+)
 from cortex_nb.protocol.errors import ApiError
 
 from .auth import Principal
@@ -34,14 +43,8 @@ from .validation import ID_PATTERN, validate_identifier
 
 log = logging.getLogger("cortex_backend.checkpoints")
 
-RESUMABLE = "resumable"
-WEIGHTS_ONLY = "weights-only"
-CHECKPOINT_TYPES = (RESUMABLE, WEIGHTS_ONLY)
 TEMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
-MANIFEST = "manifest.json"
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-EXPORT_CONTENTS = ("adapter", "all")
 # Bytes per adapter parameter: fp32 weights, and for a resumable save two fp32 AdamW moments more.
 BYTES_PER_PARAMETER = {WEIGHTS_ONLY: 4, RESUMABLE: 12}
 ESTIMATE_OVERHEAD_BYTES = 64 * 1024
@@ -431,25 +434,11 @@ class CheckpointManager:
             )
         row = self.get(principal, job, checkpoint_id)
         directory = self.path(row)
-        names = [
-            name for name in sorted(row["manifest"]["files"]) if contents == "all" or name in ADAPTER_FILES
-        ]
-        files_manifest = {name: row["manifest"]["files"][name] for name in names}
-        manifest = {
-            "checkpoint_id": row["id"],
-            "job_id": row["job_id"],
-            "type": row["type"],
-            "step": row["step"],
-            "contents": contents,
-            "base_model": row["base_model"],
-            "state_hash": row["manifest"].get("state_hash"),
-            "adapter": row["manifest"].get("adapter"),
-            "files": files_manifest,
-        }
+        manifest = export_manifest(row, contents)
         key = (row["job_id"], row["id"])
         self._readers[key] += 1
-        files = [(name, directory / name, int(files_manifest[name]["size"])) for name in names]
-        return ExportPlan(key, json.dumps(manifest, indent=2, sort_keys=True).encode(), files, row)
+        files = [(name, directory / name, int(entry["size"])) for name, entry in manifest["files"].items()]
+        return ExportPlan(key, encode_manifest(manifest), files, row)
 
     def end_export(self, plan: ExportPlan) -> None:
         self._release(plan.key)
@@ -457,7 +446,7 @@ class CheckpointManager:
     @staticmethod
     def verify_files(plan: ExportPlan) -> None:
         """Check every file against its recorded SHA-256 (run off the IO loop: it reads the files)."""
-        for name, path, size in plan.files:
+        for name, path, _size in plan.files:
             expected = plan.checkpoint["manifest"]["files"][name]
             digest = hashlib.sha256()
             try:
@@ -469,7 +458,7 @@ class CheckpointManager:
                     "checkpoint_corrupted",
                     f"{name} of checkpoint {plan.checkpoint['id']} cannot be read: {exc}",
                 ) from None
-            if digest.hexdigest() != expected["sha256"] or path.stat().st_size != size:
+            if not matches(expected, digest.hexdigest(), path.stat().st_size):
                 raise ApiError(
                     "checkpoint_corrupted",
                     f"{name} of checkpoint {plan.checkpoint['id']} no longer matches its"

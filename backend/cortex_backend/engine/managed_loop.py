@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from cortex_nb.protocol.checkpoint_format import WEIGHTS_ONLY
 from cortex_nb.train_data import PackedData, examples_from_jsonl, pack_examples
 from cortex_nb.train_spec import FINAL_CHECKPOINT, SpecError, TrainSpec, parse_training_loop
 
@@ -70,7 +71,7 @@ class ManagedLoop:
             print(f"[engine] managed training: {total} steps of {spec.batch_size} x {spec.max_seq_len} tokens"
                   f" ({data.examples} examples, {data.tokens} tokens, {len(data.rows)} rows)", flush=True)
             stopped = self._train(spec, data, eval_data, total)
-            saved = self._save(FINAL_CHECKPOINT, spec.save.type if spec.save else "weights-only") \
+            saved = self._save(FINAL_CHECKPOINT, spec.save.type if spec.save else WEIGHTS_ONLY) \
                 if self.trainer.step_count > 0 else None
         except OperationError as exc:
             self.report({"event": "ended", "status": "failed", "code": exc.code, "message": exc.message})
