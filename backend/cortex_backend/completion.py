@@ -20,9 +20,9 @@ from cortex_nb.protocol.errors import ApiError
 from cortex_nb.train_spec import FINAL_CHECKPOINT
 
 from .auth import Principal
+from .data_plane import RequestManager
 from .jobs import JobManager
 from .progress import ProgressBook
-from .requests import RequestManager
 from .store import Store
 from .training_loops import TrainingLoops, loop_spec
 

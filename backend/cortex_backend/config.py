@@ -54,7 +54,7 @@ class BackendSettings:
     tls_key: Path | None = None
     tls: str | None = None
 
-    # Source runs (docs/job-spec.md) ------------------------------------------------------------
+    # Source runs (docs/run-spec.md) ------------------------------------------------------------
     # Where runs' work dirs live; emptied at every start-up. Default: DATA_DIR/workspace.
     runs_workspace: Path | None = None
     # "auto": network, mount and PID namespaces where the host allows them; "off": never (tier none).

@@ -21,11 +21,11 @@ from cortex_nb.train_spec import SpecError, parse_training_loop
 
 from .auth import Principal
 from .checkpoints import CheckpointManager
+from .data_plane import RequestManager
 from .datasets import DatasetStore
 from .jobs import JobManager
 from .models import ModelCatalog
 from .progress import ProgressBook
-from .requests import RequestManager
 from .store import Store
 from .validation import validate_prompts
 

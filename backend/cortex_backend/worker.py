@@ -132,14 +132,14 @@ class Worker:
 
     # checkpoints and weight sync -------------------------------------------------------------------
     def save(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
-        from .engine.checkpoint_io import write_checkpoint
+        from .engine.checkpoint import write_checkpoint
 
         manifest = write_checkpoint(self.state, self.trainer, Path(params["directory"]), params["type"], self.faults)
         print(f"[engine] saved a {params['type']} checkpoint at step {manifest['step']}", flush=True)
         return {"manifest": manifest}, b""
 
     def load(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
-        from .engine.checkpoint_io import load_checkpoint
+        from .engine.checkpoint import load_checkpoint
 
         result = load_checkpoint(self.state, self.trainer, Path(params["directory"]), params["manifest"],
                                  bool(params.get("restore_optimizer", True)))
@@ -178,7 +178,7 @@ class Worker:
     # managed training ---------------------------------------------------------------------------------
     def train_loop(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         from .engine.errors import OperationError
-        from .engine.managed_loop import ManagedLoop
+        from .engine.training_loop import TrainingLoop
 
         if self.trainer is None:
             raise OperationError("unsupported_operation", "only a training sub-job runs a training loop")
@@ -190,7 +190,7 @@ class Worker:
         def stop_requested() -> bool:
             return loop_id in self.cancelled or self._shutting_down
 
-        loop = ManagedLoop(self.state, self.trainer, params, blob, report, self._serve_waiting, stop_requested, self.faults)
+        loop = TrainingLoop(self.state, self.trainer, params, blob, report, self._serve_waiting, stop_requested, self.faults)
         return loop.run(), b""
 
     def _serve_waiting(self) -> None:

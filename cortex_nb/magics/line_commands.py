@@ -119,7 +119,7 @@ def job_command(self: CortexMagics, args: Any, cell: str | None):
     where it really is, and goes on advancing."""
     client = self.client()
     if noninteractive():
-        from ..widgets.state import JobState
+        from ..job_state import JobState
 
         state = JobState(args.job_id)
         state.set_job(client.get_job(args.job_id))

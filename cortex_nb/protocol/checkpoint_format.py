@@ -8,7 +8,7 @@ rng_state.safetensors. Nothing is pickled. manifest.json, written last, lists ev
 SHA-256 and size. An export is a tar whose first member is an export manifest (the files it carries),
 whose SHA-256 travels in the `X-Cortex-Manifest-Sha256` header.
 
-One definition, torch-free: the engine writes and reads checkpoints with it (engine/checkpoint_io.py),
+One definition, torch-free: the engine writes and reads checkpoints with it (engine/checkpoint.py),
 the backend's checkpoint store checks and exports them (checkpoints.py), and the client checks an
 export on arrival (checkpoint_files.py).
 """

@@ -103,7 +103,7 @@ ERROR_CODES: dict[str, ErrorCode] = {entry.code: entry for entry in (
     ErrorCode("weight_sync_failed", None, "a sampler could not take the trainer's weights; it kept its previous ones",
               (REQUEST,)),
     ErrorCode("weight_sync_timeout", None, "a weight-sync participant did not answer in time", (REQUEST,)),
-    # source runs (docs/job-spec.md)
+    # source runs (docs/run-spec.md)
     ErrorCode("workload_runtime_failed", None,
               "the command exited non-zero or was killed by a signal; see exit_code and the logs", (RUN,)),
     ErrorCode("workload_out_of_memory", None,

@@ -75,7 +75,7 @@ ROUTES: tuple[Route, ...] = (
     Route("list_models", "GET", "/v1/models", READ),
     Route("tokenize", "POST", "/v1/models/{model}/tokenize", READ),
     Route("detokenize", "POST", "/v1/models/{model}/detokenize", READ),
-    # source runs: a user's own code on the backend host, with verified outputs (docs/job-spec.md)
+    # source runs: a user's own code on the backend host, with verified outputs (docs/run-spec.md)
     Route("create_run", "POST", "/v1/runs", RUNS),
     Route("list_runs", "GET", "/v1/runs", READ),
     Route("get_run", "GET", "/v1/runs/{run_id}", READ),

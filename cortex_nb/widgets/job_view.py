@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from html import escape
 
+from ..job_state import Snapshot, format_count, format_duration
 from ..protocol.states import (
     JOB_RUNNING,
     WORD_CANCELLED,
@@ -23,7 +24,6 @@ from ..protocol.states import (
     WORD_TRAINING,
 )
 from .relative_time import ago
-from .state import Snapshot, format_count, format_duration
 from .svg import Line, line_chart, svg_img
 
 LOG_LINES_SHOWN = 40

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cortex_nb import job_spec
+from cortex_nb import run_spec
 from cortex_nb.protocol import states
 from cortex_nb.protocol.errors import ApiError
 
@@ -379,7 +379,7 @@ class RunManager:
         workdir.mkdir(mode=0o700)
         extract_archive(self.settings.runs_dir / run["id"] / "source.tar", run["manifest"], workdir)
         for name in run["spec"]["models"]:
-            (workdir / job_spec.MODELS_DIR / name).mkdir(parents=True)
+            (workdir / run_spec.MODELS_DIR / name).mkdir(parents=True)
         if uid is not None:
             for root, dirs, files in os.walk(workdir):
                 for name in (*dirs, *files):
@@ -417,7 +417,7 @@ class RunManager:
             "uid": uid,
             "gid": uid,
             "namespaces": settings.run_namespaces != "off",
-            "require_isolation": spec["isolation"] == job_spec.ISOLATION_REQUIRED,
+            "require_isolation": spec["isolation"] == run_spec.ISOLATION_REQUIRED,
             "hide_paths": [str(path) for path in hide],
             "runtime_paths": sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}),
             "tmp_bytes": settings.run_tmp_mib * mib,

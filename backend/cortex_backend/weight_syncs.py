@@ -1,4 +1,4 @@
-"""weight_sync, service side: a job-level request between the trainer and its samplers.
+"""Weight syncs, the service side (engine/weight_sync.py is the workers'): a job-level request between the trainer and its samplers.
 
 One `weight_sync` request R is queued on the training sub-job (op `weight_sync`) and, in the same IO
 loop turn, a companion `weight_sync_apply` is queued on every target sub-job. Each participant

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol.states import JOB_TERMINAL, WORD_CANCELLED, WORD_DONE, WORD_FAILED, clock, display_state
-from ..series import CHART_POINTS, DecimatedSeries
+from .protocol.states import JOB_TERMINAL, WORD_CANCELLED, WORD_DONE, WORD_FAILED, clock, display_state
+from .series import CHART_POINTS, DecimatedSeries
 
 METRIC_POINTS = 240
 LOG_TAIL_LINES = 200

@@ -1,5 +1,5 @@
-"""The `cortex.yaml` job spec of a source run: one definition, checked by the client (before any upload)
-and again by the backend (the authority). docs/job-spec.md describes every field.
+"""The `cortex.yaml` run spec of a source run: one definition, checked by the client (before any upload)
+and again by the backend (the authority). docs/run-spec.md describes every field.
 
 A spec that breaks a rule raises `BadRequestError` with code `spec_invalid` and `detail.field` naming
 the offending field (dotted: `outputs.metrics.max_bytes`). Unknown keys are refused, never ignored.

@@ -28,7 +28,7 @@ from .validation import (
     validate_token_batch,
 )
 from .waiters import Waiters
-from .weight_sync import WeightSyncCoordinator
+from .weight_syncs import WeightSyncCoordinator
 
 # Which sub-job serves an operation when the caller does not name one, in order of preference.
 DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {

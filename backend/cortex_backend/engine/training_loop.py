@@ -36,7 +36,7 @@ TEMP_PREFIX = ".tmp-"
 Report = Callable[[dict[str, Any]], None]
 
 
-class ManagedLoop:
+class TrainingLoop:
     def __init__(
         self,
         state: ModelState,
@@ -165,7 +165,7 @@ class ManagedLoop:
 
     def _save(self, checkpoint_id: str, kind: str) -> str:
         """Write a checkpoint next to the job's others; the service checks, renames and records it."""
-        from .checkpoint_io import write_checkpoint
+        from .checkpoint import write_checkpoint
 
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         directory = self.checkpoint_dir / f"{TEMP_PREFIX}loop-{checkpoint_id}-{secrets.token_hex(4)}"
