@@ -1,7 +1,7 @@
 """The error and failure codes our source can produce, found by reading it (no code runs).
 
 A code is a string literal in a place that names one: the first argument of `ApiError(...)` or
-`OperationError(...)`; a `code=`, `failure_code=` or `error_code=` keyword; a `"code"`, `"failure_code"`
+`OperationError(...)` (or a schema rule's `PydanticCustomError(...)`); a `code=`, `failure_code=` or `error_code=` keyword; a `"code"`, `"failure_code"`
 or `"error_code"` key of a dict literal; the code argument of the functions that end jobs, sub-jobs,
 requests and runs (`end`, `sub_job_failed`, `_finish`); an `error=(code, message)` tuple; a
 `(failed status, code, message)` outcome tuple; a value assigned to a name or attribute called `code`. Where the expression picks between codes
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .import_graph import PACKAGES
 
-CODE_CALLS = {"ApiError": 0, "OperationError": 0, "CollectionFailure": 0, "_field_error": 2, "end": 2, "sub_job_failed": 2,
+CODE_CALLS = {"ApiError": 0, "OperationError": 0, "CollectionFailure": 0, "PydanticCustomError": 0, "_field_error": 2, "end": 2, "sub_job_failed": 2,
               "_finish": 2}
 CODE_KEYWORDS = {"code", "failure_code", "error_code"}
 CODE_KEYS = {"code", "failure_code", "error_code"}

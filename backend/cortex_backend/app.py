@@ -13,6 +13,7 @@ from .service import Service
 # One handler per route name; routes sharing a template must share the handler class.
 HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "version": meta.VersionHandler,
+    "openapi": meta.OpenApiHandler,
     "capacity": meta.CapacityHandler,
     "list_models": meta.ModelsHandler,
     "tokenize": meta.TokenizeHandler,

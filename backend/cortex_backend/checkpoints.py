@@ -35,6 +35,7 @@ from cortex_nb.protocol.checkpoint_format import (
     matches,
 )
 from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.schemas.data_plane import LoadBody, SaveBody
 
 from .auth import Principal
 from .durable import fsync_directory
@@ -192,27 +193,11 @@ class CheckpointManager:
         pending = any(s.job_id == job_id and s.requested_id == checkpoint_id for s in self._saves.values())
         return pending or self.store.get_checkpoint(job_id, checkpoint_id) is not None
 
-    def prepare_save(
-        self, request_id: str, job: dict[str, Any], sub: dict[str, Any], body: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Validate a save, reserve its id and its estimated bytes, and choose its temporary directory."""
-        unknown = sorted(set(body) - {"checkpoint_id", "type"})
-        if unknown:
-            raise ApiError(
-                "invalid_field",
-                f"{unknown[0]}: unknown field; save takes checkpoint_id, type",
-                {"field": unknown[0]},
-            )
-        kind = body.get("type", RESUMABLE)
-        if kind not in CHECKPOINT_TYPES:
-            raise ApiError(
-                "invalid_field",
-                f"type: must be one of {list(CHECKPOINT_TYPES)}, got {kind!r}",
-                {"field": "type"},
-            )
-        requested = body.get("checkpoint_id")
+    def prepare_save(self, request_id: str, job: dict[str, Any], sub: dict[str, Any], body: SaveBody) -> dict[str, Any]:
+        """Reserve a save's id and its estimated bytes, and choose its temporary directory."""
+        kind = body.type
+        requested = body.checkpoint_id
         if requested is not None:
-            validate_checkpoint_id(requested)
             if self._id_taken(job["id"], requested):
                 raise ApiError(
                     "checkpoint_exists",
@@ -322,38 +307,11 @@ class CheckpointManager:
         return row
 
     def prepare_load(
-        self,
-        request_id: str,
-        principal: Principal,
-        job: dict[str, Any],
-        sub: dict[str, Any],
-        body: dict[str, Any],
+        self, request_id: str, principal: Principal, job: dict[str, Any], sub: dict[str, Any], body: LoadBody
     ) -> dict[str, Any]:
-        unknown = sorted(
-            set(body) - {"checkpoint_id", "source_job_id", "target_sub_job_id", "restore_optimizer"}
-        )
-        if unknown:
-            raise ApiError(
-                "invalid_field",
-                f"{unknown[0]}: unknown field; load takes checkpoint_id, source_job_id,"
-                " target_sub_job_id, restore_optimizer",
-                {"field": unknown[0]},
-            )
-        if body.get("checkpoint_id") is None:
-            raise ApiError(
-                "invalid_field",
-                f"checkpoint_id: required (see GET /v1/jobs/{job['id']}/checkpoints)",
-                {"field": "checkpoint_id"},
-            )
-        source_job_id = body.get("source_job_id") or job["id"]
-        if not isinstance(source_job_id, str):
-            raise ApiError("invalid_field", "source_job_id: must be a job id", {"field": "source_job_id"})
-        restore = body.get("restore_optimizer", True)
-        if not isinstance(restore, bool):
-            raise ApiError(
-                "invalid_field", "restore_optimizer: must be true or false", {"field": "restore_optimizer"}
-            )
-        row = self.find(principal, job["owner"], source_job_id, body["checkpoint_id"])
+        source_job_id = body.source_job_id or job["id"]
+        restore = body.restore_optimizer
+        row = self.find(principal, job["owner"], source_job_id, body.checkpoint_id)
         check_adapters_match(
             row["manifest"].get("adapter"),
             (sub.get("info") or {}).get("adapter"),

@@ -47,6 +47,9 @@ class BackendSettings:
     checkpoint_quota_bytes: int | None = None
     # Test-only fault injection (see faults.py): "NAME" or "NAME=SUB_JOB_ID". Empty in any real deployment.
     fault_injection: tuple[str, ...] = ()
+    # Tests: a reply holding a field its schema (cortex_nb/protocol/schemas) does not declare fails (500,
+    # logged) instead of losing the field, so a field added to the service without its schema is caught.
+    strict_replies: bool = field(default_factory=lambda: os.environ.get("CORTEX_STRICT_REPLIES", "") == "1")
 
     # TLS (docs/deploying.md): an operator's certificate and key, or "self-signed" to make and keep one
     # in DATA_DIR/tls. None serves plain HTTP (fine on loopback; a warning beyond it).

@@ -11,8 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cortex_nb.protocol import states, wire
+from cortex_nb.protocol import routes, states, wire
 from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.schemas.base import parse
+from cortex_nb.protocol.schemas.data_plane import SaveBody
 
 from .auth import Principal
 from .checkpoints import CheckpointManager
@@ -20,13 +22,7 @@ from .executor import Executor
 from .jobs import JobManager
 from .models import ModelCatalog
 from .store import Store
-from .validation import (
-    check_number,
-    validate_loss,
-    validate_prompts,
-    validate_sampling_params,
-    validate_token_batch,
-)
+from .validation import validate_loss, validate_prompts, validate_token_batch
 from .waiters import Waiters
 from .weight_syncs import WeightSyncCoordinator
 
@@ -105,20 +101,21 @@ class RequestManager:
         op: str,
         sub: dict[str, Any],
         body: bytes,
-        json_body: dict[str, Any] | None,
+        json_body: Any,
         *,
         job: dict[str, Any] | None = None,
         principal: Principal | None = None,
         request_id: str = "",
     ) -> tuple[dict[str, Any], bytes]:
-        """Validate the payload for `op`; return the worker's params and binary frame."""
+        """Check the payload for `op` against what the sub-job can take (its body was parsed with the
+        route's schema); return the worker's params and binary frame."""
         # checkpoints and weight sync: a save reserves its id and bytes, a load holds its checkpoint
         if op == "save":
-            return self.checkpoints.prepare_save(request_id, job, sub, json_body or {}), b""
+            return self.checkpoints.prepare_save(request_id, job, sub, json_body), b""
         if op == "load":
-            return self.checkpoints.prepare_load(request_id, principal, job, sub, json_body or {}), b""
+            return self.checkpoints.prepare_load(request_id, principal, job, sub, json_body), b""
         if op == "weight_sync":
-            return self.weight_sync.prepare(job, sub, json_body or {}), b""
+            return self.weight_sync.prepare(job, sub, json_body), b""
         info = self.catalog.get(sub["spec"]["base_model"])
         limit = max_seq_len(sub, self.catalog)
         if op == "forward_backward":
@@ -135,27 +132,19 @@ class RequestManager:
             tensors, _ = wire.decode_frame(body)
             validate_token_batch(tensors, ("target_tokens",), info, limit)
             return {"batch_shape": list(tensors["input_ids"].shape)}, body
-        json_body = json_body or {}
         if op == "step":
-            unknown = sorted(set(json_body) - {"learning_rate"})
-            if unknown:
-                raise ApiError("invalid_field", f"{unknown[0]}: unknown field; step takes learning_rate", {"field": unknown[0]})
-            if json_body.get("learning_rate") is not None:
-                check_number(json_body["learning_rate"], "learning_rate", 0, 10)
-            return {"learning_rate": json_body.get("learning_rate")}, b""
+            return {"learning_rate": json_body.learning_rate}, b""
         if op == "generate":
-            unknown = sorted(set(json_body) - {"prompts", "sampling_params"})
-            if unknown:
-                raise ApiError("invalid_field", f"{unknown[0]}: unknown field; generate takes prompts, sampling_params",
-                               {"field": unknown[0]})
-            params = validate_sampling_params(json_body.get("sampling_params"))
-            prompts = validate_prompts(json_body.get("prompts"), self.catalog, info, params["max_tokens"], limit)
-            return {"prompt_tokens": prompts, "sampling_params": params}, b""
+            params = json_body.sampling_params
+            prompts = validate_prompts(json_body.prompts, self.catalog, info, params.max_tokens, limit)
+            return {"prompt_tokens": prompts, "sampling_params": params.model_dump()}, b""
         return {}, b""
 
     def submit(
-        self, principal: Principal, job_id: str, op: str, body: bytes, json_body: dict[str, Any] | None, sub_job: str | None
+        self, principal: Principal, job_id: str, op: str, body: bytes, json_body: Any, sub_job: str | None
     ) -> dict[str, Any]:
+        """Queue `op` on the job. `json_body` is the operation's `Body` (a handler parsed it), or the dict a
+        compatibility face built, parsed here with the same schema."""
         job = self.jobs.visible_job(principal, job_id)
         if job["status"] in states.JOB_TERMINAL:
             raise ApiError(
@@ -167,11 +156,14 @@ class RequestManager:
             )
         if self.jobs.is_completing(job_id):
             raise ApiError("job_finished", f"job {job_id} is completing and takes no new requests")
+        schema = routes.route(op).body
+        if isinstance(schema, type) and not isinstance(json_body, schema):
+            json_body = parse(schema, json_body or {})
         if op == "weight_sync":
-            sub = self.weight_sync.source(job, json_body or {})
+            sub = self.weight_sync.source(job, json_body)
         else:
-            if op == "load" and (json_body or {}).get("target_sub_job_id") is not None:
-                sub_job = str(json_body["target_sub_job_id"])
+            if op == "load" and json_body.target_sub_job_id is not None:
+                sub_job = json_body.target_sub_job_id
             sub = self.choose_sub_job(job, op, sub_job)
         request_id = new_request_id()
         params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
@@ -185,7 +177,7 @@ class RequestManager:
         sub = self.choose_sub_job(job, "save" if op == "save" else "step", None)
         request_id = new_request_id()
         if op == "save":
-            params = self.checkpoints.prepare_save(request_id, job, sub, params)
+            params = self.checkpoints.prepare_save(request_id, job, sub, parse(SaveBody, params))
         self._enqueue(job["id"], sub, request_id, op, params, blob)
         return request_id
 
@@ -223,8 +215,9 @@ class RequestManager:
         return public_request(request, events, cursor)
 
     def list(self, principal: Principal, job_id: str, limit: int) -> list[dict[str, Any]]:
+        """The job's requests, newest first, in the shape one request is polled in (less result and events)."""
         self.jobs.visible_job(principal, job_id)
-        return self.store.list_requests(job_id, limit)
+        return [request_summary(row) for row in self.store.list_requests(job_id, limit)]
 
     def tensors(self, principal: Principal, job_id: str, request_id: str) -> bytes:
         request = self._visible_request(principal, job_id, request_id)
@@ -340,7 +333,8 @@ class RequestManager:
             self.store.add_request_event(request["id"], states.REQUEST_FAILED, {"error_code": "backend_restarted"})
 
 
-def public_request(request: dict[str, Any], events: list[dict[str, Any]], cursor: int) -> dict[str, Any]:
+def request_summary(request: dict[str, Any]) -> dict[str, Any]:
+    """A request as listed (`RequestSummary`)."""
     error = None
     if request["error_code"]:
         error = {"code": request["error_code"], "message": request["error_message"]}
@@ -353,9 +347,16 @@ def public_request(request: dict[str, Any], events: list[dict[str, Any]], cursor
         "created_at": request["created_at"],
         "started_at": request["started_at"],
         "finished_at": request["finished_at"],
+        "error": error,
+    }
+
+
+def public_request(request: dict[str, Any], events: list[dict[str, Any]], cursor: int) -> dict[str, Any]:
+    """A request as polled (`RequestStatus`): its summary, result and events after `cursor`."""
+    return {
+        **request_summary(request),
         "result": request["result"],
         "has_tensors": bool(request.get("tensors")),
-        "error": error,
         "events": events,
         "cursor": events[-1]["seq"] if events else cursor,
     }

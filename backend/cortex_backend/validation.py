@@ -1,4 +1,6 @@
-"""Checks on what clients send, each failing with a stable code and the offending field named."""
+"""Checks on what clients send that their schemas (cortex_nb/protocol/schemas) cannot make alone: the
+ones that need the model catalog, the tensors of a frame, and a loss's spec. Each fails with a stable
+code and names the offending field."""
 
 from __future__ import annotations
 
@@ -9,95 +11,24 @@ import numpy as np
 
 from cortex_nb.protocol.errors import ApiError
 from cortex_nb.protocol.losses import DEFAULT_LOSS, LOSSES, TENSORS, LossSpec
-from cortex_nb.protocol.states import JOB_STATES, SUB_JOB_TYPES, TRAINING
+from cortex_nb.protocol.schemas.base import IDENTIFIER
+from cortex_nb.protocol.schemas.data_plane import MAX_PROMPTS
+from cortex_nb.protocol.schemas.jobs import CreateJob
+from cortex_nb.protocol.states import TRAINING
 
 from .models import ModelCatalog, ModelInfo
 
-ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-MAX_SUB_JOBS = 8
-MAX_PROMPTS = 1024
-MAX_SAMPLES_PER_PROMPT = 64
-MAX_STOP_SEQUENCES = 16
+ID_PATTERN = re.compile(IDENTIFIER)
 
 
 def _field_error(field: str, message: str, code: str = "invalid_field") -> ApiError:
     return ApiError(code, f"{field}: {message}", {"field": field})
 
 
-def _expect_keys(value: Any, field: str, allowed: set[str]) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise _field_error(field, f"must be an object, got {type(value).__name__}")
-    unknown = sorted(set(value) - allowed)
-    if unknown:
-        raise _field_error(f"{field}.{unknown[0]}", f"unknown field; allowed: {sorted(allowed)}")
-    return value
-
-
-def check_number(value: Any, field: str, low: float | None = None, high: float | None = None, integer: bool = False) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise _field_error(field, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
-    if low is not None and value < low:
-        raise _field_error(field, f"must be at least {low}, got {value}")
-    if high is not None and value > high:
-        raise _field_error(field, f"must be at most {high}, got {value}")
-    return value
-
-
 def validate_identifier(value: Any, field: str) -> str:
     if not isinstance(value, str) or not ID_PATTERN.match(value):
         raise _field_error(field, "must be 1-64 characters of letters, digits, '_', '.', '-', starting with a letter or digit")
     return value
-
-
-def validate_job_status(value: str | None) -> str | None:
-    if value is not None and value not in JOB_STATES:
-        raise _field_error("status", f"unknown status {value!r}; one of {list(JOB_STATES)}")
-    return value
-
-
-LORA_KEYS = {"r", "alpha", "dropout", "target_modules"}
-OPTIMIZER_KEYS = {"lr", "betas", "eps", "weight_decay", "grad_clip"}
-SUB_JOB_KEYS = {"type", "base_model", "lora", "optimizer", "max_seq_len", "seed"}
-JOB_KEYS = {"job_id", "name", "experiment", "hardware", "sub_jobs", "idle_timeout_s", "labels", "training_loop"}
-MAX_LABELS = 16
-LABEL_KEY = re.compile(r"[a-z][a-z0-9_.-]{0,62}")
-
-
-def validate_labels(labels: Any) -> dict[str, str]:
-    """Free-form `{key: value}` labels shown with a job (e.g. the database and schema a Cortex SDK
-    client names); they describe a job and never decide who may see it."""
-    if labels is None:
-        return {}
-    if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
-        raise _field_error("labels", f"must be an object of at most {MAX_LABELS} string labels")
-    for key, value in labels.items():
-        if not LABEL_KEY.fullmatch(key):
-            raise _field_error(f"labels.{key}", "label names are lower-case letters, digits, '_', '.', '-' (at most 63)")
-        if not isinstance(value, str) or len(value) > 200:
-            raise _field_error(f"labels.{key}", "must be a string of at most 200 characters")
-    return dict(labels)
-
-
-def _validate_lora(lora: Any, field: str, info: ModelInfo) -> dict[str, Any]:
-    lora = _expect_keys(lora, field, LORA_KEYS)
-    if "r" in lora:
-        check_number(lora["r"], f"{field}.r", 1, 1024, integer=True)
-    if "alpha" in lora:
-        check_number(lora["alpha"], f"{field}.alpha", 0)
-    if "dropout" in lora:
-        check_number(lora["dropout"], f"{field}.dropout", 0, 0.99)
-    if "target_modules" in lora:
-        modules = lora["target_modules"]
-        ok = modules == "all-linear" or (
-            isinstance(modules, list) and modules and all(isinstance(m, str) and re.match(r"^[A-Za-z0-9_.]+$", m) for m in modules)
-        )
-        if not ok:
-            raise _field_error(f"{field}.target_modules", "must be 'all-linear' or a non-empty list of module names")
-        if isinstance(modules, list):
-            _check_target_modules(modules, f"{field}.target_modules", info)
-    return lora
 
 
 def _check_target_modules(modules: list[str], field: str, info: ModelInfo) -> None:
@@ -112,76 +43,27 @@ def _check_target_modules(modules: list[str], field: str, info: ModelInfo) -> No
                                       + ", ".join(leaves[:24]) + (" ..." if len(leaves) > 24 else ""))
 
 
-def _validate_optimizer(optimizer: Any, field: str) -> dict[str, Any]:
-    optimizer = _expect_keys(optimizer, field, OPTIMIZER_KEYS)
-    if "lr" in optimizer:
-        check_number(optimizer["lr"], f"{field}.lr", 0, 10)
-    if "betas" in optimizer:
-        betas = optimizer["betas"]
-        if not (isinstance(betas, list) and len(betas) == 2):
-            raise _field_error(f"{field}.betas", "must be a list of two numbers in [0, 1)")
-        for i, beta in enumerate(betas):
-            check_number(beta, f"{field}.betas[{i}]", 0, 0.999999)
-    if "eps" in optimizer:
-        check_number(optimizer["eps"], f"{field}.eps", 0, 1)
-    if "weight_decay" in optimizer:
-        check_number(optimizer["weight_decay"], f"{field}.weight_decay", 0, 10)
-    if optimizer.get("grad_clip") is not None:
-        check_number(optimizer["grad_clip"], f"{field}.grad_clip", 0)
-    return optimizer
-
-
-def validate_job(body: Any, catalog: ModelCatalog) -> dict[str, Any]:
-    """The normalised job spec, or an `ApiError` naming the first bad field."""
-    body = _expect_keys(body, "job", JOB_KEYS)
-    if body.get("job_id") is not None:
-        validate_identifier(body["job_id"], "job_id")
-    for key in ("name", "experiment"):
-        if body.get(key) is not None and (not isinstance(body[key], str) or len(body[key]) > 200):
-            raise _field_error(key, "must be a string of at most 200 characters")
-    hardware = _expect_keys(body.get("hardware"), "hardware", {"min_memory_gib"})
-    if "min_memory_gib" in hardware:
-        check_number(hardware["min_memory_gib"], "hardware.min_memory_gib", 0)
-    if body.get("idle_timeout_s") is not None:
-        # 0: never completed for idleness (the job holds its device until completed or cancelled)
-        check_number(body["idle_timeout_s"], "idle_timeout_s", 0, 7 * 24 * 3600)
-    labels = validate_labels(body.get("labels"))
-    sub_jobs = body.get("sub_jobs")
-    if not isinstance(sub_jobs, list) or not sub_jobs:
-        raise _field_error("sub_jobs", "must be a non-empty list of sub-jobs")
-    if len(sub_jobs) > MAX_SUB_JOBS:
-        raise _field_error("sub_jobs", f"at most {MAX_SUB_JOBS} sub-jobs per job")
+def validate_job(body: CreateJob, catalog: ModelCatalog) -> dict[str, Any]:
+    """The normalised job spec. The body's shape was checked by its schema (`CreateJob`); here what
+    needs the catalog: each sub-job's model exists, has the LoRA modules named, and fits max_seq_len."""
     normalised = []
-    for i, sub in enumerate(sub_jobs):
+    for i, sub in enumerate(body.sub_jobs):
         field = f"sub_jobs[{i}]"
-        sub = _expect_keys(sub, field, SUB_JOB_KEYS)
-        if sub.get("type") not in SUB_JOB_TYPES:
-            raise _field_error(f"{field}.type", f"must be one of {list(SUB_JOB_TYPES)}, got {sub.get('type')!r}")
-        if "base_model" not in sub:
-            raise _field_error(f"{field}.base_model", "is required: the name of a registered model (see GET /v1/models)")
-        info = catalog.get(sub["base_model"])
-        lora = _validate_lora(sub.get("lora"), f"{field}.lora", info)
-        optimizer = _validate_optimizer(sub.get("optimizer"), f"{field}.optimizer")
-        if sub.get("optimizer") is not None and sub["type"] != TRAINING:
-            raise _field_error(f"{field}.optimizer", "only a training sub-job has an optimizer")
-        if sub.get("max_seq_len") is not None:
-            check_number(sub["max_seq_len"], f"{field}.max_seq_len", 1, info.max_positions or 1 << 20, integer=True)
-        seed = sub.get("seed", 0)
-        check_number(seed, f"{field}.seed", 0, 2**63 - 1, integer=True)
-        normalised.append({**sub, "lora": lora, "optimizer": optimizer, "seed": seed})
-    trainers = [sub for sub in normalised if sub["type"] == TRAINING]
-    if len(trainers) > 1:
-        raise ApiError(
-            "too_many_training_sub_jobs",
-            f"a job has at most one training sub-job; this one has {len(trainers)}. Create one job per trainer.",
-            {"field": "sub_jobs"},
-        )
+        info = catalog.get(sub.base_model)
+        if sub.lora is not None and isinstance(sub.lora.target_modules, list) and "target_modules" in sub.lora.model_fields_set:
+            _check_target_modules(sub.lora.target_modules, f"{field}.lora.target_modules", info)
+        if sub.max_seq_len is not None and sub.max_seq_len > (info.max_positions or 1 << 20):
+            raise _field_error(f"{field}.max_seq_len", f"must be at most {info.max_positions or 1 << 20}, got {sub.max_seq_len}")
+        spec = sub.model_dump(exclude_unset=True)
+        normalised.append({**spec, "lora": spec.get("lora") or {}, "optimizer": spec.get("optimizer") or {},
+                           "seed": sub.seed})
     # Samplers share the trainer's LoRA shape unless told otherwise, so weights sync as deltas.
+    trainers = [sub for sub in normalised if sub["type"] == TRAINING]
     if trainers:
         for sub in normalised:
             if sub["type"] != TRAINING and not sub["lora"] and sub["base_model"] == trainers[0]["base_model"]:
                 sub["lora"] = dict(trainers[0]["lora"])
-    return {**body, "sub_jobs": normalised, "labels": labels}
+    return {**body.model_dump(exclude_unset=True), "sub_jobs": normalised, "labels": body.labels or {}}
 
 
 # data plane ----------------------------------------------------------------------------------------
@@ -246,40 +128,6 @@ def validate_loss(metadata: dict[str, Any]) -> tuple[LossSpec, dict[str, float]]
     if problem is not None:
         raise _field_error(f"loss_fn_config.{problem[0]}", problem[1])
     return spec, spec.with_defaults(config)
-
-
-SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs", "ignore_eos"}
-
-
-def validate_sampling_params(params: Any) -> dict[str, Any]:
-    params = dict(_expect_keys(params, "sampling_params", SAMPLING_KEYS))
-    params.setdefault("max_tokens", 16)
-    params.setdefault("temperature", 1.0)
-    params.setdefault("top_p", 1.0)
-    params.setdefault("top_k", 0)
-    params.setdefault("n", 1)
-    check_number(params["max_tokens"], "sampling_params.max_tokens", 1, 1 << 16, integer=True)
-    check_number(params["temperature"], "sampling_params.temperature", 0, 100)
-    top_p = check_number(params["top_p"], "sampling_params.top_p", 0, 1)
-    if top_p == 0:
-        raise _field_error("sampling_params.top_p", "must be greater than 0")
-    check_number(params["top_k"], "sampling_params.top_k", 0, integer=True)
-    check_number(params["n"], "sampling_params.n", 1, MAX_SAMPLES_PER_PROMPT, integer=True)
-    if params.get("seed") is not None:
-        check_number(params["seed"], "sampling_params.seed", 0, 2**63 - 1, integer=True)
-    stop = params.get("stop")
-    if stop is not None:
-        if isinstance(stop, (str, int)):
-            stop = [stop]
-        if not isinstance(stop, list) or len(stop) > MAX_STOP_SEQUENCES or not all(
-            (isinstance(s, str) and s) or (isinstance(s, int) and not isinstance(s, bool)) for s in stop
-        ):
-            raise _field_error("sampling_params.stop", f"must be a list of at most {MAX_STOP_SEQUENCES} non-empty strings or token ids")
-        params["stop"] = stop
-    for flag in ("logprobs", "ignore_eos"):
-        if flag in params and not isinstance(params[flag], bool):
-            raise _field_error(f"sampling_params.{flag}", "must be true or false")
-    return params
 
 
 def validate_prompts(prompts: Any, catalog: ModelCatalog, info: ModelInfo, max_tokens: int, max_seq_len: int) -> list[list[int]]:

@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from cortex_nb.protocol.checkpoint_format import WEIGHTS_ONLY
+from cortex_nb.protocol.schemas.sampling import SamplingParams
 from cortex_nb.train_data import PackedData, examples_from_jsonl, pack_examples
 from cortex_nb.train_spec import FINAL_CHECKPOINT, SpecError, TrainSpec, parse_training_loop
 
 from ..faults import Faults
-from ..validation import validate_sampling_params
 from .errors import OperationError
 from .model_state import ModelState
 from .trainer import Trainer
@@ -157,8 +157,8 @@ class TrainingLoop:
     def _sample(self, step: int, spec: TrainSpec, prompts: list[list[int]]) -> None:
         from .sampler import generate
 
-        params = validate_sampling_params({"max_tokens": spec.sample.max_tokens, "temperature": spec.sample.temperature,
-                                           "seed": spec.seed})
+        params = SamplingParams(max_tokens=spec.sample.max_tokens, temperature=float(spec.sample.temperature),
+                                seed=spec.seed).model_dump()
         result = generate(self.state, prompts, params, self.stop_requested)
         items = [{"prompt": spec.sample.prompts[s["prompt_index"]], "text": s["text"] or ""} for s in result["samples"]]
         self.report({"event": "samples", "step": step, "items": items})

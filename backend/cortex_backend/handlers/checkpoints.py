@@ -43,7 +43,7 @@ class CheckpointExportHandler(BaseHandler):
 
     async def get(self, job_id: str, checkpoint_id: str) -> None:
         job = self.service.jobs.visible_job(self.principal, job_id)
-        contents = self.get_query_argument("contents", "adapter")
+        contents = self.query_args().contents
         plan = self.service.checkpoints.begin_export(self.principal, job, checkpoint_id, contents)
         loop = asyncio.get_running_loop()
         try:

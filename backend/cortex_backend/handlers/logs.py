@@ -30,15 +30,14 @@ class JobLogsHandler(BaseHandler):
 
     async def get(self, job_id: str) -> None:
         job = self.service.jobs.visible_job(self.principal, job_id)
-        cursor = self.int_argument("cursor", 0)
-        limit = self.int_argument("limit", 1000, 1, MAX_PAGE)
-        sub_job = self.get_query_argument("sub_job", None) or None
+        query = self.query_args()
+        cursor, limit, sub_job = query.cursor, min(query.limit, MAX_PAGE), query.sub_job
         redacted = job["owner"] != self.principal.owner
-        if self.get_query_argument("follow", "").lower() in ("1", "true", "yes"):
+        if (query.follow or "").lower() in ("1", "true", "yes"):
             self.waited = True
-            await self._stream(job_id, cursor, sub_job, redacted, self.float_argument("heartbeat", HEARTBEAT_S, 0.05, 60.0))
+            await self._stream(job_id, cursor, sub_job, redacted, max(0.05, min(query.heartbeat, 60.0)))
             return
-        wait_s = self.float_argument("wait", 0.0) if job["status"] not in states.JOB_TERMINAL else 0.0
+        wait_s = min(query.wait, 60.0) if job["status"] not in states.JOB_TERMINAL else 0.0
         self.waited = wait_s > 0
         page = await self.service.logs.follow(job_id, cursor, limit, wait_s, sub_job, redacted)
         page["job_status"] = self.service.jobs.visible_job(self.principal, job_id)["status"]

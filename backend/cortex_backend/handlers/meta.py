@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol import openapi
 from cortex_nb.protocol.versions import API_VERSION, __version__
 
 from .base import BaseHandler
@@ -11,6 +11,14 @@ from .base import BaseHandler
 class VersionHandler(BaseHandler):
     def get(self) -> None:
         self.write_json({"service": "cortex-nb-backend", "version": __version__, "api_version": API_VERSION})
+
+
+class OpenApiHandler(BaseHandler):
+    """This API as an OpenAPI 3.1 document, generated from the route table and the schemas."""
+
+    def get(self) -> None:
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.finish(openapi.document_json())
 
 
 class CapacityHandler(BaseHandler):
@@ -25,15 +33,11 @@ class ModelsHandler(BaseHandler):
 
 class TokenizeHandler(BaseHandler):
     def post(self, model: str) -> None:
-        body = self.json_body()
-        texts = body.get("texts")
-        if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
-            raise ApiError("invalid_field", "texts: must be a list of strings", {"field": "texts"})
-        add_special = body.get("add_special_tokens", True)
+        body = self.parse_body()
         tokenizer = self.service.catalog.tokenizer(model)
         self.write_json({
             "model": model,
-            "tokens": [tokenizer.encode(text, add_special_tokens=bool(add_special)) for text in texts],
+            "tokens": [tokenizer.encode(text, add_special_tokens=body.add_special_tokens) for text in body.texts],
             "bos_token_id": tokenizer.bos_token_id,
             "eos_token_id": tokenizer.eos_token_id,
             "pad_token_id": tokenizer.pad_token_id,
@@ -43,10 +47,7 @@ class TokenizeHandler(BaseHandler):
 
 class DetokenizeHandler(BaseHandler):
     def post(self, model: str) -> None:
-        body = self.json_body()
-        tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(row, list) and all(isinstance(t, int) for t in row) for row in tokens):
-            raise ApiError("invalid_field", "tokens: must be a list of token-id lists", {"field": "tokens"})
+        tokens = self.parse_body().tokens
         tokenizer = self.service.catalog.tokenizer(model)
         self.write_json({"model": model, "texts": [tokenizer.decode(row) for row in tokens]})
 

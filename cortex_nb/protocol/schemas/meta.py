@@ -1,0 +1,90 @@
+"""The backend itself: its version, devices and queue, models and their tokenizers, and who a token is."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .base import Body, Reply
+
+
+class Version(Reply):
+    """`GET /version`, the one route without authentication. Clients refuse another API major."""
+
+    service: str
+    version: str
+    api_version: str
+
+
+class WhoAmI(Reply):
+    owner: str
+    token_id: str
+    scopes: list[str]
+
+
+class DeviceView(Reply):
+    id: str = Field(description="`cpu:0`, `cuda:1`, ...")
+    kind: str
+    index: int | None
+    name: str
+    memory_bytes: int | None
+    slots: int = Field(description="sub-jobs it serves at once")
+
+
+class DeviceCapacity(DeviceView):
+    slots_in_use: int
+    slots_available: int
+
+
+class PendingJob(Reply):
+    job_id: str
+    name: str | None
+    position: int
+    reason: str
+    estimate_s: float | None
+
+
+class Capacity(Reply):
+    devices: list[DeviceCapacity]
+    slots_total: int
+    slots_in_use: int
+    slots_available: int
+    pending: int
+    pending_slots: int
+    pending_jobs: list[PendingJob] = Field(description="the caller's own pending jobs, in queue order")
+
+
+class ModelView(Reply):
+    name: str
+    kind: str = Field(description="builtin or local")
+    architecture: str | None
+    vocab_size: int
+    max_positions: int | None
+    hidden_size: int | None
+    num_layers: int | None
+
+
+class ModelList(Reply):
+    models: list[ModelView]
+
+
+class TokenizeBody(Body):
+    texts: list[str]
+    add_special_tokens: bool = True
+
+
+class Tokenized(Reply):
+    model: str
+    tokens: list[list[int]]
+    bos_token_id: int | None
+    eos_token_id: int | None
+    pad_token_id: int | None
+    vocab_size: int
+
+
+class DetokenizeBody(Body):
+    tokens: list[list[int]]
+
+
+class Detokenized(Reply):
+    model: str
+    texts: list[str]
