@@ -89,4 +89,11 @@ def unload_ipython_extension(ipython) -> None:
     unload(ipython)
 
 
-__all__ = ["API_VERSION", "__version__", *sorted(_EXPORTS)]
+# Spelled out, so linters and type checkers see the lazy names (a test keeps it equal to _EXPORTS).
+__all__ = [
+    "API_VERSION", "__version__", "APIFuture", "AuthError", "BackendError", "BadRequestError", "Client",
+    "Comparison", "ConflictError", "ConnectionError", "CortexError", "GenerateResult", "NotFoundError",
+    "OutputVerificationError", "PermissionError", "PollPolicy", "RateLimitError", "RequestFailed", "RetryPolicy",
+    "RunFailed", "RunHandle", "Sampler", "SubmissionOutcomeUnknown", "TimeoutError", "TrainingJob",
+    "VersionMismatchError", "compare",
+]

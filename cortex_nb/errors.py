@@ -9,7 +9,8 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-from .protocol.errors import CortexError
+# The backend's names, still importable from here by code written before the table moved to the protocol.
+from .protocol.errors import ERROR_STATUS, ApiError, CortexError, status_for  # noqa: F401
 
 
 class BadRequestError(CortexError):

@@ -4,7 +4,16 @@ is in it, with a status or a place it appears, and every code in it is produced 
 from __future__ import annotations
 
 from cortex_nb.errors import BackendError, BadRequestError, ConflictError, NotFoundError, error_from_response
-from cortex_nb.protocol.errors import CLIENT, ERROR_CODES, ERROR_STATUS, FAILURE_CODES, JOB, REQUEST, RUN, status_for
+from cortex_nb.protocol.errors import (
+    CLIENT,
+    ERROR_CODES,
+    ERROR_STATUS,
+    FAILURE_CODES,
+    JOB,
+    REQUEST,
+    RUN,
+    status_for,
+)
 
 from .error_sources import source_codes
 

@@ -43,3 +43,18 @@ def test_unknown_names_still_raise_attribute_error():
 
     with pytest.raises(AttributeError):
         cortex_nb.NoSuchThing  # noqa: B018
+
+
+def test_all_names_every_lazy_export():
+    import cortex_nb
+
+    assert set(cortex_nb.__all__) == {"API_VERSION", "__version__", *cortex_nb._EXPORTS}
+
+
+def test_former_module_names_are_the_moved_modules():
+    import cortex_nb.protocol.states
+    import cortex_nb.states
+    from cortex_nb import job_spec, run_spec, wire
+    from cortex_nb.protocol import wire as protocol_wire
+
+    assert cortex_nb.states is cortex_nb.protocol.states and wire is protocol_wire and job_spec is run_spec

@@ -71,7 +71,9 @@ def test_ppo_takes_its_thresholds_from_the_config():
 def test_validation_fills_defaults_and_refuses_unknown_or_out_of_range_config():
     spec, config = validate_loss({"loss_fn": "ppo", "loss_fn_config": {"clip_low_threshold": 0.7}})
     assert spec.name == "ppo" and config == {"clip_low_threshold": 0.7, "clip_high_threshold": 1.2}
-    assert validate_loss({})[0].name == "cross_entropy"
+    with pytest.raises(ApiError) as info:  # a frame names its loss (the client always sends one)
+        validate_loss({})
+    assert info.value.code == "invalid_frame" and info.value.detail["field"] == "loss_fn"
     for metadata, field in (({"loss_fn": "cross_entropy", "loss_fn_config": {"clip_low_threshold": 0.7}},
                              "loss_fn_config.clip_low_threshold"),
                             ({"loss_fn": "ppo", "loss_fn_config": {"clip_high_threshold": 0.5}}, "loss_fn_config.clip_high_threshold"),

@@ -4,25 +4,71 @@ code and names the offending field."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 import numpy as np
 
+from cortex_nb.protocol import strict_json
 from cortex_nb.protocol.errors import ApiError
-from cortex_nb.protocol.losses import DEFAULT_LOSS, LOSSES, TENSORS, LossSpec
-from cortex_nb.protocol.schemas.base import IDENTIFIER
+from cortex_nb.protocol.losses import LOSSES, TENSORS, LossSpec
 from cortex_nb.protocol.schemas.data_plane import MAX_PROMPTS
 from cortex_nb.protocol.schemas.jobs import CreateJob
 from cortex_nb.protocol.states import TRAINING
 
 from .models import ModelCatalog, ModelInfo
 
-ID_PATTERN = re.compile(IDENTIFIER)
+# \Z, not $: "$" also matches before a trailing newline, and an id ending in one breaks every later download.
+# (The schemas' IDENTIFIER says the same in JSON Schema, where "$" is the end of the text.)
+ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+DECIMAL_PATTERN = re.compile(r"[0-9]{1,18}")
 
 
 def _field_error(field: str, message: str, code: str = "invalid_field") -> ApiError:
     return ApiError(code, f"{field}: {message}", {"field": field})
+
+
+def parse_json(raw: bytes | str, what: str = "the body", code: str = "invalid_json") -> Any:
+    """Strict JSON (cortex_nb.strict_json): NaN, Infinity, runaway nesting and over-long integers are
+    refused with `code` rather than a 500."""
+    try:
+        return strict_json.loads(raw)
+    except strict_json.StrictJsonError as exc:
+        raise ApiError(code, f"{what} {exc}") from None
+
+
+def parse_json_object(raw: bytes, what: str = "the body") -> dict[str, Any]:
+    if not raw.strip():
+        return {}
+    value = parse_json(raw, what)
+    if not isinstance(value, dict):
+        raise ApiError("invalid_json", f"{what} must be a JSON object")
+    return value
+
+
+def parse_decimal(text: str | None, field: str, high: int = 1 << 62) -> int:
+    """A non-negative integer in ASCII digits (str.isdigit also takes '²' and other Unicode digits)."""
+    if text is None or not DECIMAL_PATTERN.fullmatch(text) or int(text) > high:
+        raise _field_error(field, f"must be a whole number from 0 to {high} in ASCII digits, got {text!r}")
+    return int(text)
+
+
+def dumps_strict(value: Any) -> str:
+    """JSON text a strict parser (a browser's JSON.parse) accepts: a non-finite number becomes null."""
+    return strict_json.dumps(value)
+
+
+def check_number(value: Any, field: str, low: float | None = None, high: float | None = None, integer: bool = False) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise _field_error(field, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _field_error(field, f"must be a finite number, got {value!r}")
+    if low is not None and value < low:
+        raise _field_error(field, f"must be at least {low}, got {value}")
+    if high is not None and value > high:
+        raise _field_error(field, f"must be at most {high}, got {value}")
+    return value
 
 
 def validate_identifier(value: Any, field: str) -> str:
@@ -117,7 +163,10 @@ def validate_token_batch(
 
 def validate_loss(metadata: dict[str, Any]) -> tuple[LossSpec, dict[str, float]]:
     """The frame's loss and its complete config (the spec's defaults where the client sent none)."""
-    name = metadata.get("loss_fn", DEFAULT_LOSS)
+    if "loss_fn" not in metadata:
+        raise ApiError("invalid_frame", f"the frame's metadata names no loss_fn; send one of {sorted(LOSSES)}",
+                       {"field": "loss_fn"})
+    name = metadata["loss_fn"]
     spec = LOSSES.get(name) if isinstance(name, str) else None
     if spec is None:
         raise ApiError("unknown_loss", f"loss_fn {name!r} is not one of {sorted(LOSSES)}", {"field": "loss_fn"})

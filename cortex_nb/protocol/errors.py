@@ -43,7 +43,8 @@ ERROR_CODES: dict[str, ErrorCode] = {entry.code: entry for entry in (
     ErrorCode("invalid_checkpoint_id", 400, "a checkpoint id is 1-64 letters, digits, '_', '.', '-' and never a path"),
     ErrorCode("chunk_mismatch", 400, "a chunk or an assembled upload does not match its SHA-256; send it again"),
     ErrorCode("spec_invalid", 400, "the run spec (cortex.yaml) was refused; the message names the key", (RUN,)),
-    ErrorCode("exceeds_capacity", 400, "the job or run needs more devices (or memory) than this backend has"),
+    ErrorCode("exceeds_capacity", 400, "the job or run needs more devices (or memory) than this backend has (a pending"
+              " job fails so when the hosts left in a cluster can never hold it)", (JOB,)),
     ErrorCode("hash_mismatch", 400, "a dataset's bytes do not have the SHA-256 its id says"),
     ErrorCode("invalid_dataset", 400, "the dataset is not JSONL training rows, or could not be cut into training rows",
               (JOB,)),
@@ -67,6 +68,10 @@ ERROR_CODES: dict[str, ErrorCode] = {entry.code: entry for entry in (
     ErrorCode("method_not_allowed", 405, "the route exists but not with this method"),
     # 409: the request is fine but the state of things forbids it now
     ErrorCode("conflict", 409, "the id is taken, or the upload was used already"),
+    ErrorCode("job_id_unavailable", 409, "the job_id is taken (by anyone: the answer never says whose); choose another or"
+              " omit it"),
+    ErrorCode("no_host_for_model", 409, "no host of the cluster that is up now has the model (a pending job fails so when"
+              " the last such host leaves)", (JOB,)),
     ErrorCode("job_finished", 409, "the job has ended (or is completing) and takes no new requests", (REQUEST,)),
     ErrorCode("idempotency_key_reused", 409, "this Idempotency-Key was used before with a different body"),
     ErrorCode("checkpoint_in_use", 409, "a load or export reads the checkpoint; delete it after"),
@@ -83,6 +88,8 @@ ERROR_CODES: dict[str, ErrorCode] = {entry.code: entry for entry in (
     ErrorCode("quota_exceeded", 413, "the owner's checkpoint quota would be exceeded; nothing was kept", (REQUEST,)),
     ErrorCode("rate_limited", 429, "too many requests at once; retry after a moment"),
     ErrorCode("internal_error", 500, "the backend hit an unexpected error; it is logged"),
+    ErrorCode("too_many_connections", 503, "the backend has as many connections open as it allows (--max-connections);"
+              " retry shortly"),
     ErrorCode("proxy_not_configured", 501, "the Jupyter server has no backend token to forward with"),
     ErrorCode("not_supported", 501, "a compatibility face was asked for something that cannot exist here;"
               " the message names the cortex-nb way to do it"),
@@ -94,6 +101,7 @@ ERROR_CODES: dict[str, ErrorCode] = {entry.code: entry for entry in (
     ErrorCode("worker_crashed", None, "the worker process serving the sub-job died", (JOB, REQUEST)),
     ErrorCode("worker_start_failed", None, "the worker could not load the model or start", (JOB,)),
     ErrorCode("out_of_memory", None, "the device ran out of memory", (JOB, REQUEST)),
+    ErrorCode("host_lost", None, "the host running the sub-job left the cluster (its node died or was removed)", (JOB,)),
     ErrorCode("operation_failed", None, "the operation raised an error; see the message", (REQUEST,)),
     ErrorCode("no_gradients", None, "step found no gradients to apply: call forward_backward first", (REQUEST,)),
     ErrorCode("non_finite_gradients", None,
@@ -107,11 +115,13 @@ ERROR_CODES: dict[str, ErrorCode] = {entry.code: entry for entry in (
     ErrorCode("workload_runtime_failed", None,
               "the command exited non-zero or was killed by a signal; see exit_code and the logs", (RUN,)),
     ErrorCode("workload_out_of_memory", None,
-              "the workload ran out of memory (its address-space limit, or the device's memory)", (RUN,)),
+              "the workload ran out of memory (the run's memory limit, its address-space limit, or the device's)", (RUN,)),
+    ErrorCode("disk_quota_exceeded", None, "the run's work dir passed its quota (--run-disk-mib) and the run was stopped",
+              (RUN,)),
     ErrorCode("output_missing", None, "a required output was not written", (RUN,)),
     ErrorCode("output_too_large", None, "an output is larger than its max_bytes", (RUN,)),
     ErrorCode("timed_out", None, "the run passed its timeout_seconds and was stopped", (RUN,)),
-    ErrorCode("isolation_unsupported", None, "isolation: required, and this host cannot give the run a network namespace",
+    ErrorCode("isolation_unsupported", None, "isolation: required, and this host cannot give the run its sandbox or per-run limits",
               (RUN,)),
     ErrorCode("sandbox_failed", None, "the backend could not set up the run's sandbox; see the message", (RUN,)),
     # raised by the client itself

@@ -92,6 +92,8 @@ LOSSES: dict[str, LossSpec] = {spec.name: spec for spec in (
              metrics=("loss:sum", "ratio:mean", "clip_fraction:mean")),
 )}
 LOSS_FUNCTIONS = tuple(LOSSES)
+# loss -> the tensors it needs besides input_ids (a view of LOSSES, for code that predates LossSpec)
+LOSS_INPUTS: dict[str, tuple[str, ...]] = {name: spec.tensors for name, spec in LOSSES.items()}
 DEFAULT_LOSS = "cross_entropy"
 
 

@@ -24,8 +24,9 @@ from .versions import API_VERSION, __version__
 REF = "#/components/schemas/{model}"
 BODY_ERRORS = ("invalid_json", "invalid_field", "body_too_large")
 AUTH_ERRORS = ("unauthenticated", "forbidden")
-# Any route may fail unexpectedly; the answer is still the error body.
-EVERY_ROUTE_ERRORS = ("internal_error",)
+# Any route may fail unexpectedly, or be refused when the backend has all the connections it allows;
+# the answer is still the error body.
+EVERY_ROUTE_ERRORS = ("internal_error", "too_many_connections")
 # Path parameters the backend checks before looking anything up; the others are any one segment.
 PATH_SCHEMAS: dict[str, dict[str, Any]] = {
     "index": {"type": "integer", "minimum": 0},

@@ -70,8 +70,10 @@ export const REQUEST_TERMINAL: readonly string[] = ["cancelled", "failed", "succ
 export const FAILURE_CODES: Readonly<Record<string, string>> = {
   "invalid_batch": "the batch does not fit the model or the loss (shapes, dtypes, token ids, length)",
   "unsupported_operation": "the sub-job (or model) does not serve this operation",
+  "exceeds_capacity": "the job or run needs more devices (or memory) than this backend has (a pending job fails so when the hosts left in a cluster can never hold it)",
   "invalid_dataset": "the dataset is not JSONL training rows, or could not be cut into training rows",
   "incompatible_adapter": "the weights do not fit the sub-job's adapter (base model, rank or target modules)",
+  "no_host_for_model": "no host of the cluster that is up now has the model (a pending job fails so when the last such host leaves)",
   "job_finished": "the job has ended (or is completing) and takes no new requests",
   "checkpoint_corrupted": "a checkpoint file no longer matches its SHA-256; it was not loaded",
   "quota_exceeded": "the owner's checkpoint quota would be exceeded; nothing was kept",
@@ -80,6 +82,7 @@ export const FAILURE_CODES: Readonly<Record<string, string>> = {
   "worker_crashed": "the worker process serving the sub-job died",
   "worker_start_failed": "the worker could not load the model or start",
   "out_of_memory": "the device ran out of memory",
+  "host_lost": "the host running the sub-job left the cluster (its node died or was removed)",
   "operation_failed": "the operation raised an error; see the message",
   "no_gradients": "step found no gradients to apply: call forward_backward first",
   "non_finite_gradients": "a step's gradient norm was NaN or infinite; lower the learning rate or clip gradients",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from cortex_nb.protocol import openapi
+from cortex_nb.protocol.errors import ApiError
 from cortex_nb.protocol.versions import API_VERSION, __version__
 
 from .base import BaseHandler
@@ -23,7 +26,7 @@ class OpenApiHandler(BaseHandler):
 
 class CapacityHandler(BaseHandler):
     def get(self) -> None:
-        self.write_json({**self.service.scheduler.capacity(), "pending_jobs": self.service.job_views.queue.pending_jobs(self.principal)})
+        self.write_json({**self.service.capacity(), "pending_jobs": self.service.job_views.queue.pending_jobs(self.principal)})
 
 
 class ModelsHandler(BaseHandler):
@@ -32,12 +35,15 @@ class ModelsHandler(BaseHandler):
 
 
 class TokenizeHandler(BaseHandler):
-    def post(self, model: str) -> None:
+    async def post(self, model: str) -> None:
         body = self.parse_body()
         tokenizer = self.service.catalog.tokenizer(model)
+        # Tokenizing (bounded by the body's schema) runs off the IO loop.
+        tokens = await asyncio.to_thread(
+            lambda: [tokenizer.encode(text, add_special_tokens=body.add_special_tokens) for text in body.texts])
         self.write_json({
             "model": model,
-            "tokens": [tokenizer.encode(text, add_special_tokens=body.add_special_tokens) for text in body.texts],
+            "tokens": tokens,
             "bos_token_id": tokenizer.bos_token_id,
             "eos_token_id": tokenizer.eos_token_id,
             "pad_token_id": tokenizer.pad_token_id,
@@ -46,10 +52,16 @@ class TokenizeHandler(BaseHandler):
 
 
 class DetokenizeHandler(BaseHandler):
-    def post(self, model: str) -> None:
+    async def post(self, model: str) -> None:
         tokens = self.parse_body().tokens
         tokenizer = self.service.catalog.tokenizer(model)
-        self.write_json({"model": model, "texts": [tokenizer.decode(row) for row in tokens]})
+        vocab = tokenizer.vocab_size
+        for index, row in enumerate(tokens):
+            if row and (min(row) < 0 or max(row) >= vocab):
+                raise ApiError("invalid_field", f"tokens[{index}]: holds ids outside [0, {vocab}) for model {model}",
+                               {"field": f"tokens[{index}]"})
+        texts = await asyncio.to_thread(lambda: [tokenizer.decode(row) for row in tokens])
+        self.write_json({"model": model, "texts": texts})
 
 
 class WhoAmIHandler(BaseHandler):

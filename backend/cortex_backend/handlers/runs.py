@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cortex_nb.protocol import states
 
-from ..logs import MAX_PAGE
+from ..logs import MAX_PAGE, run_log_key
 from ..runs.manager import public_run
 from .base import BaseHandler
 from .uploads import UploadChunkHandler
@@ -48,7 +48,10 @@ class RunLogsHandler(BaseHandler):
         run = self.service.runs.visible_run(self.principal, run_id)
         query = self.query_args()
         wait_s = min(query.wait, 60.0) if run["status"] not in states.JOB_TERMINAL else 0.0
-        page = await self.service.logs.follow(run_id, query.cursor, min(query.limit, MAX_PAGE), wait_s)
+        # Lines shown to anyone but the run's owner (an admin) are redacted, as job logs are.
+        redacted = run["owner"] != self.principal.owner
+        page = await self.service.logs.follow(run_log_key(run_id), query.cursor, min(query.limit, MAX_PAGE), wait_s,
+                                              redacted=redacted)
         page["run_status"] = self.service.runs.visible_run(self.principal, run_id)["status"]
         self.write_json(page)
 

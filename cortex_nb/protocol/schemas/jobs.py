@@ -26,6 +26,9 @@ from .base import LABEL_KEY, MODULE_NAME, Body, Identifier, Query, Reply, Second
 MAX_SUB_JOBS = 8
 MAX_LABELS = 16
 MAX_IDLE_TIMEOUT_S = 7 * 24 * 3600
+MAX_MEMORY_GIB = 4096
+# Job ids a client may not choose: the other kinds of ids the backend hands out.
+RESERVED_JOB_ID_PREFIXES = ("run-", "req-", "sub-", "tok_")
 
 JobStatus = Literal[JOB_STATES]  # type: ignore[valid-type]
 SubJobType = Literal[SUB_JOB_TYPES]  # type: ignore[valid-type]
@@ -34,7 +37,7 @@ ModuleName = Annotated[str, StringConstraints(pattern=MODULE_NAME)]
 
 class LoraSpec(Body):
     r: int = Field(default=16, ge=1, le=1024, description="the adapter's rank")
-    alpha: float = Field(default=32, ge=0, description="LoRA's scaling numerator (scale = alpha / r)")
+    alpha: float = Field(default=32, ge=0, le=1e6, description="LoRA's scaling numerator (scale = alpha / r)")
     dropout: float = Field(default=0.0, ge=0, le=0.99)
     target_modules: Literal["all-linear"] | Annotated[list[ModuleName], Field(min_length=1)] = Field(
         default="all-linear", description="'all-linear', or the names of the modules to adapt")
@@ -55,7 +58,7 @@ class OptimizerSpec(Body):
     betas: Annotated[list[Annotated[float, Field(ge=0, le=0.999999)]], Field(min_length=2, max_length=2)] = [0.9, 0.999]
     eps: float = Field(default=1e-8, ge=0, le=1)
     weight_decay: float = Field(default=0.0, ge=0, le=10)
-    grad_clip: float | None = Field(default=None, ge=0, description="clip the gradient norm to this (none: no clipping)")
+    grad_clip: float | None = Field(default=None, ge=0, le=1e6, description="clip the gradient norm to this (none: no clipping)")
 
 
 class SubJobSpec(Body):
@@ -74,7 +77,7 @@ class SubJobSpec(Body):
 
 
 class HardwareSpec(Body):
-    min_memory_gib: float = Field(default=0, ge=0, description="each sub-job's device has at least this much memory")
+    min_memory_gib: float = Field(default=0, ge=0, le=MAX_MEMORY_GIB, description="each sub-job's device has at least this much memory")
 
 
 LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY)]
@@ -98,6 +101,15 @@ class CreateJob(Body):
     training_loop: dict[str, Any] | None = Field(
         default=None, description="a managed training run: the JSON form of the `%%cortex train` spec"
                                   " (cortex_nb/train_spec.py, docs/api.md); only with exactly one training sub-job")
+
+    @field_validator("job_id")
+    @classmethod
+    def _not_reserved(cls, value: str | None) -> str | None:
+        if value is not None and value.startswith(RESERVED_JOB_ID_PREFIXES):
+            raise PydanticCustomError(
+                "invalid_field", "may not start with {prefixes}: those name other kinds of ids",
+                {"prefixes": ", ".join(RESERVED_JOB_ID_PREFIXES)})
+        return value
 
     @model_validator(mode="after")
     def _one_trainer(self) -> CreateJob:

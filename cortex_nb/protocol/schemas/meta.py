@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from .base import Body, Reply
 
@@ -67,9 +68,22 @@ class ModelList(Reply):
     models: list[ModelView]
 
 
+# Tokenizing is bounded: a read-only token could otherwise hold a core for seconds.
+MAX_TEXTS = 1024
+MAX_TEXT_CHARS = 1 << 20
+MAX_TOKEN_IDS = 1 << 20
+
+
 class TokenizeBody(Body):
-    texts: list[str]
+    texts: list[str] = Field(description=f"at most {MAX_TEXTS} texts and {MAX_TEXT_CHARS} characters in all")
     add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _bounded(self) -> TokenizeBody:
+        if len(self.texts) > MAX_TEXTS or sum(map(len, self.texts)) > MAX_TEXT_CHARS:
+            raise PydanticCustomError("invalid_field", "texts: at most {texts} texts and {chars} characters in all per"
+                                      " request; split the work", {"texts": MAX_TEXTS, "chars": MAX_TEXT_CHARS})
+        return self
 
 
 class Tokenized(Reply):
@@ -82,7 +96,15 @@ class Tokenized(Reply):
 
 
 class DetokenizeBody(Body):
-    tokens: list[list[int]]
+    tokens: list[list[int]] = Field(description=f"at most {MAX_TEXTS} lists and {MAX_TOKEN_IDS} ids in all; each id in"
+                                                " [0, the model's vocab_size)")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> DetokenizeBody:
+        if len(self.tokens) > MAX_TEXTS or sum(map(len, self.tokens)) > MAX_TOKEN_IDS:
+            raise PydanticCustomError("invalid_field", "tokens: at most {lists} lists and {ids} ids in all per request",
+                                      {"lists": MAX_TEXTS, "ids": MAX_TOKEN_IDS})
+        return self
 
 
 class Detokenized(Reply):

@@ -19,6 +19,7 @@ MAX_SAMPLES_PER_PROMPT = 64
 MAX_STOP_SEQUENCES = 16
 MAX_NEW_TOKENS = 1 << 16
 MAX_TEMPERATURE = 100.0
+MAX_TOP_K = 1 << 24
 
 StopItem = Annotated[str, Field(min_length=1)] | Annotated[int, Field(ge=0)]
 
@@ -30,7 +31,7 @@ class SamplingParams(Body):
     max_tokens: int = Field(default=16, ge=1, le=MAX_NEW_TOKENS)
     temperature: float = Field(default=1.0, ge=0, le=MAX_TEMPERATURE)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=0)
+    top_k: int = Field(default=0, ge=0, le=MAX_TOP_K)
     stop: Annotated[list[StopItem], Field(max_length=MAX_STOP_SEQUENCES)] = Field(default_factory=list)
     seed: Seed | None = None
     n: int = Field(default=1, ge=1, le=MAX_SAMPLES_PER_PROMPT, description="samples per prompt")
