@@ -27,6 +27,20 @@ AUTH_ERRORS = ("unauthenticated", "forbidden")
 # Any route may fail unexpectedly, or be refused when the backend has all the connections it allows;
 # the answer is still the error body.
 EVERY_ROUTE_ERRORS = ("internal_error", "too_many_connections")
+# Codes with an HTTP status that no route of this document answers with, and who answers with them.
+ANSWERED_ELSEWHERE = {
+    "route_not_found": "the backend, for a path no route has",
+    "method_not_allowed": "the backend, for a route's path with a method it does not take",
+    "route_not_proxied": "the Jupyter proxy (server_extension)",
+    "proxy_not_configured": "the Jupyter proxy (server_extension)",
+    "backend_unavailable": "the Jupyter proxy (server_extension)",
+    "version_mismatch": "the client, for a backend of another API major",
+    "not_supported": "the Cortex SDK face (docs/cortex-sdk.md), on its own routes",
+    "rate_limited": "the Cortex SDK face's chunk groups",
+    "chunk_group_restart_required": "the Cortex SDK face's chunk groups",
+    "chunk_group_conflict": "the Cortex SDK face's chunk groups",
+    "chunk_group_missing_chunks": "the Cortex SDK face's chunk groups",
+}
 # Path parameters the backend checks before looking anything up; the others are any one segment.
 PATH_SCHEMAS: dict[str, dict[str, Any]] = {
     "index": {"type": "integer", "minimum": 0},
@@ -154,7 +168,8 @@ def build(table: tuple[Route, ...] | None = None) -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                            "description": "a backend token (scopes: jobs:read, jobs:write, runs:write, admin)"}},
         },
-        "x-error-codes": {code: {"status": entry.status, "meaning": entry.meaning, "ends": list(entry.ends)}
+        "x-error-codes": {code: {"status": entry.status, "meaning": entry.meaning, "ends": list(entry.ends),
+                                 **({"answered_by": ANSWERED_ELSEWHERE[code]} if code in ANSWERED_ELSEWHERE else {})}
                           for code, entry in ERROR_CODES.items()},
     }
 

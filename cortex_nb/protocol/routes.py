@@ -99,7 +99,7 @@ TO_REQUEST = follow(REQUEST_ROUTES, job_id="job_id", request_id="request_id")
 JOB = ("job_not_found",)
 SUBMIT = (*JOB, "job_finished", "unsupported_operation", "idempotency_key_reused", "invalid_request")
 RUN = ("run_not_found",)
-CHUNKED = ("invalid_request", "invalid_field", "chunk_mismatch", "not_found", "conflict")
+CHUNKED = ("invalid_request", "invalid_field", "chunk_mismatch", "not_found", "conflict", "quota_exceeded")
 
 ROUTES: tuple[Route, ...] = (
     Route("version", "GET", "/version", None, summary="service, version and API version (no authentication)",
@@ -109,7 +109,7 @@ ROUTES: tuple[Route, ...] = (
     Route("create_job", "POST", "/v1/jobs", WRITE, summary="create a job (queued until its devices are free)",
           body=jobs.CreateJob, reply=jobs.JobView, status=201, links=TO_JOB,
           errors=("unknown_model", "invalid_model_name", "too_many_training_sub_jobs", "exceeds_capacity", "conflict",
-                  "dataset_not_found", "spec_invalid", "idempotency_key_reused")),
+                  "dataset_not_found", "spec_invalid", "idempotency_key_reused", "job_id_unavailable", "no_host_for_model")),
     Route("list_jobs", "GET", "/v1/jobs", READ, summary="the caller's jobs (an admin's: everyone's), newest first",
           query=jobs.ListJobsQuery, reply=jobs.JobPage),
     Route("get_job", "GET", "/v1/jobs/{job_id}", READ, summary="a job, optionally after waiting for a change",
@@ -118,7 +118,7 @@ ROUTES: tuple[Route, ...] = (
           reply=jobs.JobView, errors=JOB),
     Route("complete_job", "POST", "/v1/jobs/{job_id}/complete", WRITE,
           summary="free a job's device once its queued requests ran (\"Free device\")", reply=jobs.CompletedJob,
-          errors=JOB),
+          errors=(*JOB, "job_finished")),
     # data plane: each answers 202 {request_id}
     Route("forward_backward", "POST", "/v1/jobs/{job_id}/forward_backward", WRITE,
           summary="forward and backward pass; gradients accumulate until step", query=data_plane.OperationQuery,
@@ -171,7 +171,7 @@ ROUTES: tuple[Route, ...] = (
           errors=(*JOB, "checkpoint_not_found", "invalid_checkpoint_id", "checkpoint_corrupted")),
     # managed training: datasets uploaded once, named by their SHA-256
     Route("put_dataset", "PUT", "/v1/datasets/{dataset_id}", WRITE, summary="upload a dataset (id = its SHA-256)",
-          body=JSONL, reply=datasets.DatasetView, errors=("hash_mismatch", "invalid_dataset", "invalid_field", "body_too_large"),
+          body=JSONL, reply=datasets.DatasetView, errors=("hash_mismatch", "invalid_dataset", "invalid_field", "body_too_large", "quota_exceeded"),
           links=follow(("get_dataset",), dataset_id="dataset_id")),
     Route("get_dataset", "GET", "/v1/datasets/{dataset_id}", READ, summary="whether the backend has a dataset",
           reply=datasets.DatasetView, errors=("dataset_not_found", "invalid_field")),
@@ -196,7 +196,7 @@ ROUTES: tuple[Route, ...] = (
     Route("create_run", "POST", "/v1/runs", RUNS, summary="submit a source run (a submission id runs once)",
           body=runs.CreateRun, reply=runs.RunView, status=201,
           errors=("spec_invalid", "manifest_mismatch", "exceeds_capacity", "unknown_model", "chunk_mismatch", "not_found",
-                  "conflict")),
+                  "conflict", "unsupported_operation")),
     Route("list_runs", "GET", "/v1/runs", READ, summary="the caller's runs, newest first", query=runs.ListRunsQuery,
           reply=runs.RunPage),
     Route("get_run", "GET", "/v1/runs/{run_id}", READ, summary="a run, optionally after waiting for a change",

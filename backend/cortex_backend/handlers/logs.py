@@ -45,7 +45,8 @@ class JobLogsHandler(BaseHandler):
 
     def on_connection_close(self) -> None:
         self._connection_closed = True
-        self.service.logs.waiters.notify(self.path_kwargs.get("job_id", ""))
+        # A connection can close before routing gave the handler its path arguments.
+        self.service.logs.waiters.notify(getattr(self, "path_kwargs", {}).get("job_id", ""))
 
     async def _stream(self, job_id: str, cursor: int, sub_job: str | None, redacted: bool, heartbeat_s: float) -> None:
         logs, store = self.service.logs, self.service.store

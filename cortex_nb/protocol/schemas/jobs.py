@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, field_validator, model_validator
+from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..states import (
@@ -87,6 +87,8 @@ class CreateJob(Body):
     """`POST /v1/jobs`."""
 
     body_name = "job"
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"name": "sft", "sub_jobs": [{"type": "training", "base_model": "tiny", "lora": {"r": 8}}]}]})
 
     job_id: Identifier | None = None
     name: ShortText | None = None

@@ -29,6 +29,8 @@ class DeviceView(Reply):
     name: str
     memory_bytes: int | None
     slots: int = Field(description="sub-jobs it serves at once")
+    host: str = Field(default="", description="the host it is on (a node of a cluster; a local backend names its own)")
+    models: list[str] | None = Field(default=None, description="the models its host has (a cluster's); absent: every model")
 
 
 class DeviceCapacity(DeviceView):
@@ -44,6 +46,25 @@ class PendingJob(Reply):
     estimate_s: float | None
 
 
+class HostCapacity(Reply):
+    """A host's devices and slots, summed (a cluster has several hosts; a local backend one)."""
+
+    host: str
+    devices: list[str]
+    slots_total: int
+    slots_in_use: int
+    slots_available: int
+    models: list[str] | None = None
+
+
+class ExecutorView(Reply):
+    """What runs sub-jobs: `local` worker processes, or `ray` actors on the hosts of a cluster."""
+
+    name: str
+    ray_address: str | None = None
+    hosts: list[str] | None = None
+
+
 class Capacity(Reply):
     devices: list[DeviceCapacity]
     slots_total: int
@@ -51,6 +72,8 @@ class Capacity(Reply):
     slots_available: int
     pending: int
     pending_slots: int
+    hosts: list[HostCapacity] = Field(default_factory=list)
+    executor: ExecutorView | None = None
     pending_jobs: list[PendingJob] = Field(description="the caller's own pending jobs, in queue order")
 
 

@@ -65,9 +65,13 @@ class RunReport(Reply):
     gpu_count: int | None = None
     cpu_seconds: float | None = None
     peak_memory_bytes: int | None = None
+    peak_memory_source: Literal["cgroup", "largest_process"] | None = Field(
+        default=None, description="the run's cgroup peak, or (without a cgroup) its largest process's")
     outputs_bytes: int | None = None
     isolation_tier: str | None = None
     isolation: dict[str, Any] | None = None
+    unenforced: list[str] | None = Field(default=None, description="the limits this host did not enforce (docs/security.md)")
+    run_uid: int | None = Field(default=None, description="the dedicated uid the run ran as (none: the backend's own)")
     limits: dict[str, Any] | None = None
 
 
