@@ -30,6 +30,15 @@ class FuzzReport:
         return sum(count for status, count in self.statuses.items() if status is not None and status >= 500)
 
 
+def _failures_section(stdout: str) -> str:
+    """schemathesis's account of what failed (each with a curl line that reproduces it), else its tail."""
+    start = stdout.find("= FAILURES =") if "= FAILURES =" in stdout else stdout.find("= ERRORS =")
+    if start < 0:
+        return stdout[-4000:]
+    end = stdout.find("= WARNINGS =", start)
+    return stdout[start:end if end > 0 else None][:12000]
+
+
 def fuzz(url: str, token: str, report_dir: Path, seconds: int, seed: int = 1, workers: int = 1) -> FuzzReport:
     """`schemathesis run` for `seconds` against `url`'s own document, every request with `token`."""
     command = [str(Path(sys.executable).with_name("schemathesis")), "run", f"{url}/v1/openapi.json",
@@ -38,7 +47,7 @@ def fuzz(url: str, token: str, report_dir: Path, seconds: int, seed: int = 1, wo
                "--report", "ndjson", "--report-dir", str(report_dir)]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks", "PYTHONPATH": str(ROOT)}
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=seconds + 240)
-    report = FuzzReport(result.returncode, result.stdout[-6000:] + result.stderr[-2000:])
+    report = FuzzReport(result.returncode, _failures_section(result.stdout) + result.stderr[-2000:])
     for path in report_dir.glob("*.ndjson"):
         for line in path.read_text().splitlines():
             event = json.loads(line)

@@ -10,9 +10,13 @@ from pathlib import Path
 
 import httpx
 import jsonschema
+import pytest
 
 from cortex_nb.protocol import openapi, routes
-from cortex_nb.protocol.errors import ERROR_CODES, status_for
+from cortex_nb.protocol.errors import ERROR_CODES, ApiError, status_for
+from cortex_nb.protocol.schemas.base import MAX_SEQ, parse
+from cortex_nb.protocol.schemas.data_plane import GetRequestQuery
+from cortex_nb.protocol.schemas.logs import JobLogsQuery, RunLogsQuery
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,3 +79,15 @@ def test_the_rendered_reference_is_up_to_date_and_linked():
     assert result.returncode == 0, result.stderr
     api = (ROOT / "docs" / "api.md").read_text()
     assert "/v1/openapi.json" in api and "(api-reference.md)" in api
+
+
+def test_cursors_past_what_the_store_holds_are_refused_not_a_500(backend):
+    """Found by the fuzzer: a log cursor of 32 digits reached SQLite and overflowed."""
+    headers = {"Authorization": f"Bearer {backend.token}"}
+    response = httpx.get(f"{backend.url}/v1/events", params={"after": "8" * 32}, headers=headers, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["detail"]["field"] == "after"
+    for model in (JobLogsQuery, RunLogsQuery, GetRequestQuery):
+        assert parse(model, {"cursor": str(MAX_SEQ)}).cursor == MAX_SEQ
+        with pytest.raises(ApiError) as refused:
+            parse(model, {"cursor": str(MAX_SEQ + 1)})
+        assert refused.value.code == "invalid_field" and refused.value.detail["field"] == "cursor"

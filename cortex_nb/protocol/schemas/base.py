@@ -51,6 +51,9 @@ Identifier = Annotated[str, StringConstraints(pattern=IDENTIFIER)]
 ShortText = Annotated[str, StringConstraints(max_length=200)]
 Seconds = Annotated[float, Field(ge=0)]
 MAX_SEED = 2**63 - 1
+# A position in a sequence the backend numbers (events, log lines): what SQLite's INTEGER holds, and more.
+MAX_SEQ = 1 << 62
+Cursor = Annotated[int, Field(ge=0, le=MAX_SEQ)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 
 

@@ -14,7 +14,7 @@ from pydantic_core import PydanticCustomError
 
 from ..checkpoint_format import CHECKPOINT_TYPES, RESUMABLE
 from ..states import REQUEST_STATES
-from .base import IDENTIFIER, Body, Identifier, Query, Reply, Seconds
+from .base import IDENTIFIER, Body, Cursor, Identifier, Query, Reply, Seconds
 from .sampling import SamplingParams
 
 MAX_PROMPTS = 1024
@@ -138,7 +138,7 @@ class ListRequestsQuery(Query):
 
 
 class GetRequestQuery(Query):
-    cursor: int = Field(default=0, ge=0, description="events after this seq")
+    cursor: Cursor = Field(default=0, description="events after this seq")
     max_events: int = Field(default=100, ge=1, description="at most 1000")
     wait: Seconds = Field(default=0.0, description="hold the answer up to this many seconds (at most 60) for news")
 

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..states import JOB_STATES
-from .base import Query, Reply, Seconds
+from .base import Cursor, Query, Reply, Seconds
 
 JobStatus = Literal[JOB_STATES]  # type: ignore[valid-type]
 
@@ -36,7 +36,7 @@ class RunLogPage(LogPage):
 
 
 class JobLogsQuery(Query):
-    cursor: int = Field(default=0, ge=0)
+    cursor: Cursor = 0
     limit: int = Field(default=1000, ge=1, description="at most 5000")
     sub_job: str | None = None
     wait: Seconds = Field(default=0.0, description="hold the answer up to this many seconds (at most 60) for a line")
@@ -45,6 +45,6 @@ class JobLogsQuery(Query):
 
 
 class RunLogsQuery(Query):
-    cursor: int = Field(default=0, ge=0)
+    cursor: Cursor = 0
     limit: int = Field(default=1000, ge=1, description="at most 5000")
     wait: Seconds = 0.0

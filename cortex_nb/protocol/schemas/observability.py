@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import Query, Reply, Seconds
+from .base import Cursor, Query, Reply, Seconds
 from .meta import DeviceView
 
 
@@ -73,6 +73,6 @@ class EventPage(Reply):
 
 
 class EventsQuery(Query):
-    after: int = Field(default=0, ge=0)
+    after: Cursor = 0
     limit: int = Field(default=100, ge=1, description="at most 1000")
     wait: Seconds = 0.0
