@@ -7,9 +7,10 @@ forward_backward and forward take a tensor frame (docs/wire.md), not JSON; their
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, WithJsonSchema
+from pydantic import BeforeValidator, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from ..checkpoint_format import CHECKPOINT_TYPES, RESUMABLE
@@ -24,18 +25,17 @@ OPERATIONS = ("forward_backward", "step", "generate", "forward", "noop", "save",
 RequestStatusName = Literal[REQUEST_STATES]  # type: ignore[valid-type]
 
 
-def _checkpoint_id(value: str) -> str:
-    import re
-
-    if not re.match(IDENTIFIER, value) or value.endswith("\n"):
+def _checkpoint_id(value: Any) -> str:
+    """Anything that is not a safe id (a path, a number, a trailing newline) is `invalid_checkpoint_id`."""
+    if not isinstance(value, str) or not re.match(IDENTIFIER, value) or value.endswith("\n"):
         raise PydanticCustomError(
             "invalid_checkpoint_id",
             "{value} is not allowed: use 1-64 letters, digits, '_', '.' or '-', starting with a letter"
-            " or digit (no slashes, no leading dot)", {"value": repr(value[:80])})
+            " or digit (no slashes, no leading dot)", {"value": repr(value[:80] if isinstance(value, str) else value)})
     return value
 
 
-CheckpointId = Annotated[str, AfterValidator(_checkpoint_id), WithJsonSchema({"type": "string", "pattern": IDENTIFIER})]
+CheckpointId = Annotated[str, BeforeValidator(_checkpoint_id), WithJsonSchema({"type": "string", "pattern": IDENTIFIER})]
 
 
 class OperationQuery(Query):
