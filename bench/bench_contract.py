@@ -61,6 +61,9 @@ def main() -> int:
     os.environ.setdefault("CORTEX_DISABLE_TELEMETRY", "1")
     with tempfile.TemporaryDirectory(prefix="cortex-contract-") as tmp:
         tree = checkout(args.before, Path(tmp))
+        # `python -m` puts the working directory first on sys.path: run both backends from outside this
+        # checkout, so the earlier one imports the earlier tree.
+        os.chdir(tmp)
         before_env = {"PYTHONPATH": os.pathsep.join([str(tree), str(tree / "backend")]), "CORTEX_STRICT_REPLIES": "0"}
         common = ("--devices", "cpu:1", "--worker-threads", "1")
         before = start_backend(Path(tmp) / "before", *common, env=before_env)
