@@ -46,7 +46,8 @@ def fuzz(url: str, token: str, report_dir: Path, seconds: int, seed: int = 1, wo
                "--request-timeout", "30", "--workers", str(workers), "--seed", str(seed), "--no-color",
                "--report", "ndjson", "--report-dir", str(report_dir)]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=seconds + 240)
+    # From the report dir: schemathesis keeps a cache (.schemathesis/) in its working directory.
+    result = subprocess.run(command, cwd=report_dir, env=env, capture_output=True, text=True, timeout=seconds + 240)
     report = FuzzReport(result.returncode, _failures_section(result.stdout) + result.stderr[-2000:])
     for path in report_dir.glob("*.ndjson"):
         for line in path.read_text().splitlines():

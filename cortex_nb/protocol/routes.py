@@ -94,6 +94,8 @@ REQUEST_ROUTES = ("get_request", "cancel_request", "get_request_tensors")
 CHECKPOINT_ROUTES = ("get_checkpoint", "export_checkpoint", "delete_checkpoint")
 TO_JOB = follow(JOB_ROUTES, job_id="job_id")
 TO_REQUEST = follow(REQUEST_ROUTES, job_id="job_id", request_id="request_id")
+RUN_ROUTES = ("get_run", "cancel_run", "run_logs", "run_report", "list_run_outputs")
+TO_RUN = follow(RUN_ROUTES, run_id="run_id")
 
 # Error codes a kind of route can answer with, besides the ones it names itself.
 JOB = ("job_not_found",)
@@ -194,7 +196,7 @@ ROUTES: tuple[Route, ...] = (
           errors=("unknown_model", "invalid_model_name", "unsupported_operation")),
     # source runs: a user's own code on the backend host, with verified outputs (docs/run-spec.md)
     Route("create_run", "POST", "/v1/runs", RUNS, summary="submit a source run (a submission id runs once)",
-          body=runs.CreateRun, reply=runs.RunView, status=201,
+          body=runs.CreateRun, reply=runs.RunView, status=201, links=TO_RUN,
           errors=("spec_invalid", "manifest_mismatch", "exceeds_capacity", "unknown_model", "chunk_mismatch", "not_found",
                   "conflict", "unsupported_operation")),
     Route("list_runs", "GET", "/v1/runs", READ, summary="the caller's runs, newest first", query=runs.ListRunsQuery,
