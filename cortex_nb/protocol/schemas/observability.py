@@ -15,6 +15,7 @@ class MetricSample(Reply):
 
     at: float
     device: str | None = None
+    host: str | None = Field(default=None, description="the host that took it, on a Ray backend")
     gpu_utilization_percent: float | None = None
     gpu_memory_used_bytes: int | None = None
     gpu_memory_total_bytes: int | None = None
