@@ -15,7 +15,7 @@ import numpy as np
 
 from .batching import next_token_batch
 from .futures import APIFuture
-from .states import (
+from .protocol.states import (
     JOB_FAILED,
     JOB_RUNNING,
     JOB_TERMINAL,

@@ -60,7 +60,7 @@ def test_a_retried_number_runs_once(backend, client: Client, job):
     assert first.status_code == again.status_code == 202
     assert first.json()["request_id"] == again.json()["request_id"]
     client.poll_request(job.job_id, first.json()["request_id"])
-    assert [r["id"] for r in client.list_requests(job.job_id)].count(first.json()["request_id"]) == 1
+    assert [r["request_id"] for r in client.list_requests(job.job_id)].count(first.json()["request_id"]) == 1
     assert client.get_request_status(job.job_id, first.json()["request_id"])["status"] == "succeeded"
     # Streams are independent of each other.
     other = _post(backend, job.job_id, "forward_backward", "other-stream/1", content=_frame(3), headers=FRAME)

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load as load_tensors
 
 from .adapter import adapter_parameters, assign
-from .checkpoint_io import ADAPTER_WEIGHTS, read_verified
+from .checkpoint import ADAPTER_WEIGHTS, read_verified
 from .errors import OperationError
 from .model_state import ModelState
 

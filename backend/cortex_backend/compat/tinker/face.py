@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from cortex_nb import states
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.schemas.base import parse
+from cortex_nb.protocol.schemas.jobs import CreateJob
 
 from ...auth import Principal
 from ...checkpoints import RESUMABLE, WEIGHTS_ONLY
@@ -130,7 +132,7 @@ class TinkerFace:
             "sub_jobs": [{"type": states.TRAINING, "base_model": base_model, "lora": lora, "optimizer": dict(ADAM_DEFAULTS),
                           "seed": secrets.randbelow(2**31) if seed is None else seed}],
         }
-        return self.service.jobs.create(principal, spec)["id"]
+        return self.service.jobs.create(principal, parse(CreateJob, spec))["id"]
 
     def create_model(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
         session = self.sessions.live(principal, body.get("session_id"))

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 from ...auth import Principal
 

@@ -10,7 +10,7 @@ from typing import Any
 import tornado.web
 import zstandard
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 from ...handlers.base import BaseHandler
 from ...service import Service
@@ -46,6 +46,17 @@ class TinkerHandler(BaseHandler):
         super().prepare()
         # Sessions exist only once a call made one, so the face's sweep for expired sessions starts with the first.
         self.face.start()
+
+    def int_argument(self, name: str, default: int, low: int = 0, high: int = 1 << 62) -> int:
+        """A query integer clamped to [low, high], as the SDK's list calls page (no `Query` model: not our API)."""
+        raw = self.get_query_argument(name, None)
+        if raw is None or raw == "":
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ApiError("invalid_field", f"{name}: must be an integer, got {raw[:40]!r}", {"field": name}) from None
+        return max(low, min(value, high))
 
     def error_status(self, code: str, status: int) -> int:
         return 400 if status == 409 else status

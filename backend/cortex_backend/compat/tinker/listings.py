@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from cortex_nb import states
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
 
 from ...auth import Principal
 from . import names

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 from .protobuf_wire import Writer, as_double, as_signed, packed_varints, parse
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import secrets
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 SCHEME = "tinker://"
 SAMPLER_PREFIX = "sampler."

@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 from collections import defaultdict
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
 

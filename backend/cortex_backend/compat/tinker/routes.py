@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cortex_nb.routes import READ, WRITE, Route
+from cortex_nb.protocol.routes import READ, WRITE, Route
 
 PREFIX = "/api/v1"
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cortex_nb import states
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.schemas.base import parse
+from cortex_nb.protocol.schemas.jobs import CreateJob
 
 from ...auth import Principal
 from ...service import Service
@@ -53,6 +55,6 @@ class SamplerHosts:
         if not self.alive(job):
             spec = {"name": f"tinker sampler {base_model}", "experiment": "tinker", "labels": {"api": "tinker"},
                     "sub_jobs": [{"type": states.SAMPLING, "base_model": base_model, "lora": lora}]}
-            job = self.service.jobs.create(principal, spec)
+            job = self.service.jobs.create(principal, parse(CreateJob, spec))
             self._jobs[key] = job["id"]
         return job["id"]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 from ...auth import Principal
-from ...requests import max_seq_len
+from ...data_plane import max_seq_len
 from . import names, translate
 from .face import TinkerFace, integer_field, untyped_future
 from .sessions import SamplingSession

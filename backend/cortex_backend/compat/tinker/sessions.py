@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 from ...auth import Principal
 from . import names

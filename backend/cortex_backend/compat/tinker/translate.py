@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from cortex_nb import wire
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import wire
+from cortex_nb.protocol.errors import ApiError
 
 from .messages import Datum
 

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cortex_nb import states, wire
-from cortex_nb.errors import ApiError
-from cortex_nb.losses import LOSS_INPUTS
+from cortex_nb.protocol import routes, states, wire
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.schemas.base import parse
+from cortex_nb.protocol.schemas.data_plane import SaveBody
 
 from .auth import Principal
 from .checkpoints import CheckpointManager
@@ -23,15 +24,9 @@ from .executor import Executor
 from .jobs import JobManager
 from .models import ModelCatalog
 from .store import Store
-from .validation import (
-    validate_loss,
-    validate_prompts,
-    validate_sampling_params,
-    validate_step,
-    validate_token_batch,
-)
+from .validation import validate_loss, validate_prompts, validate_token_batch
 from .waiters import Waiters
-from .weight_sync import WeightSyncCoordinator
+from .weight_syncs import WeightSyncCoordinator
 
 # Which sub-job serves an operation when the caller does not name one, in order of preference.
 DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
@@ -127,55 +122,55 @@ class RequestManager:
         op: str,
         sub: dict[str, Any],
         body: bytes,
-        json_body: dict[str, Any] | None,
+        json_body: Any,
         *,
         job: dict[str, Any] | None = None,
         principal: Principal | None = None,
         request_id: str = "",
     ) -> tuple[dict[str, Any], bytes]:
-        """Validate the payload for `op`; return the worker's params and binary frame."""
+        """Check the payload for `op` against what the sub-job can take (its body was parsed with the
+        route's schema); return the worker's params and binary frame."""
         # checkpoints and weight sync: a save reserves its id and bytes, a load holds its checkpoint
         if op == "save":
-            return self.checkpoints.prepare_save(request_id, job, sub, json_body or {}), b""
+            return self.checkpoints.prepare_save(request_id, job, sub, json_body), b""
         if op == "load":
-            return self.checkpoints.prepare_load(request_id, principal, job, sub, json_body or {}), b""
+            return self.checkpoints.prepare_load(request_id, principal, job, sub, json_body), b""
         if op == "weight_sync":
-            return self.weight_sync.prepare(job, sub, json_body or {}), b""
+            return self.weight_sync.prepare(job, sub, json_body), b""
         info = self.catalog.get(sub["spec"]["base_model"])
         limit = max_seq_len(sub, self.catalog)
         if op == "forward_backward":
             tensors, metadata = wire.decode_frame(body, copy=False)
-            loss_fn, config = validate_loss(metadata)
-            validate_token_batch(tensors, LOSS_INPUTS[loss_fn], info, limit)
+            loss, config = validate_loss(metadata)
+            validate_token_batch(tensors, loss.tensors, info, limit)
             # Tokens trained on (the attention-mask sum): what the job's progress record counts.
             mask = tensors.get("attention_mask")
             tokens = int(mask.sum()) if mask is not None else int(tensors["input_ids"].size)
-            return {"loss_fn": loss_fn, "loss_fn_config": config, "batch_shape": list(tensors["input_ids"].shape),
+            # The worker computes with these validated params, never with the frame's own metadata.
+            return {"loss_fn": loss.name, "loss_fn_config": config, "batch_shape": list(tensors["input_ids"].shape),
                     "tokens": tokens}, body
         if op == "forward":
             tensors, metadata = wire.decode_frame(body, copy=False)
             params: dict[str, Any] = {}
             required: tuple[str, ...] = ("target_tokens",)
             if metadata.get("loss_fn") is not None:
-                params["loss_fn"], params["loss_fn_config"] = validate_loss(metadata)
-                required = LOSS_INPUTS[params["loss_fn"]]
+                # a Tinker `forward` with a loss: the loss's value and logprobs, no gradients
+                loss, params["loss_fn_config"] = validate_loss(metadata)
+                params["loss_fn"], required = loss.name, loss.tensors
             validate_token_batch(tensors, required, info, limit)
             if metadata.get("adapter") is not None:
                 params["adapter"] = self.checkpoints.prepare_adapter(request_id, principal, job, sub, metadata["adapter"])
             return {**params, "batch_shape": list(tensors["input_ids"].shape)}, body
-        json_body = json_body or {}
         if op == "step":
-            return validate_step(json_body), b""
+            return json_body.model_dump(), b""
         if op == "generate":
-            unknown = sorted(set(json_body) - {"prompts", "sampling_params", "adapter"})
-            if unknown:
-                raise ApiError("invalid_field", f"{unknown[0]}: unknown field; generate takes prompts, sampling_params, adapter",
-                               {"field": unknown[0]})
-            params = validate_sampling_params(json_body.get("sampling_params"))
-            prompts = validate_prompts(json_body.get("prompts"), self.catalog, info, params["max_tokens"], limit)
-            generate = {"prompt_tokens": prompts, "sampling_params": params}
-            if json_body.get("adapter") is not None:
-                generate["adapter"] = self.checkpoints.prepare_adapter(request_id, principal, job, sub, json_body["adapter"])
+            sampling = json_body.sampling_params
+            prompts = validate_prompts(json_body.prompts, self.catalog, info, sampling.max_tokens, limit)
+            generate = {"prompt_tokens": prompts, "sampling_params": sampling.model_dump()}
+            if json_body.adapter is not None:
+                adapter = json_body.adapter
+                generate["adapter"] = self.checkpoints.prepare_adapter(
+                    request_id, principal, job, sub, adapter if isinstance(adapter, str) else adapter.model_dump(exclude_none=True))
             return generate, b""
         return {}, b""
 
@@ -185,18 +180,20 @@ class RequestManager:
         job_id: str,
         op: str,
         body: bytes,
-        json_body: dict[str, Any] | None,
+        json_body: Any,
         sub_job: str | None,
         sequence: tuple[str, int] | None = None,
     ) -> dict[str, Any]:
-        """Validate and queue one operation. With `sequence` (stream name, number), a number already
-        submitted answers with the same request (a retry runs once), and a number that arrives early
-        waits until the numbers before it have been submitted (per-stream order, whatever the arrival order)."""
+        """Queue `op` on the job. `json_body` is the operation's `Body` (a handler parsed it), or the dict a
+        compatibility face built, parsed here with the same schema. With `sequence` (stream name, number),
+        a number already submitted answers with the same request (a retry runs once), and a number that
+        arrives early waits until the numbers before it have been submitted (per-stream order, whatever
+        the arrival order)."""
         stream, seen = self._admit(principal, job_id, sequence)
         if seen is not None:
             return seen
         try:
-            job, sub = self._target(principal, job_id, op, json_body, sub_job)
+            job, sub, json_body = self._target(principal, job_id, op, json_body, sub_job)
             request_id = new_request_id()
             params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
             self._enqueue(job_id, sub, request_id, op, params, blob, stream, sequence[1] if sequence else 0)
@@ -212,7 +209,7 @@ class RequestManager:
         job_id: str,
         op: str,
         body: bytes,
-        json_body: dict[str, Any] | None,
+        json_body: Any,
         sub_job: str | None,
         sequence: tuple[str, int] | None = None,
     ) -> dict[str, Any]:
@@ -225,12 +222,13 @@ class RequestManager:
                 if seen is not None:
                     return seen
                 try:
-                    job, sub = self._target(principal, job_id, op, json_body, sub_job)
+                    job, sub, json_body = self._target(principal, job_id, op, json_body, sub_job)
                     request_id = new_request_id()
                     if op in FRAME_OPERATIONS and len(body) > OFF_LOOP_FRAME_BYTES:
                         params, blob = await asyncio.to_thread(self.prepare, op, sub, body, json_body, job=job,
                                                                principal=principal, request_id=request_id)
-                        job, sub = self._target(principal, job_id, op, json_body, sub_job)  # it may have ended meanwhile
+                        # it may have ended meanwhile
+                        job, sub, json_body = self._target(principal, job_id, op, json_body, sub_job)
                     else:
                         params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
                     self._enqueue(job_id, sub, request_id, op, params, blob, stream, sequence[1] if sequence else 0)
@@ -263,18 +261,21 @@ class RequestManager:
         return stream, None
 
     def _target(
-        self, principal: Principal, job_id: str, op: str, json_body: dict[str, Any] | None, sub_job: str | None
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The job (visible, still taking requests) and the sub-job that serves `op`."""
+        self, principal: Principal, job_id: str, op: str, json_body: Any, sub_job: str | None
+    ) -> tuple[dict[str, Any], dict[str, Any], Any]:
+        """The job (visible, still taking requests), the sub-job that serves `op`, and the body as its schema."""
         job = self.jobs.visible_job(principal, job_id)
         self._check_accepting(job)
+        schema = routes.route(op).body
+        if isinstance(schema, type) and not isinstance(json_body, schema):
+            json_body = parse(schema, json_body or {})
         if op == "weight_sync":
-            sub = self.weight_sync.source(job, json_body or {})
+            sub = self.weight_sync.source(job, json_body)
         else:
-            if op == "load" and (json_body or {}).get("target_sub_job_id") is not None:
-                sub_job = str(json_body["target_sub_job_id"])
+            if op == "load" and json_body.target_sub_job_id is not None:
+                sub_job = json_body.target_sub_job_id
             sub = self.choose_sub_job(job, op, sub_job)
-        return job, sub
+        return job, sub, json_body
 
     def _check_accepting(self, job: dict[str, Any]) -> None:
         if job["status"] in states.JOB_TERMINAL:
@@ -325,7 +326,7 @@ class RequestManager:
         sub = self.choose_sub_job(job, "save" if op == "save" else "step", None)
         request_id = new_request_id()
         if op == "save":
-            params = self.checkpoints.prepare_save(request_id, job, sub, params)
+            params = self.checkpoints.prepare_save(request_id, job, sub, parse(SaveBody, params))
         self._enqueue(job["id"], sub, request_id, op, params, blob)
         return request_id
 
@@ -389,8 +390,9 @@ class RequestManager:
         return public_request(request, events, cursor)
 
     def list(self, principal: Principal, job_id: str, limit: int) -> list[dict[str, Any]]:
+        """The job's requests, newest first, in the shape one request is polled in (less result and events)."""
         self.jobs.visible_job(principal, job_id)
-        return self.store.list_requests(job_id, limit)
+        return [request_summary(row) for row in self.store.list_requests(job_id, limit)]
 
     def tensors(self, principal: Principal, job_id: str, request_id: str) -> bytes:
         request = self._visible_request(principal, job_id, request_id)
@@ -516,7 +518,8 @@ def _recorded_params(params: dict[str, Any]) -> dict[str, Any]:
     return recorded
 
 
-def public_request(request: dict[str, Any], events: list[dict[str, Any]], cursor: int) -> dict[str, Any]:
+def request_summary(request: dict[str, Any]) -> dict[str, Any]:
+    """A request as listed (`RequestSummary`)."""
     error = None
     if request["error_code"]:
         error = {"code": request["error_code"], "message": request["error_message"]}
@@ -529,9 +532,16 @@ def public_request(request: dict[str, Any], events: list[dict[str, Any]], cursor
         "created_at": request["created_at"],
         "started_at": request["started_at"],
         "finished_at": request["finished_at"],
+        "error": error,
+    }
+
+
+def public_request(request: dict[str, Any], events: list[dict[str, Any]], cursor: int) -> dict[str, Any]:
+    """A request as polled (`RequestStatus`): its summary, result and events after `cursor`."""
+    return {
+        **request_summary(request),
         "result": request["result"],
         "has_tensors": bool(request.get("tensors")),
-        "error": error,
         "events": events,
         "cursor": events[-1]["seq"] if events else cursor,
     }
