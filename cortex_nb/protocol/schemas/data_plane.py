@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, WithJsonSchema
+from pydantic import BeforeValidator, Field, ValidationError, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from ..checkpoint_format import CHECKPOINT_TYPES, RESUMABLE
@@ -72,7 +72,22 @@ class SavedAdapter(Body):
     job_id: Identifier | None = Field(default=None, description="the job that saved it (default: this job)")
 
 
-AdapterChoice = Literal["base"] | SavedAdapter
+def _adapter(value: Any) -> Any:
+    """"base" or a `SavedAdapter`; anything else is refused as the whole `adapter` field (not as a union member)."""
+    if value == "base" or isinstance(value, SavedAdapter):
+        return value
+    if isinstance(value, dict) and "checkpoint_id" in value and not set(value) - set(SavedAdapter.model_fields):
+        try:
+            return SavedAdapter.model_validate(value)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            if error["type"] == "invalid_checkpoint_id":
+                raise PydanticCustomError("invalid_checkpoint_id", error["msg"]) from None
+    raise PydanticCustomError(
+        "invalid_field", 'must be "base" or {"checkpoint_id", "job_id"?} naming a checkpoint (job_id defaults to this job)')
+
+
+AdapterChoice = Annotated[Literal["base"] | SavedAdapter, BeforeValidator(_adapter)]
 
 
 class GenerateBody(Body):
