@@ -100,6 +100,8 @@ TO_RUN = follow(RUN_ROUTES, run_id="run_id")
 # Error codes a kind of route can answer with, besides the ones it names itself.
 JOB = ("job_not_found",)
 SUBMIT = (*JOB, "job_finished", "unsupported_operation", "idempotency_key_reused", "invalid_request")
+# a generate or forward run with a saved adapter (`adapter`) instead of the live one
+SAVED_ADAPTER = ("checkpoint_not_found", "invalid_checkpoint_id", "incompatible_adapter", "checkpoint_corrupted")
 RUN = ("run_not_found",)
 CHUNKED = ("invalid_request", "invalid_field", "chunk_mismatch", "not_found", "conflict", "quota_exceeded")
 
@@ -131,10 +133,11 @@ ROUTES: tuple[Route, ...] = (
           errors=SUBMIT),
     Route("generate", "POST", "/v1/jobs/{job_id}/generate", WRITE, summary="sample from prompts",
           query=data_plane.OperationQuery, body=data_plane.GenerateBody, reply=data_plane.Submitted, status=202, links=TO_REQUEST,
-          errors=(*SUBMIT, "invalid_batch")),
+          errors=(*SUBMIT, "invalid_batch", *SAVED_ADAPTER)),
     Route("forward", "POST", "/v1/jobs/{job_id}/forward", WRITE, summary="log-probabilities of targets, no gradients",
           query=data_plane.OperationQuery, body=FRAME, reply=data_plane.Submitted, status=202, links=TO_REQUEST,
-          errors=(*SUBMIT, "invalid_frame", "invalid_batch", "chunk_mismatch", "not_found", "conflict")),
+          errors=(*SUBMIT, "invalid_frame", "invalid_batch", "chunk_mismatch", "not_found", "conflict", "unknown_loss",
+                  *SAVED_ADAPTER)),
     Route("noop", "POST", "/v1/jobs/{job_id}/noop", WRITE, summary="a request that does nothing in the worker",
           query=data_plane.OperationQuery, body=data_plane.NoopBody, reply=data_plane.Submitted, status=202, links=TO_REQUEST,
           errors=SUBMIT),
