@@ -84,7 +84,10 @@ def ensure_local_backend(
         return LocalBackend(running["url"], Path(running["token_file"]).read_text().strip(), data_dir, None)
     endpoint_file.unlink(missing_ok=True)
     command = [sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(data_dir),
-               "--devices", devices, "--warm-workers", str(warm_workers), "--parent-pid", str(os.getpid())]
+               "--devices", devices, "--warm-workers", str(warm_workers), "--parent-pid", str(os.getpid()),
+               # The built-in sampler: an embedded backend shares the notebook's machine, where vLLM's start-up
+               # time and memory reservation cost more than they bring.
+               "--sampler", "transformers"]
     for name, path in (models or {}).items():
         command += ["--model", f"{name}={path}"]
     log_file = open(data_dir / "backend.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime

@@ -30,6 +30,13 @@ class BackendSettings:
     warm_workers: int = 1
     # Torch threads per CPU worker; None lets torch choose.
     worker_threads: int | None = None
+    # The engine sampling sub-jobs run: "transformers" (built in), "vllm" (the extra cortex-nb[vllm]), or
+    # "auto" (vLLM on GPUs where it is installed, else the built-in engine). See samplers.py.
+    sampler: str = "auto"
+    # vLLM only: the share of a GPU's memory one vLLM sampler may take (weights and KV cache), leaving the
+    # rest to the trainer and other sub-jobs on that GPU; and, on a CPU, the GiB its KV cache reserves.
+    vllm_gpu_memory_fraction: float = 0.45
+    vllm_cpu_kv_cache_gib: int = 1
     # A running job with no request for this long is completed, freeing its device.
     idle_timeout_s: float = 3600.0
     max_body_bytes: int = wire.MAX_BODY_BYTES
@@ -73,6 +80,11 @@ class BackendSettings:
         self.models = {name: Path(path).expanduser().resolve() for name, path in self.models.items()}
         if self.runs_workspace is not None:
             self.runs_workspace = Path(self.runs_workspace).expanduser().resolve()
+
+    @property
+    def sampler_options(self) -> dict:
+        """What a worker's sampling engine is told (engine/vllm_sampler.py reads it)."""
+        return {"gpu_memory_fraction": self.vllm_gpu_memory_fraction, "cpu_kv_cache_gib": self.vllm_cpu_kv_cache_gib}
 
     @property
     def db_path(self) -> Path:

@@ -17,6 +17,8 @@ class Device:
     name: str
     memory_bytes: int | None
     slots: int
+    # The engine sampling sub-jobs on this device run ("transformers" | "vllm"; see samplers.py).
+    sampler: str = "transformers"
 
     def to_json(self) -> dict:
         return {
@@ -26,6 +28,7 @@ class Device:
             "name": self.name,
             "memory_bytes": self.memory_bytes,
             "slots": self.slots,
+            "sampler": self.sampler,
         }
 
     def worker_env(self) -> dict[str, str]:

@@ -25,6 +25,7 @@ from .monitor import Monitor
 from .operator_metrics import LiveState, OperatorMetrics
 from .requests import RequestManager
 from .runs.manager import RunManager
+from .samplers import assign_samplers
 from .scheduler import Scheduler
 from .store import Store
 from .telemetry import TelemetrySink
@@ -47,10 +48,10 @@ class Service:
             settings.data_dir.chmod(0o700)
         self.store = Store(settings.db_path)
         self.catalog = ModelCatalog(settings.models)
-        self.devices = detect_devices(settings.devices, settings.sub_jobs_per_device)
+        self.devices = assign_samplers(detect_devices(settings.devices, settings.sub_jobs_per_device), settings.sampler)
         self.scheduler = Scheduler(self.devices)
         self.executor = executor or LocalExecutor(self, self.devices, settings.warm_workers, settings.worker_threads,
-                                                  faults=settings.fault_injection)
+                                                  faults=settings.fault_injection, sampler_options=settings.sampler_options)
         self.jobs = JobManager(self.store, self.catalog, self.scheduler, self.executor, settings.idle_timeout_s)
         self.checkpoints = CheckpointManager(self.store, settings.checkpoints_dir, settings.checkpoint_quota_bytes)
         self.weight_sync = WeightSyncCoordinator(self.executor)

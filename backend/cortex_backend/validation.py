@@ -9,6 +9,7 @@ import numpy as np
 
 from cortex_nb.errors import ApiError
 from cortex_nb.losses import LOSS_INPUTS
+from cortex_nb.sampling_params import SamplingParams
 from cortex_nb.states import JOB_STATES, SUB_JOB_TYPES, TRAINING
 
 from .models import ModelCatalog, ModelInfo
@@ -16,8 +17,6 @@ from .models import ModelCatalog, ModelInfo
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_SUB_JOBS = 8
 MAX_PROMPTS = 1024
-MAX_SAMPLES_PER_PROMPT = 64
-MAX_STOP_SEQUENCES = 16
 
 
 def _field_error(field: str, message: str, code: str = "invalid_field") -> ApiError:
@@ -209,38 +208,9 @@ def validate_loss(metadata: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return loss_fn, config
 
 
-SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs", "ignore_eos"}
-
-
 def validate_sampling_params(params: Any) -> dict[str, Any]:
-    params = dict(_expect_keys(params, "sampling_params", SAMPLING_KEYS))
-    params.setdefault("max_tokens", 16)
-    params.setdefault("temperature", 1.0)
-    params.setdefault("top_p", 1.0)
-    params.setdefault("top_k", 0)
-    params.setdefault("n", 1)
-    check_number(params["max_tokens"], "sampling_params.max_tokens", 1, 1 << 16, integer=True)
-    check_number(params["temperature"], "sampling_params.temperature", 0, 100)
-    top_p = check_number(params["top_p"], "sampling_params.top_p", 0, 1)
-    if top_p == 0:
-        raise _field_error("sampling_params.top_p", "must be greater than 0")
-    check_number(params["top_k"], "sampling_params.top_k", 0, integer=True)
-    check_number(params["n"], "sampling_params.n", 1, MAX_SAMPLES_PER_PROMPT, integer=True)
-    if params.get("seed") is not None:
-        check_number(params["seed"], "sampling_params.seed", 0, 2**63 - 1, integer=True)
-    stop = params.get("stop")
-    if stop is not None:
-        if isinstance(stop, (str, int)):
-            stop = [stop]
-        if not isinstance(stop, list) or len(stop) > MAX_STOP_SEQUENCES or not all(
-            (isinstance(s, str) and s) or (isinstance(s, int) and not isinstance(s, bool)) for s in stop
-        ):
-            raise _field_error("sampling_params.stop", f"must be a list of at most {MAX_STOP_SEQUENCES} non-empty strings or token ids")
-        params["stop"] = stop
-    for flag in ("logprobs", "ignore_eos"):
-        if flag in params and not isinstance(params[flag], bool):
-            raise _field_error(f"sampling_params.{flag}", "must be true or false")
-    return params
+    """The normalised sampling params (cortex_nb/sampling_params.py is their one definition)."""
+    return SamplingParams.from_json(params).to_json()
 
 
 def validate_prompts(prompts: Any, catalog: ModelCatalog, info: ModelInfo, max_tokens: int, max_seq_len: int) -> list[list[int]]:
