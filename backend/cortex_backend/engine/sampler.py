@@ -27,7 +27,11 @@ from .model_state import ModelState
 from .sampling_engine import Cancelled, SamplingEngine
 from .stopping import TextStop, finish_sample, stop_token_ids
 
+# Rows (prompt x sample) decoded together: on a CPU a fixed number; on a GPU as many as a share of its free
+# memory holds in KV cache (a larger batch is nearly free there), up to a cap.
 ROWS_PER_BATCH = 64
+GPU_KV_SHARE = 0.25
+GPU_MAX_ROWS = 1024
 # Decoding steps between looks at the stop flags on a GPU (each look waits for the device).
 GPU_CHECK_EVERY = 8
 
@@ -256,6 +260,22 @@ class _Decoder:
         return samples
 
 
+def rows_per_batch(state: ModelState, prompts: list[list[int]], params: SamplingParams) -> int:
+    if state.device.type != "cuda":
+        return ROWS_PER_BATCH
+    config = state.model.config
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if not layers or not heads:
+        return ROWS_PER_BATCH
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    length = max(len(prompt) for prompt in prompts) + params.max_tokens
+    per_row = 2 * layers * kv_heads * head_dim * length * torch.finfo(state.dtype).bits // 8
+    free, _ = torch.cuda.mem_get_info(state.device)
+    return max(params.n, min(GPU_MAX_ROWS, int(free * GPU_KV_SHARE) // per_row))
+
+
 class TransformersSampler(SamplingEngine):
     """The built-in engine. With `merge_lora` (sampling sub-jobs) the adapter is merged into this
     sub-job's own base weights and re-merged after every change; a trainer samples unmerged."""
@@ -280,7 +300,7 @@ class TransformersSampler(SamplingEngine):
         if seed is not None:
             generator = torch.Generator(device=self.state.device)
             generator.manual_seed(int(seed))
-        per_batch = max(1, ROWS_PER_BATCH // params.n)
+        per_batch = max(1, rows_per_batch(self.state, prompts, params) // params.n)
         samples: list[dict[str, Any]] = []
         prompt_logprobs: list[list[float]] = []
         bare = self.merged.bare() if self.merged is not None else contextlib.nullcontext()
