@@ -61,7 +61,7 @@ def vllm_client(tmp_path_factory, llama_dir):
         "--worker-threads",
         "1",
         "--warm-workers",
-        "1",
+        "0",
         python=vllm_python(),
         timeout_s=180,
     )
