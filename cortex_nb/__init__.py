@@ -9,6 +9,7 @@ In IPython: `%load_ext cortex_nb`, then `%cortex?`. Importing this package never
 """
 
 from .client import Client, PollPolicy
+from .comparison import Comparison, compare
 from .errors import (
     AuthError,
     BackendError,
@@ -53,6 +54,7 @@ __all__ = [
     "BackendError",
     "BadRequestError",
     "Client",
+    "Comparison",
     "ConflictError",
     "ConnectionError",
     "CortexError",
@@ -72,4 +74,5 @@ __all__ = [
     "TrainingJob",
     "VersionMismatchError",
     "__version__",
+    "compare",
 ]

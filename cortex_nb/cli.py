@@ -12,13 +12,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"cortex-nb {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="fine-tune the built-in tiny model on the embedded backend")
+    demo = commands.add_parser("demo", help="fine-tune the built-in tiny model on a local backend")
     demo.add_argument("--steps", type=int, default=200)
     demo.add_argument("--lr", type=float, default=3e-3)
     demo.add_argument("--notebook", nargs="?", metavar="PATH", default=None, const="cortex-nb-quickstart.ipynb",
                       help="instead: run the 01-quickstart notebook headless and write the executed copy at PATH"
                            " (default ./cortex-nb-quickstart.ipynb)")
-    demo.add_argument("--data-dir", default=None, help="the embedded backend's data dir (default: $CORTEX_LOCAL_DIR, else ~/.local/share/cortex-nb/local)")
+    demo.add_argument("--data-dir", default=None, help="the local backend's data dir (default: $CORTEX_LOCAL_DIR, else ~/.local/share/cortex-nb/local)")
     run = commands.add_parser("run", help="run your own code on the backend host from a cortex.yaml job spec")
     run.add_argument("spec", help="the job spec (docs/job-spec.md)")
     run.add_argument("--wait", action="store_true", help="follow the logs until the run ends; exit 0 only if it is done")

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import errors, profiles, wire
+from . import errors, profiles, tls, wire
 from .log_stream import LogStream
 from .losses import LOSS_INPUTS
 from .routes import route
@@ -73,19 +73,22 @@ class Client:
         auth_scheme: str = "Bearer",
         extra_headers: dict[str, str] | None = None,
         cookies: dict[str, str] | None = None,
+        verify: bool | str | None = None,
     ) -> None:
+        """`verify` checks an https backend's certificate: True (system CAs, the default; else
+        $CORTEX_VERIFY), a CA file, or a `sha256:...` pin (see cortex_nb/tls.py)."""
         self.url = url.rstrip("/")
         self.poll = poll or PollPolicy()
         self.transport = Transport(
             self.url, token, auth_scheme=auth_scheme, timeout_s=timeout_s, retry=retry,
-            extra_headers=extra_headers, cookies=cookies,
+            extra_headers=extra_headers, cookies=cookies, verify=verify if verify is not None else tls.verify_from_env(),
         )
         # Frames above `max_body_bytes` travel as chunks of `chunk_bytes` (each with its SHA-256).
         self.max_body_bytes = wire.MAX_BODY_BYTES
         self.chunk_bytes = wire.CHUNK_BYTES
         self.backend_version: dict[str, Any] | None = None
-        self._local_backend = None
-        self.telemetry = Telemetry(self.url, self.transport.headers, self.transport.cookies)
+        self.local_backend = None  # the LocalEndpoint of Client.local()
+        self.telemetry = Telemetry(self.url, self.transport.headers, self.transport.cookies, verify=self.transport.verify)
         if check_version:
             self.check_version()
 
@@ -97,19 +100,24 @@ class Client:
         if endpoint is None:
             raise errors.CortexError(
                 f"no backend configured: set CORTEX_URL and CORTEX_TOKEN, add a profile to {profiles.config_path()},"
-                " or use Client.local() for an embedded backend",
+                " or use Client.local() for your local backend",
                 code="invalid_request",
             )
+        kwargs.setdefault("verify", endpoint.verify)
         return cls(endpoint.url, endpoint.token, **kwargs)
 
     @classmethod
     def local(cls, data_dir: str | Path | None = None, **kwargs: Any) -> Client:
-        """An embedded backend on this machine (started if none runs for `data_dir`, stopped at exit)."""
+        """This user's local backend (`cortex_nb.local`): found through its state file, or started as a
+        process of its own that outlives this one and stops after half an hour with nothing to do."""
         from .local import ensure_local_backend
 
-        backend = ensure_local_backend(data_dir, **{k: kwargs.pop(k) for k in list(kwargs) if k in ("models", "devices", "warm_workers")})
+        options = ("models", "devices", "warm_workers", "idle_exit_s")
+        backend = ensure_local_backend(data_dir, **{k: kwargs.pop(k) for k in list(kwargs) if k in options})
+        if backend.tls_fingerprint:
+            kwargs.setdefault("verify", backend.tls_fingerprint)
         client = cls(backend.url, backend.token, **kwargs)
-        client._local_backend = backend
+        client.local_backend = backend
         return client
 
     def __enter__(self) -> Client:
@@ -194,6 +202,14 @@ class Client:
                 break
         return jobs
 
+    @recorded("wait_for_progress")
+    def wait_for_progress(self, job_id: str, after: float | None, wait_s: float) -> dict[str, Any]:
+        """The job once its progress record is newer than `after` (its `updated_at`), its status
+        changes or its place in the queue moves, or after `wait_s`: one request per update."""
+        return self._call("get_job", path_params={"job_id": job_id},
+                          params={"wait": wait_s, "after_progress": after if after is not None else 0.0},
+                          timeout_s=wait_s + 30)
+
     @recorded("wait_for_job")
     def wait_for_job(self, job_id: str, until: tuple[str, ...] = (JOB_RUNNING, *JOB_TERMINAL), timeout_s: float | None = None) -> dict[str, Any]:
         """Wait until the job reaches one of `until` (default: running or finished)."""
@@ -219,8 +235,55 @@ class Client:
 
     @recorded("complete_job")
     def complete_job(self, job_id: str) -> dict[str, Any]:
-        """End a job normally once its queued requests finish, freeing its devices."""
+        """Free a job's device ("Free device"): it ends `done` once its queued requests finish. Trained
+        steps no checkpoint holds are saved first, as checkpoint `final` (named in `saved_checkpoint`)."""
         return self._call("complete_job", path_params={"job_id": job_id})
+
+    # managed training ----------------------------------------------------------------------------
+    def upload_dataset(self, data: bytes) -> str:
+        """Upload JSONL training rows once; returns the dataset id (their SHA-256). Nothing is sent
+        when the backend already has them."""
+        dataset_id = wire.sha256_hex(data)
+        try:
+            self._call("get_dataset", path_params={"dataset_id": dataset_id})
+        except errors.NotFoundError:
+            self.transport.json("PUT", route("put_dataset").url(dataset_id=dataset_id), content=data,
+                                headers={"Content-Type": "application/x-ndjson"})
+        return dataset_id
+
+    def get_dataset(self, dataset_id: str) -> dict[str, Any]:
+        return self._call("get_dataset", path_params={"dataset_id": dataset_id})
+
+    def train(self, spec: Any, *, name: str | None = None, namespace: Mapping[str, Any] | None = None,
+              experiment: str | None = None, idle_timeout_s: float | None = None):
+        """Start a managed training run and return its `TrainingJob` at once: the backend runs the loop
+        (batching, eval, samples, checkpoints) in the training worker, so it outlives this process.
+
+        `spec` is a `TrainSpec`, a dict of the `%%cortex train` YAML keys, or that YAML text. Its data
+        (and eval data) is a JSONL or .txt path, `$name` of a variable in `namespace`, or (in a dict) the
+        rows themselves: they are uploaded once as a dataset. Watch it with `job.progress`,
+        `job.history` and `job.wait()`.
+        """
+        from .train_data import examples_to_jsonl, load_examples
+        from .train_spec import TrainSpec, spec_from
+        from .training import TrainingJob
+
+        spec, data_rows, eval_rows = spec_from(spec)
+        if not isinstance(spec, TrainSpec):
+            raise TypeError("spec must be a TrainSpec, a dict of train-spec keys or YAML text")
+        namespace = dict(namespace or {})
+        if data_rows is not None:
+            namespace["__cortex_data__"], spec.data = data_rows, "$__cortex_data__"
+        if eval_rows is not None and spec.eval is not None:
+            namespace["__cortex_eval__"], spec.eval.data = eval_rows, "$__cortex_eval__"
+        dataset_id = self.upload_dataset(examples_to_jsonl(load_examples(spec.data, namespace, "data")))
+        eval_id = None
+        if spec.eval is not None:
+            eval_id = self.upload_dataset(examples_to_jsonl(load_examples(spec.eval.data, namespace, "eval.data")))
+        body = {"sub_jobs": [spec.sub_job()], "training_loop": spec.training_loop(dataset_id, eval_id),
+                "name": name, "experiment": experiment, "idle_timeout_s": idle_timeout_s}
+        job = self._call("create_job", json={key: value for key, value in body.items() if value is not None})
+        return TrainingJob(self, job)
 
     # data plane ----------------------------------------------------------------------------------
     def _submit_frame(self, name: str, job_id: str, frame: bytes, sub_job: str | None) -> str:

@@ -1,4 +1,4 @@
-"""`cortex-nb demo`: fine-tune the built-in `tiny` model with LoRA on a short text, on the embedded
+"""`cortex-nb demo`: fine-tune the built-in `tiny` model with LoRA on a short text, on a local
 backend, and show the loss falling and a greedy sample before and after.
 """
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 from importlib import resources
 from pathlib import Path
@@ -24,7 +25,8 @@ def run_demo(steps: int = 200, learning_rate: float = 3e-3, data_dir: str | Path
     started = time.monotonic()
     print("cortex-nb demo: LoRA fine-tuning of the built-in 'tiny' model (random weights, byte tokens) on CPU or GPU")
     client = Client.local(data_dir)
-    print(f"backend: {client.url} (embedded), devices: {[d['name'] for d in client.get_capacity()['devices']]}")
+    backend = client.local_backend
+    print(f"backend: {client.url} (local), devices: {[d['name'] for d in client.get_capacity()['devices']]}")
     text = demo_text()
     with client.create_training_job("tiny", lora={"r": 16, "alpha": 32}, optimizer={"lr": learning_rate}, name="demo") as job:
         before = job.generate([PROMPT], max_tokens=96, temperature=0.0).result()
@@ -47,6 +49,9 @@ def run_demo(steps: int = 200, learning_rate: float = 3e-3, data_dir: str | Path
         after = job.generate([PROMPT], max_tokens=96, temperature=0.0).result()
         print(f"greedy sample after:  {after.texts[0]!r}")
     print(f"loss/token {losses[0]:.3f} -> {losses[-1]:.3f} in {time.monotonic() - started:.0f}s")
+    client.close()
+    if backend.started:  # a one-shot command leaves no backend behind it did not find running
+        backend.stop()
     return {"losses": losses, "before": before.texts[0], "after": after.texts[0], "job_id": job.job_id}
 
 
@@ -104,25 +109,25 @@ def run_notebook_demo(dest: str | Path = DEFAULT_EXECUTED_COPY, data_dir: str | 
               flush=True)
         started_by_kernel = _backend_pid(backend_dir)
         if started_by_kernel is not None and started_by_kernel != already_running:
-            _wait_for_exit(started_by_kernel)
+            # The notebook's `%cortex connect --local` started the local backend; a one-shot command
+            # stops it again, so nothing runs on that nobody asked to keep.
+            _stop(started_by_kernel)
     return dest
 
 
 def _backend_pid(data_dir: Path) -> int | None:
-    """The pid of the embedded backend serving `data_dir`, if one is alive."""
+    """The pid of the local backend serving `data_dir`, if one is alive."""
     from .local import running_endpoint
 
     endpoint = running_endpoint(data_dir / "backend.json")
     return int(endpoint["pid"]) if endpoint else None
 
 
-def _wait_for_exit(pid: int, timeout_s: float = 30.0) -> None:
-    """The kernel's embedded backend stops when it sees its parent gone; wait for that, so a command run
-    right after this one never finds a backend that is shutting down."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return
-        time.sleep(0.2)
+def _stop(pid: int, timeout_s: float = 30.0) -> None:
+    from .local import wait_for_exit
+
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    wait_for_exit(pid, timeout_s)

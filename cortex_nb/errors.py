@@ -26,6 +26,9 @@ ERROR_STATUS: dict[str, int] = {
     "chunk_mismatch": 400,
     "spec_invalid": 400,
     "exceeds_capacity": 400,
+    # managed training: datasets are named by the SHA-256 of their bytes
+    "hash_mismatch": 400,
+    "invalid_dataset": 400,
     # source runs
     "manifest_mismatch": 400,
     "incompatible_adapter": 400,
@@ -42,6 +45,7 @@ ERROR_STATUS: dict[str, int] = {
     "checkpoint_not_found": 404,
     "run_not_found": 404,
     "output_not_declared": 404,
+    "dataset_not_found": 404,
     # 405
     "method_not_allowed": 405,
     # 409: the request is fine but the state of things forbids it now
@@ -53,6 +57,10 @@ ERROR_STATUS: dict[str, int] = {
     "checkpoint_exists": 409,
     "output_not_available": 409,
     "checkpoint_corrupted": 409,
+    # a chunk group of the Cortex SDK surface (docs/cortex-sdk.md): replay it from chunk 0, or stop
+    "chunk_group_restart_required": 409,
+    "chunk_group_conflict": 409,
+    "chunk_group_missing_chunks": 409,
     # 413 / 429 / 5xx
     "body_too_large": 413,
     "quota_exceeded": 413,
@@ -62,6 +70,9 @@ ERROR_STATUS: dict[str, int] = {
     "version_mismatch": 502,
     # Jupyter proxy (server_extension): the server has no backend token to forward with
     "proxy_not_configured": 501,
+    # a compat surface (Cortex SDK, ...) asked for something that cannot exist here; the message names
+    # the cortex-nb way to do it
+    "not_supported": 501,
 }
 
 

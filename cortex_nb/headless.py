@@ -98,8 +98,8 @@ def execute_notebook(
     try:
         client.execute(env=kernel_env, stderr=kernel_stderr)
     finally:
-        # nbclient leaves a kernel manager it was given running. A graceful shutdown lets the kernel's
-        # exit handlers stop the embedded backend it started; after a few seconds it is killed.
+        # nbclient leaves a kernel manager it was given running: shut it down (a local backend the
+        # notebook started is not the kernel's and stays; `cortex-nb demo --notebook` stops it).
         if kernel.has_kernel:
             kernel.shutdown_kernel()
     return notebook

@@ -1,24 +1,38 @@
-"""The embedded backend: a `cortex-nb backend serve` subprocess on a free loopback port.
+"""The per-user local backend: one `cortex-nb backend serve` on a loopback port, found through one state
+file, shared by every kernel and the Jupyter server of this user, and tied to none of them.
 
-`Client.local()` reuses a backend already serving the same data dir (another kernel's), or starts
-one it owns and stops when this process exits.
+    endpoint = ensure_local_backend()     # find it, or start it (detached, its own session)
+    Client(endpoint.url, endpoint.token)  # what `%cortex connect --local` and `Client.local()` do
+
+The state file is `default_local_dir() / "backend.json"` (the backend writes it when it serves, mode
+0600): its URL, pid and the file of a token for this user's processes (`user.token`: owner = the OS user,
+scopes jobs:read jobs:write runs:write). The backend outlives kernel restarts and stops by itself after
+`IDLE_EXIT_S` with no jobs or runs. Torch-free: the Jupyter server extension imports this too.
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from . import tls
 from .errors import CortexError
+
+STATE_FILE = "backend.json"
+LOCK_FILE = "backend.lock"
+# The local backend stops after this many seconds with no job queued or running and no source run.
+IDLE_EXIT_S = 1800.0
 
 
 def default_local_dir() -> Path:
@@ -30,43 +44,60 @@ def default_local_dir() -> Path:
 
 
 @dataclass
-class LocalBackend:
+class LocalEndpoint:
+    """A running local backend: where it listens and the token this user's processes use."""
+
     url: str
     token: str
+    pid: int
     data_dir: Path
-    process: subprocess.Popen | None  # None when reusing someone else's
+    version: str
+    # Set when the backend serves HTTPS: its certificate's fingerprint, which clients pin.
+    tls_fingerprint: str | None = None
+    # Whether this call started it (a one-shot command such as `cortex-nb demo` stops what it started).
+    started: bool = False
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        """Stop the backend (SIGTERM, then SIGKILL of its process group) and wait for it to go."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        if not wait_for_exit(self.pid, timeout_s):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+            wait_for_exit(self.pid, 5.0)
+
+
+def _resolve(data_dir: str | Path | None) -> Path:
+    return Path(data_dir).expanduser().resolve() if data_dir else default_local_dir().expanduser().resolve()
 
 
 def running_endpoint(endpoint_file: Path) -> dict | None:
-    """The endpoint file of a backend whose process is alive: it may not answer yet, or any more."""
+    """The state file of a backend whose process is alive: it may not answer yet, or any more."""
     try:
         endpoint = json.loads(endpoint_file.read_text())
-        os.kill(int(endpoint["pid"]), 0)
+        if process_exited(int(endpoint["pid"])):
+            return None
         return endpoint
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def _alive(endpoint_file: Path) -> dict | None:
-    """The endpoint of a backend that answers."""
-    endpoint = running_endpoint(endpoint_file)
+def find_local_backend(data_dir: str | Path | None = None) -> LocalEndpoint | None:
+    """The local backend of `data_dir` (default `default_local_dir()`) if its process is alive and it
+    answers `/version`; None otherwise."""
+    data_dir = _resolve(data_dir)
+    endpoint = running_endpoint(data_dir / STATE_FILE)
+    if endpoint is None:
+        return None
     try:
-        if endpoint is not None:
-            httpx.get(endpoint["url"] + "/version", timeout=2.0).raise_for_status()
-            return endpoint
-    except (KeyError, httpx.HTTPError):
-        pass
-    return None
+        fingerprint = endpoint.get("tls_fingerprint")
+        version = httpx.get(endpoint["url"] + "/version", timeout=2.0, verify=tls.httpx_verify(fingerprint or True))
+        version.raise_for_status()
+        token = Path(endpoint["token_file"]).read_text().strip()
+        return LocalEndpoint(endpoint["url"], token, int(endpoint["pid"]), data_dir, version.json().get("version", "?"),
+                             fingerprint)
+    except (KeyError, ValueError, OSError, httpx.HTTPError):
+        return None
 
 
 def ensure_local_backend(
@@ -74,36 +105,90 @@ def ensure_local_backend(
     models: dict[str, str] | None = None,
     devices: str = "auto",
     warm_workers: int = 1,
+    idle_exit_s: float = IDLE_EXIT_S,
     start_timeout_s: float = 120.0,
-) -> LocalBackend:
-    data_dir = Path(data_dir).expanduser().resolve() if data_dir else default_local_dir()
+) -> LocalEndpoint:
+    """Find the local backend, or start it: as its own session (no kernel is its parent), safe against
+    two callers racing (a lock file), and wait until it answers."""
+    data_dir = _resolve(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    endpoint_file = data_dir / "backend.json"
-    running = _alive(endpoint_file)
-    if running is not None:
-        return LocalBackend(running["url"], Path(running["token_file"]).read_text().strip(), data_dir, None)
-    endpoint_file.unlink(missing_ok=True)
+    found = find_local_backend(data_dir)
+    if found is not None:
+        return found
+    with _locked(data_dir / LOCK_FILE):
+        found = find_local_backend(data_dir)  # another caller may have started it while we waited
+        if found is not None:
+            return found
+        return _start(data_dir, models or {}, devices, warm_workers, idle_exit_s, start_timeout_s)
+
+
+def _start(data_dir: Path, models: dict[str, str], devices: str, warm_workers: int, idle_exit_s: float,
+           start_timeout_s: float) -> LocalEndpoint:
+    state = data_dir / STATE_FILE
+    previous = running_endpoint(state)
+    if previous is not None:  # alive but not answering: a hung backend holds the data dir
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(previous["pid"]), signal.SIGKILL)
+    state.unlink(missing_ok=True)
     command = [sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(data_dir),
-               "--devices", devices, "--warm-workers", str(warm_workers), "--parent-pid", str(os.getpid()),
-               # The built-in sampler: an embedded backend shares the notebook's machine, where vLLM's start-up
+               "--devices", devices, "--warm-workers", str(warm_workers), "--idle-exit", str(idle_exit_s),
+               # The built-in sampler: the local backend shares the notebook's machine, where vLLM's start-up
                # time and memory reservation cost more than they bring.
                "--sampler", "transformers"]
-    for name, path in (models or {}).items():
+    for name, path in models.items():
         command += ["--model", f"{name}={path}"]
-    log_file = open(data_dir / "backend.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
-    process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    log_file.close()
+    log_path = data_dir / "backend.log"
+    with open(log_path, "ab") as log_file:
+        # Its own session, stdin closed, output to its log: no kernel, terminal or Jupyter server owns it.
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True, close_fds=True)
     deadline = time.monotonic() + start_timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            tail = (data_dir / "backend.log").read_text(errors="replace")[-2000:]
-            raise CortexError(f"the embedded backend exited with code {process.returncode}:\n{tail}", code="backend_unavailable")
-        endpoint = _alive(endpoint_file)
-        if endpoint is not None and int(endpoint["pid"]) == process.pid:
-            backend = LocalBackend(endpoint["url"], Path(endpoint["token_file"]).read_text().strip(), data_dir, process)
-            atexit.register(backend.stop)
-            return backend
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise CortexError(f"the local backend exited with code {process.returncode}:\n{tail}", code="backend_unavailable")
+        found = find_local_backend(data_dir)
+        if found is not None and found.pid == process.pid:
+            found.started = True
+            return found
         time.sleep(0.1)
     process.kill()
-    raise CortexError(f"the embedded backend did not start within {start_timeout_s:.0f}s; see {data_dir / 'backend.log'}",
+    raise CortexError(f"the local backend did not start within {start_timeout_s:.0f}s; see {log_path}",
                       code="backend_unavailable")
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock between processes (released when the holder exits, however it exits)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def process_exited(pid: int) -> bool:
+    """Gone, or a zombie: a process that has exited but was not reaped (yet, or ever, under a container
+    init that does not reap) still answers signal 0."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("Z", "X")
+
+
+def wait_for_exit(pid: int, timeout_s: float) -> bool:
+    """Wait until a process has exited; False if it still runs after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process_exited(pid):
+            return True
+        time.sleep(0.1)
+    return process_exited(pid)

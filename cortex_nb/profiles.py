@@ -3,8 +3,11 @@
 
     default = "gpu"
     [profiles.gpu]
-    url = "http://gpu-host:8765"
+    url = "https://gpu-host:8765"
     token_env = "GPU_TOKEN"        # or token = "...", or token_file = "~/gpu.token"
+    verify = "sha256:..."          # https: a pinned fingerprint, or a CA file path (default: system CAs)
+
+`CORTEX_VERIFY` does for `CORTEX_URL` what `verify` does in a profile.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class Endpoint:
     url: str
     token: str | None
     source: str  # where it came from, for messages
+    # How an https URL's certificate is checked (cortex_nb/tls.py); None: $CORTEX_VERIFY, else system CAs.
+    verify: bool | str | None = None
 
 
 def config_path() -> Path:
@@ -48,7 +53,7 @@ def from_env() -> Endpoint | None:
     token = os.environ.get("CORTEX_TOKEN")
     if not token and os.environ.get("CORTEX_TOKEN_FILE"):
         token = read_token_file(os.environ["CORTEX_TOKEN_FILE"])
-    return Endpoint(url, token, "environment (CORTEX_URL)")
+    return Endpoint(url, token, "environment (CORTEX_URL)", os.environ.get("CORTEX_VERIFY") or None)
 
 
 def load_profiles() -> tuple[str | None, dict[str, dict]]:
@@ -80,13 +85,19 @@ def from_profile(name: str | None = None) -> Endpoint | None:
             raise CortexError(f"profile {chosen!r} reads its token from ${profile['token_env']}, which is not set", code="invalid_request")
     if not token and profile.get("token_file"):
         token = read_token_file(profile["token_file"])
-    return Endpoint(profile["url"], token, f"profile {chosen!r} in {config_path()}")
+    verify = profile.get("verify")
+    if verify is not None and not isinstance(verify, (bool, str)):
+        raise CortexError(f"profile {chosen!r} in {config_path()}: verify must be true, false, a sha256: pin or a CA file path",
+                          code="invalid_request")
+    return Endpoint(profile["url"], token, f"profile {chosen!r} in {config_path()}", verify)
 
 
-def save_profile(name: str, url: str, token: str | None = None, token_env: str | None = None, make_default: bool = False) -> Path:
+def save_profile(name: str, url: str, token: str | None = None, token_env: str | None = None, make_default: bool = False,
+                 verify: str | None = None) -> Path:
     """Write (or replace) a profile; the file is created with mode 0600 as it may hold a token."""
     default, profiles = load_profiles()
-    profiles[name] = {key: value for key, value in {"url": url, "token": token, "token_env": token_env}.items() if value}
+    values = {"url": url, "token": token, "token_env": token_env, "verify": verify}
+    profiles[name] = {key: value for key, value in values.items() if value}
     default = name if make_default or default is None else default
     lines = [f"default = {_quote(default)}", ""]
     for profile_name, values in sorted(profiles.items()):

@@ -3,6 +3,7 @@ compact lines printed from the main thread, then one summary line."""
 
 from __future__ import annotations
 
+from .states import WORD_QUEUED, WORD_STARTING
 from .widgets.state import JobState
 
 
@@ -16,15 +17,16 @@ class ProgressPrinter:
         self.out = out
         self._printed_step = 0
         self._printed_evals = 0
-        self._status: str | None = None
+        self._status: tuple[str, str | None] | None = None
 
     def tick(self) -> None:
         state = self.state
-        status = state.status
+        snap = state.snapshot()
+        status = (snap.status, snap.detail if snap.status == WORD_QUEUED else None)
         if status != self._status:
             self._status = status
-            if status in ("starting", "pending"):
-                self._print(f"{state.job_id}: {status}")
+            if snap.status in (WORD_STARTING, WORD_QUEUED):
+                self._print(f"{state.job_id}: {snap.status}" + (f" ({snap.detail})" if status[1] else ""))
         total = state.total_steps or 0
         every = max(1, total // self.lines) if total else 10
         evals = state.eval_loss.count

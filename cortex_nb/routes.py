@@ -63,6 +63,9 @@ ROUTES: tuple[Route, ...] = (
     Route("get_checkpoint", "GET", "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}", READ),
     Route("delete_checkpoint", "DELETE", "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}", WRITE),
     Route("export_checkpoint", "GET", "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/export", READ),
+    # managed training: datasets uploaded once, named by their SHA-256
+    Route("put_dataset", "PUT", "/v1/datasets/{dataset_id}", WRITE),
+    Route("get_dataset", "GET", "/v1/datasets/{dataset_id}", READ),
     # chunked uploads for large frames
     Route("upload_chunk", "PUT", "/v1/uploads/{upload_id}/chunks/{index}", WRITE),
     # logs

@@ -36,7 +36,7 @@ TELEMETRY_PATH = "/v1/telemetry"
 
 # The operations that are recorded. The backend counts anything else as "other", keeping /metrics bounded.
 ESSENTIAL_OPERATIONS = frozenset({
-    "check_version", "create_job", "get_job", "list_jobs", "wait_for_job", "cancel_job", "complete_job",
+    "check_version", "create_job", "get_job", "list_jobs", "wait_for_job", "wait_for_progress", "cancel_job", "complete_job",
     "forward_backward", "forward", "step", "generate", "poll_request", "cancel_request",
     "tail_logs", "download_stdout_logs", "get_job_metrics", "download_metrics", "list_events",
 })
@@ -71,8 +71,10 @@ class Telemetry:
         *,
         enabled: bool | None = None,
         send_successes: bool | None = None,
+        verify: Any = True,
     ) -> None:
         self.url = url.rstrip("/")
+        self._verify = verify
         self.enabled = (not _env_flag(ENV_DISABLE)) if enabled is None else enabled
         self.send_successes = _env_flag(ENV_SUCCESSES) if send_successes is None else send_successes
         self.recent: deque[dict[str, Any]] = deque(maxlen=100)
@@ -138,7 +140,8 @@ class Telemetry:
 
     # sending ----------------------------------------------------------------------------------
     def _send_loop(self) -> None:
-        http = httpx.Client(base_url=self.url, headers=self._headers, cookies=self._cookies, timeout=SEND_TIMEOUT_S)
+        http = httpx.Client(base_url=self.url, headers=self._headers, cookies=self._cookies, timeout=SEND_TIMEOUT_S,
+                            verify=self._verify)
         try:
             while True:
                 first = self._queue.get()

@@ -1,20 +1,22 @@
-"""Training rows for `%%cortex train`: read JSONL or a notebook variable, tokenize on the backend's
+"""Training rows for `%%cortex train`: read JSONL or a notebook variable, tokenize with the model's
 tokenizer, and pack into fixed-length rows.
 
 A row is `{"text": ...}` (every token is trained on) or `{"prompt": ..., "completion": ...}` (only the
-completion carries loss). Tokenizing on the backend means the ids always match the model's.
+completion carries loss). The kernel uploads examples as a dataset (`examples_to_jsonl`); the training
+worker's managed loop and a kernel's own loop over the primitive API cut them into rows with the same
+`pack_examples`, so both train on exactly the same batches.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .batching import pack_sequences
+from .batching import pack_sequences, rows_to_batch
 from .train_spec import SpecError
 
 if TYPE_CHECKING:
@@ -51,6 +53,11 @@ class PackedData:
     def steps_per_epoch(self, batch_size: int) -> int:
         return -(-len(self.rows) // batch_size)
 
+    def eval_batches(self, batch_size: int, max_rows: int) -> list[dict[str, Any]]:
+        """The first `max_rows` rows, in order, as batches of `batch_size` (for a held-out loss)."""
+        rows = self.rows[:max_rows]
+        return [rows_to_batch(rows[i : i + batch_size], self.pad_id) for i in range(0, len(rows), batch_size)]
+
 
 def load_examples(ref: str, namespace: Mapping[str, Any], key: str = "data") -> list[Example]:
     """`ref` is a JSONL path, a plain `.txt` file (one document), or `$name` of a list of dicts or a
@@ -65,19 +72,30 @@ def load_examples(ref: str, namespace: Mapping[str, Any], key: str = "data") -> 
         if not text.strip():
             raise SpecError(f"{key}: {ref} is empty")
         return [Example(None, text)]
-    examples = []
     with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SpecError(f"{key}: {ref} line {number} is not valid JSON ({exc.msg})") from None
-            examples.append(_example(record, f"{ref} line {number}", key))
+        return examples_from_jsonl(handle, ref, key)
+
+
+def examples_from_jsonl(lines: Iterable[str], where: str, key: str = "data") -> list[Example]:
+    """Examples from JSONL lines (blank lines skipped); `where` names the source in errors."""
+    examples = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"{key}: {where} line {number} is not valid JSON ({exc.msg})") from None
+        examples.append(_example(record, f"{where} line {number}", key))
     if not examples:
-        raise SpecError(f"{key}: {ref} holds no rows")
+        raise SpecError(f"{key}: {where} holds no rows")
     return examples
+
+
+def examples_to_jsonl(examples: Sequence[Example]) -> bytes:
+    """The canonical JSONL of examples (what a dataset upload carries; its SHA-256 is the dataset id)."""
+    rows = [{"text": e.text} if e.prompt is None else {"prompt": e.prompt, "completion": e.text} for e in examples]
+    return "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows).encode("utf-8")
 
 
 def _examples_from_variable(name: str, namespace: Mapping[str, Any], key: str) -> list[Example]:
@@ -110,22 +128,38 @@ def _example(record: Any, where: str, key: str) -> Example:
 def tokenize_and_pack(
     client: Client, model: str, examples: Sequence[Example], seq_len: int, packing: bool | None = None
 ) -> PackedData:
-    """Tokenize on the backend, end each example with EOS, and cut into rows; prompt tokens get weight 0.
-
-    With `packing`, examples are concatenated and cut into full rows (no padding wasted). Without it,
-    each example gets rows of its own (padded in the batch; a long one is cut into several). The
-    default (None) packs plain text but not prompt/completion examples: a model trained on packed
-    pairs learns to answer from the pairs before it in the row, and then answers a lone prompt badly.
-    """
+    """`pack_examples` with the backend's tokenizer for `model` (`Client.tokenize`)."""
     info = client.tokenizer_info(model)
-    eos = info.get("eos_token_id")
-    pad_id = info.get("pad_token_id")
+
+    def tokenize(texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+        return _tokenize(client, model, texts, add_special_tokens)
+
+    return pack_examples(examples, tokenize, info.get("eos_token_id"), info.get("pad_token_id"), seq_len, packing)
+
+
+def pack_examples(
+    examples: Sequence[Example],
+    tokenize: Callable[[list[str], bool], list[list[int]]],
+    eos: int | None,
+    pad_id: int | None,
+    seq_len: int,
+    packing: bool | None = None,
+) -> PackedData:
+    """Tokenize, end each example with EOS, and cut into rows; prompt tokens get weight 0.
+
+    `tokenize(texts, add_special_tokens)` is the model's tokenizer. With `packing`, examples are
+    concatenated and cut into full rows (no padding wasted). Without it, each example gets rows of
+    its own (padded in the batch; a long one is cut into several). The default (None) packs plain
+    text but not prompt/completion examples: a model trained on packed pairs learns to answer from
+    the pairs before it in the row, and then answers a lone prompt badly.
+    """
     pad_id = pad_id if pad_id is not None else (eos if eos is not None else 0)
     prompts = [example.prompt for example in examples if example.prompt is not None]
-    prompt_tokens = iter(_tokenize(client, model, prompts, add_special_tokens=True))
-    first_texts = _tokenize(client, model, [example.text for example in examples if example.prompt is None], True)
-    completions = _tokenize(client, model, [example.text for example in examples if example.prompt is not None], False)
-    texts_iter, completions_iter = iter(first_texts), iter(completions)
+    prompt_tokens = iter(tokenize(prompts, True) if prompts else [])
+    plain = [example.text for example in examples if example.prompt is None]
+    completions_text = [example.text for example in examples if example.prompt is not None]
+    texts_iter = iter(tokenize(plain, True) if plain else [])
+    completions_iter = iter(tokenize(completions_text, False) if completions_text else [])
     token_lists: list[list[int]] = []
     weight_lists: list[list[float]] = []
     for example in examples:

@@ -6,7 +6,8 @@ complete it (freeing its device) when the block ends.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,15 @@ import numpy as np
 from .batching import next_token_batch
 from .futures import APIFuture
 from .sampling_params import SAMPLING_KEYS
-from .states import JOB_RUNNING, JOB_TERMINAL, LOG_PROBABILITY, SAMPLING, TRAINING
+from .states import (
+    JOB_FAILED,
+    JOB_RUNNING,
+    JOB_TERMINAL,
+    LOG_PROBABILITY,
+    PHASE_KEEP_ALIVE,
+    SAMPLING,
+    TRAINING,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -94,6 +103,8 @@ class _JobHandle:
         return self.info
 
     def complete(self) -> dict[str, Any]:
+        """Free the job's device once its queued requests ran. A trained adapter no checkpoint holds is
+        saved first as checkpoint `final` (the answer's `saved_checkpoint` names it)."""
         self.info = self.client.complete_job(self.job_id)
         return self.info
 
@@ -213,8 +224,53 @@ class TrainingJob(_JobHandle):
         request_id = self.client.weight_sync(self.job_id, None, list(targets) if targets is not None else None, weight_format)
         return APIFuture(self.client, self.job_id, request_id, "weight_sync")
 
+    # managed runs (Client.train) and any training's progress ----------------------------------------
+    @property
+    def progress(self) -> dict[str, Any] | None:
+        """The backend's progress record of this job, refreshed: step, loss per token, eval loss, ETA,
+        last checkpoint... (None before its first step)."""
+        return self.refresh().get("progress")
+
+    @property
+    def history(self) -> pd.DataFrame:
+        """The loss curve as the backend keeps it (at most 256 points, decimated on long runs): step,
+        loss_per_token, eval_loss_per_token."""
+        from .views import history_frame
+
+        return history_frame(self.refresh().get("progress"))
+
+    def wait(self, timeout_s: float | None = None, on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Block until training ends: the job done, failed or cancelled, or sampling in its keep-alive.
+        Returns the job; raises `RequestFailed` (with the failure code) if it failed, `TimeoutError` if
+        `timeout_s` passes first (the run goes on). `on_update(job)` sees each update."""
+        from . import errors
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        job = self.refresh()
+        while not training_over(job):
+            if on_update is not None:
+                on_update(job)
+            remaining = self.client.poll.long_poll_s if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                raise errors.TimeoutError(f"job {self.job_id} is still training after waiting; it keeps going",
+                                          code="timeout")
+            updated = (job.get("progress") or {}).get("updated_at")
+            job = self.info = self.client.wait_for_progress(self.job_id, updated, min(remaining, self.client.poll.long_poll_s))
+        if on_update is not None:
+            on_update(job)
+        if job["status"] == JOB_FAILED:
+            raise errors.RequestFailed(f"job {self.job_id} failed: {job.get('failure_message') or job.get('failure_code')}",
+                                       code=job.get("failure_code") or JOB_FAILED, detail={"job": job})
+        return job
+
     def __repr__(self) -> str:
         return f"<TrainingJob {self.job_id} {self.base_model} {self.info.get('status')}>"
+
+
+def training_over(job: dict[str, Any]) -> bool:
+    """Has the job's training ended: finished, failed or cancelled, or sampling after it (keep-alive)?"""
+    progress = job.get("progress") or {}
+    return job["status"] in JOB_TERMINAL or progress.get("phase") == PHASE_KEEP_ALIVE
 
 
 class Sampler(_JobHandle):

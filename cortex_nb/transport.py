@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, TypeVar
 
 import httpx
 
-from . import errors
+from . import errors, tls
 from .version import __version__
 
 
@@ -57,13 +57,16 @@ class Transport:
         retry: RetryPolicy | None = None,
         extra_headers: dict[str, str] | None = None,
         cookies: dict[str, str] | None = None,
+        verify: tls.Verify | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.retry = retry or RetryPolicy()
+        # How an https backend's certificate is checked (cortex_nb/tls.py); side channels reuse it.
+        self.verify = tls.httpx_verify(verify)
         headers = {"User-Agent": f"cortex-nb/{__version__}", **(extra_headers or {})}
         if token:
             headers["Authorization"] = f"{auth_scheme} {token}"
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, cookies=cookies)
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, cookies=cookies, verify=self.verify)
         # What a side channel to the same backend (telemetry) needs to authenticate like this transport.
         self.headers = dict(headers)
         self.cookies = dict(cookies or {})

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
+    from .comparison import Comparison
     from .training import GenerateResult
 
 
@@ -17,25 +18,60 @@ def _time(value: float | None):
     return datetime.fromtimestamp(value, tz=timezone.utc) if value else None
 
 
-def jobs_frame(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
+JOB_COLUMNS = ["job_id", "name", "labels", "status", "detail", "base_model", "step", "total_steps", "loss_per_token",
+               "eval_loss_per_token", "duration", "lr", "lora_r", "batch_size", "steps", "devices", "failure_code",
+               "created_at", "finished_at"]
+
+
+def jobs_frame(jobs: Sequence[dict[str, Any]], now: float | None = None) -> pd.DataFrame:
+    """Jobs, one row each: the display word and detail (`cortex_nb.states.display_state`), where their
+    training got (the backend's progress record), how long it ran, and the hyperparameters that tell
+    runs apart."""
     import pandas as pd
 
-    rows = [
-        {
+    from .states import clock, display_state
+
+    rows = []
+    for job in jobs:
+        word, detail = display_state(job, now)
+        progress = job.get("progress") or {}
+        trainer = next((sub for sub in job["sub_jobs"] if sub["type"] == "training"), None)
+        loop = job.get("training_loop") or {}
+        duration = job_duration(job)
+        rows.append({
             "job_id": job["job_id"],
             "name": job.get("name"),
-            "status": job["status"],
-            "failure_code": job.get("failure_code"),
+            "labels": ", ".join(f"{key}={value}" for key, value in sorted((job.get("labels") or {}).items())),
+            "status": word,
+            "detail": detail,
             "base_model": job["sub_jobs"][0]["base_model"] if job["sub_jobs"] else None,
-            "sub_jobs": ", ".join(sub["sub_job_id"] for sub in job["sub_jobs"]),
+            "step": progress.get("step"),
+            "total_steps": progress.get("total_steps"),
+            "loss_per_token": progress.get("loss_per_token"),
+            "eval_loss_per_token": progress.get("eval_loss_per_token"),
+            "duration": clock(duration) if duration is not None else None,
+            "lr": ((trainer or {}).get("optimizer") or {}).get("lr"),
+            "lora_r": ((trainer or {}).get("lora") or {}).get("r"),
+            "batch_size": loop.get("batch_size"),
+            "steps": loop.get("steps"),
             "devices": ", ".join(sorted({sub["device"] for sub in job["sub_jobs"] if sub.get("device")})),
+            "failure_code": job.get("failure_code"),
             "created_at": _time(job.get("created_at")),
             "finished_at": _time(job.get("finished_at")),
-        }
-        for job in jobs
-    ]
-    columns = ["job_id", "name", "status", "failure_code", "base_model", "sub_jobs", "devices", "created_at", "finished_at"]
-    return pd.DataFrame(rows, columns=columns)
+        })
+    return pd.DataFrame(rows, columns=JOB_COLUMNS)
+
+
+def job_duration(job: dict[str, Any]) -> float | None:
+    """Seconds the job trained (its progress record's), else ran: from start to end (or now)."""
+    import time
+
+    elapsed = (job.get("progress") or {}).get("elapsed_s")
+    if elapsed is not None:
+        return float(elapsed)
+    if job.get("started_at"):
+        return (job.get("finished_at") or time.time()) - job["started_at"]
+    return None
 
 
 def samples_frame(result: GenerateResult) -> pd.DataFrame:
@@ -100,7 +136,7 @@ def runs_frame(runs: Sequence[dict[str, Any]]) -> pd.DataFrame:
 # observability ---------------------------------------------------------------------------------------
 METRIC_COLUMNS = (
     "gpu_utilization_percent", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_temperature_c", "gpu_power_watts",
-    "cpu_percent", "ram_used_bytes", "ram_total_bytes",
+    "cpu_percent", "ram_used_bytes", "ram_total_bytes", "job_cpu_percent", "job_ram_bytes",
 )
 
 
@@ -127,3 +163,79 @@ def checkpoints_frame(checkpoints: Sequence[dict[str, Any]]) -> pd.DataFrame:
         for checkpoint in checkpoints
     ]
     return pd.DataFrame(rows, columns=columns)
+
+
+def history_frame(progress: dict[str, Any] | None) -> pd.DataFrame:
+    """A progress record's loss curves as one table: step, loss_per_token, eval_loss_per_token."""
+    import pandas as pd
+
+    columns = ["step", "loss_per_token", "eval_loss_per_token"]
+    progress = progress or {}
+    train = pd.DataFrame(progress.get("history") or [], columns=["step", "loss_per_token"])
+    held_out = pd.DataFrame(progress.get("eval_history") or [], columns=["step", "eval_loss_per_token"])
+    merged = train.merge(held_out, on="step", how="outer").sort_values("step", kind="stable")
+    return merged.reset_index(drop=True)[columns]
+
+
+# comparing runs (cortex_nb.compare) -------------------------------------------------------------------
+def curves_frame(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Every run's loss curves in one long table: job_id, name, step, loss_per_token, eval_loss_per_token."""
+    import pandas as pd
+
+    frames = []
+    for job in jobs:
+        frame = history_frame(job.get("progress"))
+        frame.insert(0, "name", job.get("name") or job["job_id"])
+        frame.insert(0, "job_id", job["job_id"])
+        frames.append(frame)
+    columns = ["job_id", "name", "step", "loss_per_token", "eval_loss_per_token"]
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+
+RUN_TABLE_COLUMNS = ["job_id", "name", "status", "base_model", "lr", "lora_r", "lora_alpha", "batch_size", "max_seq_len",
+                     "steps", "seed", "step", "loss_per_token", "eval_loss_per_token", "tokens", "duration_s",
+                     "last_checkpoint"]
+
+
+def runs_table(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One row per run: the hyperparameters that tell runs apart and the final metrics."""
+    import pandas as pd
+
+    from .states import display_state
+
+    rows = []
+    for job in jobs:
+        trainer = next((sub for sub in job["sub_jobs"] if sub["type"] == "training"), job["sub_jobs"][0])
+        loop = job.get("training_loop") or {}
+        progress = job.get("progress") or {}
+        lora = trainer.get("lora") or {}
+        rows.append({
+            "job_id": job["job_id"], "name": job.get("name"), "status": display_state(job)[0],
+            "base_model": trainer["base_model"], "lr": (trainer.get("optimizer") or {}).get("lr"),
+            "lora_r": lora.get("r"), "lora_alpha": lora.get("alpha"), "batch_size": loop.get("batch_size"),
+            "max_seq_len": loop.get("max_seq_len"), "steps": loop.get("steps"), "seed": loop.get("seed", trainer.get("seed")),
+            "step": progress.get("step"), "loss_per_token": progress.get("loss_per_token"),
+            "eval_loss_per_token": progress.get("eval_loss_per_token"), "tokens": progress.get("tokens"),
+            "duration_s": job_duration(job), "last_checkpoint": progress.get("last_checkpoint"),
+        })
+    return pd.DataFrame(rows, columns=RUN_TABLE_COLUMNS)
+
+
+def ab_frame(comparison: Comparison) -> pd.DataFrame:
+    """One row per prompt and run: the greedy sample, its summed logprob under its own run, and (per other
+    run) the mean per-token logprob difference of that answer under the other run."""
+    import pandas as pd
+
+    job_ids = [job["job_id"] for job in comparison.jobs]
+    rows = []
+    for sample in comparison.ab:
+        row = {"prompt": sample.prompt, "job_id": sample.job_id, "run": comparison.label(sample.job_id),
+               "sample": sample.text, "num_tokens": len(sample.tokens),
+               "logprob": sum(sample.logprobs[sample.job_id])}
+        for other in job_ids:
+            if other != sample.job_id:
+                differences = sample.difference(other)
+                row[f"mean_logprob_diff_under_{other}"] = (
+                    sum(differences) / len(differences) if differences else None)
+        rows.append(row)
+    return pd.DataFrame(rows)

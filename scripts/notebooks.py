@@ -7,7 +7,7 @@
 A code cell with a `# NBVAL_CHECK_OUTPUT` line keeps its outputs and execution count: they are what
 `pytest --nbval-lax` compares against (after notebooks/nbval-sanitize.cfg). Every other cell is stored
 without outputs or execution counts, and no widget state or timing metadata is kept. `refresh` runs each notebook with a
-fresh embedded backend in a temporary folder (CORTEX_LOCAL_DIR) and prints its wall time.
+fresh local backend in a temporary folder (CORTEX_LOCAL_DIR) and prints its wall time.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ class BackendProcess:
     token: str
     data_dir: Path
     process: subprocess.Popen
+    # An HTTPS backend's certificate fingerprint (`sha256:...`), which clients pin; None for plain HTTP.
+    fingerprint: str | None = None
 
     @property
     def pid(self) -> int:
@@ -39,12 +41,19 @@ class BackendProcess:
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
+    @property
+    def httpx_verify(self):
+        """What httpx needs to reach this backend (its pinned certificate when it serves HTTPS)."""
+        from cortex_nb.tls import httpx_verify
+
+        return httpx_verify(self.fingerprint or True)
+
     def log(self) -> str:
         return (self.data_dir / "backend.log").read_text(errors="replace")
 
     def healthy(self) -> bool:
         try:
-            return httpx.get(self.url + "/version", timeout=5).status_code == 200
+            return httpx.get(self.url + "/version", timeout=5, verify=self.httpx_verify).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -69,8 +78,8 @@ def start_backend(
         if endpoint.exists():
             info = json.loads(endpoint.read_text())
             if info["pid"] == process.pid:
-                token = Path(info["token_file"]).read_text().strip()
-                return BackendProcess(info["url"], token, data_dir, process)
+                token = Path(info["admin_token_file"]).read_text().strip()
+                return BackendProcess(info["url"], token, data_dir, process, info.get("tls_fingerprint"))
         time.sleep(0.05)
     process.kill()
     raise RuntimeError("backend did not start in time")

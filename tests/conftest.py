@@ -36,6 +36,18 @@ def client(backend) -> Client:
         yield client
 
 
+@pytest.fixture(scope="session")
+def tls_backend(tmp_path_factory) -> BackendProcess:
+    """A backend serving HTTPS with the certificate `--tls self-signed` makes: `tiny`, 4 CPU slots.
+    Its `fingerprint` is what clients pin (tests/test_tls.py, the Cortex SDK tests, the proxy test)."""
+    process = start_backend(
+        tmp_path_factory.mktemp("tls-backend"), "--tls", "self-signed", "--devices", "cpu:4", "--worker-threads", "1",
+        "--warm-workers", "2",
+    )
+    yield process
+    process.stop()
+
+
 # source runs -----------------------------------------------------------------------------------
 # Planted in the runs backend's environment: a run must never see them (tests/test_runs_sandbox.py).
 RUNS_BACKEND_SECRETS = {"CORTEX_TOKEN": "ctx_planted-secret-token", "HF_TOKEN": "hf_planted-secret", "RUNS_TEST_CANARY": "canary-4711"}

@@ -102,6 +102,12 @@ def test_invalid_fields_are_named(backend, running_job):
     assert error["detail"]["field"] == "sub_jobs[0].lora.r"
     error = _assert_error(_post(backend, "/v1/jobs", json={"sub_jobs": [], "color": "red"}), 400, "invalid_field")
     assert error["detail"]["field"] == "job.color"
+    # A LoRA module the model does not have is refused here, not when the worker applies the adapter.
+    error = _assert_error(_post(backend, "/v1/jobs", json={"sub_jobs": [{"type": "training", "base_model": "small-gpt2",
+                                                                          "lora": {"target_modules": ["c_attn", "q_proj"]}}]}),
+                          400, "invalid_field")
+    assert error["detail"]["field"] == "sub_jobs[0].lora.target_modules"
+    assert "model small-gpt2 has no module 'q_proj'" in error["message"] and "c_attn" in error["message"]
     _assert_error(_post(backend, "/v1/jobs", content=b"{not json"), 400, "invalid_json")
     _assert_error(_post(backend, f"/v1/jobs/{running_job}/generate", json={"prompts": ["a"], "sampling_params": {"top_p": 0}}),
                   400, "invalid_field")

@@ -41,7 +41,7 @@ def test_each_notebook_says_what_it_shows_and_how_to_use_a_gpu(name):
     assert "cortex-nb backend serve" in first.source and "--model qwen=" in first.source
     assert "%cortex connect PROFILE" in first.source or 'Client.from_profile("PROFILE")' in first.source
     code = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
-    assert "--local" in code or "Client.local()" in code  # runs on the embedded backend as written
+    assert "--local" in code or "Client.local()" in code  # runs on the local backend as written
     checked = [cell for cell in notebook.cells if "# NBVAL_CHECK_OUTPUT" in cell.source]
     assert checked, "every notebook compares at least one stable output"
 
@@ -56,10 +56,10 @@ def test_the_sanitizer_masks_what_changes_between_runs():
             text = re.sub(regex, replacement, text)
         return text
 
-    one = ("connected to http://127.0.0.1:41407 (backend 0.1.0) via the embedded backend in /tmp/cortex-a/local\n"
+    one = ("connected to http://127.0.0.1:41407 (backend 0.1.0) via your local backend in /tmp/cortex-a/local\n"
            "job-1a2b3c4d5e6f req-0123456789abcdef run-4b1f0c2a9e77 at 2026-11-29 09:31:34.587175+00:00 in 0:16, 71 ms"
            " <object at 0x7f00deadbeef>")
-    two = ("connected to http://127.0.0.1:8765 (backend 0.2.0rc1) via the embedded backend in /home/u/.local/x\n"
+    two = ("connected to http://127.0.0.1:8765 (backend 0.2.0rc1) via your local backend in /home/u/.local/x\n"
            "job-ffffffffffff req-fedcba9876543210 run-000000000000 at 2027-01-02 03:04:05+00:00 in 12:03, 1.5 s"
            " <object at 0x55aa55aa55aa>")
     assert sanitize(one) == sanitize(two)
@@ -91,14 +91,14 @@ def _write(path: Path, cells: list[tuple[str, list]]) -> None:
 
 def test_nbval_gives_kernels_the_promised_environment_and_compares_after_sanitizing(tmp_path):
     stream = nbformat.v4.new_output("stream", name="stdout",
-                                    text="connected to http://127.0.0.1:1 (backend 9.9.9) via the embedded backend in /x\n")
+                                    text="connected to http://127.0.0.1:1 (backend 9.9.9) via your local backend in /x\n")
     _write(tmp_path / "environment.ipynb", [
         ("import os, tempfile\n"
          "assert os.environ['CORTEX_NONINTERACTIVE'] == '1'\n"
          "local = os.environ['CORTEX_LOCAL_DIR']\n"
          "assert local.startswith(tempfile.gettempdir()) and not local.startswith(os.path.expanduser('~'))", []),
         ("# NBVAL_CHECK_OUTPUT\n"
-         "print('connected to http://127.0.0.1:43975 (backend 0.1.0) via the embedded backend in /tmp/abc/local')", [stream]),
+         "print('connected to http://127.0.0.1:43975 (backend 0.1.0) via your local backend in /tmp/abc/local')", [stream]),
     ])
     # Collected after the notebook: the variables were set only around its kernel's start.
     (tmp_path / "test_zz_after.py").write_text(

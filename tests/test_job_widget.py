@@ -2,38 +2,81 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 
 from cortex_nb import Client
-from cortex_nb.train_loop import live_run
-from cortex_nb.widgets import job_widget, state
+from cortex_nb.widgets import job_view, job_widget, state
 from cortex_nb.widgets.throttle import MAX_RENDERS_PER_S, RenderThrottle
 
 from .notebook_fixtures import run_cell, train_spec, wait_until
 
 
-def test_cancel_button_cancels_the_job_on_the_backend(cortex_shell, backend):
-    ran = run_cell(cortex_shell, "%%cortex train -o button_job\n" + train_spec(2000))
+def test_cancel_asks_before_discarding_trained_steps_then_discards_or_stops_and_saves(cortex_shell, backend):
+    """Two runs training side by side: Cancel on each asks first (trained steps, no checkpoint); one is
+    cancelled anyway, the other stopped keeping its adapter."""
+    widgets = {}
+    for name in ("discarded_job", "kept_on_stop_job"):
+        ran = run_cell(cortex_shell, f"%%cortex train -o {name}\n" + train_spec(2000))
+        assert ran.success, ran.stderr
+        widgets[name] = job_widget._WIDGETS[cortex_shell.user_ns[name].job_id]
+    wait_until(lambda: all(widget.state.step >= 2 for widget in widgets.values()), 120)
+    discarded, kept = widgets["discarded_job"], widgets["kept_on_stop_job"]
+    client = Client(backend.url, backend.token)
+
+    discarded.cancel_button.click()  # what a click in the browser calls
+    # Trained steps and no checkpoint: the widget asks before throwing them away.
+    assert discarded.confirm.layout.display == "flex" and "no checkpoint was saved" in discarded.confirm_text.value
+    assert client.get_job(discarded.state.job_id)["status"] == "running"
+    discarded.keep_button.click()
+    assert discarded.confirm.layout.display == "none" and client.get_job(discarded.state.job_id)["status"] == "running"
+    discarded.cancel_button.click()
+    discarded.confirm_button.click()  # "Cancel and discard"
+
+    kept.cancel_button.click()
+    assert kept.confirm.layout.display == "flex"
+    kept.stop_and_save_button.click()
+
+    wait_until(lambda: client.get_job(discarded.state.job_id)["status"] == "cancelled", 30)
+    wait_until(lambda: discarded.state.finished, 30)
+    assert discarded.state.status == "cancelled" and discarded.state.step < 2000
+    discarded.throttle.flush()
+    wait_until(lambda: discarded.cancel_button.layout.display == "none" and "cancelled" in repr(discarded), 10)
+    # A cancel is the user's choice: neutral, never the failure red.
+    assert discarded.progress.bar_style == "" and job_view.BADGE_COLORS["cancelled"] == job_view.NEUTRAL
+    assert job_view.NEUTRAL in discarded.header.value and job_view.BADGE_COLORS["failed"] not in discarded.header.value
+    assert f'data-cortex-open-job="{discarded.state.job_id}"' in discarded.open_in_sidebar.value
+
+    wait_until(lambda: client.get_job(kept.state.job_id)["status"] in ("done", "cancelled", "failed"), 60)
+    assert client.get_job(kept.state.job_id)["status"] == "done"
+    saved = {checkpoint["checkpoint_id"]: checkpoint for checkpoint in client.list_checkpoints(kept.state.job_id)}
+    assert "final" in saved and 2 <= saved["final"]["step"] < 2000
+    assert kept.state.message == "freeing the device; the adapter is saved as checkpoint 'final' first"
+    wait_until(lambda: kept.state.status == "done", 30)
+    assert not discarded.action_errors and not kept.action_errors
+    client.close()
+
+
+def test_free_device_replaces_cancel_once_training_is_over_and_keeps_the_adapter(cortex_shell, backend):
+    ran = run_cell(cortex_shell, "%%cortex train -o kept_job\n" + train_spec(4, keep_alive="10m"))
     assert ran.success, ran.stderr
-    job = cortex_shell.user_ns["button_job"]
-    run = live_run(job.job_id)
+    job = cortex_shell.user_ns["kept_job"]
     widget = job_widget._WIDGETS[job.job_id]
-    wait_until(lambda: run.state.step >= 3, 120)
-    assert not run.done
-
-    widget.cancel_button.click()  # what a click in the browser calls
-
-    with Client(backend.url, backend.token) as client:
-        wait_until(lambda: client.get_job(job.job_id)["status"] == "cancelled", 30)
-    wait_until(lambda: run.done, 30)
-    assert run.status == "cancelled" and run.state.step < 2000
+    wait_until(lambda: widget.state.status == "sampling", 120)  # trained; kept alive for sampling
     widget.throttle.flush()
-    wait_until(lambda: widget.cancel_button.disabled and "cancelled" in repr(widget), 10)
-    assert widget.progress.bar_style == "warning"
+    wait_until(lambda: widget.free_button.layout.display is None, 10)
+    assert widget.cancel_button.layout.display == "none"  # nothing red to click on a trained adapter
+    assert re.search(r"keep-alive, freeing the device in (10:00|9:[0-5]\d)", widget.header.value)
+    widget.free_button.click()
+    with Client(backend.url, backend.token) as client:
+        wait_until(lambda: client.get_job(job.job_id)["status"] == "done", 60)
+        assert "final" in {checkpoint["checkpoint_id"] for checkpoint in client.list_checkpoints(job.job_id)}
+    wait_until(lambda: widget.state.status == "done", 30)
     assert not widget.action_errors
-    assert f'data-cortex-open-job="{job.job_id}"' in widget.open_in_sidebar.value
+    widget.throttle.flush()
+    assert widget.free_button.layout.display == "none" and ">done<" in widget.header.value
 
 
 @pytest.mark.slow
@@ -44,26 +87,21 @@ def test_a_2000_step_run_keeps_the_widget_data_bounded(cortex_shell, backend):
     elapsed = time.monotonic() - started
     assert ran.success, ran.stderr
     job = cortex_shell.user_ns["long_job"]
-    try:
-        run = live_run(job.job_id)
-        widget = job_widget._WIDGETS[job.job_id]
-        assert run.status == "done" and run.state.step == 2000 and run.state.loss.count == 2000
-        # The backend logged a line per step; the widget kept only its tail.
-        wait_until(lambda: widget.feed.log_cursor >= 2000, 30)
-        sizes = run.state.retained_sizes()
-        assert sizes["loss_points"] <= state.CHART_POINTS
-        assert sizes["log_lines"] == state.LOG_TAIL_LINES
-        assert sizes["rate_window"] <= state.RATE_WINDOW + 1
-        assert sizes["metric_points"] <= 2 * state.METRIC_POINTS
-        widget.throttle.flush()
-        snap = run.state.snapshot()
-        assert snap.loss[0][0] == 1 and snap.loss[-1][0] > 1990  # the whole run is still on the chart
-        assert len(widget.loss_chart.value) < 12_000 and len(widget.logs.value) < 20_000
-        # Batched updates: never more than 4 renders a second over the run.
-        assert widget.throttle.renders <= MAX_RENDERS_PER_S * elapsed + 2
-        assert widget.progress.value == 2000
-    finally:
-        job.cancel()
+    widget = job_widget._WIDGETS[job.job_id]
+    snap = widget.state.snapshot()
+    assert snap.status == "done" and snap.step == 2000
+    # The backend logged a line per step; the widget kept only its tail.
+    wait_until(lambda: widget.feed.log_cursor >= 2000, 30)
+    sizes = widget.state.retained_sizes()
+    assert sizes["loss_points"] <= state.CHART_POINTS
+    assert sizes["log_lines"] == state.LOG_TAIL_LINES
+    assert sizes["metric_points"] <= 4 * state.METRIC_POINTS  # host and job CPU and RAM
+    widget.throttle.flush()
+    assert snap.loss[0][0] == 1 and snap.loss[-1][0] > 1990  # the whole run is still on the chart
+    assert len(widget.loss_chart.value) < 12_000 and len(widget.logs_body.value) < 20_000
+    # Batched updates: never more than 4 renders a second over the run.
+    assert widget.throttle.renders <= MAX_RENDERS_PER_S * elapsed + 2
+    assert widget.progress.value == 2000
 
 
 def test_render_throttle_batches_bursts_to_four_a_second():
@@ -85,9 +123,9 @@ def test_render_throttle_batches_bursts_to_four_a_second():
 
 
 def test_open_in_sidebar_is_an_element_the_lab_extension_can_find():
-    html = job_widget.open_in_sidebar_html("job-abc123")
+    html = job_view.open_in_sidebar_html("job-abc123")
     assert 'class="cortex-open-in-sidebar' in html and 'data-cortex-open-job="job-abc123"' in html
-    quoted = job_widget.open_in_sidebar_html('job-"x"')
+    quoted = job_view.open_in_sidebar_html('job-"x"')
     assert 'data-cortex-open-job="job-&quot;x&quot;"' in quoted
 
 

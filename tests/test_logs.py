@@ -17,7 +17,7 @@ from .backend_process import start_backend
 from .tcp_relay import TcpRelay
 from .tokens import create_token
 
-FORWARD_BACKWARD_LINE = re.compile(r"^\[engine\] forward_backward=(\d+) loss=\S+ tokens=2 ")
+FORWARD_BACKWARD_LINE = re.compile(r"^\[engine\] forward_backward=(\d+) summed_loss=\S+ tokens=2 ")
 BATCH = {"input_ids": [[1, 2]], "target_tokens": [[2, 3]], "weights": [[1.0, 1.0]]}
 
 

@@ -13,7 +13,7 @@ CELLS = [
     "%load_ext cortex_nb\n%cortex connect\n%cortex status",
     (
         "%%cortex train -o job --name via-proxy\n"
-        f"base_model: tiny\ndata: {DEMO_TEXT}\nsteps: 4\nbatch_size: 2\nmax_seq_len: 32\n"
+        f"base_model: tiny\ndata: {DEMO_TEXT}\nsteps: 4\nbatch_size: 2\nmax_seq_len: 32\nkeep_alive: 5m\n"
     ),
     "print('JOB', job.job_id)\n%cortex logs {job.job_id} -n 2\nprint(job.cancel()['status'])",
 ]
@@ -57,7 +57,7 @@ def test_connect_goes_through_the_jupyter_proxy_when_nothing_else_is_configured(
     assert connect.startswith(f"connected to {server.url}cortex/api (backend ")
     assert "via the Jupyter server running this kernel" in connect
     assert "token: the Jupyter server's (token details are not forwarded by its proxy)" in connect
-    assert "(tiny) done: 4/4 steps" in train
+    assert "(tiny) sampling: 4/4 steps" in train  # trained on the backend, kept alive
     job_id = finish.split()[1]
     assert finish.rstrip().endswith("cancelled")
     assert "[engine] step=4 " in finish

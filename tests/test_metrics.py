@@ -74,6 +74,8 @@ def test_host_samples_on_this_host_carry_cpu_and_ram_and_no_gpu_fields(client):
     assert_host_sample(sample)
     assert set(sample) == {"at", "device", *HOST_FIELDS}  # GPU fields absent, not zero or null
     assert isinstance(host["gpu_unavailable_reason"], str) and host["gpu_unavailable_reason"]
+    # What views show: one quiet line, not the NVML error (that stays in gpu_unavailable_reason).
+    assert host["gpu_metrics_note"] == "CPU host: no GPU metrics"
     assert host["interval_s"] == 1.0
     assert client.host_metrics(since=sample["at"])["samples"] == []
 
@@ -92,6 +94,17 @@ def test_job_metrics_are_persisted_within_the_job_lifetime_and_readable_after_it
         assert [s["at"] for s in samples] == sorted(s["at"] for s in samples)
         # Attributed to the job's own sub-job while it held the device.
         assert any(sample["sub_job_ids"] == ["training-0"] for sample in samples)
+        # The host's figures, and next to them the job's own worker process, once it was read twice.
+        own = [sample for sample in samples if "job_cpu_percent" in sample]
+        assert own and len(own) < len(samples)  # absent (never 0) before the worker could be measured
+        assert all(set(sample) >= {"job_cpu_percent", "job_ram_bytes"} for sample in own)
+        assert all(0.0 <= sample["job_cpu_percent"] <= 100.0 for sample in own)
+        # A worker with torch loaded holds far more than a few MB, and less than the host uses in all.
+        assert all(0 < sample["job_ram_bytes"] <= sample["ram_used_bytes"] for sample in own)
+        assert max(sample["job_ram_bytes"] for sample in own) > 64 << 20
+        assert max(sample["job_cpu_percent"] for sample in own) > 0.0  # it trained while sampled
+        assert not any("workers" in sample or "sub_jobs" in sample for sample in samples)
+        assert page["gpu_metrics_note"] == "CPU host: no GPU metrics"
         assert page["next_since"] == samples[-1]["at"]
         time.sleep(0.6)  # the monitor keeps sampling; the ended job's window does not grow
         assert client.get_job_metrics(finished_job["job_id"])["samples"] == samples
@@ -118,7 +131,8 @@ def test_downloads_and_dataframe_match_the_endpoint(metered, finished_job, tmp_p
         assert path == tmp_path / "gpu.jsonl"
         assert [json.loads(line) for line in path.read_text().splitlines()] == samples
         frame = client.metrics_df(finished_job["job_id"])
-        assert list(frame.columns) == ["at", "device", "cpu_percent", "ram_used_bytes", "ram_total_bytes", "sub_job_ids"]
+        assert list(frame.columns) == ["at", "device", "cpu_percent", "ram_used_bytes", "ram_total_bytes",
+                                       "job_cpu_percent", "job_ram_bytes", "sub_job_ids"]
         assert len(frame) == len(samples)
         assert frame["ram_used_bytes"].tolist() == [sample["ram_used_bytes"] for sample in samples]
 
@@ -256,15 +270,27 @@ def test_monitor_ticks_persist_attribute_and_trim(tmp_path):
     store.insert_run({"id": "run-b", "owner": "bo", "submission_id": "s1", "name": "b", "status": "running", "spec": {},
                       "manifest": {}})
     store.update_run("run-b", devices=["cpu"])
-    monitor = Monitor(store, detect_devices("cpu", 2), interval_s=0.05, retention_s=3600)
+    # The "worker" of job-a is a real process that works a little; run-b's process is not known.
+    worker = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: sum(range(100_000)); time.sleep(0.005)"])
+    pids = {("job-a", "training-0"): worker.pid}
+    monitor = Monitor(store, detect_devices("cpu", 2), interval_s=0.05, retention_s=3600,
+                      worker_pid=lambda job_id, sub_job_id: pids.get((job_id, sub_job_id)))
     monitor.start()
     deadline = time.monotonic() + 10
-    while monitor.samples_taken < 5 and time.monotonic() < deadline:
+    while monitor.samples_taken < 8 and time.monotonic() < deadline:
         time.sleep(0.05)
     monitor.stop()
+    worker.kill()
+    worker.wait()
     stored = store.device_samples(["cpu"], 0.0, None, 100)
-    assert len(stored) == monitor.samples_taken >= 5
+    assert len(stored) == monitor.samples_taken >= 8
     assert all(sample["sub_jobs"] == ["job-a/training-0", "run-b/main"] for sample in stored)
+    # The first tick only primes the worker's CPU span: no reading, rather than a made-up 0.
+    assert "workers" not in stored[0]
+    readings = [sample["workers"] for sample in stored[1:]]
+    assert all(set(reading) == {"job-a/training-0"} for reading in readings)  # run-b: absent, not zero
+    assert all(0 < reading["job-a/training-0"]["ram_bytes"] < stored[0]["ram_used_bytes"] for reading in readings)
+    assert max(reading["job-a/training-0"]["cpu_percent"] for reading in readings) > 0
     assert monitor.latest()[0] == stored[-1]
     assert monitor.errors == 0
     assert store.trim_device_samples(stored[2]["at"]) == 2

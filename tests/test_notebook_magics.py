@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import re
+import xml.etree.ElementTree as ElementTree
+
 import nbformat
 from nbclient import NotebookClient
 
@@ -15,6 +20,7 @@ batch_size: 4
 max_seq_len: 64
 optimizer: {{lr: 0.003}}
 lora: {{r: 16, alpha: 32}}
+keep_alive: 5m
 """
 
 CELLS = [
@@ -24,17 +30,24 @@ CELLS = [
     "%%cortex sample --job {job.job_id} --temperature 0 --max-tokens 10\nThe lighthouse keeper\n",
     "%cortex jobs --status running",
     (
-        "from cortex_nb.train_loop import live_run\n"
-        "state = live_run(job.job_id).state\n"
-        "points = [loss for _, loss in state.snapshot().loss]\n"
-        "assert state.status == 'done' and len(points) == 15 and points[-1] < points[0], points\n"
+        "points = list(job.history['loss_per_token'])\n"
+        "assert job.progress['phase'] == 'keep_alive' and len(points) == 15 and points[-1] < points[0], points\n"
         "print('loss fell', round(points[0], 3), '->', round(points[-1], 3))"
     ),
     "job.cancel()['status']",
 ]
 
 
-def execute(tmp_path, monkeypatch, backend, noninteractive: bool) -> nbformat.NotebookNode:
+# A run that ends inside its cell (no keep-alive, --wait): its widget becomes the static picture there.
+PICTURE_CELLS = [
+    TRAIN_CELL.replace("-o job --name notebook-run", "-o short_job --name saved-picture")
+    .replace("steps: 15", "steps: 6").replace("keep_alive: 5m\n", ""),
+    "import json\nprint(json.dumps({'history': list(short_job.history['loss_per_token']),"
+    " 'final': short_job.progress['loss_per_token']}))",
+]
+
+
+def execute(tmp_path, monkeypatch, backend, noninteractive: bool, cells: list[str] = CELLS) -> nbformat.NotebookNode:
     monkeypatch.setenv("CORTEX_URL", backend.url)
     monkeypatch.setenv("CORTEX_TOKEN", backend.token)
     if noninteractive:
@@ -42,7 +55,7 @@ def execute(tmp_path, monkeypatch, backend, noninteractive: bool) -> nbformat.No
     else:
         monkeypatch.delenv("CORTEX_NONINTERACTIVE", raising=False)
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
     client = NotebookClient(notebook, timeout=300, kernel_name="python3", store_widget_state=True,
                             resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # raises CellExecutionError on any error in any cell
@@ -61,21 +74,19 @@ def texts(cell) -> str:
 
 
 def test_notebook_with_widgets_runs_in_a_real_kernel(tmp_path, monkeypatch, backend):
-    notebook = execute(tmp_path, monkeypatch, backend, noninteractive=False)
-    connect, train, sample, jobs, check, cancel = notebook.cells[1:]
+    notebook = execute(tmp_path, monkeypatch, backend, noninteractive=False, cells=CELLS + PICTURE_CELLS)
+    connect, train, sample, jobs, check, cancel = notebook.cells[1:7]
     assert texts(connect).startswith(f"connected to {backend.url}")
-    summary = [line for line in texts(train).splitlines() if "(tiny) done: 15/15 steps" in line]
-    assert len(summary) == 1 and "loss " in summary[0]
+    summary = [line for line in texts(train).splitlines() if "(tiny) sampling: 15/15 steps" in line]
+    assert len(summary) == 1 and "loss per token " in summary[0]
     job_id = summary[0].split()[0]
     widget_outputs = [o for o in train.outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     assert len(widget_outputs) == 1
-    # Its saved text is the final state, not the one at display.
-    assert widget_outputs[0].data["text/plain"].startswith(f"<cortex job {job_id} done step 15/15 loss ")
     # The trait updates made on background threads reached the frontend: the saved widget state
     # holds the finished progress bar and the falling loss chart.
     state = notebook.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
     bars = [m["state"] for m in state.values() if m["model_name"] == "IntProgressModel"]
-    assert any(bar["value"] == 15 and bar["max"] == 15 and bar["bar_style"] == "success" for bar in bars)
+    assert any(bar["value"] == 15 and bar["max"] == 15 for bar in bars)
     html = [m["state"].get("value", "") for m in state.values() if m["model_name"] == "HTMLModel"]
     assert any("<polyline" in value and "loss per token" in value for value in html)
     assert any(f'data-cortex-open-job="{job_id}"' in value for value in html)
@@ -83,6 +94,31 @@ def test_notebook_with_widgets_runs_in_a_real_kernel(tmp_path, monkeypatch, back
     assert job_id in texts(jobs)
     assert texts(check).startswith("loss fell")
     assert texts(cancel) == "'cancelled'"
+    assert_saved_notebook_shows_the_final_widget_without_a_kernel(tmp_path / "executed.ipynb")
+
+
+def assert_saved_notebook_shows_the_final_widget_without_a_kernel(path) -> None:
+    """The run that ended in its cell: what the saved file holds there is the final picture, as HTML a
+    viewer renders with no kernel and no widget state: no widget view left to say "model not found"."""
+    saved = nbformat.read(path, as_version=4)
+    picture_cell, numbers_cell = saved.cells[-2:]
+    numbers = json.loads(texts(numbers_cell))
+    [output] = [o for o in picture_cell.outputs if o.output_type == "display_data"]
+    assert "application/vnd.jupyter.widget-view+json" not in output.data
+    html = output.data["text/html"]
+    job_id = re.search(r'data-cortex-job="([^"]+)"', html).group(1)
+    assert output.data["text/plain"] == f"<cortex job {job_id} done step 6/6 loss per token {numbers['final']:.4f}>"
+    assert "<b>saved-picture</b>" in html and ">done</span>" in html and "step 6/6" in html
+    assert f"loss per token {numbers['final']:.4f}" in html and "CPU host: no GPU metrics" in html
+    # The loss chart, as an image: one point per step, and its heights follow the losses.
+    [(svg, alt)] = [(base64.b64decode(data).decode(), alt) for data, alt in
+                    re.findall(r'<img src="data:image/svg\+xml;base64,([^"]+)" alt="(loss per token[^"]*)"', html)]
+    assert alt.endswith(f"{numbers['final']:.4f} at step 6")
+    points = ElementTree.fromstring(svg).find("{http://www.w3.org/2000/svg}polyline").get("points").split()
+    heights = [float(point.split(",")[1]) for point in points]
+    losses = numbers["history"]
+    assert len(heights) == len(losses) == 6
+    assert sorted(range(6), key=lambda i: heights[i]) == sorted(range(6), key=lambda i: -losses[i])
 
 
 def test_notebook_in_noninteractive_mode_prints_progress_and_summary(tmp_path, monkeypatch, backend):
@@ -91,9 +127,9 @@ def test_notebook_in_noninteractive_mode_prints_progress_and_summary(tmp_path, m
     text = texts(train)
     lines = text.strip().splitlines()
     job_id = lines[0].split(":")[0]
-    assert lines[0].startswith(f"{job_id}: training tiny for 15 steps")
-    assert any(line.startswith(f"{job_id} step 15/15  loss ") for line in lines)
-    assert lines[-1].startswith(f"{job_id} (tiny) done: 15/15 steps")
+    assert lines[0].startswith(f"{job_id}: training tiny on the backend: 15 steps")
+    assert any(line.startswith(f"{job_id} step 15/15  loss per token ") for line in lines)
+    assert lines[-1].startswith(f"{job_id} (tiny) sampling: 15/15 steps")
     assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in train.outputs)
     assert texts(notebook.cells[-1]) == "'cancelled'"
 

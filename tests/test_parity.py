@@ -71,6 +71,12 @@ def test_gradients_accumulate_until_step(client: Client):
         a = split_job.forward(probe).result()["tensors"]["logprobs"]
         b = joined_job.forward(probe).result()["tensors"]["logprobs"]
         np.testing.assert_allclose(a, b, atol=1e-5)
+        # With weights, forward scores only the weighted positions and sums their NLL.
+        weights = np.array([[1.0] * 4 + [0.0] * 6], np.float32)
+        scored = split_job.forward({**probe, "weights": weights}).result()
+        np.testing.assert_allclose(scored["tensors"]["logprobs"][0, :4], a[0, :4], atol=1e-6)
+        assert (scored["tensors"]["logprobs"][0, 4:] == 0).all()
+        assert scored["loss:sum"] == pytest.approx(-float(a[0, :4].sum()), rel=1e-5) and scored["weights:sum"] == 4
     finally:
         split_job.cancel()
         joined_job.cancel()

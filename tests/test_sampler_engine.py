@@ -108,15 +108,20 @@ def test_logprobs_are_the_models_own_whatever_the_sampling(pair):
 def test_stop_strings_and_ids_end_samples_at_the_same_token(pair):
     """A stop string ends a sample at the token whose text completes it (the text cut before it); a stop
     token id ends it at that token (kept in tokens, left out of the text); n samples stop independently."""
-    generate = lambda **params: pair.job.generate(
-        ["the quick brown"],
-        sub_job=pair.sampler_id,
-        max_tokens=24,  # noqa: E731
-        temperature=0.0,
-        ignore_eos=True,
-        **params,
-    ).result()
-    detokenize = lambda ids: pair.client.detokenize(MODEL, [ids])[0]  # noqa: E731
+
+    def generate(**params):
+        return pair.job.generate(
+            ["the quick brown"],
+            sub_job=pair.sampler_id,
+            max_tokens=24,
+            temperature=0.0,
+            ignore_eos=True,
+            **params,
+        ).result()
+
+    def detokenize(ids):
+        return pair.client.detokenize(MODEL, [ids])[0]
+
     free = generate().samples[0]
     text, tokens = free["text"], free["tokens"]
     stop = text[6:9]

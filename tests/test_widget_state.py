@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ElementTree
 
-from cortex_nb.widgets import job_widget
-from cortex_nb.widgets.state import CHART_POINTS, LOG_LINE_CHARS, LOG_TAIL_LINES, DecimatedSeries, JobState
+from cortex_nb.widgets import job_view
+from cortex_nb.widgets.state import LOG_LINE_CHARS, LOG_TAIL_LINES, DecimatedSeries, JobState
 from cortex_nb.widgets.svg import Line, line_chart
 
 
@@ -38,7 +38,7 @@ def test_device_metrics_draw_gpu_when_present_and_cpu_ram_otherwise():
                      for i in range(5)])
     snap = gpu.snapshot()
     assert snap.metric_kind == "gpu" and snap.metrics["gpu_memory_percent"][0] == (0.0, 25.0)
-    svg = job_widget.device_chart_svg(snap)
+    svg = job_view.device_chart_svg(snap)
     assert "GPU util %" in svg and "CPU %" not in svg
     ElementTree.fromstring(svg)
 
@@ -55,34 +55,57 @@ def test_device_metrics_draw_gpu_when_present_and_cpu_ram_otherwise():
     snap = cpu.snapshot()
     assert snap.metric_kind == "cpu" and snap.metrics["ram_percent"] == [(0.0, 25.0)]
     assert "gpu_utilization_percent" not in snap.metrics
-    assert "CPU / RAM (no GPU)" in job_widget.device_chart_svg(snap)
+    assert "CPU / RAM, % of host · cpu" in job_view.device_chart_svg(snap)
+
+
+def job_with_progress(steps: int, status: str = "running", **progress) -> dict:
+    """A job as the backend answers it, with a progress record of `steps` points (loss 3.0 - step/10)."""
+    record = {
+        "source": "managed", "phase": "training" if status == "running" else "finished", "step": steps,
+        "total_steps": steps, "loss_per_token": 3.0 - steps * 0.1, "tokens": 100 * steps, "tokens_per_s": 100.0,
+        "elapsed_s": float(steps), "history": [{"step": s, "loss_per_token": 3.0 - s * 0.1} for s in range(1, steps + 1)],
+        "eval_history": [], "updated_at": 1000.0 + steps, **progress,
+    }
+    return {"job_id": "job-s", "status": status, "name": None, "progress": record,
+            "sub_jobs": [{"type": "training", "base_model": "tiny", "device": "cpu"}]}
 
 
 def test_loss_chart_is_wellformed_svg_with_both_series():
     state = JobState("job-l")
-    for step in range(1, 301):
-        state.record_step(step, 5.0 - step / 100, tokens=64)
-        if step % 50 == 0:
-            state.record_eval(step, 5.1 - step / 100)
-    svg = job_widget.loss_chart_svg(state.snapshot())
+    history = [{"step": s, "loss_per_token": 5.0 - s / 100} for s in range(1, 256)]
+    evals = [{"step": s, "eval_loss_per_token": 5.1 - s / 100} for s in range(50, 256, 50)]
+    state.set_job(job_with_progress(255, history=history, eval_history=evals))
+    svg = job_view.loss_chart_svg(state.snapshot())
     root = ElementTree.fromstring(svg)
     lines = root.findall("{http://www.w3.org/2000/svg}polyline")
     assert len(lines) == 2
-    assert len(lines[0].get("points").split()) <= CHART_POINTS
+    assert len(lines[0].get("points").split()) == 255  # the backend's points, none merged again
     empty = line_chart("nothing", [Line("a", "#000", [])], empty_text="waiting <here>")
     assert "waiting &lt;here&gt;" in empty
     ElementTree.fromstring(empty)
 
 
-def test_summary_and_repr_read_well_as_text():
+def test_summary_and_repr_read_the_backends_record_as_text():
     state = JobState("job-s", model="tiny")
-    state.set_plan(10)
-    state.set_run_status("training")
-    for step in range(1, 11):
-        state.record_step(step, 3.0 - step * 0.1, tokens=100, at=1000.0 + step)
-    state.record_eval(10, 2.5)
-    state.set_run_status("done")
+    state.set_job(job_with_progress(10, "done", eval_loss_per_token=2.5,
+                                    eval_history=[{"step": 10, "eval_loss_per_token": 2.5}]))
     summary = state.summary()
-    assert summary.startswith("job-s (tiny) done: 10/10 steps in ")
-    assert "loss 2.9000 -> 2.0000" in summary and "eval loss 2.5000" in summary and "100 tok/s" in summary
-    assert job_widget.job_repr(state.snapshot()) == "<cortex job job-s done step 10/10 loss 2.0000>"
+    assert summary == ("job-s (tiny) done: 10/10 steps in 0:10, loss per token 2.9000 -> 2.0000,"
+                       " eval loss per token 2.5000, 100 tok/s")
+    assert job_view.job_repr(state.snapshot()) == "<cortex job job-s done step 10/10 loss per token 2.0000>"
+
+
+def test_a_waiting_job_says_why_and_an_idle_one_when_it_frees_its_device():
+    state = JobState("job-q")
+    state.set_job({"job_id": "job-q", "status": "pending", "sub_jobs": [], "progress": None,
+                   "queue": {"position": 2, "reason": "1 ahead in the queue; waiting for a cpu slot: 4/4 held by jobs a, b",
+                             "blocked_by": ["job-a", "job-b"], "estimate_s": 35.0}})
+    snap = state.snapshot()
+    assert snap.status == "queued"
+    assert snap.detail == "#2 in the queue: 1 ahead in the queue; waiting for a cpu slot: 4/4 held by jobs a, b (about 0:35)"
+    import time
+
+    state.set_job({"job_id": "job-q", "status": "running", "sub_jobs": [{"type": "training", "base_model": "tiny"}],
+                   "idle": {"timeout_s": 300.0, "frees_at": time.time() + 272.4}})
+    snap = state.snapshot()
+    assert snap.status == "idle" and snap.detail in ("freeing the device in 4:32", "freeing the device in 4:31")

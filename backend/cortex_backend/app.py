@@ -6,7 +6,7 @@ import tornado.web
 
 from cortex_nb import routes
 
-from .handlers import checkpoints, jobs, logs, meta, observability, requests, runs, uploads
+from .handlers import checkpoints, datasets, jobs, logs, meta, observability, requests, runs, uploads
 from .handlers.base import NotFoundHandler
 from .service import Service
 
@@ -33,6 +33,8 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "get_request_tensors": requests.RequestTensorsHandler,
     "cancel_request": requests.RequestCancelHandler,
     "upload_chunk": uploads.UploadChunkHandler,
+    "put_dataset": datasets.DatasetHandler,
+    "get_dataset": datasets.DatasetHandler,
     "job_logs": logs.JobLogsHandler,
     # source runs
     "create_run": runs.RunsHandler,
@@ -78,9 +80,10 @@ def url_specs(service: Service) -> list[tornado.web.URLSpec]:
     return list(specs.values())
 
 
-def make_app(service: Service) -> tornado.web.Application:
+def make_app(service: Service, face_specs: list[tornado.web.URLSpec] | None = None) -> tornado.web.Application:
+    """Our routes, plus those of any compatibility face (backend/cortex_backend/compat) the server runs."""
     return tornado.web.Application(
-        url_specs(service),
+        url_specs(service) + list(face_specs or []),
         default_handler_class=NotFoundHandler,
         default_handler_args={"service": service},
         compress_response=False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import os
 import secrets
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cortex_nb.errors import ApiError
-from cortex_nb.routes import ADMIN, SCOPES
+from cortex_nb.routes import ADMIN, READ, RUNS, SCOPES, WRITE
 
 from .store import Store
 
@@ -74,11 +75,34 @@ def authenticate(store: Store, header: str | None) -> Principal:
 
 def ensure_admin_token(store: Store, path: Path) -> None:
     """On first start, create an admin token and write it to `path` with mode 0600."""
+    _ensure_token_file(store, path, "admin", [ADMIN])
+
+
+# What the OS user's own processes (kernels, the Jupyter server) may do with the user token: their own
+# jobs and runs, nothing of anyone else's.
+USER_SCOPES = [READ, WRITE, RUNS]
+
+
+def ensure_user_token(store: Store, path: Path, owner: str | None = None) -> None:
+    """On first start, create a token for the OS user running the backend (owner = their user name,
+    not admin) and write it to `path` with mode 0600: every kernel and the Jupyter server of that user
+    connect with it, so they all see the same jobs."""
+    _ensure_token_file(store, path, owner or os_user_name(), USER_SCOPES)
+
+
+def os_user_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid-{os.getuid()}"
+
+
+def _ensure_token_file(store: Store, path: Path, owner: str, scopes: list[str]) -> None:
     if path.exists():
         token = path.read_text().strip()
         if store.token_by_hash(hash_token(token)) is not None:
             return
-    token = create_token(store, "admin", [ADMIN])
+    token = create_token(store, owner, scopes)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:

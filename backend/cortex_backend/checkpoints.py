@@ -227,6 +227,26 @@ class CheckpointManager:
         )
         return {"type": kind, "checkpoint_id": requested, "directory": str(directory)}
 
+    def adopt(self, request_id: str, job: dict[str, Any], sub_job_id: str, name: str, kind: str, directory: str,
+              manifest: dict[str, Any]) -> dict[str, Any]:
+        """Make valid a checkpoint a managed training loop wrote (`name`, or `name-2`... if taken), exactly
+        as a finished save request is: files checked, quota applied, renamed, recorded."""
+        job_dir = self.job_dir(job["owner"], job["id"])
+        path = Path(directory)
+        if path.parent != job_dir or not path.name.startswith(TEMP_PREFIX) or kind not in CHECKPOINT_TYPES:
+            raise ApiError("internal_error", f"a training loop reported a checkpoint outside its job's directory: {directory}")
+        unique = self.free_name(job["id"], validate_checkpoint_id(name))
+        self._saves[request_id] = PendingSave(job["owner"], job["id"], sub_job_id, unique, kind, path, 0)
+        return self.commit_save(request_id, {"manifest": manifest})
+
+    def free_name(self, job_id: str, name: str) -> str:
+        """`name`, or `name-2`, `name-3`, ... if a checkpoint of the job (or a save in flight) has it."""
+        unique, suffix = name, 1
+        while self._id_taken(job_id, unique):
+            suffix += 1
+            unique = f"{name}-{suffix}"
+        return unique
+
     def _final_id(self, save: PendingSave, step: int) -> str:
         if save.requested_id is not None:
             return save.requested_id
@@ -294,7 +314,7 @@ class CheckpointManager:
             raise ApiError(
                 "checkpoint_not_found",
                 f"job {job_id!r} has no checkpoint {checkpoint_id!r} visible to this token;"
-                " list them with GET /v1/jobs/{job_id}/checkpoints",
+                f" list them with GET /v1/jobs/{job_id}/checkpoints",
             )
         return row
 
@@ -319,7 +339,7 @@ class CheckpointManager:
         if body.get("checkpoint_id") is None:
             raise ApiError(
                 "invalid_field",
-                "checkpoint_id: required (see GET /v1/jobs/{job_id}/checkpoints)",
+                f"checkpoint_id: required (see GET /v1/jobs/{job['id']}/checkpoints)",
                 {"field": "checkpoint_id"},
             )
         source_job_id = body.get("source_job_id") or job["id"]

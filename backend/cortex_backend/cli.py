@@ -77,12 +77,21 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
                        help="share of a GPU's memory one vLLM sampler may take, weights and KV cache (default 0.45)")
     serve.add_argument("--vllm-cpu-kv-cache-gib", type=_at_least(1, int), default=1, metavar="GIB",
                        help="KV cache a vLLM sampler reserves on a CPU-only host (default 1)")
-    serve.add_argument("--idle-timeout", type=float, default=3600.0, help="seconds without requests before a job is completed")
+    serve.add_argument("--idle-timeout", type=_at_least(1.0), default=300.0,
+                       help="seconds a running job may have nothing to do before it is completed, freeing its device"
+                            " (trained steps are saved as checkpoint 'final' first)")
+    serve.add_argument("--idle-exit", type=_at_least(1.0), default=None, metavar="SECONDS",
+                       help="stop the backend after this long with no job queued or running and no source run"
+                            " (the per-user local backend uses 1800); default: never")
     serve.add_argument("--checkpoint-quota-bytes", type=_byte_count, default=None, metavar="BYTES",
                        help="most bytes of checkpoints one token owner may keep (e.g. 50000000000 or 50G); default: no cap")
     serve.add_argument("--fault-injection", action="append", type=_fault_option, default=[], metavar="NAME[=SUB_JOB]",
                        help=argparse.SUPPRESS)  # testing only: see cortex_backend/faults.py
-    serve.add_argument("--parent-pid", type=int, default=None, help="stop when this process exits (used by Client.local())")
+    tls = serve.add_argument_group("TLS (docs/deploying.md)")
+    tls.add_argument("--tls", choices=("self-signed",), default=None,
+                     help="make (once) and keep a self-signed certificate in DATA_DIR/tls and print its SHA-256 fingerprint")
+    tls.add_argument("--tls-cert", type=Path, default=None, metavar="FILE", help="PEM certificate (chain) to serve HTTPS with")
+    tls.add_argument("--tls-key", type=Path, default=None, metavar="FILE", help="PEM private key of --tls-cert")
     runs = serve.add_argument_group("source runs (docs/job-spec.md)")
     runs.add_argument("--runs-workspace", type=Path, default=None, help="where runs' work dirs live (default DATA_DIR/workspace)")
     runs.add_argument("--run-namespaces", choices=("auto", "off"), default="auto",
@@ -114,15 +123,38 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     revoke.add_argument("--data-dir", type=Path, default=default_data_dir())
 
 
+def _tls_arguments_error(args: argparse.Namespace) -> str | None:
+    """Why the TLS options cannot be served as given (checked before anything starts), or None."""
+    if args.tls and (args.tls_cert or args.tls_key):
+        return "--tls self-signed and --tls-cert/--tls-key exclude each other"
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return "--tls-cert and --tls-key go together"
+    if args.tls_cert:
+        import ssl
+
+        from .tls import TlsFiles, server_context
+
+        try:
+            server_context(TlsFiles(args.tls_cert, args.tls_key))
+        except (OSError, ssl.SSLError) as exc:
+            return f"cannot serve TLS with {args.tls_cert} and {args.tls_key}: {exc}"
+    return None
+
+
 def run_backend_command(args: argparse.Namespace) -> int:
     if args.backend_command == "serve":
         from .models import ModelCatalog
         from .server import serve
 
+        tls_error = _tls_arguments_error(args)
+        if tls_error:
+            print(f"error: {tls_error}", file=sys.stderr)
+            return 2
+
         settings = BackendSettings(
             host=args.host, port=args.port, data_dir=args.data_dir, models=dict(args.model), devices=args.devices,
             sub_jobs_per_device=args.sub_jobs_per_device, warm_workers=args.warm_workers,
-            worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout, parent_pid=args.parent_pid,
+            worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout, idle_exit_s=args.idle_exit,
             sampler=args.sampler, vllm_gpu_memory_fraction=args.vllm_gpu_memory_fraction,
             vllm_cpu_kv_cache_gib=args.vllm_cpu_kv_cache_gib,
             runs_workspace=args.runs_workspace, run_namespaces=args.run_namespaces,
@@ -132,6 +164,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
             log_retention_lines=args.log_retention_lines, monitor_interval_s=args.monitor_interval,
             metrics_retention_s=args.metrics_retention_hours * 3600.0,
             checkpoint_quota_bytes=args.checkpoint_quota_bytes, fault_injection=tuple(args.fault_injection),
+            tls=args.tls, tls_cert=args.tls_cert, tls_key=args.tls_key,
         )
         try:
             ModelCatalog(settings.models)  # refuse unsafe or broken model directories before starting

@@ -37,9 +37,17 @@ class BackendSettings:
     # rest to the trainer and other sub-jobs on that GPU; and, on a CPU, the GiB its KV cache reserves.
     vllm_gpu_memory_fraction: float = 0.45
     vllm_cpu_kv_cache_gib: int = 1
-    # A running job with no request for this long is completed, freeing its device.
-    idle_timeout_s: float = 3600.0
+    # A running job with no request for this long is completed, freeing its device (a trained adapter
+    # is saved as checkpoint `final` first). Short, and shown to users as a countdown.
+    idle_timeout_s: float = 300.0
+    # How often idle timeouts and keep-alives are checked.
+    idle_sweep_s: float = 1.0
+    # Stop the backend after this many seconds with no job queued or running and no source run (the
+    # per-user local backend); None: serve until stopped.
+    idle_exit_s: float | None = None
     max_body_bytes: int = wire.MAX_BODY_BYTES
+    # The largest training dataset one PUT /v1/datasets/{id} may upload.
+    max_dataset_bytes: int = 256 * 1024 * 1024
     # Log lines kept per job; older lines are dropped and the logs say how many.
     log_retention_lines: int = 100_000
     # checkpoints: the most bytes of checkpoints one owner may keep (None: no cap).
@@ -47,8 +55,11 @@ class BackendSettings:
     # Test-only fault injection (see faults.py): "NAME" or "NAME=SUB_JOB_ID". Empty in any real deployment.
     fault_injection: tuple[str, ...] = ()
 
-    # Stop when this process exits (the embedded backend follows the kernel that started it).
-    parent_pid: int | None = None
+    # TLS (docs/deploying.md): an operator's certificate and key, or "self-signed" to make and keep one
+    # in DATA_DIR/tls. None serves plain HTTP (fine on loopback; a warning beyond it).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls: str | None = None
 
     # Source runs (docs/job-spec.md) ------------------------------------------------------------
     # Where runs' work dirs live; emptied at every start-up. Default: DATA_DIR/workspace.
@@ -80,6 +91,10 @@ class BackendSettings:
         self.models = {name: Path(path).expanduser().resolve() for name, path in self.models.items()}
         if self.runs_workspace is not None:
             self.runs_workspace = Path(self.runs_workspace).expanduser().resolve()
+        if self.tls_cert is not None:
+            self.tls_cert = Path(self.tls_cert).expanduser().resolve()
+        if self.tls_key is not None:
+            self.tls_key = Path(self.tls_key).expanduser().resolve()
 
     @property
     def sampler_options(self) -> dict:
@@ -102,6 +117,15 @@ class BackendSettings:
     @property
     def uploads_dir(self) -> Path:
         return self.data_dir / "uploads"
+
+    @property
+    def user_token_path(self) -> Path:
+        """A token for the OS user's own processes (kernels, the Jupyter server): not admin."""
+        return self.data_dir / "user.token"
+
+    @property
+    def datasets_dir(self) -> Path:
+        return self.data_dir / "datasets"
 
     @property
     def checkpoints_dir(self) -> Path:

@@ -13,11 +13,21 @@ from .store import Store
 MAX_PAGE = 10_000
 
 
+# Kept in storage, never shown as is: who else was on the device, and their processes.
+PRIVATE_FIELDS = ("sub_jobs", "workers")
+
+
 def _job_view(sample: dict[str, Any], job_id: str) -> dict[str, Any]:
-    """A stored sample as the job's owner sees it: attributed to this job's sub-jobs only."""
-    view = {key: value for key, value in sample.items() if key != "sub_jobs"}
+    """A stored sample as the job's owner sees it: the host's CPU/RAM, attributed to this job's
+    sub-jobs only, plus the CPU and RAM of this job's own worker processes where they were measured
+    (`job_cpu_percent` on the host's scale, `job_ram_bytes`); absent, not zero, where they were not."""
+    view = {key: value for key, value in sample.items() if key not in PRIVATE_FIELDS}
     prefix = job_id + "/"
     view["sub_job_ids"] = [entry[len(prefix):] for entry in sample.get("sub_jobs", []) if entry.startswith(prefix)]
+    own = [reading for name, reading in (sample.get("workers") or {}).items() if name.startswith(prefix)]
+    if own:
+        view["job_cpu_percent"] = round(sum(reading["cpu_percent"] for reading in own), 2)
+        view["job_ram_bytes"] = sum(reading["ram_bytes"] for reading in own)
     return view
 
 
@@ -52,12 +62,13 @@ class DeviceMetrics:
             "devices": devices,
             "interval_s": self.monitor.interval_s,
             "gpu_unavailable_reason": self.monitor.gpu_unavailable_reason,
+            "gpu_metrics_note": self.monitor.gpu_metrics_note,
         }
 
     def host(self, since: float) -> dict[str, Any]:
         """The newest sample of each device served, if newer than `since`."""
         latest = [
-            {key: value for key, value in sample.items() if key != "sub_jobs"}
+            {key: value for key, value in sample.items() if key not in PRIVATE_FIELDS}
             for sample in self.monitor.latest()
             if sample["at"] > since
         ]
@@ -67,4 +78,5 @@ class DeviceMetrics:
             "devices": [device.to_json() for device in self.monitor.devices],
             "interval_s": self.monitor.interval_s,
             "gpu_unavailable_reason": self.monitor.gpu_unavailable_reason,
+            "gpu_metrics_note": self.monitor.gpu_metrics_note,
         }

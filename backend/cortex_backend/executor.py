@@ -43,6 +43,9 @@ class ExecutorListener(Protocol):
     def sync_message(self, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes) -> None:
         """A weight-sync message from a sub-job's worker, for another sub-job of the same job."""
 
+    def loop_message(self, job_id: str, sub_job_id: str, header: dict[str, Any]) -> None:
+        """A managed training loop's report (`type: loop`: started, step, eval, samples, checkpoint, ended)."""
+
 
 @dataclass
 class SubJobAssignment:
@@ -299,6 +302,8 @@ class LocalExecutor(Executor):
             self.listener.request_finished(assignment.job_id, header["request_id"], header, blob)
         elif kind == "sync":
             self.listener.sync_message(assignment.job_id, assignment.sub_job_id, header, blob)
+        elif kind == "loop":
+            self.listener.loop_message(assignment.job_id, assignment.sub_job_id, header)
 
     def _on_exit(self, worker: WorkerProcess, returncode: int) -> None:
         assignment = worker.assignment

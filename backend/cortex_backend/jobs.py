@@ -33,6 +33,11 @@ def new_job_id() -> str:
     return "job-" + secrets.token_hex(6)
 
 
+def queue_key(job_id: str) -> str:
+    """The waiter key a long-poll of a waiting job wakes on when the queue moves."""
+    return f"queue:{job_id}"
+
+
 def public_job(job: dict[str, Any]) -> dict[str, Any]:
     """The JSON a client sees for a job."""
     return {
@@ -48,6 +53,7 @@ def public_job(job: dict[str, Any]) -> dict[str, Any]:
         "finished_at": job["finished_at"],
         "last_activity_at": job["last_activity_at"],
         "idle_timeout_s": job["spec"].get("idle_timeout_s"),
+        "labels": job["spec"].get("labels") or {},
         "sub_jobs": [
             {
                 "sub_job_id": sub["id"],
@@ -83,8 +89,12 @@ class JobManager:
         self.executor = executor
         self.default_idle_timeout_s = default_idle_timeout_s
         self.waiters = Waiters()
-        # Called with (job_id, code, message) when a job ends, so requests and logs can react.
+        # Called with (job_id, status, code, message) when a job ends, so requests and logs can react.
         self.on_job_ended: list[Callable[[str, str, str | None, str | None], None]] = []
+        # Called with the job id when all its sub-jobs are up (a managed loop starts then).
+        self.on_job_running: list[Callable[[str], None]] = []
+        # Checks beyond the job spec's own (e.g. a training loop's datasets): each returns the spec to keep.
+        self.validators: list[Callable[[Principal, dict[str, Any]], dict[str, Any]]] = []
         self._completing: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
 
@@ -97,20 +107,28 @@ class JobManager:
         return job
 
     def list(self, principal: Principal, status: str | None, limit: int, cursor: str | None) -> dict[str, Any]:
+        """A page of job records (render each with `JobViews.render`) and the next cursor."""
         owner = None if principal.is_admin else principal.owner
         page, next_cursor = split_page(self.store.list_jobs(owner, status, limit + 1, parse_cursor(cursor)), limit)
-        return {"jobs": [public_job(job) for job in page], "next_cursor": next_cursor}
+        return {"jobs": page, "next_cursor": next_cursor}
 
-    async def wait_for_change(self, principal: Principal, job_id: str, from_status: str | None, wait_s: float) -> dict[str, Any]:
+    async def wait_for_change(
+        self, principal: Principal, job_id: str, from_status: str | None, wait_s: float, also_wake_on: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """The job, once its status differs from `from_status` (or another of `also_wake_on` fires), or
+        after `wait_s`. With `from_status` None, any of `also_wake_on` or a status change wakes it."""
         job = self.visible_job(principal, job_id)
-        if from_status is not None and job["status"] == from_status and wait_s > 0:
-            await self.waiters.wait(job_id, wait_s)
+        waiting = from_status is None or job["status"] == from_status
+        if waiting and wait_s > 0 and (from_status is not None or also_wake_on):
+            await self.waiters.wait_any((job_id, *also_wake_on), wait_s)
             job = self.visible_job(principal, job_id)
         return job
 
     # create -----------------------------------------------------------------------------------
     def create(self, principal: Principal, body: Any) -> dict[str, Any]:
         spec = validate_job(body, self.catalog)
+        for validate in self.validators:
+            spec = validate(principal, spec)
         job_id = spec.get("job_id") or new_job_id()
         if self.store.job_exists(job_id):
             raise ApiError("conflict", f"a job with id {job_id!r} already exists; choose another job_id or omit it")
@@ -139,6 +157,11 @@ class JobManager:
         self.scheduler.enqueue(job_id, slots, min_memory)
         self.admit()
         return self.store.get_job(job_id)
+
+    def queue_moved(self) -> None:
+        """Wake long-polls of waiting jobs: their place in the queue or its reason may have changed."""
+        for holder_id in self.scheduler.pending_holders():
+            self.waiters.notify(queue_key(holder_id))
 
     def admit(self) -> None:
         for job_id, placement in self.scheduler.admit():
@@ -169,6 +192,8 @@ class JobManager:
         if all(sub["status"] == states.JOB_RUNNING for sub in self.store.sub_jobs(job_id)):
             self._set_job_status(job_id, states.JOB_RUNNING)
             self.store.touch_job(job_id)
+            for callback in self.on_job_running:
+                callback(job_id)
 
     def sub_job_failed(self, job_id: str, sub_job_id: str, code: str, message: str) -> None:
         job = self.store.get_job(job_id)
@@ -184,20 +209,15 @@ class JobManager:
             self.end(job_id, states.JOB_CANCELLED, "cancelled", "cancelled by the user")
         return self.store.get_job(job_id)
 
-    def complete(self, principal: Principal, job_id: str, has_active_requests: Callable[[str], bool]) -> dict[str, Any]:
-        """Finish a job normally: queued requests still run, then its devices are freed."""
-        job = self.visible_job(principal, job_id)
-        if job["status"] == states.JOB_DONE:
-            return job
-        if job["status"] in states.JOB_TERMINAL:
-            raise ApiError("job_finished", f"job {job_id} is already {job['status']}; it cannot be completed")
-        if job["status"] == states.JOB_PENDING:
-            self.end(job_id, states.JOB_DONE, None, None)
-        elif has_active_requests(job_id):
+    def finish_when_drained(self, job_id: str, has_active_requests: Callable[[str], bool]) -> None:
+        """End a job normally once its queued requests have run (at once if none), freeing its devices."""
+        job = self.store.get_job(job_id)
+        if job is None or job["status"] in states.JOB_TERMINAL:
+            return
+        if job["status"] != states.JOB_PENDING and has_active_requests(job_id):
             self._completing.add(job_id)
         else:
             self.end(job_id, states.JOB_DONE, None, None)
-        return self.store.get_job(job_id)
 
     def is_completing(self, job_id: str) -> bool:
         return job_id in self._completing
@@ -222,16 +242,29 @@ class JobManager:
             callback(job_id, status, code, message)
         self.scheduler.release(job_id)
         self.admit()
+        self.queue_moved()
 
     def _set_job_status(self, job_id: str, status: str, **fields: Any) -> None:
         self.store.update_job(job_id, status=status, **fields)
         self.waiters.notify(job_id)
 
     # housekeeping -------------------------------------------------------------------------------
-    def recover_after_restart(self) -> int:
-        """Jobs that were in flight when the backend stopped cannot continue: fail them, clearly."""
+    def recover_after_restart(self, trained_to_the_end: Callable[[str], bool] = lambda job_id: False) -> int:
+        """Jobs that were in flight when the backend stopped cannot continue: fail them, clearly. A job
+        whose training had ended (a managed run sampling in its keep-alive) is marked as it really
+        ended: done. `on_job_ended` callbacks hear of each, as of any job that ends."""
         stale = self.store.jobs_with_status([states.JOB_PENDING, states.JOB_STARTING, states.JOB_RUNNING])
+        failed = 0
         for job in stale:
+            if trained_to_the_end(job["id"]):
+                for sub in job["sub_jobs"]:
+                    if sub["status"] not in states.JOB_TERMINAL:
+                        self.store.update_sub_job(job["id"], sub["id"], status=states.JOB_DONE)
+                self.store.update_job(job["id"], status=states.JOB_DONE, finished_at=time.time())
+                for callback in self.on_job_ended:
+                    callback(job["id"], states.JOB_DONE, None, None)
+                continue
+            failed += 1
             for sub in job["sub_jobs"]:
                 if sub["status"] not in states.JOB_TERMINAL:
                     self.store.update_sub_job(job["id"], sub["id"], status=states.JOB_FAILED, failure_code="backend_restarted")
@@ -241,15 +274,16 @@ class JobManager:
                 " (and load a checkpoint, if you saved one)",
                 finished_at=time.time(),
             )
-        return len(stale)
+            for callback in self.on_job_ended:
+                callback(job["id"], states.JOB_FAILED, "backend_restarted", None)
+        return failed
 
-    def sweep_idle(self) -> None:
-        now = time.time()
-        for job in self.store.jobs_with_status([states.JOB_RUNNING]):
-            timeout = job["spec"].get("idle_timeout_s") or self.default_idle_timeout_s
-            if now - job["last_activity_at"] > timeout and job["id"] not in self._completing:
-                log.info("job %s idle for %.0fs: completing it", job["id"], now - job["last_activity_at"])
-                self.end(job["id"], states.JOB_DONE, None, None)
+    def idle_timeout_s(self, job: dict[str, Any]) -> float | None:
+        """Seconds a running job may have nothing to do before it is completed; None: never (0 in its spec)."""
+        timeout = job["spec"].get("idle_timeout_s")
+        if timeout is None:
+            timeout = self.default_idle_timeout_s
+        return float(timeout) if timeout else None
 
 
 def _log_task_failure(task: asyncio.Task) -> None:

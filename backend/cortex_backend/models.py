@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,20 @@ class ModelInfo:
         value = self.config.get("max_position_embeddings") or self.config.get("n_positions")
         return int(value) if value else None
 
+    @cached_property
+    def module_names(self) -> frozenset[str]:
+        """The dotted names of the model's weight-holding modules (what LoRA `target_modules` may name),
+        read from the safetensors headers (no weights are loaded; torch-free)."""
+        if self.kind == "builtin":
+            return frozenset(_tiny_module_names(self.config))
+        names: set[str] = set()
+        for path in sorted(self.path.glob("*.safetensors")) if self.path else []:
+            try:
+                names.update(key.rsplit(".", 1)[0] for key in _safetensors_keys(path) if "." in key)
+            except (OSError, ValueError):
+                return frozenset()  # unreadable here: the worker will say what is wrong
+        return frozenset(names)
+
     def to_wire(self) -> dict[str, Any]:
         """What a worker needs to load the model (sent over the service-worker channel)."""
         return {"name": self.name, "kind": self.kind, "path": str(self.path) if self.path else None, "config": self.config}
@@ -74,6 +90,26 @@ class ModelInfo:
             "hidden_size": self.config.get("hidden_size") or self.config.get("n_embd"),
             "num_layers": self.config.get("num_hidden_layers") or self.config.get("n_layer"),
         }
+
+
+def _tiny_module_names(config: dict[str, Any]) -> list[str]:
+    names = ["model.embed_tokens", "model.norm", "lm_head"]
+    for layer in range(int(config["num_hidden_layers"])):
+        prefix = f"model.layers.{layer}"
+        names += [f"{prefix}.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        names += [f"{prefix}.mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj")]
+        names += [f"{prefix}.input_layernorm", f"{prefix}.post_attention_layernorm"]
+    return names
+
+
+def _safetensors_keys(path: Path) -> list[str]:
+    """Tensor names from a safetensors file's JSON header."""
+    with open(path, "rb") as handle:
+        (size,) = struct.unpack("<Q", handle.read(8))
+        if size > 100 * 2**20:
+            raise ValueError(f"{path.name}: implausible safetensors header size {size}")
+        header = json.loads(handle.read(size))
+    return [key for key in header if key != "__metadata__"]
 
 
 def inspect_model_dir(name: str, path: Path) -> ModelInfo:

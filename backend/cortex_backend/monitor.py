@@ -1,10 +1,13 @@
 """The device monitor: one sampler thread per backend that reads every device at a set interval.
 
 Each tick yields one sample per device the backend serves ("cuda:N" by NVML index, or "cpu"): GPU
-utilisation, memory, temperature and power from NVML (through `nvml.py`, the single init), and host
-CPU and RAM from psutil. GPU fields are absent, never zero, when NVML cannot answer. Samples are
-attributed to the sub-jobs placed on the device at that moment, persisted for the job metrics
-endpoint, and the latest ones are kept in memory for the live host view and /metrics.
+utilisation, memory, temperature and power from NVML (through `nvml.py`, the single init), and the
+HOST's CPU and RAM from psutil (`cpu_percent`, `ram_*`: the whole machine, not one job). GPU fields
+are absent, never zero, when NVML cannot answer. Samples are attributed to the sub-jobs placed on the
+device at that moment, with each sub-job's own worker process measured where this host runs it
+(`workers`: its CPU as a share of the host's, and its resident memory); a worker that cannot be read
+is left out, never reported as zero. Samples are persisted for the job metrics endpoint, and the
+latest ones are kept in memory for the live host view and /metrics.
 
 It runs on its own thread, never on the IO loop and never near torch: a tick costs a few NVML calls,
 two /proc reads and one small SQLite transaction.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -70,6 +74,37 @@ def read_host() -> dict[str, Any]:
     }
 
 
+class WorkerReader:
+    """CPU (all its threads) and resident memory of worker processes, by pid. psutil measures a
+    process's CPU since the previous reading, so a process is read twice before it reports: the first
+    reading has no span, and a made-up 0 would read as an idle worker."""
+
+    def __init__(self) -> None:
+        self._processes: dict[int, psutil.Process] = {}
+        self._cpus = psutil.cpu_count() or 1
+
+    def read(self, pids: set[int]) -> dict[int, dict[str, Any]]:
+        for pid in set(self._processes) - pids:
+            del self._processes[pid]
+        readings: dict[int, dict[str, Any]] = {}
+        for pid in pids:
+            process = self._processes.get(pid)
+            try:
+                if process is None:
+                    self._processes[pid] = process = psutil.Process(pid)
+                    process.cpu_percent(interval=None)  # primes the span; this tick has no reading
+                    continue
+                with process.oneshot():
+                    cpu = process.cpu_percent(interval=None)
+                    ram = process.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                self._processes.pop(pid, None)
+                continue
+            # psutil counts one core as 100 %; the host figure counts all of them as 100 %.
+            readings[pid] = {"cpu_percent": round(min(cpu / self._cpus, 100.0), 2), "ram_bytes": int(ram)}
+        return readings
+
+
 def gpu_unavailable_reason(devices: list[Device]) -> str | None:
     """Why samples carry no GPU fields (None when the backend serves GPUs NVML can read)."""
     reason = nvml.unavailable_reason()
@@ -80,13 +115,34 @@ def gpu_unavailable_reason(devices: list[Device]) -> str | None:
     return None
 
 
+def gpu_metrics_note(devices: list[Device], reason: str | None) -> str | None:
+    """The one short line views show when there are no GPU metrics. A host without NVIDIA GPUs is
+    normal, not an error: it says so quietly; GPUs NVML cannot read are a problem worth the detail."""
+    if reason is None:
+        return None
+    if not any(device.kind == "cuda" for device in devices):
+        return "CPU host: no GPU metrics"
+    return f"no GPU metrics: {reason}"
+
+
 class Monitor:
-    def __init__(self, store: Store | None, devices: list[Device], interval_s: float = 1.0, retention_s: float = 86400.0) -> None:
+    def __init__(
+        self,
+        store: Store | None,
+        devices: list[Device],
+        interval_s: float = 1.0,
+        retention_s: float = 86400.0,
+        worker_pid: Callable[[str, str], int | None] | None = None,
+    ) -> None:
         self.store = store
         self.devices = devices
         self.interval_s = interval_s
         self.retention_s = retention_s
         self.gpu_unavailable_reason = gpu_unavailable_reason(devices)
+        self.gpu_metrics_note = gpu_metrics_note(devices, self.gpu_unavailable_reason)
+        # The OS process serving a sub-job on this host (the executor's), for per-worker CPU/RAM.
+        self.worker_pid = worker_pid
+        self._workers = WorkerReader()
         self.samples_taken = 0
         self.errors = 0
         self._gpus: dict[str, GpuReader] = {}
@@ -108,7 +164,7 @@ class Monitor:
     # the thread -----------------------------------------------------------------------------------
     def start(self) -> None:
         if self.gpu_unavailable_reason:
-            log.info("GPU metrics unavailable: %s", self.gpu_unavailable_reason)
+            log.info("%s (%s)", self.gpu_metrics_note, self.gpu_unavailable_reason)
         if self.interval_s <= 0 or self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="cortex-monitor", daemon=True)
@@ -155,10 +211,15 @@ class Monitor:
         samples = self.sample()
         if self.store is not None:
             placed: dict[str, list[str]] = {}
-            for row in self.store.active_sub_jobs():
+            rows = self.store.active_sub_jobs()
+            for row in rows:
                 placed.setdefault(row["device"], []).append(f"{row['job_id']}/{row['sub_job_id']}")
+            workers = self._read_workers(rows)
             for sample in samples:
                 sample["sub_jobs"] = placed.get(sample["device"], [])
+                measured = {name: workers[name] for name in sample["sub_jobs"] if name in workers}
+                if measured:
+                    sample["workers"] = measured
             self.store.add_device_samples(samples)
             now = time.monotonic()
             if now - self._last_trim >= TRIM_EVERY_S:
@@ -169,6 +230,18 @@ class Monitor:
                 self._latest[sample["device"]] = sample
             self.samples_taken += len(samples)
         return samples
+
+    def _read_workers(self, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """"job/sub_job" -> its worker's CPU and RAM, for the workers this host runs and could read."""
+        if self.worker_pid is None:
+            return {}
+        pids: dict[str, int] = {}
+        for row in rows:
+            pid = self.worker_pid(row["job_id"], row["sub_job_id"])
+            if pid is not None:
+                pids[f"{row['job_id']}/{row['sub_job_id']}"] = pid
+        readings = self._workers.read(set(pids.values()))
+        return {name: readings[pid] for name, pid in pids.items() if pid in readings}
 
     def latest(self) -> list[dict[str, Any]]:
         """The newest sample of each device, in device order."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cortex_nb import states, wire
@@ -74,6 +75,8 @@ class RequestManager:
         self.weight_sync = weight_sync
         self.waiters = Waiters()
         self._active: dict[str, set[str]] = {}
+        # Called with (request row, result) when a request succeeds, e.g. to fold it into the job's progress.
+        self.on_succeeded: list[Callable[[dict[str, Any], dict[str, Any]], None]] = []
         jobs.on_job_ended.append(self._job_ended)
 
     # submission -------------------------------------------------------------------------------
@@ -123,7 +126,10 @@ class RequestManager:
             tensors, metadata = wire.decode_frame(body)
             loss_fn, config = validate_loss(metadata)
             validate_token_batch(tensors, LOSS_INPUTS[loss_fn], info, limit)
-            return {"loss_fn": loss_fn, "batch_shape": list(tensors["input_ids"].shape)}, body
+            # Tokens trained on (the attention-mask sum): what the job's progress record counts.
+            mask = tensors.get("attention_mask")
+            tokens = int(mask.sum()) if mask is not None else int(tensors["input_ids"].size)
+            return {"loss_fn": loss_fn, "batch_shape": list(tensors["input_ids"].shape), "tokens": tokens}, body
         if op == "forward":
             tensors, _ = wire.decode_frame(body)
             validate_token_batch(tensors, ("target_tokens",), info, limit)
@@ -168,6 +174,21 @@ class RequestManager:
             sub = self.choose_sub_job(job, op, sub_job)
         request_id = new_request_id()
         params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
+        self._enqueue(job_id, sub, request_id, op, params, blob)
+        return self.store.get_request(request_id)
+
+    def submit_for_service(self, job: dict[str, Any], op: str, params: dict[str, Any], blob: bytes = b"") -> str:
+        """Queue a request the service makes itself on the job's training sub-job (a managed loop, the
+        final save before a device is freed); returns its id. It is an ordinary request: listed,
+        cancellable, and it keeps the job from idling."""
+        sub = self.choose_sub_job(job, "save" if op == "save" else "step", None)
+        request_id = new_request_id()
+        if op == "save":
+            params = self.checkpoints.prepare_save(request_id, job, sub, params)
+        self._enqueue(job["id"], sub, request_id, op, params, blob)
+        return request_id
+
+    def _enqueue(self, job_id: str, sub: dict[str, Any], request_id: str, op: str, params: dict[str, Any], blob: bytes) -> None:
         self.store.insert_request(
             {"id": request_id, "job_id": job_id, "sub_job_id": sub["id"], "op": op, "status": states.REQUEST_QUEUED,
              "params": {key: value for key, value in params.items() if key != "prompt_tokens"}}
@@ -179,7 +200,6 @@ class RequestManager:
             self.weight_sync.dispatch(job_id, request_id, sub["id"], params)
         else:
             self.executor.submit(job_id, sub["id"], request_id, op, params, blob)
-        return self.store.get_request(request_id)
 
     # reading ----------------------------------------------------------------------------------
     def _visible_request(self, principal: Principal, job_id: str, request_id: str) -> dict[str, Any]:
@@ -213,6 +233,19 @@ class RequestManager:
 
     def has_active(self, job_id: str) -> bool:
         return bool(self._active.get(job_id))
+
+    def active_ops(self, job_id: str) -> list[str]:
+        """The operations of a job's queued and running requests."""
+        rows = (self.store.get_request(request_id) for request_id in self._active.get(job_id, ()))
+        return [row["op"] for row in rows if row is not None]
+
+    def cancel_for_service(self, job_id: str, request_id: str) -> None:
+        """Stop a request the service made (a managed loop, when its device is freed)."""
+        request = self.store.get_request(request_id)
+        if request is not None and request["status"] not in states.REQUEST_TERMINAL:
+            self.executor.cancel_request(job_id, request["sub_job_id"], request_id)
+            self.store.add_request_event(request_id, "cancel_requested", {})
+            self.waiters.notify(request_id)
 
     # cancel -----------------------------------------------------------------------------------
     def cancel(self, principal: Principal, job_id: str, request_id: str) -> dict[str, Any]:
@@ -253,6 +286,9 @@ class RequestManager:
         if status == states.REQUEST_SUCCEEDED and request["op"] == "weight_sync":
             result = {**(result or {}), "relayed_bytes": self.weight_sync.relayed_bytes(request_id)}
         if status == states.REQUEST_SUCCEEDED:
+            # Folded before the request ends: its end may end the job (a completing one) and close the record.
+            for callback in self.on_succeeded:
+                callback(request, result or {})
             self._finish(job_id, request_id, status, result=result, tensors=blob or None)
         else:
             self._finish(job_id, request_id, status, error=(message.get("code", "operation_failed"), message.get("message", "")))

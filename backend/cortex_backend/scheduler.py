@@ -95,6 +95,34 @@ class Scheduler:
     def placement(self, holder_id: str) -> list[Device] | None:
         return self._placements.get(holder_id)
 
+    # why a holder waits ------------------------------------------------------------------------
+    def pending_holders(self) -> list[str]:
+        """Holders waiting, first in line first."""
+        return list(self._pending)
+
+    def request_of(self, holder_id: str) -> tuple[int, int, bool] | None:
+        """(slots, min_memory_bytes, exclusive) a pending holder asks for."""
+        if holder_id not in self._pending:
+            return None
+        slots, min_memory_bytes = self._pending[holder_id]
+        return slots, min_memory_bytes, holder_id in self._exclusive
+
+    def eligible_devices(self, min_memory_bytes: int = 0, exclusive: bool = False) -> list[Device]:
+        return [device for device in self.devices if self._has_memory(device, min_memory_bytes)
+                and (not exclusive or device.kind == "cuda")]
+
+    def slots_in_use(self, device: Device) -> int:
+        return self._used[device.id]
+
+    def holders_on(self, devices: list[Device]) -> list[str]:
+        """Holders placed on any of `devices`, in the order they were admitted."""
+        ids = {device.id for device in devices}
+        return [holder for holder, placement in self._placements.items() if any(d.id in ids for d in placement)]
+
+    def slots_held(self, holder_id: str, devices: list[Device]) -> int:
+        ids = {device.id for device in devices}
+        return sum(1 for device in self._placements.get(holder_id, []) if device.id in ids)
+
     def _free(self, device: Device) -> int:
         return device.slots - self._used[device.id]
 

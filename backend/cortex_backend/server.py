@@ -1,4 +1,10 @@
-"""Run the backend: start the service, listen on loopback (or the given host), write backend.json."""
+"""Run the backend: start the service, listen on loopback (or the given host), write backend.json.
+
+backend.json (mode 0600, in the data dir) is how a user's processes find a running backend: its URL,
+pid, the user token's file (`user.token`: what kernels and the Jupyter server connect with), the admin
+token's file, versions, when it started and its data dir. For the per-user local backend, that data
+dir is `cortex_nb.local.default_local_dir()`: the one state file every notebook and the sidebar share.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ import logging
 import os
 import signal
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import tornado.httpserver
@@ -16,8 +24,11 @@ import tornado.netutil
 from cortex_nb.version import API_VERSION, __version__
 
 from .app import MAX_STREAMED_BODY, make_app
+from .auth import ensure_user_token
+from .compat import url_specs as face_url_specs
 from .config import BackendSettings
 from .service import Service
+from .tls import SELF_SIGNED, TlsFiles, plaintext_warning, self_signed_files, server_context
 
 log = logging.getLogger("cortex_backend")
 
@@ -28,58 +39,88 @@ def _listen(server: tornado.httpserver.HTTPServer, host: str, port: int) -> int:
     return sockets[0].getsockname()[1]
 
 
+def tls_files(settings: BackendSettings) -> TlsFiles | None:
+    """The certificate and key to serve with, if any (a self-signed pair is made on first use)."""
+    if settings.tls == SELF_SIGNED:
+        return self_signed_files(settings.data_dir, settings.host)
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        return TlsFiles(settings.tls_cert, settings.tls_key)
+    return None
+
+
 async def run(settings: BackendSettings) -> None:
+    files = tls_files(settings)
+    ssl_options = server_context(files) if files is not None else None
+    warning = plaintext_warning(settings.host) if files is None else None
+    if warning:
+        log.warning(warning)
+        print(warning, flush=True)
     service = Service(settings)
     await service.start()
-    server = tornado.httpserver.HTTPServer(make_app(service), max_body_size=MAX_STREAMED_BODY, idle_connection_timeout=300)
+    ensure_user_token(service.store, settings.user_token_path)
+    server = tornado.httpserver.HTTPServer(make_app(service, face_url_specs(service)), max_body_size=MAX_STREAMED_BODY,
+                                           idle_connection_timeout=300, ssl_options=ssl_options)
     port = _listen(server, settings.host, settings.port)
-    url = f"http://{settings.host}:{port}"
-    endpoint = {"url": url, "pid": os.getpid(), "version": __version__, "api_version": API_VERSION,
-                "token_file": str(settings.admin_token_path)}
-    temporary = settings.endpoint_path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(endpoint))
-    temporary.replace(settings.endpoint_path)
+    url = f"{'https' if files else 'http'}://{settings.host}:{port}"
+    # Local clients (Client.local(), the Jupyter extension) pin the fingerprint instead of trusting any certificate.
+    write_endpoint(settings, url, files.fingerprint() if files is not None else None)
     devices = ", ".join(f"{d.id} ({d.name}, {d.slots} slots)" for d in service.devices)
     log.info("cortex-nb backend %s listening on %s; devices: %s; models: %s", __version__, url, devices, service.catalog.names())
     print(f"cortex-nb backend listening on {url} (admin token in {settings.admin_token_path})", flush=True)
+    if files is not None:
+        print(f"TLS certificate {files.cert}; clients pin it with verify = \"{files.fingerprint()}\"", flush=True)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    watcher = asyncio.create_task(_stop_when_parent_exits(settings.parent_pid, stop)) if settings.parent_pid else None
+    watchers = []
+    if settings.idle_exit_s is not None:
+        watchers.append(asyncio.create_task(_stop_when_idle(service.has_work, settings.idle_exit_s, stop)))
     await stop.wait()
-    if watcher is not None:
+    for watcher in watchers:
         watcher.cancel()
     server.stop()
     await service.stop()
-    settings.endpoint_path.unlink(missing_ok=True)
+    _remove_own_endpoint(settings.endpoint_path)
 
 
-async def _stop_when_parent_exits(pid: int, stop: asyncio.Event, interval_s: float = 2.0) -> None:
-    """An embedded backend must not outlive its kernel, even one killed without cleanup."""
+def write_endpoint(settings: BackendSettings, url: str, tls_fingerprint: str | None = None) -> None:
+    """backend.json, atomically and readable by this user only (it names the token files)."""
+    endpoint = {"url": url, "pid": os.getpid(), "token_file": str(settings.user_token_path),
+                "admin_token_file": str(settings.admin_token_path), "version": __version__,
+                "api_version": API_VERSION, "started_at": time.time(), "data_dir": str(settings.data_dir)}
+    if tls_fingerprint is not None:
+        endpoint["tls_fingerprint"] = tls_fingerprint
+    temporary = settings.endpoint_path.with_name(f".{settings.endpoint_path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(endpoint))
+    temporary.replace(settings.endpoint_path)
+
+
+def _remove_own_endpoint(path: Path) -> None:
+    """Remove backend.json unless a newer backend has written its own there meanwhile."""
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink(missing_ok=True)
+    except (OSError, ValueError):
+        pass
+
+
+async def _stop_when_idle(has_work: Callable[[], bool], idle_exit_s: float, stop: asyncio.Event) -> None:
+    """The per-user local backend belongs to no kernel: it stops itself after `idle_exit_s` seconds with
+    no job queued or running and no source run."""
+    idle_since = time.monotonic()
+    interval = min(5.0, max(idle_exit_s / 10, 0.2))
     while True:
-        await asyncio.sleep(interval_s)
-        if _has_exited(pid):
-            log.info("parent process %d exited: stopping", pid)
+        await asyncio.sleep(interval)
+        if has_work():
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= idle_exit_s:
+            log.info("no jobs or runs for %.0fs: stopping (--idle-exit)", idle_exit_s)
             stop.set()
             return
-
-
-def _has_exited(pid: int) -> bool:
-    """Gone, or a zombie: a process that has exited but was not reaped (yet, or ever, under a container
-    init that does not reap) still answers signal 0."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state in ("Z", "X")
 
 
 def serve(settings: BackendSettings) -> None:

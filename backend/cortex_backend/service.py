@@ -1,5 +1,6 @@
-"""The service layer: wires store, catalog, scheduler, executor, jobs, requests, logs and the
-observability parts (device monitor, event feed, operator metrics, client telemetry) together.
+"""The service layer: wires store, catalog, scheduler, executor, jobs, requests, logs, managed
+training (datasets, training loops, progress records, completion) and the observability parts
+(device monitor, event feed, operator metrics, client telemetry) together.
 
 Handlers call into `Service`; the executor reports back to it. Nothing here runs torch.
 """
@@ -9,32 +10,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
+
+from cortex_nb import states
 
 from .auth import ensure_admin_token
 from .checkpoints import CheckpointManager
+from .completion import Completion
 from .config import BackendSettings
+from .datasets import DatasetStore
 from .device_metrics import DeviceMetrics
 from .devices import detect_devices
 from .events import EventFeed
 from .executor import Executor, LocalExecutor
+from .job_views import JobViews
 from .jobs import JobManager
 from .logs import LogBook
 from .models import ModelCatalog
 from .monitor import Monitor
 from .operator_metrics import LiveState, OperatorMetrics
+from .progress import ProgressBook, fold_request
 from .requests import RequestManager
 from .runs.manager import RunManager
 from .samplers import assign_samplers
 from .scheduler import Scheduler
 from .store import Store
 from .telemetry import TelemetrySink
+from .training_loops import TrainingLoops
 from .uploads import UploadStore
 from .weight_sync import WeightSyncCoordinator
 
 log = logging.getLogger("cortex_backend.service")
 
-IDLE_SWEEP_S = 15.0
 HOUSEKEEPING_S = 60.0
 
 
@@ -62,8 +70,18 @@ class Service:
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.waiters.notify(job_id))
         self.runs = RunManager(settings, self.store, self.catalog, self.scheduler, self.logs, self.uploads, self.jobs.admit)
         self._sweeper: asyncio.Task | None = None
+        # managed training: datasets, loops in the training worker, progress records, freeing devices
+        self.progress = ProgressBook(self.store, self.jobs.waiters.notify)
+        self.requests.on_succeeded.append(lambda request, result: fold_request(self.progress, request, result))
+        self.jobs.on_job_ended.append(lambda job_id, status, *_: self.progress.job_ended(job_id, status))
+        self.datasets = DatasetStore(self.store, settings.datasets_dir)
+        self.training_loops = TrainingLoops(self.store, self.catalog, self.jobs, self.requests, self.checkpoints,
+                                            self.datasets, self.progress, self.system_log_line)
+        self.completion = Completion(self.store, self.jobs, self.requests, self.progress, self.training_loops)
+        self.job_views = JobViews(self.store, self.scheduler, self.jobs, self.progress, self.completion)
         # observability
-        self.monitor = Monitor(self.store, self.devices, settings.monitor_interval_s, settings.metrics_retention_s)
+        self.monitor = Monitor(self.store, self.devices, settings.monitor_interval_s, settings.metrics_retention_s,
+                               worker_pid=self.executor.worker_pid)
         self.device_metrics = DeviceMetrics(self.store, self.jobs, self.monitor)
         self.events = EventFeed(self.store, settings.event_retention)
         self.operator_metrics = OperatorMetrics(LiveState(
@@ -84,7 +102,7 @@ class Service:
         self.checkpoints.recover()
         if self.settings.fault_injection:
             log.warning("FAULT INJECTION IS ON (%s): this backend is for tests only", ", ".join(self.settings.fault_injection))
-        failed = self.jobs.recover_after_restart()
+        failed = self.jobs.recover_after_restart(self._trained_to_the_end)
         self.requests.recover_after_restart()
         if failed:
             log.warning("%d job(s) were in flight at the last stop and are now failed (backend_restarted)", failed)
@@ -117,11 +135,27 @@ class Service:
 
     async def _sweep_idle_jobs(self) -> None:
         while True:
-            await asyncio.sleep(IDLE_SWEEP_S)
+            await asyncio.sleep(self.settings.idle_sweep_s)
             try:
-                self.jobs.sweep_idle()
+                self.completion.sweep()
             except Exception:
                 log.exception("idle sweep failed")
+
+    def _trained_to_the_end(self, job_id: str) -> bool:
+        """After a restart: was this job's training over (a keep-alive cut short), so that it is done?"""
+        progress = self.store.get_progress(job_id) or {}
+        return progress.get("source") == states.PROGRESS_MANAGED and progress.get("phase") in (
+            states.PHASE_KEEP_ALIVE, states.PHASE_FINISHED)
+
+    def system_log_line(self, job_id: str, line: str) -> None:
+        """A line from the backend itself in a job's logs."""
+        sub_job_id = next((sub["id"] for sub in self.store.sub_jobs(job_id)), "job")
+        self.logs.append(job_id, sub_job_id, "stdout", [(time.time(), line)])
+
+    def has_work(self) -> bool:
+        """Jobs queued or running, or source runs: what keeps a local backend from exiting when idle."""
+        active = (states.JOB_PENDING, states.JOB_STARTING, states.JOB_RUNNING)
+        return bool(self.store.jobs_with_status(active) or self.store.runs_with_status(active))
 
     # ExecutorListener ---------------------------------------------------------------------------
     def sub_job_ready(self, job_id: str, sub_job_id: str, info: dict[str, Any]) -> None:
@@ -141,3 +175,6 @@ class Service:
 
     def sync_message(self, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes) -> None:
         self.weight_sync.route(job_id, sub_job_id, header, blob)
+
+    def loop_message(self, job_id: str, sub_job_id: str, header: dict[str, Any]) -> None:
+        self.training_loops.on_message(job_id, sub_job_id, header)

@@ -1,5 +1,5 @@
 """SQLite persistence for tokens, jobs, sub-jobs, requests, request events, idempotency keys, logs,
-the job/request event feed, device samples and checkpoints.
+the job/request event feed, device samples, checkpoints, datasets and jobs' progress records.
 
 Everything the service remembers goes through this one module, so another database can replace it.
 Calls are short and made from the IO loop thread (and the device monitor's thread, serialised by one
@@ -177,6 +177,20 @@ CREATE TABLE IF NOT EXISTS device_samples (
 );
 CREATE INDEX IF NOT EXISTS device_samples_at ON device_samples(at);
 CREATE INDEX IF NOT EXISTS sub_jobs_status ON sub_jobs(status);
+-- managed training: uploaded datasets (the bytes live in a file named by the id) and progress records
+CREATE TABLE IF NOT EXISTS datasets (
+    owner TEXT NOT NULL,
+    id TEXT NOT NULL,
+    rows INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (owner, id)
+);
+CREATE TABLE IF NOT EXISTS progress (
+    job_id TEXT PRIMARY KEY,
+    data TEXT NOT NULL,
+    updated_at REAL NOT NULL
+);
 """
 
 
@@ -549,6 +563,27 @@ class Store:
             for device in sorted(set(json.loads(run["devices"] or "[]"))):
                 rows.append({"job_id": run["id"], "sub_job_id": "main", "device": device})
         return rows
+
+    # managed training: datasets and progress records -------------------------------------------------
+    def insert_dataset(self, owner: str, dataset_id: str, rows: int, size: int) -> None:
+        self._execute(
+            "INSERT OR IGNORE INTO datasets (owner, id, rows, bytes, created_at) VALUES (?, ?, ?, ?, ?)",
+            (owner, dataset_id, rows, size, time.time()),
+        )
+
+    def get_dataset(self, owner: str, dataset_id: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM datasets WHERE owner = ? AND id = ?", (owner, dataset_id))
+        return rows[0] if rows else None
+
+    def save_progress(self, job_id: str, data: dict[str, Any]) -> None:
+        self._execute(
+            "INSERT OR REPLACE INTO progress (job_id, data, updated_at) VALUES (?, ?, ?)",
+            (job_id, json.dumps(data), data.get("updated_at") or time.time()),
+        )
+
+    def get_progress(self, job_id: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT data FROM progress WHERE job_id = ?", (job_id,))
+        return json.loads(rows[0]["data"]) if rows else None
 
     def job_counts_by_status(self) -> dict[str, int]:
         return {row["status"]: row["n"] for row in self._rows("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status")}

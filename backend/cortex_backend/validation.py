@@ -59,10 +59,27 @@ def validate_job_status(value: str | None) -> str | None:
 LORA_KEYS = {"r", "alpha", "dropout", "target_modules"}
 OPTIMIZER_KEYS = {"lr", "betas", "eps", "weight_decay", "grad_clip"}
 SUB_JOB_KEYS = {"type", "base_model", "lora", "optimizer", "max_seq_len", "seed"}
-JOB_KEYS = {"job_id", "name", "experiment", "hardware", "sub_jobs", "idle_timeout_s"}
+JOB_KEYS = {"job_id", "name", "experiment", "hardware", "sub_jobs", "idle_timeout_s", "labels", "training_loop"}
+MAX_LABELS = 16
+LABEL_KEY = re.compile(r"[a-z][a-z0-9_.-]{0,62}")
 
 
-def _validate_lora(lora: Any, field: str) -> dict[str, Any]:
+def validate_labels(labels: Any) -> dict[str, str]:
+    """Free-form `{key: value}` labels shown with a job (e.g. the database and schema a Cortex SDK
+    client names); they describe a job and never decide who may see it."""
+    if labels is None:
+        return {}
+    if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
+        raise _field_error("labels", f"must be an object of at most {MAX_LABELS} string labels")
+    for key, value in labels.items():
+        if not LABEL_KEY.fullmatch(key):
+            raise _field_error(f"labels.{key}", "label names are lower-case letters, digits, '_', '.', '-' (at most 63)")
+        if not isinstance(value, str) or len(value) > 200:
+            raise _field_error(f"labels.{key}", "must be a string of at most 200 characters")
+    return dict(labels)
+
+
+def _validate_lora(lora: Any, field: str, info: ModelInfo) -> dict[str, Any]:
     lora = _expect_keys(lora, field, LORA_KEYS)
     if "r" in lora:
         check_number(lora["r"], f"{field}.r", 1, 1024, integer=True)
@@ -77,7 +94,21 @@ def _validate_lora(lora: Any, field: str) -> dict[str, Any]:
         )
         if not ok:
             raise _field_error(f"{field}.target_modules", "must be 'all-linear' or a non-empty list of module names")
+        if isinstance(modules, list):
+            _check_target_modules(modules, f"{field}.target_modules", info)
     return lora
+
+
+def _check_target_modules(modules: list[str], field: str, info: ModelInfo) -> None:
+    """Refuse module names the model does not have now, not when its worker applies the adapter."""
+    known = info.module_names
+    if not known:
+        return
+    for module in modules:
+        if not any(name == module or name.endswith("." + module) for name in known):
+            leaves = sorted({name.rsplit(".", 1)[-1] for name in known})
+            raise _field_error(field, f"model {info.name} has no module {module!r}; its modules are named "
+                                      + ", ".join(leaves[:24]) + (" ..." if len(leaves) > 24 else ""))
 
 
 def _validate_optimizer(optimizer: Any, field: str) -> dict[str, Any]:
@@ -111,7 +142,9 @@ def validate_job(body: Any, catalog: ModelCatalog) -> dict[str, Any]:
     if "min_memory_gib" in hardware:
         check_number(hardware["min_memory_gib"], "hardware.min_memory_gib", 0)
     if body.get("idle_timeout_s") is not None:
-        check_number(body["idle_timeout_s"], "idle_timeout_s", 1, 7 * 24 * 3600)
+        # 0: never completed for idleness (the job holds its device until completed or cancelled)
+        check_number(body["idle_timeout_s"], "idle_timeout_s", 0, 7 * 24 * 3600)
+    labels = validate_labels(body.get("labels"))
     sub_jobs = body.get("sub_jobs")
     if not isinstance(sub_jobs, list) or not sub_jobs:
         raise _field_error("sub_jobs", "must be a non-empty list of sub-jobs")
@@ -126,7 +159,7 @@ def validate_job(body: Any, catalog: ModelCatalog) -> dict[str, Any]:
         if "base_model" not in sub:
             raise _field_error(f"{field}.base_model", "is required: the name of a registered model (see GET /v1/models)")
         info = catalog.get(sub["base_model"])
-        lora = _validate_lora(sub.get("lora"), f"{field}.lora")
+        lora = _validate_lora(sub.get("lora"), f"{field}.lora", info)
         optimizer = _validate_optimizer(sub.get("optimizer"), f"{field}.optimizer")
         if sub.get("optimizer") is not None and sub["type"] != TRAINING:
             raise _field_error(f"{field}.optimizer", "only a training sub-job has an optimizer")
@@ -147,7 +180,7 @@ def validate_job(body: Any, catalog: ModelCatalog) -> dict[str, Any]:
         for sub in normalised:
             if sub["type"] != TRAINING and not sub["lora"] and sub["base_model"] == trainers[0]["base_model"]:
                 sub["lora"] = dict(trainers[0]["lora"])
-    return {**body, "sub_jobs": normalised}
+    return {**body, "sub_jobs": normalised, "labels": labels}
 
 
 # data plane ----------------------------------------------------------------------------------------

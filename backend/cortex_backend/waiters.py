@@ -13,21 +13,27 @@ class Waiters:
 
     async def wait(self, key: str, timeout: float) -> bool:
         """True if `notify(key)` happened before `timeout` seconds."""
+        return await self.wait_any((key,), timeout)
+
+    async def wait_any(self, keys: tuple[str, ...], timeout: float) -> bool:
+        """True if `notify` of any of `keys` happened before `timeout` seconds."""
         if timeout <= 0:
             return False
         future = asyncio.get_running_loop().create_future()
-        self._waiting[key].add(future)
+        for key in keys:
+            self._waiting[key].add(future)
         try:
             await asyncio.wait_for(asyncio.shield(future), timeout)
             return True
         except asyncio.TimeoutError:
             return False
         finally:
-            waiting = self._waiting.get(key)
-            if waiting is not None:
-                waiting.discard(future)
-                if not waiting:
-                    del self._waiting[key]
+            for key in keys:
+                waiting = self._waiting.get(key)
+                if waiting is not None:
+                    waiting.discard(future)
+                    if not waiting:
+                        del self._waiting[key]
             if not future.done():
                 future.cancel()
 

@@ -2,7 +2,9 @@
 
 Started warm (torch, transformers and peft already imported) and idle; an `init` message assigns it
 a sub-job and a device. A reader thread takes messages off the socket so a `cancel` is seen while an
-operation runs; the main thread runs operations one at a time, first in first out.
+operation runs; the main thread runs operations one at a time, first in first out. A managed
+training loop (`train_loop`) is one long operation that serves the requests queued meanwhile
+between its steps, and reports its progress as `loop` messages.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ class Worker:
             "load": self.load,
             "weight_sync": self.weight_sync,
             "weight_sync_apply": self.weight_sync_apply,
+            "train_loop": self.train_loop,
         }
+        self._shutting_down = False
 
     # set-up -------------------------------------------------------------------------------------
     def initialise(self, message: dict[str, Any]) -> None:
@@ -104,7 +108,7 @@ class Worker:
         self.forward_backward_calls += 1
         speed = result.get("tokens_per_second")
         print(
-            f"[engine] forward_backward={self.forward_backward_calls} loss={result['loss']:.4g}"
+            f"[engine] forward_backward={self.forward_backward_calls} summed_loss={result['loss']:.4g}"
             f" tokens={result['metrics']['tokens:sum']} tokens/s={speed or 0:.0f}"
             f" peak_memory={result['peak_memory_bytes'] / 2**20:.0f}MiB",
             flush=True,
@@ -183,6 +187,39 @@ class Worker:
             result["sampler_refresh_ms"] = (time.perf_counter() - started) * 1000
         return result, b""
 
+    # managed training ---------------------------------------------------------------------------------
+    def train_loop(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        from .engine.errors import OperationError
+        from .engine.managed_loop import ManagedLoop
+
+        if self.trainer is None:
+            raise OperationError("unsupported_operation", "only a training sub-job runs a training loop")
+        loop_id = self.current
+
+        def report(event: dict[str, Any]) -> None:
+            self.channel.send({**event, "type": "loop", "request_id": loop_id})
+
+        def stop_requested() -> bool:
+            return loop_id in self.cancelled or self._shutting_down
+
+        loop = ManagedLoop(self.state, self.trainer, params, blob, report, self._serve_waiting, stop_requested, self.faults)
+        return loop.run(), b""
+
+    def _serve_waiting(self) -> None:
+        """Serve the requests queued behind a running loop, without waiting for more."""
+        loop_id = self.current
+        while True:
+            try:
+                item = self.requests.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:  # the channel closed: let the loop end, then stop
+                self._shutting_down = True
+                self.requests.put(None)
+                break
+            self._serve_one(*item)
+        self.current = loop_id
+
     # loop -----------------------------------------------------------------------------------------
     def read_loop(self) -> None:
         """Runs on its own thread: cancels take effect at once, requests queue in order."""
@@ -205,38 +242,41 @@ class Worker:
         self.requests.put(None)
 
     def serve(self) -> None:
-        from .engine.errors import OperationError
-
         while True:
             item = self.requests.get()
             if item is None:
                 return
-            header, blob = item
-            request_id = header["request_id"]
-            if request_id in self.cancelled:
-                self.channel.send({"type": "finished", "request_id": request_id, "status": "cancelled"})
-                continue
-            self.current = request_id
-            self.channel.send({"type": "started", "request_id": request_id, "at": time.time()})
-            try:
-                operation = self.operations.get(header["op"])
-                if operation is None:
-                    raise OperationError("unsupported_operation", f"this worker does not serve {header['op']!r}")
-                if self.sampler is not None:  # follow an adapter changed by the last operation (a sync or load)
-                    self.sampler.refresh()
-                result, out_blob = operation(header.get("params") or {}, blob)
-                self.channel.send({"type": "finished", "request_id": request_id, "status": "succeeded", "result": result}, out_blob)
-            except OperationError as exc:
-                status = "cancelled" if exc.code == "cancelled" else "failed"
-                self.channel.send({"type": "finished", "request_id": request_id, "status": status, "code": exc.code, "message": exc.message})
-            except Exception as exc:  # report, never die: one bad request must not end the sub-job
-                code = "out_of_memory" if "out of memory" in str(exc).lower() else "operation_failed"
-                traceback.print_exc()
-                self.channel.send({"type": "finished", "request_id": request_id, "status": "failed", "code": code,
-                                   "message": f"{header['op']} failed: {type(exc).__name__}: {exc}"})
-            finally:
-                self.current = None
-                self.cancelled.discard(request_id)
+            self._serve_one(*item)
+
+    def _serve_one(self, header: dict[str, Any], blob: bytes) -> None:
+        from .engine.errors import OperationError
+
+        request_id = header["request_id"]
+        if request_id in self.cancelled:
+            self.channel.send({"type": "finished", "request_id": request_id, "status": "cancelled"})
+            self.cancelled.discard(request_id)
+            return
+        self.current = request_id
+        self.channel.send({"type": "started", "request_id": request_id, "at": time.time()})
+        try:
+            operation = self.operations.get(header["op"])
+            if operation is None:
+                raise OperationError("unsupported_operation", f"this worker does not serve {header['op']!r}")
+            if self.sampler is not None:  # follow an adapter changed by the last operation (a sync or load)
+                self.sampler.refresh()
+            result, out_blob = operation(header.get("params") or {}, blob)
+            self.channel.send({"type": "finished", "request_id": request_id, "status": "succeeded", "result": result}, out_blob)
+        except OperationError as exc:
+            status = "cancelled" if exc.code == "cancelled" else "failed"
+            self.channel.send({"type": "finished", "request_id": request_id, "status": status, "code": exc.code, "message": exc.message})
+        except Exception as exc:  # report, never die: one bad request must not end the sub-job
+            code = "out_of_memory" if "out of memory" in str(exc).lower() else "operation_failed"
+            traceback.print_exc()
+            self.channel.send({"type": "finished", "request_id": request_id, "status": "failed", "code": code,
+                               "message": f"{header['op']} failed: {type(exc).__name__}: {exc}"})
+        finally:
+            self.current = None
+            self.cancelled.discard(request_id)
 
 
 def die_with_parent() -> None:

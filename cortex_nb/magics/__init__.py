@@ -1,7 +1,8 @@
 """`%cortex` / `%%cortex`: the notebook front of cortex-nb.
 
 One magic, many subcommands (`line_commands`, `train`, `sample`, `run`), each parsed by IPython's
-`magic_arguments`. Problems print one `UsageError:` line naming what went wrong (no traceback) and
+`magic_arguments`. Problems print one `UsageError:` line naming what went wrong (no traceback), in
+the notebook's words (`error_text`: magics, not REST routes; cell lines of a spec's keys), and
 end the cell as failed, so "Run all" stops where the problem is. Blocking calls turn Ctrl-C into a
 cancel on the backend.
 """
@@ -17,6 +18,7 @@ from IPython.core.magic_arguments import parse_argstring
 from .. import discovery, errors
 from ..train_spec import SpecError
 from . import line_commands, run, sample, train  # noqa: F401  (each registers its subcommands)
+from .error_text import describe
 from .help import overview
 from .registry import SUBCOMMANDS, noninteractive
 
@@ -34,6 +36,11 @@ class CortexMagics(Magics):
     def set_connection(self, connection: discovery.Connection) -> None:
         # The previous client stays open: runs and widgets started through it keep using it.
         self.connection = connection
+
+    def reconnect_hint(self) -> str:
+        if self.connection is not None and self.connection.local:
+            return "%cortex connect --local starts a new local backend (its jobs are marked as they really ended)"
+        return "check that the backend runs, then %cortex connect again"
 
     def client(self):
         if self.connection is None:
@@ -60,9 +67,11 @@ class CortexMagics(Magics):
         try:
             return command.func(self, args, cell)
         except SpecError as exc:
-            raise UsageError(f"cortex {name}: {one_line(exc.message)}") from None
+            raise UsageError(f"cortex {name}: {one_line(describe(name, exc, cell))}") from None
+        except errors.ConnectionError as exc:
+            raise UsageError(f"cortex {name}: backend gone: {one_line(exc.message)}; {self.reconnect_hint()}") from None
         except errors.CortexError as exc:
-            raise UsageError(f"cortex {name}: [{exc.code}] {one_line(exc.message)}") from None
+            raise UsageError(f"cortex {name}: [{exc.code}] {one_line(describe(name, exc, cell))}") from None
 
 
 def one_line(text: str) -> str:

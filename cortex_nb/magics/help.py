@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from . import CortexMagics
 
 # The order the overview lists subcommands in: connect first, the cell magics last.
-ORDER = ("connect", "status", "capacity", "models", "jobs", "job", "logs", "cancel", "checkpoints", "runs", "help",
-         "train", "sample", "run")
+ORDER = ("connect", "status", "capacity", "models", "jobs", "job", "logs", "cancel", "checkpoints", "compare", "runs",
+         "help", "train", "sample", "run")
 
 
 def ordered() -> list[Subcommand]:
@@ -32,7 +32,8 @@ def overview() -> str:
     lines.append(train_keys_help())
     lines.append("")
     lines.append("Set CORTEX_NONINTERACTIVE=1 (CI, nbval) to block and print text progress instead of widgets.")
-    lines.append("Errors print one line. Ctrl-C in a blocking cell cancels the request on the backend.")
+    lines.append("Errors print one line. Ctrl-C in a blocking %%cortex sample or run cancels it on the backend;")
+    lines.append("in %%cortex train --wait it stops watching (the training goes on: %cortex job ID shows it again).")
     lines.append("")
     lines.append("Options of each subcommand")
     lines.append("--------------------------")
@@ -57,8 +58,11 @@ def train_keys_help() -> str:
         ("epochs", "passes over the data (give steps or epochs)"),
         ("eval", "{every, data, max_rows}: eval loss on held-out rows every N steps and at the end"),
         ("sample", "{every, prompts, max_tokens, temperature}: greedy samples every N steps and at the end"),
-        ("save", "{every, type}: a checkpoint every N steps and at the end (type resumable|weights-only)"),
+        ("save", "{every, type}: a checkpoint step-N every N steps (type resumable|weights-only); the end is"
+                 " always saved as checkpoint final"),
         ("seed", "shuffling and LoRA init seed (default 0)"),
+        ("keep_alive", "how long the job stays up for sampling after training (e.g. 10m; default 0: it"
+                       " completes, freeing its device)"),
     ]
     text = ["%%cortex train spec keys (YAML; unknown keys are refused):"]
     text.extend(f"  {key:<12} {meaning}" for key, meaning in rows if key in keys)

@@ -1,4 +1,5 @@
-"""The line subcommands: connect, status, capacity, models, jobs, job, logs, cancel, checkpoints, help.
+"""The line subcommands: connect, status, capacity, models, jobs, job, logs, cancel, checkpoints, compare,
+help.
 
 Tables come back as DataFrames (so `df = %cortex jobs` works); the rest print.
 """
@@ -8,10 +9,11 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import discovery, errors
-from ..states import JOB_STATES, JOB_TERMINAL
+from ..states import JOB_STATES, JOB_TERMINAL, clock, display_state
 from ..train_spec import save_supported
 from .registry import checkpoints_supported, noninteractive, subcommand
 
@@ -21,10 +23,11 @@ if TYPE_CHECKING:
 
 @subcommand("connect", "line", "connect to a backend (profile, URL, --local, or discovered)")
 @magic_arguments(name="cortex connect")
-@argument("target", nargs="?", help="a profile name or a backend URL (http://host:port)")
+@argument("target", nargs="?", help="a profile name or a backend URL (http://host:port or https://host:port)")
 @argument("--token-env", metavar="VAR", help="with a URL: read the token from $VAR (default $CORTEX_TOKEN)")
-@argument("--local", action="store_true", help="start (or reuse) an embedded backend on this machine")
-@argument("--data-dir", metavar="DIR", help="with --local: the embedded backend's data dir")
+@argument("--verify", metavar="PIN_OR_CA", help="with an https URL: a sha256:... fingerprint to pin, or a CA file")
+@argument("--local", action="store_true", help="your local backend on this machine (found through its state file, or started; it outlives the kernel)")
+@argument("--data-dir", metavar="DIR", help="with --local: the local backend's data dir")
 def connect_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     """Connect to a cortex backend. With no argument it tries, in order: env CORTEX_URL/CORTEX_TOKEN,
     the default profile, the proxy of the Jupyter server running this kernel (the backend token never
@@ -32,7 +35,7 @@ def connect_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     if args.local:
         connection = discovery.connect_local(args.data_dir)
     elif args.target and "://" in args.target:
-        connection = discovery.connect_url(args.target, args.token_env)
+        connection = discovery.connect_url(args.target, args.token_env, args.verify)
     elif args.target:
         connection = discovery.connect_profile(args.target)
     else:
@@ -61,14 +64,19 @@ def status_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     jobs = client.list_jobs(limit=500)
     counts: dict[str, int] = {}
     for job in jobs:
-        counts[job["status"]] = counts.get(job["status"], 0) + 1
+        word = display_state(job)[0]
+        counts[word] = counts.get(word, 0) + 1
     kinds = sorted({device.get("kind", "?") for device in capacity["devices"]})
     print(self.connection.describe())
     print(f"backend {version.get('service')} {version.get('version')}, API {version.get('api_version')}")
     print(f"token: {token}")
     print(f"devices: {len(capacity['devices'])} ({', '.join(kinds)}), slots {capacity['slots_available']}"
           f"/{capacity['slots_total']} free, {capacity.get('pending', 0)} job(s) queued")
-    print("jobs: " + (", ".join(f"{count} {status}" for status, count in sorted(counts.items())) or "none"))
+    print("jobs: " + (", ".join(f"{count} {word}" for word, count in sorted(counts.items())) or "none"))
+    for row in capacity.get("pending_jobs") or []:
+        estimate = f" (about {clock(row['estimate_s'])})" if row.get("estimate_s") is not None else ""
+        name = f"{row['name']} ({row['job_id']})" if row.get("name") else row["job_id"]
+        print(f"  queued #{row['position']}: {name}: {row['reason']}{estimate}")
 
 
 @subcommand("capacity", "line", "devices, slots in use and available (DataFrame)")
@@ -89,12 +97,14 @@ def models_command(self: CortexMagics, args: Any, cell: str | None):
     return models_frame(self.client().list_models())
 
 
-@subcommand("jobs", "line", "your jobs, newest first (DataFrame)")
+@subcommand("jobs", "line", "your jobs, newest first, with step, loss and key hyperparameters (DataFrame)")
 @magic_arguments(name="cortex jobs")
-@argument("--status", choices=JOB_STATES, help="only jobs in this state")
+@argument("--status", choices=JOB_STATES, help="only jobs whose backend status is this")
 @argument("--limit", type=int, default=50, help="at most this many (default 50)")
 def jobs_command(self: CortexMagics, args: Any, cell: str | None):
-    """Jobs visible to this token, newest first, as a DataFrame."""
+    """Jobs visible to this token, newest first, as a DataFrame: state (one word: queued, starting,
+    training, sampling, idle, done, failed, cancelled), step, loss per token, eval loss per token,
+    duration, and learning rate, LoRA rank, batch size and planned steps."""
     from ..views import jobs_frame
 
     return jobs_frame(self.client().list_jobs(status=args.status, limit=args.limit))
@@ -104,16 +114,15 @@ def jobs_command(self: CortexMagics, args: Any, cell: str | None):
 @magic_arguments(name="cortex job")
 @argument("job_id")
 def job_command(self: CortexMagics, args: Any, cell: str | None):
-    """Show a job live: this kernel's run if it started it, otherwise rebuilt from the backend (status,
-    steps and loss from its requests, logs, device metrics)."""
+    """Show a job live, from the backend's record of it (its progress: steps, loss and eval curves,
+    samples; logs; device metrics): a run started in another kernel, or before a restart, is shown
+    where it really is, and goes on advancing."""
     client = self.client()
     if noninteractive():
-        from ..job_feed import RequestProgress
         from ..widgets.state import JobState
 
         state = JobState(args.job_id)
         state.set_job(client.get_job(args.job_id))
-        RequestProgress(client, args.job_id).poll(state)
         print(state.summary())
         return None
     from ..widgets.job_widget import show_job
@@ -158,17 +167,12 @@ def logs_command(self: CortexMagics, args: Any, cell: str | None) -> None:
         print(f"[stopped following {args.job_id}]")
 
 
-@subcommand("cancel", "line", "cancel a job (idempotent)")
+@subcommand("cancel", "line", "cancel a job now (idempotent; nothing is saved)")
 @magic_arguments(name="cortex cancel")
 @argument("job_id")
 def cancel_command(self: CortexMagics, args: Any, cell: str | None) -> None:
-    """Cancel a job on the backend; a training loop this kernel runs for it stops too."""
-    from ..train_loop import live_run
-    from ..widgets.state import RUN_CANCELLED
-
-    run = live_run(args.job_id)
-    if run is not None and not run.done:
-        run.stop(RUN_CANCELLED)
+    """Cancel a job on the backend: its training stops at once and nothing more is saved. To keep a
+    trained adapter, free its device with job.complete() instead (it saves checkpoint 'final')."""
     job = self.client().cancel_job(args.job_id)
     note = f" ({job['failure_code']})" if job.get("failure_code") and job["status"] != "cancelled" else ""
     print(f"{args.job_id}: {job['status']}{note}")
@@ -183,3 +187,31 @@ def checkpoints_command(self: CortexMagics, args: Any, cell: str | None):
 
     client = self.client()
     return TrainingJob(client, client.get_job(args.job_id)).checkpoints()
+
+
+@subcommand("compare", "line", "compare runs: loss curves, hyperparameters and final metrics, A/B samples")
+@magic_arguments(name="cortex compare")
+@argument("job_ids", nargs="+", metavar="ID", help="two or more jobs")
+@argument("--prompt", action="append", metavar="TEXT", help="a prompt to sample from each (repeatable; default:"
+          " the runs' own sample prompts)")
+@argument("--max-tokens", type=int, default=32, help="tokens to sample per prompt (default 32)")
+@argument("--no-samples", action="store_true", help="only curves and the table: start no sampling job")
+@argument("-o", "--output", metavar="VAR", help="store the Comparison in VAR")
+def compare_command(self: CortexMagics, args: Any, cell: str | None):
+    """Compare runs: overlaid loss and eval curves, a table of hyperparameters and final metrics, and
+    the same prompts sampled greedily from each run's last checkpoint ('final' where there is one) side
+    by side, with per-token logprob differences (an A/B view)."""
+    from .. import compare
+
+    if len(args.job_ids) < 2:
+        raise UsageError("cortex compare: give two or more job ids")
+    comparison = compare(args.job_ids, client=self.client(), prompts=args.prompt, max_tokens=args.max_tokens,
+                         samples=not args.no_samples)
+    if noninteractive():
+        print(comparison.text())
+    else:
+        comparison.show()
+    if args.output:
+        self.shell.user_ns[args.output] = comparison
+        return None
+    return comparison

@@ -1,5 +1,9 @@
-"""`%%cortex train`: parse the YAML spec, load and pack the data, create the job, and start the
-pipelined loop behind a live widget (or blocking, with text progress, when non-interactive)."""
+"""`%%cortex train`: parse the YAML spec, submit it as a managed training run, and watch it.
+
+The backend runs the loop in the training worker (`Client.train`); this cell only submits and shows a
+live widget fed from the job's progress record (or, non-interactive, prints progress lines). The run
+goes on whatever happens to this kernel: `%cortex job ID` shows it again after a restart.
+"""
 
 from __future__ import annotations
 
@@ -14,69 +18,72 @@ if TYPE_CHECKING:
     from . import CortexMagics
 
 
-@subcommand("train", "cell", "fine-tune with LoRA from a YAML spec in the cell; shows a live widget")
+@subcommand("train", "cell", "fine-tune with LoRA from a YAML spec in the cell, on the backend; shows a live widget")
 @magic_arguments(name="cortex train")
 @argument("--name", help="a name for the job")
 @argument("-o", "--output", metavar="VAR", help="store the TrainingJob in VAR (otherwise it is the cell's result, _)")
-@argument("--wait", action="store_true", help="block until training ends (Ctrl-C stops it)")
+@argument("--wait", action="store_true", help="block until training ends (Ctrl-C stops watching; the run goes on)")
 def train_command(self: CortexMagics, args: Any, cell: str | None):
-    """Fine-tune a model with LoRA. The cell body is a YAML spec (keys below). Training runs on a
-    background thread; the notebook stays usable while the widget shows progress."""
-    from ..kernel_threads import capture_parent
-    from ..progress_text import ProgressPrinter
-    from ..train_data import load_examples, tokenize_and_pack
-    from ..train_loop import TrainingRun, wait_for_run
+    """Fine-tune a model with LoRA. The cell body is a YAML spec (keys below). The backend runs the
+    training loop; the cell returns at once and the widget follows the run, which goes on if this
+    kernel restarts (%cortex job ID shows it again)."""
     from ..train_spec import parse_train_spec
-    from ..training import TrainingJob
     from ..widgets.state import JobState
 
     client = self.client()
-    spec = parse_train_spec(cell or "")
-    namespace = self.shell.user_ns
-    examples = load_examples(spec.data, namespace, "data")
-    eval_examples = load_examples(spec.eval.data, namespace, "eval.data") if spec.eval else None
-    data = tokenize_and_pack(client, spec.base_model, examples, spec.max_seq_len, spec.packing)
-    eval_data = (tokenize_and_pack(client, spec.base_model, eval_examples, spec.max_seq_len, spec.packing)
-                 if eval_examples else None)
-    job = TrainingJob.create(client, spec.base_model, lora=spec.lora, optimizer=spec.optimizer, seed=spec.seed,
-                             name=args.name, wait=False)
+    # The cell's first line is the %%cortex line: with it standing in as a blank line, the spec's errors
+    # name the lines as the cell numbers them.
+    spec = parse_train_spec("\n" + (cell or ""))
+    job = client.train(spec, name=args.name, namespace=self.shell.user_ns)
     state = JobState(job.job_id, args.name, spec.base_model)
     state.set_job(job.info)
-    run = TrainingRun(job, spec, data, eval_data, state)
-    blocking = args.wait or noninteractive()
     if noninteractive():
-        print(f"{job.job_id}: training {spec.base_model} for {run.total_steps} steps of {spec.batch_size} x "
-              f"{spec.max_seq_len} tokens ({data.examples} examples, {data.tokens} tokens, {len(data.rows)} rows)")
-        printer = ProgressPrinter(state)
-        run.start()
-        completed = wait_for_run(run, printer.tick)
+        print(f"{job.job_id}: training {spec.base_model} on the backend: {_plan(spec)}")
+        completed = watch(job, state)
     else:
         from ..widgets.job_widget import JobWidget, remember_widget
 
-        widget = JobWidget(client, state, run, save_supported())
+        widget = JobWidget(client, state, save_supported())
         remember_widget(widget)
         widget.show()
-        run.start(capture_parent())
-        completed = wait_for_run(run) if blocking else True
-        if blocking:
-            widget.throttle.flush()
-    if blocking:
+        completed = watch(job, state, printer=False) if args.wait else True
+        if args.wait:
+            widget.settle()
+    if args.wait or noninteractive():
         print(state.summary())
         if not completed:
-            print(interrupted_note(run))
+            print(interrupted_note(job.job_id, state))
     if args.output:
-        namespace[args.output] = job
+        self.shell.user_ns[args.output] = job
         return None
     return job
 
 
-def interrupted_note(run: Any) -> str:
-    """What Ctrl-C left behind, and how to go on from there."""
-    job_id = run.job.job_id
-    text = (f"interrupted: stopped {job_id} at step {run.state.step}/{run.total_steps}; its queued requests"
-            f" were cancelled and the job stays up (%cortex cancel {job_id} ends it)")
-    if run.last_checkpoint:
-        text += f"; last checkpoint {run.last_checkpoint!r}: resume with .load({run.last_checkpoint!r}) on this job or a new one"
-    elif save_supported():
-        text += "; no checkpoint was saved (add save: {every: N} to the spec)"
-    return text
+def _plan(spec: Any) -> str:
+    length = f"{spec.steps} steps" if spec.steps is not None else f"{spec.epochs:g} epochs"
+    return f"{length} of {spec.batch_size} x {spec.max_seq_len} tokens"
+
+
+def watch(job: Any, state: Any, printer: bool = True) -> bool:
+    """Block until the run's training ends, feeding `state` (and printing progress lines); False if
+    Ctrl-C stopped the watching (the run itself goes on)."""
+    from ..progress_text import ProgressPrinter
+
+    progress = ProgressPrinter(state) if printer else None
+
+    def update(info: dict) -> None:
+        state.set_job(info)
+        if progress is not None:
+            progress.tick()
+
+    try:
+        job.wait(on_update=update)
+    except KeyboardInterrupt:
+        return False
+    return True
+
+
+def interrupted_note(job_id: str, state: Any) -> str:
+    """What Ctrl-C left behind: the run goes on; how to see it or stop it."""
+    return (f"stopped watching {job_id} at step {state.step}" + (f"/{state.total_steps}" if state.total_steps else "")
+            + f"; it goes on training on the backend: %cortex job {job_id} shows it, %cortex cancel {job_id} stops it")

@@ -1,12 +1,18 @@
 """The live job widget: header, progress, loss and device charts, samples, log tail, buttons.
 
-Background threads (training loop, backend feed) only write the `JobState`; a `RenderThrottle`
-turns state into trait values at most 4 times a second. Widgets are created on the main thread,
-at display, where the cell's parent message is captured for the threads.
+A background feed (`JobFeed`: the job's progress record from the backend, logs, metrics) only writes
+the `JobState`; a `RenderThrottle` turns state into trait values at most 4 times a second (and again
+when a relative time or a countdown changes by itself). Widgets are created on the main thread, at
+display, where the cell's parent message is captured for the threads.
+
+What the user opens or toggles (the log tail, the samples, the log scale) lives in widget models the
+renderer never writes, so a re-render keeps it. When the job has ended, each display of the widget
+is replaced by a static HTML picture of the final state, which a saved notebook keeps.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from html import escape
 from typing import TYPE_CHECKING, Any
@@ -17,96 +23,132 @@ from IPython.display import display
 from ..errors import CortexError
 from ..job_feed import JobFeed
 from ..kernel_threads import capture_parent, start_thread
-from ..states import JOB_TERMINAL
-from .state import (
-    RUN_CANCELLED,
-    RUN_DONE,
-    RUN_FAILED,
-    RUN_STOPPED,
-    RUN_TERMINAL,
-    JobState,
-    Snapshot,
-    format_count,
-    format_duration,
+from ..states import JOB_RUNNING
+from .job_view import (
+    ViewOptions,
+    bar_style,
+    device_chart_svg,
+    device_note_html,
+    header_html,
+    job_repr,
+    logs_pre,
+    logs_title,
+    loss_chart_svg,
+    message_html,
+    open_in_sidebar_html,
+    refresh_in,
+    samples_table,
+    samples_title,
+    static_html,
+    stats_html,
+    trained,
 )
-from .svg import Line, line_chart
+from .state import JobState, Snapshot
 from .throttle import RenderThrottle
 
 if TYPE_CHECKING:
     from ..client import Client
-    from ..train_loop import TrainingRun
 
-LOG_LINES_SHOWN = 40
 MAX_REMEMBERED_WIDGETS = 32
-OPEN_IN_SIDEBAR_CLASS = "cortex-open-in-sidebar"
-BADGE_COLORS = {
-    "pending": "#6b7280", "starting": "#2563eb", "training": "#2563eb", "running": "#2563eb",
-    RUN_DONE: "#15803d", RUN_FAILED: "#b91c1c", RUN_CANCELLED: "#b45309", RUN_STOPPED: "#b45309",
-}
-BAR_STYLES = {RUN_DONE: "success", RUN_FAILED: "danger", RUN_CANCELLED: "warning", RUN_STOPPED: "warning"}
-COLORS = {"train": "#2563eb", "eval": "#ea580c", "util": "#16a34a", "memory": "#9333ea"}
-
+# While the job has ended but the feed still collects its last lines, look again this soon.
+FINAL_ROUND_S = 0.5
+CHART_LAYOUT = {"flex": "1 1 320px", "min_width": "240px", "max_width": "580px"}
 
 _WIDGETS: OrderedDict[str, JobWidget] = OrderedDict()
 
 
-class JobWidget(widgets.VBox):
-    """A live view of one job. Display it; it follows the backend (and this kernel's loop, if any)."""
+def disclosure(title: str, body: widgets.Widget, open_: bool) -> widgets.Accordion:
+    """One collapsible section whose open state is the widget model's (the user's), not the HTML's."""
+    return widgets.Accordion(children=[body], titles=(title,), selected_index=0 if open_ else None)
 
-    def __init__(
-        self,
-        client: Client,
-        state: JobState,
-        run: TrainingRun | None = None,
-        save_supported: bool = False,
-    ) -> None:
+
+class JobWidget(widgets.VBox):
+    """A live view of one job. Display it; it follows the backend's record of the job."""
+
+    def __init__(self, client: Client, state: JobState, save_supported: bool = False) -> None:
         self.client = client
         self.state = state
-        self.run = run
         self.header = widgets.HTML()
         self.message = widgets.HTML()
         self.progress = widgets.IntProgress(min=0, max=1, value=0, layout=widgets.Layout(width="320px"))
         self.stats = widgets.HTML()
-        self.loss_chart = widgets.HTML()
-        self.device_chart = widgets.HTML()
-        self.samples = widgets.HTML()
-        self.logs = widgets.HTML()
+        self.loss_chart = widgets.HTML(layout=widgets.Layout(width="100%"))
+        self.log_scale = widgets.ToggleButton(value=False, description="log scale", icon="line-chart",
+                                              tooltip="Draw the loss on a logarithmic axis",
+                                              layout=widgets.Layout(width="auto", align_self="flex-start"))
+        self.device_chart = widgets.HTML(layout=widgets.Layout(width="100%"))
+        self.device_note = widgets.HTML()
+        self.samples_body = widgets.HTML()
+        self.samples = disclosure("samples", self.samples_body, open_=True)
+        self.samples.layout.display = "none"
+        self.logs_body = widgets.HTML()
+        self.logs = disclosure("log tail", self.logs_body, open_=False)
         self.cancel_button = widgets.Button(description="Cancel", icon="stop", button_style="danger",
-                                            tooltip="Cancel this job on the backend")
+                                            tooltip="Stop this job now; nothing more is saved")
         self.cancel_button.on_click(self._on_cancel)
+        # Once training is over the job only holds its device: freeing it is the action, and it keeps
+        # the adapter (the backend saves checkpoint "final" first when steps are unsaved).
+        self.free_button = widgets.Button(description="Free device", icon="eject",
+                                          tooltip="End the job and free its device; unsaved trained steps are saved"
+                                                  " as checkpoint 'final' first",
+                                          layout=widgets.Layout(display="none"))
+        self.free_button.on_click(self._on_free)
+        self.confirm_text = widgets.HTML()
+        self.stop_and_save_button = widgets.Button(description="Stop and save", icon="save", button_style="primary",
+                                                   tooltip="Stop after the step in hand and keep the adapter"
+                                                           " (checkpoint 'final'), freeing the device")
+        self.stop_and_save_button.on_click(self._on_free)
+        self.confirm_button = widgets.Button(description="Cancel and discard", button_style="danger",
+                                             tooltip="Stop the job now; the trained steps since the last checkpoint are lost")
+        self.confirm_button.on_click(self._on_confirm_cancel)
+        self.keep_button = widgets.Button(description="Keep training", tooltip="Do not cancel")
+        self.keep_button.on_click(self._on_keep)
+        self.confirm = widgets.HBox([self.confirm_text, self.stop_and_save_button, self.confirm_button, self.keep_button],
+                                    layout=widgets.Layout(display="none", align_items="center", flex_flow="row wrap"))
         self.save_button = widgets.Button(description="Save checkpoint", icon="save",
                                           tooltip="Save a resumable checkpoint now")
         self.save_button.on_click(self._on_save)
         self.open_in_sidebar = widgets.HTML(open_in_sidebar_html(state.job_id))
-        buttons = [self.cancel_button] + ([self.save_button] if save_supported else []) + [self.open_in_sidebar]
+        buttons = ([self.cancel_button, self.free_button] + ([self.save_button] if save_supported else [])
+                   + [self.open_in_sidebar])
+        charts = widgets.HBox([
+            widgets.VBox([self.loss_chart, self.log_scale], layout=widgets.Layout(**CHART_LAYOUT)),
+            widgets.VBox([self.device_chart, self.device_note], layout=widgets.Layout(**CHART_LAYOUT)),
+        ], layout=widgets.Layout(flex_flow="row wrap", width="100%"))
         super().__init__(children=[
             self.header,
             self.message,
-            widgets.HBox([self.progress, self.stats]),
-            widgets.HBox([self.loss_chart, self.device_chart]),
+            widgets.HBox([self.progress, self.stats], layout=widgets.Layout(flex_flow="row wrap")),
+            charts,
             self.samples,
             self.logs,
+            self.confirm,
             widgets.HBox(buttons),
         ])
         self.add_class("cortex-job-widget")
         self.save_supported = save_supported
-        self.feed = JobFeed(client, state, follow_requests=run is None,
-                            run_finished=(lambda: run.done) if run is not None else None)
+        self.feed = JobFeed(client, state)
         self.throttle = RenderThrottle(self.render, self._finished)
         self.action_errors: list[str] = []
-        self._display_handle: Any = None
+        self._live_displays: list[Any] = []
+        self.log_scale.observe(lambda _change: self.throttle.mark_dirty(), "value")
+        self.logs.observe(self._on_logs_toggled, "selected_index")
         state.subscribe(self.throttle.mark_dirty)
         self.render()
 
     # life cycle ---------------------------------------------------------------------------------
     def show(self) -> JobWidget:
-        """Display under the current cell and start following; the parent is captured here."""
+        """Display under the current cell and follow the job; the parent is captured here.
+
+        Shown again (as `%cortex job ID` does in the kernel that showed it), it is the same widget:
+        one state, one feed."""
         parent = capture_parent()
         self.throttle.parent = parent
         handle = display(self, display_id=True)
-        # In a kernel, the final state also replaces the text/plain saved with the output.
-        self._display_handle = handle if parent else None
-        self.feed.start(parent)
+        if parent:  # in a kernel: this display becomes the static picture once the job has ended
+            self._live_displays.append(handle)
+        if not self.state.finished or self.feed.rounds == 0:  # a finished job still needs one round
+            self.feed.start(parent)
         self.throttle.mark_dirty()
         return self
 
@@ -121,11 +163,84 @@ class JobWidget(widgets.VBox):
         super().close()
 
     def _finished(self) -> bool:
-        run_over = self.run is None or self.run.done
-        return run_over and not self.feed.alive and self.state.finished
+        return not self.feed.alive and self.state.finished
+
+    def settle(self, timeout_s: float = 30.0) -> None:
+        """For blocking cells: once the job has ended, wait for the feed's last round and the final
+        render, so the static picture replaces the widget while the cell still runs (a notebook
+        runner keeps only what arrives then)."""
+        if self.state.finished:
+            self.feed.join(timeout_s)
+        self.throttle.mark_dirty()
+        self.throttle.flush(timeout_s)
+
+    def _on_logs_toggled(self, change: dict[str, Any]) -> None:
+        """The feed reads the log often only while the user looks at it."""
+        self.state.logs_open = change["new"] == 0
+        if self.state.logs_open:
+            self.feed.read_logs_next_round()
+
+    # what a saved notebook keeps -----------------------------------------------------------------
+    def view_options(self) -> ViewOptions:
+        return ViewOptions(log_scale=self.log_scale.value, samples_open=self.samples.selected_index == 0,
+                           logs_open=self.logs.selected_index == 0)
+
+    def static_html(self) -> str:
+        return static_html(self.state.snapshot(), self.view_options())
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        """The widget view, and next to it a static picture for frontends without the widget model."""
+        bundle = super()._repr_mimebundle_(**kwargs) or {}
+        bundle["text/html"] = self.static_html()
+        return bundle
+
+    def _freeze_displays(self) -> None:
+        """Replace each live display by the final static picture (a trusted notebook reopened without
+        this kernel would otherwise show "model not found" where the widget was)."""
+        displays, self._live_displays = self._live_displays, []
+        bundle = {"text/html": self.static_html(), "text/plain": repr(self)}
+        for handle in displays:
+            handle.update(bundle, raw=True)
 
     # buttons ------------------------------------------------------------------------------------
     def _on_cancel(self, _button: Any = None) -> None:
+        """Cancel at once when nothing trained would be lost; otherwise ask first."""
+        unsaved = unsaved_steps(self.state.snapshot())
+        if unsaved:
+            self.confirm_text.value = escape(cancel_warning(self.state.snapshot(), unsaved))
+            self.confirm.layout.display = "flex"
+            return
+        self._start_cancel()
+
+    def _on_free(self, _button: Any = None) -> None:
+        """Free device (`POST /v1/jobs/{id}/complete`), from a helper thread."""
+        self.confirm.layout.display = "none"
+        self.free_button.disabled = self.cancel_button.disabled = True
+        self.state.note("freeing the device…")
+        start_thread(self._free, f"cortex-free-{self.state.job_id}", self.throttle.parent)
+
+    def _free(self) -> None:
+        try:
+            reply = self.client.complete_job(self.state.job_id)
+            saved = reply.pop("saved_checkpoint", None)
+            self.state.set_job(reply)
+            self.state.note(f"freeing the device; the adapter is saved as checkpoint {saved!r} first" if saved
+                            else "freeing the device")
+        except CortexError as exc:
+            self.action_errors.append(str(exc))
+            self.state.note(f"free device failed: {exc.message}")
+            self.free_button.disabled = self.cancel_button.disabled = False
+        if not self.feed.alive:
+            self.feed.start(self.throttle.parent)
+
+    def _on_confirm_cancel(self, _button: Any = None) -> None:
+        self.confirm.layout.display = "none"
+        self._start_cancel()
+
+    def _on_keep(self, _button: Any = None) -> None:
+        self.confirm.layout.display = "none"
+
+    def _start_cancel(self) -> None:
         """Cancel on the backend from a helper thread, so a slow backend never blocks the kernel."""
         self.cancel_button.disabled = True
         self.state.note("cancelling…")
@@ -133,10 +248,7 @@ class JobWidget(widgets.VBox):
 
     def _cancel(self) -> None:
         try:
-            if self.run is not None:
-                self.run.cancel_job()
-            else:
-                self.state.set_job(self.client.cancel_job(self.state.job_id))
+            self.state.set_job(self.client.cancel_job(self.state.job_id))
             self.state.note("cancelled")
         except CortexError as exc:
             self.action_errors.append(str(exc))
@@ -153,7 +265,7 @@ class JobWidget(widgets.VBox):
         from ..training import TrainingJob
 
         try:
-            job = self.run.job if self.run is not None else TrainingJob(self.client, self.client.get_job(self.state.job_id))
+            job = TrainingJob(self.client, self.client.get_job(self.state.job_id))
             saved = job.save().result()
             checkpoint_id = saved.get("checkpoint_id") if isinstance(saved, dict) else getattr(saved, "checkpoint_id", None)
             self.state.record_checkpoint(str(checkpoint_id))
@@ -165,118 +277,60 @@ class JobWidget(widgets.VBox):
             self.save_button.disabled = False
 
     # rendering ----------------------------------------------------------------------------------
-    def render(self) -> None:
-        """State -> traits. Runs on the throttle's thread; only sets trait values."""
+    def render(self) -> float | None:
+        """State -> traits. Runs on the throttle's thread; only sets trait values. Returns when the
+        view changes by itself next (seconds), for the throttle."""
+        now = time.time()
         snap = self.state.snapshot()
         self.header.value = header_html(snap)
-        self.message.value = f'<span style="opacity:.8">{escape(snap.message)}</span>' if snap.message else ""
+        self.message.value = message_html(snap)
         self.progress.max = max(snap.total_steps or snap.step, 1)
         self.progress.value = min(snap.step, self.progress.max)
-        self.progress.bar_style = BAR_STYLES.get(snap.status, "info")
-        self.stats.value = stats_html(snap)
-        self.loss_chart.value = loss_chart_svg(snap)
+        self.progress.bar_style = bar_style(snap)
+        self.stats.value = stats_html(snap, now)
+        self.loss_chart.value = loss_chart_svg(snap, self.log_scale.value)
         self.device_chart.value = device_chart_svg(snap)
-        self.samples.value = samples_html(snap)
-        self.logs.value = logs_html(snap)
-        self.cancel_button.disabled = snap.job_status in JOB_TERMINAL
-        self.save_button.disabled = snap.job_status in JOB_TERMINAL
-        if self._display_handle is not None and snap.status in RUN_TERMINAL | JOB_TERMINAL:
-            handle, self._display_handle = self._display_handle, None
-            handle.update(self)
+        self.device_note.value = device_note_html(snap)
+        if snap.samples:
+            self.samples_body.value = samples_table(snap)
+            self.samples.titles = (samples_title(snap),)
+            self.samples.layout.display = None
+        self.logs_body.value = logs_pre(snap)
+        self.logs.titles = (logs_title(snap),)
+        finished = snap.finished
+        free = trained(snap)
+        self.cancel_button.layout.display = "none" if finished or free else None
+        self.free_button.layout.display = None if free else "none"
+        self.save_button.disabled = finished
+        if finished or free:
+            self.confirm.layout.display = "none"
+        if snap.finished:
+            if self._finished():
+                self._freeze_displays()
+                return None
+            return FINAL_ROUND_S
+        return refresh_in(snap, now)
 
     def __repr__(self) -> str:
         return job_repr(self.state.snapshot())
 
 
-# pieces (pure functions of a snapshot, so they are easy to test) --------------------------------
-def job_repr(snap: Snapshot) -> str:
-    """Short and stable: status, step, loss. Frontends cut text/plain reprs at 110 characters."""
-    total = f"/{snap.total_steps}" if snap.total_steps else ""
-    text = f"<cortex job {snap.job_id} {snap.status} step {snap.step}{total}"
-    if snap.last_loss is not None:
-        text += f" loss {snap.last_loss:.4f}"
-    return text + ">"
+def unsaved_steps(snap: Snapshot) -> int:
+    """Trained steps a cancel would throw away: those after the last checkpoint the backend reports."""
+    if snap.job_status != JOB_RUNNING or snap.step <= 0:
+        return 0
+    progress = snap.job.get("progress") or {}
+    saved_at = progress.get("last_checkpoint_step")
+    if saved_at is not None:
+        return max(snap.step - int(saved_at), 0)
+    return snap.step
 
 
-def open_in_sidebar_html(job_id: str) -> str:
-    """A button the JupyterLab extension picks up by class and data attribute."""
-    return (
-        f'<button class="{OPEN_IN_SIDEBAR_CLASS} jupyter-button" data-cortex-open-job="{escape(job_id, quote=True)}"'
-        ' title="Open this job in the Cortex sidebar">Open in sidebar</button>'
-    )
-
-
-def header_html(snap: Snapshot) -> str:
-    color = BADGE_COLORS.get(snap.status, "#6b7280")
-    parts = [f"<b>{escape(snap.job_id)}</b>"]
-    if snap.name:
-        parts.append(escape(snap.name))
-    parts.append(f"model <code>{escape(snap.model or '?')}</code>")
-    parts.append(f"device <code>{escape(', '.join(snap.devices) or '-')}</code>")
-    badge = (f'<span class="cortex-status" style="background:{color};color:white;border-radius:8px;'
-             f'padding:1px 8px">{escape(snap.status)}</span>')
-    job_note = ""
-    if snap.run_status and snap.job_status and snap.job_status != snap.run_status:
-        job_note = f' <span style="opacity:.7">(job {escape(snap.job_status)})</span>'
-    return " · ".join(parts) + " " + badge + job_note
-
-
-def stats_html(snap: Snapshot) -> str:
-    total = f"/{snap.total_steps}" if snap.total_steps else ""
-    parts = [f"step {snap.step}{total}"]
-    if snap.eta_s is not None:
-        parts.append(f"ETA {format_duration(snap.eta_s)}")
-    elif snap.elapsed_s is not None and snap.status in RUN_TERMINAL:
-        parts.append(f"took {format_duration(snap.elapsed_s)}")
-    if snap.tokens_per_s:
-        parts.append(f"{format_count(snap.tokens_per_s)} tok/s")
-    if snap.last_loss is not None:
-        parts.append(f"loss {snap.last_loss:.4f}")
-    if snap.last_eval is not None:
-        parts.append(f"eval {snap.last_eval:.4f}")
-    if snap.checkpoints:
-        parts.append(f"checkpoint {escape(snap.checkpoints[-1])}")
-    return '<span style="padding-left:8px">' + " · ".join(parts) + "</span>"
-
-
-def loss_chart_svg(snap: Snapshot) -> str:
-    lines = [Line("train", COLORS["train"], snap.loss), Line("eval", COLORS["eval"], snap.eval_loss, dashed=True)]
-    return line_chart("loss per token", lines, x_label="step", empty_text="waiting for the first step")
-
-
-def device_chart_svg(snap: Snapshot) -> str:
-    if snap.metric_kind == "gpu":
-        lines = [Line("GPU util %", COLORS["util"], snap.metrics.get("gpu_utilization_percent", [])),
-                 Line("memory %", COLORS["memory"], snap.metrics.get("gpu_memory_percent", []))]
-        title = "GPU"
-    else:
-        lines = [Line("CPU %", COLORS["util"], snap.metrics.get("cpu_percent", [])),
-                 Line("RAM %", COLORS["memory"], snap.metrics.get("ram_percent", []))]
-        title = "CPU / RAM (no GPU)" if snap.metric_kind == "cpu" else "device"
-    shown = snap.metrics_device or ", ".join(snap.devices)
-    devices = f" {shown}" if shown else ""
-    return line_chart(title + devices, lines, x_label="seconds", y_range=(0.0, 100.0),
-                      empty_text=snap.metrics_note or "waiting for device metrics")
-
-
-def samples_html(snap: Snapshot) -> str:
-    if not snap.samples:
-        return ""
-    rows = "".join(
-        f"<tr><td style='opacity:.7'>{escape(prompt)}</td><td><code>{escape(text)}</code></td></tr>"
-        for prompt, text in snap.samples
-    )
-    return f"<details open><summary>samples at step {snap.samples_step}</summary><table>{rows}</table></details>"
-
-
-def logs_html(snap: Snapshot) -> str:
-    lines = snap.log_tail[-LOG_LINES_SHOWN:]
-    dropped = f" ({snap.logs_dropped} older lines dropped by the backend)" if snap.logs_dropped else ""
-    body = escape("\n".join(lines)) if lines else "no log lines yet"
-    return (
-        f"<details><summary>log tail: last {len(lines)} lines{dropped}</summary>"
-        f'<pre style="max-height:14em;overflow:auto;font-size:11px;margin:0">{body}</pre></details>'
-    )
+def cancel_warning(snap: Snapshot, unsaved: int) -> str:
+    last = (snap.job.get("progress") or {}).get("last_checkpoint") or (snap.checkpoints[-1] if snap.checkpoints else None)
+    since = f"since checkpoint {last}" if last else "and no checkpoint was saved"
+    return (f"Cancel stops the job now and discards {unsaved} trained step{'s' if unsaved != 1 else ''} {since}. "
+            "Save a checkpoint first to keep them.")
 
 
 def remember_widget(widget: JobWidget) -> None:
@@ -290,18 +344,15 @@ def show_job(client: Client, job_id: str, save_supported: bool = False) -> JobWi
     """Display a live widget for an existing job.
 
     In the kernel that shows (or showed) it, the same widget appears again: one state, one feed.
-    Otherwise, as after a kernel restart, it is rebuilt from the backend: status, steps and loss
-    from request results, the log tail and device metrics.
+    Otherwise, as after a kernel restart, it is built from the backend: the job's progress record
+    (steps, loss and eval curves, samples, ETA), the log tail and device metrics.
     """
     widget = _WIDGETS.get(job_id)
     if widget is not None and widget.comm is not None:
-        display(widget)
-        if not widget.state.finished:
-            widget.feed.start(capture_parent())
-        return widget
+        return widget.show()
     job = client.get_job(job_id)
     state = JobState(job_id, job.get("name"))
     state.set_job(job)
-    widget = JobWidget(client, state, None, save_supported)
+    widget = JobWidget(client, state, save_supported)
     remember_widget(widget)
     return widget.show()

@@ -17,8 +17,9 @@ from IPython.display import display
 
 from ..errors import CortexError
 from ..kernel_threads import BackgroundLoop, capture_parent, start_thread
-from ..states import JOB_DONE, JOB_TERMINAL
-from .job_widget import BADGE_COLORS, BAR_STYLES, logs_html
+from ..states import JOB_DONE, JOB_PENDING, JOB_RUNNING, JOB_TERMINAL, WORD_QUEUED
+from .job_view import BADGE_COLORS, BAR_STYLES, NEUTRAL, logs_pre, logs_title
+from .job_widget import disclosure
 from .state import JobState, format_duration
 from .throttle import RenderThrottle
 
@@ -28,6 +29,12 @@ if TYPE_CHECKING:
 # The run widgets this kernel showed, newest last (bounded).
 MAX_REMEMBERED = 32
 SHOWN: OrderedDict[str, RunWidget] = OrderedDict()
+
+
+def run_word(status: str | None) -> str:
+    """A source run's word: its status, with `queued` for pending as jobs say it (a run has no
+    training phases, so the job words for those do not apply)."""
+    return {JOB_PENDING: WORD_QUEUED, JOB_RUNNING: "running"}.get(status or JOB_PENDING, status or WORD_QUEUED)
 
 
 def log_line(entry: dict[str, Any]) -> str:
@@ -111,7 +118,8 @@ class RunWidget(widgets.VBox):
         self.header = widgets.HTML()
         self.message = widgets.HTML()
         self.progress = widgets.IntProgress(min=0, max=1, value=0, layout=widgets.Layout(width="320px"))
-        self.logs = widgets.HTML()
+        self.logs_body = widgets.HTML()
+        self.logs = disclosure("log tail", self.logs_body, open_=True)
         self.outputs = widgets.Output()
         self.cancel_button = widgets.Button(description="Cancel", icon="stop", button_style="danger",
                                             tooltip="Cancel this run on the backend")
@@ -173,22 +181,24 @@ class RunWidget(widgets.VBox):
 
     def render(self) -> None:
         snap = self.state.snapshot()
-        color = BADGE_COLORS.get(snap.status, "#6b7280")
+        word = run_word(snap.job_status)
+        color = BADGE_COLORS.get(word, NEUTRAL)
         devices = f" · device <code>{escape(', '.join(snap.devices))}</code>" if snap.devices else ""
         self.header.value = (
             f"<b>{escape(snap.job_id)}</b> · {escape(snap.name or 'run')}{devices} "
             f'<span class="cortex-status" style="background:{color};color:white;border-radius:8px;padding:1px 8px">'
-            f"{escape(snap.status)}</span>"
+            f"{escape(word)}</span>"
         )
         self.message.value = f'<span style="opacity:.8">{escape(snap.message)}</span>' if snap.message else ""
-        finished = snap.status in JOB_TERMINAL
+        finished = snap.job_status in JOB_TERMINAL
         self.progress.value = 1 if finished else 0
-        self.progress.bar_style = BAR_STYLES.get(snap.status, "info")
-        self.logs.value = logs_html(snap).replace("<details>", "<details open>", 1)
+        self.progress.bar_style = BAR_STYLES.get(word, "info")
+        self.logs_body.value = logs_pre(snap)
+        self.logs.titles = (logs_title(snap),)
         self.cancel_button.disabled = finished
         if self.saved:
             self.message.value += "<br>" + escape("saved: " + ", ".join(f"{n} -> {p}" for n, p in sorted(self.saved.items())))
 
     def __repr__(self) -> str:
         snap = self.state.snapshot()
-        return f"<cortex run {snap.job_id} {snap.status} {len(snap.log_tail)} log lines>"
+        return f"<cortex run {snap.job_id} {run_word(snap.job_status)} {len(snap.log_tail)} log lines>"

@@ -15,12 +15,14 @@ MAX_RENDERS_PER_S = 4.0
 
 class RenderThrottle:
     """Calls `render` on a background thread whenever `mark_dirty` was called since the last render,
-    never more than `max_per_s` times a second. The thread ends once `is_finished()` holds after a
-    render, and starts again if marked dirty later."""
+    never more than `max_per_s` times a second. `render` may return a number of seconds: the view
+    changes by itself then (a relative time, a countdown), and it is rendered again at that time even
+    if nothing was marked. The thread ends once `is_finished()` holds after a render that asked for no
+    such refresh, and starts again if marked dirty later."""
 
     def __init__(
         self,
-        render: Callable[[], None],
+        render: Callable[[], float | None],
         is_finished: Callable[[], bool],
         max_per_s: float = MAX_RENDERS_PER_S,
         parent: Any = None,
@@ -36,6 +38,7 @@ class RenderThrottle:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._refresh_at: float | None = None
 
     def mark_dirty(self) -> None:
         with self._lock:
@@ -60,27 +63,33 @@ class RenderThrottle:
     def _exit_if_finished(self) -> bool:
         """Under the lock, so a `mark_dirty` racing with the exit starts a fresh thread."""
         with self._lock:
-            if self._closed.is_set() or (self.is_finished() and not self._dirty.is_set()):
+            idle = self._refresh_at is None and not self._dirty.is_set()
+            if self._closed.is_set() or (idle and self.is_finished()):
                 self._thread = None
                 return True
             return False
 
     def _loop(self) -> None:
         while True:
-            if not self._dirty.wait(1.0):
-                if self._exit_if_finished():
-                    return
-                continue
+            due_in = 1.0 if self._refresh_at is None else min(1.0, self._refresh_at - time.monotonic())
+            if not self._dirty.wait(max(0.0, due_in)):
+                refresh_due = self._refresh_at is not None and time.monotonic() >= self._refresh_at
+                if not refresh_due:
+                    if self._exit_if_finished():
+                        return
+                    continue
             if self._closed.is_set():
                 with self._lock:
                     self._thread = None
                 return
             self._dirty.clear()
             started = time.monotonic()
+            refresh_in = None
             try:
-                self.render()
+                refresh_in = self.render()
             except Exception as exc:  # a view glitch must not kill updates for the rest of the run
                 self.last_error = f"{type(exc).__name__}: {exc}"
+            self._refresh_at = None if refresh_in is None else started + max(refresh_in, self.min_interval_s)
             self.renders += 1
             self.render_times.append(started)
             if self._exit_if_finished():

@@ -29,6 +29,11 @@ class CortexServerApp(ExtensionApp):
         help="A file holding the backend token the server uses (env CORTEX_TOKEN_FILE; default: the admin"
         " token a backend with default settings writes, ~/.local/share/cortex-nb/backend/admin.token).",
     )
+    backend_verify = Unicode(
+        config=True,
+        help="For an https backend_url: a 'sha256:...' fingerprint to pin (what `cortex-nb backend serve --tls"
+        " self-signed` prints) or a CA file; empty: the system's CAs (env CORTEX_VERIFY).",
+    )
     connect_timeout_s = Float(10.0, config=True, help="Seconds to wait for a connection to the backend.")
     request_timeout_s = Float(
         300.0, config=True, help="Seconds a forwarded call may take, long-polls included (they ask for at most 60 s)."
@@ -38,6 +43,10 @@ class CortexServerApp(ExtensionApp):
     def _default_backend_url(self) -> str:
         return os.environ.get("CORTEX_URL") or "http://127.0.0.1:8765"
 
+    @default("backend_verify")
+    def _default_backend_verify(self) -> str:
+        return os.environ.get("CORTEX_VERIFY", "")
+
     @default("token_file")
     def _default_token_file(self) -> str:
         return os.environ.get("CORTEX_TOKEN_FILE") or default_token_file()
@@ -46,6 +55,7 @@ class CortexServerApp(ExtensionApp):
         self.connection = BackendConnection(
             self.backend_url, self.token_file,
             connect_timeout_s=self.connect_timeout_s, request_timeout_s=self.request_timeout_s,
+            verify=self.backend_verify or None,
         )
         # ExtensionApp prepends base_url to these patterns (JupyterHub's /user/NAME/ included).
         api_prefix = url_path_join(self.serverapp.base_url, API_PATH)

@@ -17,6 +17,7 @@ from typing import Any
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
 from tornado.httputil import HTTPHeaders
 
+from cortex_nb import tls
 from cortex_nb.errors import ApiError
 from cortex_nb.version import __version__
 
@@ -71,8 +72,10 @@ class BackendConnection:
     """Sends requests to the backend on behalf of Jupyter-authenticated callers."""
 
     def __init__(self, url: str, token_file: str, *, connect_timeout_s: float, request_timeout_s: float,
-                 max_clients: int = 64) -> None:
+                 max_clients: int = 64, verify: tls.Verify | None = None) -> None:
         self.url = url.rstrip("/")
+        # An https backend's certificate: system CAs, a CA file or a pinned fingerprint (cortex_nb/tls.py).
+        self.ssl_options = tls.ssl_context(verify) if self.url.startswith("https://") else None
         self.token_file = TokenFile(token_file)
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -109,6 +112,7 @@ class BackendConnection:
             request_timeout=self.request_timeout_s,
             follow_redirects=False,
             decompress_response=False,
+            ssl_options=self.ssl_options,
             allow_nonstandard_methods=True,
             header_callback=header_callback,
             streaming_callback=streaming_callback,

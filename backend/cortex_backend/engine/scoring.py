@@ -23,4 +23,11 @@ def forward(state: ModelState, tensors: dict[str, np.ndarray]) -> tuple[dict[str
         logits = model_logits(state, tensors)
         logprobs = target_logprobs(logits, state.as_tensor(tensors["target_tokens"], torch.long))
     out = logprobs.float().cpu().numpy()
-    return {"weight_version": state.weight_version, "shape": list(out.shape)}, {"logprobs": out}
+    result: dict[str, Any] = {"weight_version": state.weight_version, "shape": list(out.shape)}
+    if "weights" in tensors:
+        # Optional weights score only the positions that count: the rest read 0, and the weighted NLL is summed.
+        weights = np.asarray(tensors["weights"], dtype=np.float32)
+        result["loss:sum"] = float(-(weights * out).sum(dtype=np.float64))
+        result["weights:sum"] = float(weights.sum(dtype=np.float64))
+        out = np.where(weights != 0, out, np.float32(0.0))
+    return result, {"logprobs": out}

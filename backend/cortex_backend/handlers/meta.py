@@ -15,7 +15,7 @@ class VersionHandler(BaseHandler):
 
 class CapacityHandler(BaseHandler):
     def get(self) -> None:
-        self.write_json(self.service.scheduler.capacity())
+        self.write_json({**self.service.scheduler.capacity(), "pending_jobs": self.service.job_views.queue.pending_jobs(self.principal)})
 
 
 class ModelsHandler(BaseHandler):

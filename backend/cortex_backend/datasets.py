@@ -1,0 +1,88 @@
+"""Training datasets, uploaded once and named by the SHA-256 of their bytes.
+
+`PUT /v1/datasets/{dataset_id}` stores a JSONL body whose hash is its id (a mismatch is refused), so a
+client uploads a dataset only when `GET` says the backend lacks it, and a managed training loop names
+its data by id. Rows are checked at upload with the same parser the kernel uses
+(`cortex_nb.train_data.examples_from_jsonl`). Datasets belong to their owner, like jobs: another
+owner's id is a 404.
+
+Layout: DATA_DIR/datasets/<owner as hex>/<dataset_id>.jsonl.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from cortex_nb.errors import ApiError
+from cortex_nb.train_data import examples_from_jsonl
+from cortex_nb.train_spec import DATASET_ID, SpecError
+
+from .auth import Principal
+from .durable import fsync_directory
+from .store import Store
+
+
+def public_dataset(row: dict[str, Any]) -> dict[str, Any]:
+    return {"dataset_id": row["id"], "rows": row["rows"], "bytes": row["bytes"], "created_at": row["created_at"]}
+
+
+class DatasetStore:
+    def __init__(self, store: Store, root: Path) -> None:
+        self.store = store
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, owner: str, dataset_id: str) -> Path:
+        return self.root / owner.encode().hex() / f"{_checked_id(dataset_id)}.jsonl"
+
+    def put(self, principal: Principal, dataset_id: str, body: bytes) -> dict[str, Any]:
+        _checked_id(dataset_id)
+        actual = hashlib.sha256(body).hexdigest()
+        if actual != dataset_id:
+            raise ApiError("hash_mismatch", f"the body's SHA-256 is {actual}, not {dataset_id}; the dataset id is the"
+                           " SHA-256 hex of the JSONL bytes as sent", {"expected": dataset_id, "actual": actual})
+        existing = self.store.get_dataset(principal.owner, dataset_id)
+        if existing is not None and self.path(principal.owner, dataset_id).is_file():
+            return public_dataset(existing)
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ApiError("invalid_dataset", f"the dataset is not UTF-8 text: {exc}") from None
+        try:
+            rows = len(examples_from_jsonl(text.splitlines(), "the dataset"))
+        except SpecError as exc:
+            raise ApiError("invalid_dataset", exc.message.removeprefix("data: ")) from None
+        path = self.path(principal.owner, dataset_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
+        with open(partial, "wb") as handle:
+            handle.write(body)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+        fsync_directory(path.parent)
+        self.store.insert_dataset(principal.owner, dataset_id, rows, len(body))
+        return public_dataset(self.store.get_dataset(principal.owner, dataset_id))
+
+    def get(self, principal: Principal, dataset_id: str, owner: str | None = None) -> dict[str, Any]:
+        """The dataset's row if `owner` (default: the caller) has it and the caller may see it."""
+        owner = owner or principal.owner
+        row = self.store.get_dataset(owner, _checked_id(dataset_id)) if principal.can_see(owner) else None
+        if row is None or not self.path(owner, dataset_id).is_file():
+            raise ApiError("dataset_not_found", f"no dataset {dataset_id} is visible to this token; upload it with"
+                           " PUT /v1/datasets/{dataset_id} (Client.train uploads for you)", {"dataset_id": dataset_id})
+        return public_dataset(row)
+
+    def read(self, owner: str, dataset_id: str) -> bytes:
+        return self.path(owner, dataset_id).read_bytes()
+
+
+def _checked_id(dataset_id: str) -> str:
+    if not isinstance(dataset_id, str) or not DATASET_ID.match(dataset_id):
+        raise ApiError("invalid_field", "dataset_id: must be the SHA-256 hex (64 lowercase hex digits) of the dataset",
+                       {"field": "dataset_id"})
+    return dataset_id

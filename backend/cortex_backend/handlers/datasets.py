@@ -1,0 +1,16 @@
+"""Datasets: upload once (PUT, body = JSONL, id = its SHA-256), ask whether the backend has one (GET)."""
+
+from __future__ import annotations
+
+from .base import BaseHandler
+
+
+class DatasetHandler(BaseHandler):
+    def body_limit(self) -> int:
+        return self.service.settings.max_dataset_bytes
+
+    def get(self, dataset_id: str) -> None:
+        self.write_json(self.service.datasets.get(self.principal, dataset_id))
+
+    def put(self, dataset_id: str) -> None:
+        self.write_json(self.service.datasets.put(self.principal, dataset_id, self.body))

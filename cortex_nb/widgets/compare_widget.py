@@ -1,0 +1,82 @@
+"""The comparison view of `cortex_nb.compare`: overlaid loss and eval curves, the table of
+hyperparameters and final metrics, and the A/B samples with each token shaded by how much less (red)
+or more (green) likely the other run finds it."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import TYPE_CHECKING
+
+import ipywidgets as widgets
+
+from .svg import Line, line_chart
+
+if TYPE_CHECKING:
+    from ..comparison import ABSample, Comparison
+
+PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#db2777", "#0891b2", "#ca8a04", "#4b5563")
+# |log p difference| at which a token's shade is full.
+FULL_SHADE_NATS = 4.0
+
+
+class ComparisonWidget(widgets.VBox):
+    def __init__(self, comparison: Comparison) -> None:
+        self.comparison = comparison
+        self.curves = widgets.HTML(curves_svg(comparison))
+        self.table = widgets.HTML(table_html(comparison))
+        self.samples = widgets.HTML(ab_html(comparison))
+        super().__init__(children=[widgets.HTML(f"<b>{escape(repr(comparison))}</b>"), self.curves, self.table,
+                                   self.samples])
+        self.add_class("cortex-compare-widget")
+
+    def __repr__(self) -> str:
+        return repr(self.comparison)
+
+
+def curves_svg(comparison: Comparison) -> str:
+    lines = []
+    for index, job in enumerate(comparison.jobs):
+        color = PALETTE[index % len(PALETTE)]
+        rows = comparison.curves[comparison.curves["job_id"] == job["job_id"]]
+        label = comparison.label(job["job_id"])
+        train = [(float(r.step), float(r.loss_per_token)) for r in rows.itertuples() if r.loss_per_token == r.loss_per_token]
+        held_out = [(float(r.step), float(r.eval_loss_per_token)) for r in rows.itertuples()
+                    if r.eval_loss_per_token == r.eval_loss_per_token]
+        lines.append(Line(label, color, train))
+        if held_out:
+            lines.append(Line(f"{label} eval", color, held_out, dashed=True))
+    return line_chart("loss per token (dashed: eval)", lines, x_label="step", empty_text="no steps recorded",
+                      width=560, height=220)
+
+
+def table_html(comparison: Comparison) -> str:
+    return ('<div class="cortex-compare-table" style="overflow-x:auto">'
+            + comparison.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}")
+            + "</div>")
+
+
+def ab_html(comparison: Comparison) -> str:
+    if not comparison.ab:
+        return ""
+    others = {job["job_id"]: [j["job_id"] for j in comparison.jobs if j["job_id"] != job["job_id"]] for job in comparison.jobs}
+    rows = []
+    for sample in comparison.ab:
+        other = others[sample.job_id][0]
+        rows.append(
+            f"<tr><td>{escape(sample.prompt)}</td><td>{escape(comparison.label(sample.job_id))}</td>"
+            f"<td>{shaded_tokens(sample, other)}</td>"
+            f"<td style='opacity:.7'>under {escape(comparison.label(other))}</td></tr>"
+        )
+    return ('<details open class="cortex-compare-samples"><summary>A/B samples (greedy, from each run\'s checkpoint;'
+            " shade: log p under the other run minus its own)</summary><table><tr><th>prompt</th><th>run</th>"
+            "<th>sample</th><th></th></tr>" + "".join(rows) + "</table></details>")
+
+
+def shaded_tokens(sample: ABSample, other_job_id: str) -> str:
+    spans = []
+    for token, difference in zip(sample.tokens, sample.difference(other_job_id), strict=True):
+        strength = min(abs(difference) / FULL_SHADE_NATS, 1.0)
+        color = f"rgba(220,38,38,{strength:.2f})" if difference < 0 else f"rgba(22,163,74,{strength:.2f})"
+        spans.append(f'<span class="cortex-ab-token" data-logprob-diff="{difference:.4f}" title="{difference:+.3f}"'
+                     f' style="background:{color}">{escape(token)}</span>')
+    return "<code>" + "".join(spans) + "</code>"
