@@ -113,6 +113,7 @@ def test_sidebar_job_view_logs_and_cancel(page, lab_setup):
         expect(sidebar.locator(".cortex-connection")).to_have_attribute("data-state", "connected", timeout=30_000)
         expect(sidebar.locator('.cortex-device[data-device="cpu"]')).to_be_visible()
         expect(sidebar.locator(".cortex-device").first).to_contain_text("in use")
+        expect(sidebar.locator('.cortex-device[data-device="cpu"]')).to_contain_text("sampling: transformers")
         row = sidebar.locator(f'.cortex-job[data-job-id="{job_id}"]')
         expect(row.locator(".cortex-badge")).to_have_text("running", timeout=30_000)
         expect(row).to_contain_text("tiny-lora-demo")

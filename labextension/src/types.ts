@@ -53,6 +53,8 @@ export interface IDevice {
   slots: number;
   slots_in_use: number;
   slots_available: number;
+  /** The engine sampling sub-jobs on this device run: "transformers" or "vllm" (absent from older backends). */
+  sampler?: string;
 }
 
 export interface ICapacity {
