@@ -1,4 +1,5 @@
-"""The `cortex-nb` command: `demo`, `run`/`runs` (source runs), and `backend serve|token` for the GPU host."""
+"""The `cortex-nb` command: `demo`, `run`/`runs` (source runs), `backend serve|token` for the GPU host, and
+`host join|list` for the hosts of a Ray cluster (docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,17 @@ def build_parser() -> argparse.ArgumentParser:
         backend.set_defaults(backend_missing=True)
     else:
         add_backend_commands(backend)
+    host = commands.add_parser("host", help="the hosts of a Ray cluster serving one backend (docs/scale.md)")
+    host_commands = host.add_subparsers(dest="host_command", required=True)
+    join = host_commands.add_parser("join", help="join this machine to the head's Ray cluster (needs cortex-nb[backend,ray])")
+    try:
+        from cortex_backend.cli import add_host_join_arguments
+    except ImportError:
+        join.set_defaults(backend_missing=True)
+    else:
+        add_host_join_arguments(join)
+    listing = host_commands.add_parser("list", help="the hosts serving the backend: devices, models, free slots")
+    listing.add_argument("--profile", default=None, help="connection profile (default: CORTEX_URL/CORTEX_TOKEN, then the default profile)")
     return parser
 
 
@@ -49,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.command in ("run", "runs"):
         sys.exit(run_command(args))
+    if args.command == "host":
+        sys.exit(host_command(args))
     if args.command == "backend":
         if getattr(args, "backend_missing", False):
             print("error: the backend is not installed here; pip install 'cortex-nb[backend]'", file=sys.stderr)
@@ -56,6 +70,28 @@ def main(argv: list[str] | None = None) -> None:
         from cortex_backend.cli import run_backend_command
 
         sys.exit(run_backend_command(args))
+
+
+def host_command(args: argparse.Namespace) -> int:
+    """`cortex-nb host join` (runs Ray here) and `cortex-nb host list` (asks the backend)."""
+    if args.host_command == "join":
+        if getattr(args, "backend_missing", False):
+            print("error: joining needs the backend and Ray here: pip install 'cortex-nb[backend,ray]'", file=sys.stderr)
+            return 2
+        from cortex_backend.cli import run_host_join
+
+        return run_host_join(args)
+    from .client import Client
+    from .errors import CortexError
+    from .views import hosts_text
+
+    try:
+        with Client.from_profile(args.profile) as client:
+            print(hosts_text(client.get_capacity()))
+    except CortexError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def notebook_demo(args: argparse.Namespace) -> int:

@@ -50,6 +50,8 @@ ERROR_STATUS: dict[str, int] = {
     "method_not_allowed": 405,
     # 409: the request is fine but the state of things forbids it now
     "conflict": 409,
+    # a job_id already taken (by anyone: the answer never says whose) or reserved
+    "job_id_unavailable": 409,
     "job_not_running": 409,
     "job_finished": 409,
     "idempotency_key_reused": 409,
@@ -57,6 +59,8 @@ ERROR_STATUS: dict[str, int] = {
     "checkpoint_exists": 409,
     "output_not_available": 409,
     "checkpoint_corrupted": 409,
+    # a cluster (the Ray executor): the model is registered on no host that is up now
+    "no_host_for_model": 409,
     # a chunk group of the Cortex SDK surface (docs/cortex-sdk.md): replay it from chunk 0, or stop
     "chunk_group_restart_required": 409,
     "chunk_group_conflict": 409,

@@ -37,8 +37,9 @@ MAX_TIMEOUT_S = 7 * 24 * 3600
 # Where staged models appear in the work dir; no source file or output may live there.
 MODELS_DIR = "models"
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+# \Z, not $: "$" also matches before a trailing newline.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
 
 TOP_KEYS = {"version", "name", "source", "command", "models", "inputs", "outputs", "resources", "timeout_seconds", "isolation"}
 SOURCE_KEYS = {"include"}

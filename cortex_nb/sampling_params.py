@@ -12,6 +12,7 @@ loss compares against, whatever temperature or truncation the tokens were drawn 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -22,6 +23,7 @@ MAX_STOP_SEQUENCES = 16
 MAX_NEW_TOKENS = 1 << 16
 MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**63 - 1
+MAX_TOP_K = 1 << 24
 
 
 def _field_error(name: str, message: str) -> ApiError:
@@ -36,6 +38,8 @@ def _number(value: Any, name: str, low: float, high: float | None = None, intege
         or (integer and not isinstance(value, int))
     ):
         raise _field_error(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _field_error(name, f"must be a finite number, got {value!r}")
     if value < low:
         raise _field_error(name, f"must be at least {low}, got {value}")
     if high is not None and value > high:
@@ -84,7 +88,7 @@ class SamplingParams:
         top_p = _number(given.get("top_p", defaults.top_p), "top_p", 0, 1)
         if top_p == 0:
             raise _field_error("top_p", "must be greater than 0")
-        top_k = _number(given.get("top_k", defaults.top_k), "top_k", 0, integer=True)
+        top_k = _number(given.get("top_k", defaults.top_k), "top_k", 0, MAX_TOP_K, integer=True)
         n = _number(given.get("n", defaults.n), "n", 1, MAX_SAMPLES_PER_PROMPT, integer=True)
         seed = given.get("seed")
         if seed is not None:

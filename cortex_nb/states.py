@@ -58,17 +58,22 @@ FAILURE_CODES = {
     "quota_exceeded": "the owner's checkpoint quota would be exceeded; nothing was kept",
     "weight_sync_failed": "a sampler could not take the trainer's weights; it kept its previous ones",
     "weight_sync_timeout": "a weight-sync participant did not answer in time",
+    # a cluster (the Ray executor)
+    "host_lost": "the host running the sub-job left the cluster (its node died or was removed)",
+    "no_host_for_model": "no host in the cluster has the job's model any more",
+    "exceeds_capacity": "the hosts left in the cluster can never hold the job",
 }
 
 # Failure codes a source run ends with (docs/job-spec.md). Stable: users match on them.
 RUN_FAILURE_CODES = {
     "workload_runtime_failed": "the command exited non-zero or was killed by a signal; see exit_code and the logs",
-    "workload_out_of_memory": "the workload ran out of memory (its address-space limit, or the device's memory)",
+    "workload_out_of_memory": "the workload ran out of memory (the run's memory limit, its address-space limit, or the device's)",
+    "disk_quota_exceeded": "the run's work dir passed its quota (--run-disk-mib) and the run was stopped",
     "output_missing": "a required output was not written",
     "output_too_large": "an output is larger than its max_bytes",
     "timed_out": "the run passed its timeout_seconds and was stopped",
     "cancelled": "cancelled by the user",
-    "isolation_unsupported": "isolation: required, and this host cannot give the run a network namespace",
+    "isolation_unsupported": "isolation: required, and this host cannot give the run its sandbox or per-run limits",
     "spec_invalid": "the spec was refused",
     "sandbox_failed": "the backend could not set up the run's sandbox; see the message",
     "backend_restarted": "the backend restarted while the run was in flight",

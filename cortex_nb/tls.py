@@ -27,7 +27,7 @@ from .errors import CortexError
 Verify = bool | str
 
 PIN_PREFIX = "sha256:"
-_PIN = re.compile(r"^sha256:([0-9a-f]{64})$")
+_PIN = re.compile(r"^sha256:([0-9a-f]{64})\Z")
 
 
 def fingerprint(der_certificate: bytes) -> str:

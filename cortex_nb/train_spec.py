@@ -11,6 +11,7 @@ problem is reported as one `SpecError` line naming the key (`field` holds its do
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,7 @@ LOOP_EVAL_KEYS = ("every", "dataset_id", "max_rows")
 # The checkpoint the end of a training is saved as (a managed run's last step, or "Free device" on a job
 # with trained steps no checkpoint holds); `final-2`, ... when the name is taken.
 FINAL_CHECKPOINT = "final"
-DATASET_ID = re.compile(r"^[0-9a-f]{64}$")
+DATASET_ID = re.compile(r"^[0-9a-f]{64}\Z")
 # The longest keep-alive a spec may ask for: a week, like a job's idle timeout.
 MAX_KEEP_ALIVE_S = 7 * 24 * 3600
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$")
@@ -312,8 +313,8 @@ def _dataset_id(value: Any, name: str) -> str:
 
 
 def _number(value: Any, name: str, minimum: float | None = None, maximum: float | None = None, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError(f"{name}: must be a number, not {value!r}", name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SpecError(f"{name}: must be a finite number, not {value!r}", name)
     if minimum is not None and (value < minimum or (strict and value == minimum)):
         raise SpecError(f"{name}: must be {'>' if strict else '>='} {minimum:g}, not {value!r}", name)
     if maximum is not None and value > maximum:
@@ -321,9 +322,15 @@ def _number(value: Any, name: str, minimum: float | None = None, maximum: float 
     return value
 
 
+# No count in a spec needs more; a bound keeps absurd values out of the loop's arithmetic.
+MAX_INTEGER = 1 << 53
+
+
 def _integer(value: Any, name: str, minimum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(f"{name}: must be a whole number, not {value!r}", name)
     if minimum is not None and value < minimum:
         raise SpecError(f"{name}: must be >= {minimum}, not {value!r}", name)
+    if value > MAX_INTEGER:
+        raise SpecError(f"{name}: must be <= {MAX_INTEGER}, not {value!r}", name)
     return value

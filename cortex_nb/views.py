@@ -96,8 +96,30 @@ def samples_frame(result: GenerateResult) -> pd.DataFrame:
 def capacity_frame(capacity: dict[str, Any]) -> pd.DataFrame:
     import pandas as pd
 
-    columns = ["id", "kind", "name", "memory_bytes", "slots", "slots_in_use", "slots_available", "sampler"]
+    columns = ["host", "id", "kind", "name", "memory_bytes", "slots", "slots_in_use", "slots_available", "sampler"]
     return pd.DataFrame([{key: device.get(key) for key in columns} for device in capacity["devices"]], columns=columns)
+
+
+def hosts_text(capacity: dict[str, Any]) -> str:
+    """`cortex-nb host list`: one line per host (devices, models, free slots), then the totals."""
+    hosts = capacity.get("hosts") or []
+    if not hosts:
+        return "no hosts serve this backend yet (hosts join with `cortex-nb host join HEAD_ADDRESS`)"
+    kinds = {device["id"]: device.get("name") or device["kind"] for device in capacity["devices"]}
+    rows = [("HOST", "DEVICES", "MODELS", "FREE SLOTS")]
+    for host in hosts:
+        models = host.get("models")
+        rows.append((
+            host["host"],
+            ", ".join(f"{device_id} ({kinds.get(device_id, '?')})" for device_id in host["devices"]),
+            ", ".join(models) if models is not None else "all registered",
+            f"{host['slots_available']}/{host['slots_total']}",
+        ))
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + "  " + row[3] for row in rows]
+    lines.append(f"{len(hosts)} host(s), {capacity['slots_available']}/{capacity['slots_total']} slots free,"
+                 f" {capacity.get('pending', 0)} job(s) queued")
+    return "\n".join(lines)
 
 
 def models_frame(models: Sequence[dict[str, Any]]) -> pd.DataFrame:

@@ -22,6 +22,7 @@ class BackendProcess:
     process: subprocess.Popen
     # An HTTPS backend's certificate fingerprint (`sha256:...`), which clients pin; None for plain HTTP.
     fingerprint: str | None = None
+    log_path: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -49,7 +50,7 @@ class BackendProcess:
         return httpx_verify(self.fingerprint or True)
 
     def log(self) -> str:
-        return (self.data_dir / "backend.log").read_text(errors="replace")
+        return (self.log_path or self.data_dir / "backend.log").read_text(errors="replace")
 
     def healthy(self) -> bool:
         try:
@@ -59,27 +60,35 @@ class BackendProcess:
 
 
 def start_backend(
-    data_dir: Path, *args: str, timeout_s: float = 60.0, env: dict[str, str] | None = None, python: str | None = None
+    data_dir: Path, *args: str, timeout_s: float = 60.0, env: dict[str, str] | None = None, python: str | None = None,
+    prefix: list[str] | None = None, clean_env: dict[str, str] | None = None,
 ) -> BackendProcess:
+    """Start `cortex_backend serve` on an ephemeral port. `prefix` wraps the command (e.g. setpriv to run it
+    as another user); `clean_env` replaces the environment instead of extending ours."""
     data_dir.mkdir(parents=True, exist_ok=True)
     endpoint = data_dir / "backend.json"
     endpoint.unlink(missing_ok=True)
-    log = open(data_dir / "backend.log", "ab")  # noqa: SIM115
+    log = open(data_dir.parent / f"{data_dir.name}.log" if prefix else data_dir / "backend.log", "ab")  # noqa: SIM115
+    if clean_env is not None:
+        environment = {**clean_env, **(env or {})}
+    else:
+        environment = {**os.environ, **env} if env else None
     process = subprocess.Popen(
-        [python or sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(data_dir), *args],
+        [*(prefix or []), python or sys.executable, "-m", "cortex_backend", "serve", "--port", "0",
+         "--data-dir", str(data_dir), *args],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        env={**os.environ, **env} if env else None,
+        env=environment,
     )
     log.close()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"backend exited {process.returncode}:\n{(data_dir / 'backend.log').read_text()[-3000:]}")
+            raise RuntimeError(f"backend exited {process.returncode}:\n{Path(log.name).read_text()[-3000:]}")
         if endpoint.exists():
             info = json.loads(endpoint.read_text())
             if info["pid"] == process.pid:
                 token = Path(info["admin_token_file"]).read_text().strip()
-                return BackendProcess(info["url"], token, data_dir, process, info.get("tls_fingerprint"))
+                return BackendProcess(info["url"], token, data_dir, process, info.get("tls_fingerprint"), Path(log.name))
         time.sleep(0.05)
     process.kill()
     raise RuntimeError("backend did not start in time")

@@ -1,4 +1,4 @@
-"""`cortex-nb backend ...`: serve, and manage tokens."""
+"""`cortex-nb backend ...`: serve, and manage tokens; `cortex-nb host join` (a host joins a Ray cluster)."""
 
 from __future__ import annotations
 
@@ -63,10 +63,21 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     serve = commands.add_parser("serve", help="run the backend service")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     serve.add_argument("--port", type=int, default=8765, help="port (0 picks a free one; see DATA_DIR/backend.json)")
+    http = serve.add_argument_group("HTTP limits (docs/security.md)")
+    http.add_argument("--http-idle-timeout", type=_at_least(1.0), default=60.0, metavar="SECONDS",
+                      help="a request's headers must arrive within this, and an idle keep-alive connection closes after it"
+                           " (default 60)")
+    http.add_argument("--http-body-timeout", type=_at_least(1.0), default=120.0, metavar="SECONDS",
+                      help="a request's whole body must arrive within this, or the connection is closed (default 120)")
+    http.add_argument("--max-connections", type=_at_least(16, int), default=1000,
+                      help="open connections at most (also at most half the open-files limit); more are answered 503"
+                           " too_many_connections and closed (default 1000)")
     serve.add_argument("--data-dir", type=Path, default=default_data_dir(), help="where the store, tokens and checkpoints live")
     serve.add_argument("--model", action="append", type=_model_option, default=[], metavar="NAME=DIR",
                        help="register a local Hugging Face model directory (safetensors only); repeatable")
-    serve.add_argument("--devices", default="auto", help="'auto', 'cpu', 'cpu:N' (N slots) or GPU indices like '0,1'")
+    serve.add_argument("--devices", default="auto",
+                       help="'auto', 'cpu', 'cpu:N' (N slots) or GPU indices like '0,1'; with --executor ray also 'none'"
+                            " (the head serves no devices of its own)")
     serve.add_argument("--sub-jobs-per-device", type=int, default=4, help="sub-jobs sharing one device before jobs queue")
     serve.add_argument("--warm-workers", type=int, default=1, help="idle pre-started worker processes per device")
     serve.add_argument("--worker-threads", type=int, default=None, help="torch threads per CPU worker")
@@ -83,10 +94,35 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--idle-exit", type=_at_least(1.0), default=None, metavar="SECONDS",
                        help="stop the backend after this long with no job queued or running and no source run"
                             " (the per-user local backend uses 1800); default: never")
-    serve.add_argument("--checkpoint-quota-bytes", type=_byte_count, default=None, metavar="BYTES",
-                       help="most bytes of checkpoints one token owner may keep (e.g. 50000000000 or 50G); default: no cap")
+    serve.add_argument("--checkpoint-quota-bytes", type=_byte_count, default=50 * 1024**3, metavar="BYTES",
+                       help="most bytes of checkpoints one token owner may keep (e.g. 50000000000 or 50G; 0: no cap;"
+                            " default 50GiB)")
+    storage = serve.add_argument_group("storage bounds (docs/security.md)")
+    storage.add_argument("--upload-ttl", type=_at_least(1.0), default=3600.0, metavar="SECONDS",
+                         help="chunks of an upload no request used are deleted after this (default 3600)")
+    storage.add_argument("--upload-quota-bytes", type=_byte_count, default=4 * 1024**3, metavar="BYTES",
+                         help="unused upload chunks one token owner may hold at once (default 4GiB); more are refused"
+                              " with quota_exceeded")
+    storage.add_argument("--dataset-quota-bytes", type=_byte_count, default=8 * 1024**3, metavar="BYTES",
+                         help="bytes of training datasets one token owner may keep (default 8GiB; 0: no cap)")
+    storage.add_argument("--idempotency-ttl", type=_at_least(1.0), default=24 * 3600.0, metavar="SECONDS",
+                         help="how long a request's Idempotency-Key is remembered for retries (default 86400)")
+    storage.add_argument("--history-retention-days", type=_at_least(0.0), default=30.0, metavar="DAYS",
+                         help="finished jobs without checkpoints and finished runs, with their requests, events, logs and"
+                              " outputs, are deleted this long after they ended (default 30)")
     serve.add_argument("--fault-injection", action="append", type=_fault_option, default=[], metavar="NAME[=SUB_JOB]",
                        help=argparse.SUPPRESS)  # testing only: see cortex_backend/faults.py
+    cluster = serve.add_argument_group("executors (docs/scale.md)")
+    cluster.add_argument("--executor", choices=("local", "ray"), default="local",
+                         help="'local': a worker process per sub-job on this host; 'ray': a Ray actor per sub-job on the"
+                              " hosts of a Ray cluster (pip install 'cortex-nb[ray]')")
+    cluster.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                         help="ray: join this existing cluster (run the backend on its head) instead of starting a head here")
+    cluster.add_argument("--ray-port", type=int, default=6379, help="ray: the port of the head this backend starts (0: any)")
+    cluster.add_argument("--ray-object-store", type=_byte_count, default=None, metavar="BYTES",
+                         help="ray: the head's object store size (default: Ray's)")
+    cluster.add_argument("--ray-temp-dir", type=Path, default=None, help="ray: Ray's temporary dir on this host (default /tmp/ray)")
+    cluster.add_argument("--host-name", default=None, help="ray: the name this host's devices go by (default: its host name)")
     tls = serve.add_argument_group("TLS (docs/deploying.md)")
     tls.add_argument("--tls", choices=("self-signed",), default=None,
                      help="make (once) and keep a self-signed certificate in DATA_DIR/tls and print its SHA-256 fingerprint")
@@ -95,14 +131,25 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     runs = serve.add_argument_group("source runs (docs/job-spec.md)")
     runs.add_argument("--runs-workspace", type=Path, default=None, help="where runs' work dirs live (default DATA_DIR/workspace)")
     runs.add_argument("--run-namespaces", choices=("auto", "off"), default="auto",
-                      help="'auto': network, mount and PID namespaces where the host allows; 'off': none")
+                      help="'auto': each run in a bubblewrap sandbox (read-only minimal root, private /tmp, no network,"
+                           " own PID namespace) where the host allows; 'off': no sandbox (trusted code only)")
     runs.add_argument("--run-address-space-mib", type=int, default=None,
                       help="per-process address-space limit (default: host RAM for CPU runs, none for GPU runs)")
     runs.add_argument("--run-max-file-mib", type=int, default=16 * 1024, help="largest file a run may write")
-    runs.add_argument("--run-max-processes", type=int, default=512, help="processes and threads per run")
+    runs.add_argument("--run-max-processes", type=int, default=512, help="processes and threads per run (a cgroup pids.max where the host allows; default 512)")
     runs.add_argument("--run-kill-grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL when a run is stopped")
     runs.add_argument("--run-tmp-mib", type=int, default=1024, help="size cap of a run's private /tmp")
-    runs.add_argument("--run-uid-base", type=int, default=1_500_000_000, help="first uid runs execute as (root backends)")
+    runs.add_argument("--run-uid-base", type=int, default=1_500_000_000,
+                      help="root backends: runs execute as uids claimed from here upwards, one per slot, each locked"
+                           " host-wide so backends on one host never share one")
+    runs.add_argument("--run-memory-mib", type=_at_least(1, int), default=None,
+                      help="memory of a whole run, all its processes together, enforced by a per-run cgroup where the"
+                           " host allows (default: 3/4 of the host's RAM)")
+    runs.add_argument("--run-disk-mib", type=_at_least(0, int), default=64 * 1024,
+                      help="bytes a run's work dir may hold; past it the run is stopped (disk_quota_exceeded);"
+                           " 0: no quota (default 65536)")
+    runs.add_argument("--run-cpu-weight", type=_at_least(1, int), default=100,
+                      help="CPU weight of a run (cgroup cpu.weight, 1-10000; default 100)")
     # observability
     serve.add_argument("--log-retention-lines", type=_at_least(1, int), default=100_000,
                        help="log lines kept per job; older ones are dropped and reads say how many")
@@ -152,7 +199,8 @@ def run_backend_command(args: argparse.Namespace) -> int:
             return 2
 
         settings = BackendSettings(
-            host=args.host, port=args.port, data_dir=args.data_dir, models=dict(args.model), devices=args.devices,
+            host=args.host, port=args.port, data_dir=args.data_dir, http_idle_timeout_s=args.http_idle_timeout,
+            http_body_timeout_s=args.http_body_timeout, max_connections=args.max_connections, models=dict(args.model), devices=args.devices,
             sub_jobs_per_device=args.sub_jobs_per_device, warm_workers=args.warm_workers,
             worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout, idle_exit_s=args.idle_exit,
             sampler=args.sampler, vllm_gpu_memory_fraction=args.vllm_gpu_memory_fraction,
@@ -160,10 +208,16 @@ def run_backend_command(args: argparse.Namespace) -> int:
             runs_workspace=args.runs_workspace, run_namespaces=args.run_namespaces,
             run_address_space_mib=args.run_address_space_mib, run_max_file_mib=args.run_max_file_mib,
             run_max_processes=args.run_max_processes, run_kill_grace_s=args.run_kill_grace, run_tmp_mib=args.run_tmp_mib,
-            run_uid_base=args.run_uid_base,
+            run_uid_base=args.run_uid_base, run_memory_mib=args.run_memory_mib, run_disk_mib=args.run_disk_mib,
+            run_cpu_weight=args.run_cpu_weight,
             log_retention_lines=args.log_retention_lines, monitor_interval_s=args.monitor_interval,
             metrics_retention_s=args.metrics_retention_hours * 3600.0,
-            checkpoint_quota_bytes=args.checkpoint_quota_bytes, fault_injection=tuple(args.fault_injection),
+            checkpoint_quota_bytes=args.checkpoint_quota_bytes or None, fault_injection=tuple(args.fault_injection),
+            upload_ttl_s=args.upload_ttl, upload_quota_bytes=args.upload_quota_bytes,
+            dataset_quota_bytes=args.dataset_quota_bytes or None,
+            idempotency_ttl_s=args.idempotency_ttl, history_retention_s=args.history_retention_days * 86400.0,
+            executor=args.executor, ray_address=args.ray_address, ray_port=args.ray_port,
+            ray_object_store_bytes=args.ray_object_store, ray_temp_dir=args.ray_temp_dir, host_name=args.host_name,
             tls=args.tls, tls_cert=args.tls_cert, tls_key=args.tls_key,
         )
         try:
@@ -171,6 +225,10 @@ def run_backend_command(args: argparse.Namespace) -> int:
             check_sampler_setting(settings.sampler)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
+            return 2
+        problem = _executor_problem(settings)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
             return 2
         serve(settings)
         return 0
@@ -196,6 +254,42 @@ def run_backend_command(args: argparse.Namespace) -> int:
             return 1
         print(f"revoked {args.token_id}")
     return 0
+
+
+def _executor_problem(settings: BackendSettings) -> str | None:
+    if settings.executor != "ray":
+        if settings.devices.strip().lower() == "none":
+            return "--devices none needs --executor ray (a local backend with no devices could run nothing)"
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        return "--executor ray needs Ray: pip install 'cortex-nb[ray]'"
+    return None
+
+
+def add_host_join_arguments(join: argparse.ArgumentParser) -> None:
+    """`cortex-nb host join HEAD_ADDRESS ...` (docs/scale.md)."""
+    join.add_argument("head_address", metavar="HEAD_ADDRESS", help="the Ray head's HOST:PORT (the backend prints it)")
+    join.add_argument("--name", default=None, help="the name this host's devices go by (default: its host name)")
+    join.add_argument("--model", action="append", type=_model_option, default=[], metavar="NAME=DIR",
+                      help="a local Hugging Face model directory on this host (safetensors only); repeatable")
+    join.add_argument("--models-dir", type=Path, default=None,
+                      help="register every model directory in DIR (each subdirectory with a config.json, by its name)")
+    join.add_argument("--devices", default="auto", help="'auto', 'cpu', 'cpu:N' (N slots) or GPU indices like '0,1'")
+    join.add_argument("--sub-jobs-per-device", type=_at_least(1, int), default=1,
+                      help="sub-jobs sharing one GPU (each reserves num_gpus=1/N); default 1")
+    join.add_argument("--object-store", type=_byte_count, default=None, metavar="BYTES",
+                      help="this host's Ray object store size (default: Ray's)")
+    join.add_argument("--block", action="store_true", help="stay in the foreground; the host leaves when this command stops")
+
+
+def run_host_join(args: argparse.Namespace) -> int:
+    from .ray_cluster.join import join
+
+    return join(args.head_address, name=args.name, models=dict(args.model), models_dir=args.models_dir,
+                devices=args.devices, sub_jobs_per_device=args.sub_jobs_per_device,
+                object_store_bytes=args.object_store, block=args.block)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -46,14 +46,44 @@ class BackendSettings:
     # per-user local backend); None: serve until stopped.
     idle_exit_s: float | None = None
     max_body_bytes: int = wire.MAX_BODY_BYTES
+    # HTTP: a request's header block must arrive within (and a keep-alive connection may idle for)
+    # http_idle_timeout_s; its whole body within http_body_timeout_s. At most max_connections open at once.
+    http_idle_timeout_s: float = 60.0
+    http_body_timeout_s: float = 120.0
+    max_connections: int = 1000
     # The largest training dataset one PUT /v1/datasets/{id} may upload.
     max_dataset_bytes: int = 256 * 1024 * 1024
     # Log lines kept per job; older lines are dropped and the logs say how many.
     log_retention_lines: int = 100_000
     # checkpoints: the most bytes of checkpoints one owner may keep (None: no cap).
-    checkpoint_quota_bytes: int | None = None
+    checkpoint_quota_bytes: int | None = 50 * 1024**3
+    # Storage that would otherwise only grow: chunks of an upload nobody used are deleted after
+    # upload_ttl_s; one owner's unused chunks may take upload_quota_bytes; an Idempotency-Key is
+    # remembered idempotency_ttl_s; finished jobs (without checkpoints) and runs, with their requests,
+    # events and logs, are forgotten history_retention_s after they ended.
+    upload_ttl_s: float = 3600.0
+    # Training datasets (PUT /v1/datasets) one owner may keep.
+    dataset_quota_bytes: int | None = 8 * 1024**3
+    upload_quota_bytes: int = 4 * 1024**3
+    idempotency_ttl_s: float = 24 * 3600.0
+    history_retention_s: float = 30 * 24 * 3600.0
     # Test-only fault injection (see faults.py): "NAME" or "NAME=SUB_JOB_ID". Empty in any real deployment.
     fault_injection: tuple[str, ...] = ()
+
+    # Executors (docs/scale.md) -------------------------------------------------------------------
+    # "local": one worker process per sub-job on this host; "ray": one Ray actor per sub-job on the
+    # hosts of a Ray cluster (pip install 'cortex-nb[ray]').
+    executor: str = "local"
+    # ray: the cluster to join ("HOST:PORT" of its head); None starts a Ray head here.
+    ray_address: str | None = None
+    # ray, when starting the head here: its port (hosts join HOST:PORT), its object store's size
+    # (None: Ray's default) and Ray's temporary directory (None: Ray's default, /tmp/ray).
+    ray_port: int = 6379
+    ray_object_store_bytes: int | None = None
+    ray_temp_dir: Path | None = None
+    # ray, when starting the head here: the name this host's devices go by (default: the host name);
+    # `devices` "none" makes the head serve no devices of its own.
+    host_name: str | None = None
 
     # TLS (docs/deploying.md): an operator's certificate and key, or "self-signed" to make and keep one
     # in DATA_DIR/tls. None serves plain HTTP (fine on loopback; a warning beyond it).
@@ -75,8 +105,15 @@ class BackendSettings:
     run_kill_grace_s: float = 5.0
     # Size cap of a run's private /tmp (a tmpfs: it counts against memory only as it is filled).
     run_tmp_mib: int = 1024
-    # When the backend is root, each concurrent run executes as its own uid from this pool.
+    # When the backend is root, each concurrent run executes as its own uid, claimed from here upwards
+    # with a host-wide lock (so backends on one host never share one).
     run_uid_base: int = 1_500_000_000
+    # Memory of a whole run (all its processes), enforced by a cgroup. None: 3/4 of the host's RAM.
+    run_memory_mib: int | None = None
+    # Bytes a run's work dir may hold (checked while it runs); 0 turns the quota off.
+    run_disk_mib: int = 64 * 1024
+    # CPU weight of a run against the backend's other work (cgroup cpu.weight; 100 is the default share).
+    run_cpu_weight: int = 100
 
     # observability --------------------------------------------------------------------------
     # Seconds between device samples (pynvml + psutil); 0 turns the monitor off.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,13 @@ def public_dataset(row: dict[str, Any]) -> dict[str, Any]:
 
 
 class DatasetStore:
-    def __init__(self, store: Store, root: Path) -> None:
+    def __init__(self, store: Store, root: Path, quota_bytes: int | None = None) -> None:
         self.store = store
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
+        # The most bytes of datasets one owner may keep (None: no cap); uploads run in threads, hence the lock.
+        self.quota_bytes = quota_bytes
+        self._lock = threading.Lock()
 
     def path(self, owner: str, dataset_id: str) -> Path:
         return self.root / owner.encode().hex() / f"{_checked_id(dataset_id)}.jsonl"
@@ -45,9 +49,20 @@ class DatasetStore:
         if actual != dataset_id:
             raise ApiError("hash_mismatch", f"the body's SHA-256 is {actual}, not {dataset_id}; the dataset id is the"
                            " SHA-256 hex of the JSONL bytes as sent", {"expected": dataset_id, "actual": actual})
+        with self._lock:
+            return self._put_checked(principal, dataset_id, body)
+
+    def _put_checked(self, principal: Principal, dataset_id: str, body: bytes) -> dict[str, Any]:
         existing = self.store.get_dataset(principal.owner, dataset_id)
         if existing is not None and self.path(principal.owner, dataset_id).is_file():
             return public_dataset(existing)
+        if self.quota_bytes is not None:
+            held = self.store.dataset_bytes(principal.owner)
+            if held + len(body) > self.quota_bytes:
+                raise ApiError("quota_exceeded", (
+                    f"dataset quota exceeded: this token's owner keeps {held:,} bytes of datasets and may keep"
+                    f" {self.quota_bytes:,}; ask the operator to raise --dataset-quota-bytes"),
+                    {"quota_bytes": self.quota_bytes, "used_bytes": held, "needed_bytes": len(body)})
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as exc:

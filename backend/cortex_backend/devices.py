@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,6 +18,10 @@ class Device:
     name: str
     memory_bytes: int | None
     slots: int
+    # The machine the device is on (a cluster's devices span several).
+    host: str = ""
+    # The models a sub-job on this device may use; None: every model the backend has registered.
+    models: frozenset[str] | None = None
     # The engine sampling sub-jobs on this device run ("transformers" | "vllm"; see samplers.py).
     sampler: str = "transformers"
 
@@ -28,8 +33,12 @@ class Device:
             "name": self.name,
             "memory_bytes": self.memory_bytes,
             "slots": self.slots,
+            "host": self.host,
             "sampler": self.sampler,
         }
+
+    def serves(self, models: frozenset[str]) -> bool:
+        return self.models is None or models <= self.models
 
     def worker_env(self) -> dict[str, str]:
         """Environment that pins a worker process to this device. PCI bus order makes CUDA number
@@ -84,7 +93,7 @@ def _gpus(indices: list[int] | None, slots: int) -> list[Device]:
         name = lib.nvmlDeviceGetName(handle)
         name = name.decode() if isinstance(name, bytes) else name
         memory = lib.nvmlDeviceGetMemoryInfo(handle).total
-        devices.append(Device(f"cuda:{index}", "cuda", index, name, int(memory), slots))
+        devices.append(Device(f"cuda:{index}", "cuda", index, name, int(memory), slots, socket.gethostname()))
     return devices
 
 
@@ -95,7 +104,7 @@ def _cpu(slots: int) -> Device:
         memory = int(psutil.virtual_memory().total)
     except ImportError:
         memory = None
-    return Device("cpu", "cpu", None, f"CPU ({os.cpu_count()} cores)", memory, slots)
+    return Device("cpu", "cpu", None, f"CPU ({os.cpu_count()} cores)", memory, slots, socket.gethostname())
 
 
 def detect_devices(spec: str, sub_jobs_per_device: int) -> list[Device]:

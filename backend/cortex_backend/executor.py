@@ -1,11 +1,13 @@
 """Executors run sub-jobs. The service talks only to the `Executor` interface; `LocalExecutor` runs one
-worker process per sub-job on this host. (A Ray executor would implement the same five methods.)
+worker process per sub-job on this host, `ray_cluster.RayExecutor` one Ray actor per sub-job on the
+hosts of a Ray cluster. Both run the same worker code (worker.py) and report through `report_message`.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -18,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import ipc
-from .devices import Device
+from .config import BackendSettings
+from .devices import Device, detect_devices
 from .models import ModelInfo
+from .samplers import assign_samplers
 
 log = logging.getLogger("cortex_backend.executor")
 
@@ -45,6 +49,10 @@ class ExecutorListener(Protocol):
 
     def loop_message(self, job_id: str, sub_job_id: str, header: dict[str, Any]) -> None:
         """A managed training loop's report (`type: loop`: started, step, eval, samples, checkpoint, ended)."""
+
+    def devices_changed(self, devices: list[Device], host_models: dict[str, ModelInfo]) -> None:
+        """Hosts joined or left (executors whose devices change): the devices now served, and the models
+        registered on those hosts."""
 
 
 @dataclass
@@ -91,6 +99,67 @@ class Executor(abc.ABC):
         """The OS process serving a sub-job, where there is one on this host."""
         return None
 
+    # devices ----------------------------------------------------------------------------------
+    def current_devices(self) -> list[Device]:
+        """The devices sub-jobs may be placed on now (they may change later: `devices_changed`)."""
+        return []
+
+    def device_sampler(self) -> DeviceSampler | None:
+        """Where device samples come from when the devices are not this host's (None: the monitor reads
+        this host's devices itself)."""
+        return None
+
+    # Source runs execute in a sandbox on the backend's own host, so only on an executor whose devices
+    # are this host's.
+    runs_on_this_host: bool = True
+
+    def describe(self) -> dict[str, Any]:
+        """What users are shown about the executor (GET /v1/capacity, backend.json)."""
+        return {"name": "local"}
+
+
+class DeviceSampler(Protocol):
+    """Device readings taken elsewhere (on each host of a cluster), one sample dict per device."""
+
+    def sample(self) -> list[dict[str, Any]]: ...
+
+    def gpu_unavailable_reason(self) -> str | None: ...
+
+
+def report_message(listener: ExecutorListener, assignment: SubJobAssignment, header: dict[str, Any], blob: bytes) -> bool:
+    """Hand a worker's message about its sub-job to the service; False for a kind the executor handles
+    itself (warm, ready). One place, so every executor reports the same messages the same way."""
+    kind = header.get("type")
+    job_id, sub_job_id = assignment.job_id, assignment.sub_job_id
+    if kind == "init_failed":
+        listener.sub_job_failed(job_id, sub_job_id, header["code"], header["message"])
+    elif kind == "started":
+        listener.request_started(job_id, header["request_id"])
+    elif kind == "finished":
+        listener.request_finished(job_id, header["request_id"], header, blob)
+    elif kind == "sync":
+        listener.sync_message(job_id, sub_job_id, header, blob)
+    elif kind == "loop":
+        listener.loop_message(job_id, sub_job_id, header)
+    else:
+        return False
+    return True
+
+
+def create_executor(settings: BackendSettings, listener: ExecutorListener) -> Executor:
+    """The executor `settings.executor` names; Ray is imported only when it is the one chosen."""
+    if settings.executor == "ray":
+        from .ray_cluster.executor import RayExecutor
+
+        return RayExecutor(listener, settings)
+    devices = assign_samplers(detect_devices(settings.devices, settings.sub_jobs_per_device), settings.sampler)
+    return LocalExecutor(listener, devices, settings.warm_workers, settings.worker_threads, faults=settings.fault_injection,
+                         sampler_options=settings.sampler_options)
+
+
+# A blob larger than this is written to its worker a slice at a time (WorkerProcess.send).
+STREAMED_BLOB_BYTES = 1 << 20
+STREAM_SLICE_BYTES = 1 << 20
 
 @dataclass
 class WorkerProcess:
@@ -104,26 +173,63 @@ class WorkerProcess:
     tasks: list[asyncio.Task] = field(default_factory=list)
     ready: asyncio.Future | None = None
     early_output: list[tuple[str, float, str]] = field(default_factory=list)
+    # Messages waiting behind a large blob that is being written a slice at a time.
+    outbox: collections.deque = field(default_factory=collections.deque)
+    sender: asyncio.Task | None = None
 
     def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
-        if not self.writer.is_closing():
+        """Messages reach the worker in the order sent. A large blob is written in slices with the IO loop
+        free in between: written at once, a 256 MiB frame is copied into the transport's buffer in one go
+        and every other client waits for that copy."""
+        if self.writer.is_closing():
+            return
+        if len(blob) <= STREAMED_BLOB_BYTES and not self.outbox:
             self.writer.write(ipc.pack(header, blob))
+            return
+        self.outbox.append((header, blob))
+        if self.sender is None or self.sender.done():
+            self.sender = asyncio.ensure_future(self._send_outbox())
+
+    async def _send_outbox(self) -> None:
+        try:
+            while self.outbox:
+                header, blob = self.outbox.popleft()
+                if self.writer.is_closing():
+                    return
+                self.writer.write(ipc.pack_header(header, len(blob)))
+                view = memoryview(blob)
+                for start in range(0, len(view), STREAM_SLICE_BYTES):
+                    self.writer.write(view[start : start + STREAM_SLICE_BYTES])
+                    await self.writer.drain()
+        except (ConnectionError, RuntimeError):
+            self.outbox.clear()  # the worker is gone; its end is reported by the reader
+
+
+# Settings every worker runs with, whichever executor starts it.
+WORKER_ENV = {
+    "PYTHONUNBUFFERED": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    # Library deprecation notices are not the user's to act on; they drown the job's own lines.
+    "PYTHONWARNINGS": "ignore::FutureWarning",
+}
+# Sleeping, not spinning, between parallel regions: several CPU workers (and anything else) share
+# the cores, and spinning OpenMP threads make a loaded host ten times slower (bench_core measures it).
+WORKER_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def scrubbed_environment() -> dict[str, str]:
+    """This process's environment without credentials or the backend's own configuration."""
+    return {key: value for key, value in os.environ.items() if not key.startswith(SCRUBBED_ENV_PREFIXES)}
 
 
 def worker_environment(device: Device) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith(SCRUBBED_ENV_PREFIXES)}
-    env.update(
-        PYTHONUNBUFFERED="1",
-        TOKENIZERS_PARALLELISM="false",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        TRANSFORMERS_VERBOSITY="error",
-        # Library deprecation notices are not the user's to act on; they drown the job's own lines.
-        PYTHONWARNINGS="ignore::FutureWarning",
-    )
-    # Sleeping, not spinning, between parallel regions: several CPU workers (and anything else) share
-    # the cores, and spinning OpenMP threads make a loaded host ten times slower (bench_core measures it).
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env = scrubbed_environment()
+    env.update(WORKER_ENV)
+    for key, value in WORKER_ENV_DEFAULTS.items():
+        env.setdefault(key, value)
     env.update(device.worker_env())
     return env
 
@@ -151,6 +257,9 @@ class LocalExecutor(Executor):
         for device_id in self.devices:
             for _ in range(self.warm_workers):
                 self._spares[device_id].append(await self._spawn(self.devices[device_id]))
+
+    def current_devices(self) -> list[Device]:
+        return list(self.devices.values())
 
     async def _spawn(self, device: Device) -> WorkerProcess:
         parent_sock, child_sock = socket.socketpair()
@@ -293,17 +402,10 @@ class LocalExecutor(Executor):
             self.listener.sub_job_ready(assignment.job_id, assignment.sub_job_id, header.get("info") or {})
             for queued_header, queued_blob in self._backlog.pop((assignment.job_id, assignment.sub_job_id), []):
                 worker.send(queued_header, queued_blob)
-        elif kind == "init_failed":
+            return
+        if kind == "init_failed":
             worker.stopping = True
-            self.listener.sub_job_failed(assignment.job_id, assignment.sub_job_id, header["code"], header["message"])
-        elif kind == "started":
-            self.listener.request_started(assignment.job_id, header["request_id"])
-        elif kind == "finished":
-            self.listener.request_finished(assignment.job_id, header["request_id"], header, blob)
-        elif kind == "sync":
-            self.listener.sync_message(assignment.job_id, assignment.sub_job_id, header, blob)
-        elif kind == "loop":
-            self.listener.loop_message(assignment.job_id, assignment.sub_job_id, header)
+        report_message(self.listener, assignment, header, blob)
 
     def _on_exit(self, worker: WorkerProcess, returncode: int) -> None:
         assignment = worker.assignment

@@ -16,9 +16,14 @@ from typing import Any
 _PREFIX = struct.Struct(">IQ")
 
 
-def pack(header: dict[str, Any], blob: bytes = b"") -> bytes:
+def pack_header(header: dict[str, Any], blob_len: int) -> bytes:
+    """A message up to its blob (which the sender may then write in slices)."""
     encoded = json.dumps(header).encode()
-    return _PREFIX.pack(len(encoded), len(blob)) + encoded + blob
+    return _PREFIX.pack(len(encoded), blob_len) + encoded
+
+
+def pack(header: dict[str, Any], blob: bytes = b"") -> bytes:
+    return pack_header(header, len(blob)) + blob
 
 
 async def read_message(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:

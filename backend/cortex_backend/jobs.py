@@ -131,10 +131,16 @@ class JobManager:
             spec = validate(principal, spec)
         job_id = spec.get("job_id") or new_job_id()
         if self.store.job_exists(job_id):
-            raise ApiError("conflict", f"a job with id {job_id!r} already exists; choose another job_id or omit it")
+            # The same answer whoever owns it: job ids are global, and naming the job would confirm it to anyone.
+            raise ApiError("job_id_unavailable", "this job_id cannot be used; choose another job_id, or omit it to get a"
+                           " fresh one", {"field": "job_id"})
         slots = len(spec["sub_jobs"])
         min_memory = int(float((spec.get("hardware") or {}).get("min_memory_gib", 0)) * 2**30)
-        if not self.scheduler.fits_ever(slots, min_memory):
+        models = frozenset(sub["base_model"] for sub in spec["sub_jobs"])
+        if not self.scheduler.fits_ever(slots, min_memory, models=models):
+            missing = self._models_on_no_host(models)
+            if missing:
+                raise ApiError("no_host_for_model", _no_host_message(missing), {"field": "sub_jobs", "models": missing})
             raise ApiError(
                 "exceeds_capacity",
                 f"the job needs {slots} device slot(s)"
@@ -154,7 +160,7 @@ class JobManager:
              "status": states.JOB_PENDING, "spec": spec},
             sub_jobs,
         )
-        self.scheduler.enqueue(job_id, slots, min_memory)
+        self.scheduler.enqueue(job_id, slots, min_memory, models=models)
         self.admit()
         return self.store.get_job(job_id)
 
@@ -162,6 +168,28 @@ class JobManager:
         """Wake long-polls of waiting jobs: their place in the queue or its reason may have changed."""
         for holder_id in self.scheduler.pending_holders():
             self.waiters.notify(queue_key(holder_id))
+
+    # hosts that come and go (a cluster) ----------------------------------------------------------
+    def devices_changed(self) -> None:
+        """Hosts joined or left: a pending job that no host left can ever run fails now, clearly; the
+        others keep their place in the queue. (Running sub-jobs on a lost host are failed by the executor.)"""
+        for job_id in self.scheduler.pending_that_never_fit():
+            job = self.store.get_job(job_id)
+            if job is None:
+                continue
+            models = frozenset(sub["spec"]["base_model"] for sub in job["sub_jobs"])
+            missing = self._models_on_no_host(models)
+            if missing:
+                self.end(job_id, states.JOB_FAILED, "no_host_for_model", _no_host_message(missing))
+            else:
+                self.end(job_id, states.JOB_FAILED, "exceeds_capacity",
+                         f"the hosts left can never hold its {len(job['sub_jobs'])} sub-job(s); GET /v1/capacity shows them")
+        self.admit()
+        self.queue_moved()
+
+    def _models_on_no_host(self, models: frozenset[str]) -> list[str]:
+        served = self.scheduler.models_served()
+        return [] if served is None else sorted(models - served)
 
     def admit(self) -> None:
         for job_id, placement in self.scheduler.admit():
@@ -284,6 +312,11 @@ class JobManager:
         if timeout is None:
             timeout = self.default_idle_timeout_s
         return float(timeout) if timeout else None
+
+
+def _no_host_message(models: list[str]) -> str:
+    return (f"no host in the cluster has model {models[0]!r} now; add one that has it with"
+            f" `cortex-nb host join HEAD_ADDRESS --model {models[0]}=DIR` (GET /v1/capacity lists each host's models)")
 
 
 def _log_task_failure(task: asyncio.Task) -> None:

@@ -18,6 +18,12 @@ from .waiters import Waiters
 MAX_PAGE = 5000
 
 
+def run_log_key(run_id: str) -> str:
+    """Where a source run's lines live: apart from job logs (job ids cannot hold ':'), so a job named
+    like someone's run never reads that run's lines."""
+    return f"run:{run_id}"
+
+
 class LogBook:
     def __init__(self, store: Store, retention_lines: int) -> None:
         self.store = store

@@ -19,7 +19,7 @@ from cortex_nb.errors import ApiError
 from .tokenizer import ByteTokenizer, FileTokenizer, Tokenizer
 
 TINY = "tiny"
-MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
 
 # The built-in model: Llama-shaped, random weights from a fixed seed, byte-level tokens.
 TINY_CONFIG: dict[str, Any] = {
@@ -134,7 +134,19 @@ class ModelCatalog:
         self._models: dict[str, ModelInfo] = {TINY: ModelInfo(TINY, "builtin", None, dict(TINY_CONFIG))}
         for name, path in registered.items():
             self._models[name] = inspect_model_dir(name, path)
+        self._own = set(self._models)
         self._tokenizers: dict[str, Tokenizer] = {}
+
+    def set_host_models(self, models: dict[str, ModelInfo]) -> None:
+        """The models registered on a cluster's hosts now (`cortex-nb host join --model`), beside the
+        built-in and this backend's own. Each `path` is a local copy of its config and tokenizer files."""
+        for name in [name for name in self._models if name not in self._own and name not in models]:
+            del self._models[name]
+            self._tokenizers.pop(name, None)
+        for name, info in models.items():
+            if name not in self._own and self._models.get(name) != info:
+                self._models[name] = info
+                self._tokenizers.pop(name, None)
 
     def names(self) -> list[str]:
         return sorted(self._models)

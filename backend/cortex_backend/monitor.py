@@ -19,13 +19,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from . import nvml
 from .devices import Device
 from .store import Store
+
+if TYPE_CHECKING:
+    from .executor import DeviceSampler
 
 log = logging.getLogger("cortex_backend.monitor")
 
@@ -133,12 +136,15 @@ class Monitor:
         interval_s: float = 1.0,
         retention_s: float = 86400.0,
         worker_pid: Callable[[str, str], int | None] | None = None,
+        sampler: DeviceSampler | None = None,
     ) -> None:
         self.store = store
         self.devices = devices
         self.interval_s = interval_s
         self.retention_s = retention_s
-        self.gpu_unavailable_reason = gpu_unavailable_reason(devices)
+        # Readings taken on other hosts (a cluster executor's); None: this host's devices, read here.
+        self.sampler = sampler
+        self.gpu_unavailable_reason = sampler.gpu_unavailable_reason() if sampler else gpu_unavailable_reason(devices)
         self.gpu_metrics_note = gpu_metrics_note(devices, self.gpu_unavailable_reason)
         # The OS process serving a sub-job on this host (the executor's), for per-worker CPU/RAM.
         self.worker_pid = worker_pid
@@ -192,8 +198,17 @@ class Monitor:
             self._stop.wait(delay)
 
     # one tick -------------------------------------------------------------------------------------
+    def set_devices(self, devices: list[Device]) -> None:
+        """The devices served changed (hosts of a cluster joined or left)."""
+        self.devices = devices
+        if self.sampler is not None:
+            self.gpu_unavailable_reason = self.sampler.gpu_unavailable_reason()
+            self.gpu_metrics_note = gpu_metrics_note(devices, self.gpu_unavailable_reason)
+
     def sample(self) -> list[dict[str, Any]]:
         """One sample per device, read now (no persistence)."""
+        if self.sampler is not None:
+            return self.sampler.sample()
         at = time.time()
         host = read_host()
         samples = []

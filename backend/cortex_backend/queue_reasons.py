@@ -32,7 +32,8 @@ class QueueReasons:
             return None
         position = pending.index(job_id) + 1
         slots, min_memory, exclusive = self.scheduler.request_of(job_id)
-        devices = self.scheduler.eligible_devices(min_memory, exclusive)
+        models = self.scheduler.models_of(job_id)
+        devices = self.scheduler.eligible_devices(min_memory, exclusive, models)
         holders = self.scheduler.holders_on(devices)
         total = sum(device.slots for device in devices)
         used = sum(self.scheduler.slots_in_use(device) for device in devices)
@@ -40,6 +41,8 @@ class QueueReasons:
         what = f"{slots} {kind} slot{'s' if slots > 1 else ''}" if slots > 1 else f"a {kind} slot"
         if exclusive:
             what = f"{slots} whole GPU{'s' if slots > 1 else ''}"
+        if models and self.scheduler.models_restrict_placement(models):  # a cluster: only some hosts have it
+            what += f" on a host with {', '.join(sorted(models))}"
         visible = [holder for holder in holders if self._visible(holder, principal)]
         names = [self._name(holder) for holder in visible]
         if len(visible) < len(holders):

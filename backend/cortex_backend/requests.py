@@ -6,6 +6,7 @@ submission order. Results stay readable after the fact (polling never drains any
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Callable
@@ -44,6 +45,8 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "weight_sync": (states.TRAINING,),
 }
 FRAME_OPERATIONS = frozenset({"forward_backward", "forward"})
+# Frames larger than this are checked in a thread, so the IO loop keeps answering meanwhile.
+OFF_LOOP_FRAME_BYTES = 1 << 20
 MAX_WAIT_S = 60.0
 
 
@@ -75,6 +78,7 @@ class RequestManager:
         self.weight_sync = weight_sync
         self.waiters = Waiters()
         self._active: dict[str, set[str]] = {}
+        self._arrivals: dict[str, asyncio.Lock] = {}
         # Called with (request row, result) when a request succeeds, e.g. to fold it into the job's progress.
         self.on_succeeded: list[Callable[[dict[str, Any], dict[str, Any]], None]] = []
         jobs.on_job_ended.append(self._job_ended)
@@ -123,15 +127,16 @@ class RequestManager:
         info = self.catalog.get(sub["spec"]["base_model"])
         limit = max_seq_len(sub, self.catalog)
         if op == "forward_backward":
-            tensors, metadata = wire.decode_frame(body)
+            tensors, metadata = wire.decode_frame(body, copy=False)
             loss_fn, config = validate_loss(metadata)
             validate_token_batch(tensors, LOSS_INPUTS[loss_fn], info, limit)
             # Tokens trained on (the attention-mask sum): what the job's progress record counts.
             mask = tensors.get("attention_mask")
             tokens = int(mask.sum()) if mask is not None else int(tensors["input_ids"].size)
-            return {"loss_fn": loss_fn, "batch_shape": list(tensors["input_ids"].shape), "tokens": tokens}, body
+            return {"loss_fn": loss_fn, "loss_fn_config": config, "batch_shape": list(tensors["input_ids"].shape),
+                    "tokens": tokens}, body
         if op == "forward":
-            tensors, _ = wire.decode_frame(body)
+            tensors, _ = wire.decode_frame(body, copy=False)
             validate_token_batch(tensors, ("target_tokens",), info, limit)
             return {"batch_shape": list(tensors["input_ids"].shape)}, body
         json_body = json_body or {}
@@ -155,6 +160,38 @@ class RequestManager:
     def submit(
         self, principal: Principal, job_id: str, op: str, body: bytes, json_body: dict[str, Any] | None, sub_job: str | None
     ) -> dict[str, Any]:
+        job, sub = self._target(principal, job_id, op, json_body, sub_job)
+        request_id = new_request_id()
+        params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
+        self._enqueue(job_id, sub, request_id, op, params, blob)
+        return self.store.get_request(request_id)
+
+    async def submit_async(
+        self, principal: Principal, job_id: str, op: str, body: bytes, json_body: dict[str, Any] | None, sub_job: str | None
+    ) -> dict[str, Any]:
+        """`submit`, with a large frame's checks off the IO loop (they read every value of it). Requests of
+        one job still queue in the order they arrived: each waits for the one before it."""
+        arrivals = self._arrivals.setdefault(job_id, asyncio.Lock())
+        try:
+            async with arrivals:
+                job, sub = self._target(principal, job_id, op, json_body, sub_job)
+                request_id = new_request_id()
+                if op in FRAME_OPERATIONS and len(body) > OFF_LOOP_FRAME_BYTES:
+                    params, blob = await asyncio.to_thread(self.prepare, op, sub, body, json_body, job=job,
+                                                           principal=principal, request_id=request_id)
+                    job, sub = self._target(principal, job_id, op, json_body, sub_job)  # it may have ended meanwhile
+                else:
+                    params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
+                self._enqueue(job_id, sub, request_id, op, params, blob)
+                return self.store.get_request(request_id)
+        finally:
+            if not arrivals.locked():
+                self._arrivals.pop(job_id, None)
+
+    def _target(
+        self, principal: Principal, job_id: str, op: str, json_body: dict[str, Any] | None, sub_job: str | None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The job (visible, still taking requests) and the sub-job that serves `op`."""
         job = self.jobs.visible_job(principal, job_id)
         if job["status"] in states.JOB_TERMINAL:
             raise ApiError(
@@ -172,10 +209,7 @@ class RequestManager:
             if op == "load" and (json_body or {}).get("target_sub_job_id") is not None:
                 sub_job = str(json_body["target_sub_job_id"])
             sub = self.choose_sub_job(job, op, sub_job)
-        request_id = new_request_id()
-        params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
-        self._enqueue(job_id, sub, request_id, op, params, blob)
-        return self.store.get_request(request_id)
+        return job, sub
 
     def submit_for_service(self, job: dict[str, Any], op: str, params: dict[str, Any], blob: bytes = b"") -> str:
         """Queue a request the service makes itself on the job's training sub-job (a managed loop, the

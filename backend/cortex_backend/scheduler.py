@@ -4,6 +4,9 @@ Strict first-in, first-out: a job that does not fit blocks the ones behind it, s
 never starved by a stream of small ones. Each sub-job takes one slot on one device; a job's
 sub-jobs are kept on one device when they fit there (trainer and sampler share weights cheaply).
 
+On a cluster (the Ray executor) devices come and go with their hosts (`set_devices`), and a device
+serves only the models registered on its host: a job is placed only where every model it names is.
+
 Source runs wait in the same queue. A run that asks for N GPUs is `exclusive`: it takes N distinct
 GPUs whole (every slot on each), since a user's script may use all of a device's memory. Holders of
 a kind other than "job" are handed to that kind's admission listener instead of being returned.
@@ -19,8 +22,10 @@ from .devices import Device
 
 class Scheduler:
     def __init__(self, devices: list[Device]) -> None:
-        self.devices = devices
+        self.devices = list(devices)
         self._used: dict[str, int] = {device.id: 0 for device in devices}
+        # holder -> the models it needs (jobs; empty for source runs)
+        self._models: dict[str, frozenset[str]] = {}
         self._placements: dict[str, list[Device]] = {}
         self._pending: OrderedDict[str, tuple[int, int]] = OrderedDict()
         # Source runs ---------------------------------------------------------------------------
@@ -33,16 +38,21 @@ class Scheduler:
     def total_slots(self) -> int:
         return sum(device.slots for device in self.devices)
 
-    def fits_ever(self, slots: int, min_memory_bytes: int = 0, exclusive: bool = False) -> bool:
-        eligible = [device for device in self.devices if self._has_memory(device, min_memory_bytes)]
+    def fits_ever(self, slots: int, min_memory_bytes: int = 0, exclusive: bool = False, models: frozenset[str] = frozenset()) -> bool:
+        """Whether the devices served now could ever hold this (were every other holder gone)."""
+        eligible = [device for device in self.devices if self._has_memory(device, min_memory_bytes) and device.serves(models)]
         if exclusive:
             return slots <= len([device for device in eligible if device.kind == "cuda"])
         return slots <= sum(device.slots for device in eligible)
 
-    def enqueue(self, holder_id: str, slots: int, min_memory_bytes: int = 0, *, kind: str = "job", exclusive: bool = False) -> None:
-        """Queue a holder. `exclusive`: `slots` distinct GPUs, each taken whole (source runs on GPUs)."""
+    def enqueue(self, holder_id: str, slots: int, min_memory_bytes: int = 0, *, kind: str = "job", exclusive: bool = False,
+                models: frozenset[str] = frozenset()) -> None:
+        """Queue a holder. `exclusive`: `slots` distinct GPUs, each taken whole (source runs on GPUs).
+        `models`: only devices serving all of them are eligible."""
         self._pending[holder_id] = (slots, min_memory_bytes)
         self._kinds[holder_id] = kind
+        if models:
+            self._models[holder_id] = frozenset(models)
         if exclusive:
             self._exclusive.add(holder_id)
 
@@ -51,6 +61,7 @@ class Scheduler:
         self._pending.pop(holder_id, None)
         self._kinds.pop(holder_id, None)
         self._exclusive.discard(holder_id)
+        self._models.pop(holder_id, None)
 
     def is_pending(self, holder_id: str) -> bool:
         return holder_id in self._pending
@@ -64,11 +75,12 @@ class Scheduler:
             if holder_id in self._exclusive:
                 placement = self._place_exclusive(slots, min_memory_bytes)
             else:
-                placement = self._place(slots, min_memory_bytes)
+                placement = self._place(slots, min_memory_bytes, self._models.get(holder_id, frozenset()))
             if placement is None:
                 break
             self._pending.popitem(last=False)
             self._exclusive.discard(holder_id)
+            self._models.pop(holder_id, None)
             for device in placement:
                 self._used[device.id] += 1
             self._placements[holder_id] = placement
@@ -90,6 +102,7 @@ class Scheduler:
             return False
         for device in placement:
             self._used[device.id] -= 1
+        self._forget_departed()
         return True
 
     def placement(self, holder_id: str) -> list[Device] | None:
@@ -107,12 +120,22 @@ class Scheduler:
         slots, min_memory_bytes = self._pending[holder_id]
         return slots, min_memory_bytes, holder_id in self._exclusive
 
-    def eligible_devices(self, min_memory_bytes: int = 0, exclusive: bool = False) -> list[Device]:
+    def eligible_devices(self, min_memory_bytes: int = 0, exclusive: bool = False,
+                         models: frozenset[str] = frozenset()) -> list[Device]:
         return [device for device in self.devices if self._has_memory(device, min_memory_bytes)
-                and (not exclusive or device.kind == "cuda")]
+                and (not exclusive or device.kind == "cuda") and device.serves(models)]
+
+    def models_of(self, holder_id: str) -> frozenset[str]:
+        """The models a pending holder needs its devices to serve (a cluster's hosts each serve some)."""
+        return self._models.get(holder_id, frozenset())
+
+    def models_restrict_placement(self, models: frozenset[str]) -> bool:
+        """Whether some device does not serve `models` (a cluster's host without them), so a reason should
+        name them."""
+        return any(not device.serves(models) for device in self.devices)
 
     def slots_in_use(self, device: Device) -> int:
-        return self._used[device.id]
+        return self._used.get(device.id, 0)
 
     def holders_on(self, devices: list[Device]) -> list[str]:
         """Holders placed on any of `devices`, in the order they were admitted."""
@@ -124,14 +147,14 @@ class Scheduler:
         return sum(1 for device in self._placements.get(holder_id, []) if device.id in ids)
 
     def _free(self, device: Device) -> int:
-        return device.slots - self._used[device.id]
+        return device.slots - self._used.get(device.id, 0)
 
     @staticmethod
     def _has_memory(device: Device, min_memory_bytes: int) -> bool:
         return not min_memory_bytes or (device.memory_bytes or 0) >= min_memory_bytes
 
-    def _place(self, slots: int, min_memory_bytes: int = 0) -> list[Device] | None:
-        eligible = [device for device in self.devices if self._has_memory(device, min_memory_bytes)]
+    def _place(self, slots: int, min_memory_bytes: int = 0, models: frozenset[str] = frozenset()) -> list[Device] | None:
+        eligible = [device for device in self.devices if self._has_memory(device, min_memory_bytes) and device.serves(models)]
         by_free = sorted(eligible, key=lambda device: -self._free(device))
         if by_free and self._free(by_free[0]) >= slots:
             return [by_free[0]] * slots
@@ -154,14 +177,61 @@ class Scheduler:
         devices = []
         for device in self.devices:
             row = device.to_json()
-            row["slots_in_use"] = self._used[device.id]
+            if device.models is not None:
+                row["models"] = sorted(device.models)
+            row["slots_in_use"] = self._used.get(device.id, 0)
             row["slots_available"] = self._free(device)
             devices.append(row)
         return {
             "devices": devices,
             "slots_total": self.total_slots,
-            "slots_in_use": sum(self._used.values()),
-            "slots_available": self.total_slots - sum(self._used.values()),
+            "slots_in_use": sum(row["slots_in_use"] for row in devices),
+            "slots_available": sum(row["slots_available"] for row in devices),
             "pending": len(self._pending),
             "pending_slots": sum(slots for slots, _ in self._pending.values()),
+            "hosts": self._hosts(devices),
         }
+
+    # hosts that come and go (a cluster) ---------------------------------------------------------
+    def set_devices(self, devices: list[Device]) -> None:
+        """Serve these devices from now on. Holders placed on a device that is gone keep their count
+        until released (the executor fails their sub-jobs); nothing new is placed there."""
+        self.devices = list(devices)
+        for device in devices:
+            self._used.setdefault(device.id, 0)
+        self._forget_departed()
+
+    def _forget_departed(self) -> None:
+        present = {device.id for device in self.devices}
+        for device_id in [device_id for device_id, used in self._used.items() if device_id not in present and used <= 0]:
+            del self._used[device_id]
+
+    def pending_that_never_fit(self, kind: str = "job") -> list[str]:
+        """Pending holders of `kind` that no device served now could ever hold (their models are on no
+        host, or too few slots are left)."""
+        return [
+            holder_id for holder_id, (slots, min_memory_bytes) in self._pending.items()
+            if self._kinds.get(holder_id) == kind and not self.fits_ever(
+                slots, min_memory_bytes, holder_id in self._exclusive, self._models.get(holder_id, frozenset()))
+        ]
+
+    def models_served(self) -> frozenset[str] | None:
+        """The models some device serves now (None: the devices serve every registered model)."""
+        if any(device.models is None for device in self.devices):
+            return None
+        return frozenset().union(*(device.models for device in self.devices))
+
+    @staticmethod
+    def _hosts(devices: list[dict]) -> list[dict]:
+        """Capacity per host: the per-device rows summed."""
+        hosts: dict[str, dict] = {}
+        for row in devices:
+            host = hosts.setdefault(row["host"], {"host": row["host"], "devices": [], "slots_total": 0, "slots_in_use": 0,
+                                                  "slots_available": 0})
+            host["devices"].append(row["id"])
+            host["slots_total"] += row["slots"]
+            host["slots_in_use"] += row["slots_in_use"]
+            host["slots_available"] += row["slots_available"]
+            if "models" in row:
+                host["models"] = row["models"]
+        return list(hosts.values())

@@ -23,10 +23,12 @@ import tornado.netutil
 
 from cortex_nb.version import API_VERSION, __version__
 
+from . import log_limits
 from .app import MAX_STREAMED_BODY, make_app
 from .auth import ensure_user_token
 from .compat import url_specs as face_url_specs
 from .config import BackendSettings
+from .connections import GuardedHTTPServer, raise_descriptor_limit
 from .service import Service
 from .tls import SELF_SIGNED, TlsFiles, plaintext_warning, self_signed_files, server_context
 
@@ -55,15 +57,21 @@ async def run(settings: BackendSettings) -> None:
     if warning:
         log.warning(warning)
         print(warning, flush=True)
+    descriptors = raise_descriptor_limit()
     service = Service(settings)
     await service.start()
     ensure_user_token(service.store, settings.user_token_path)
-    server = tornado.httpserver.HTTPServer(make_app(service, face_url_specs(service)), max_body_size=MAX_STREAMED_BODY,
-                                           idle_connection_timeout=300, ssl_options=ssl_options)
+    server = GuardedHTTPServer(
+        make_app(service, face_url_specs(service)), max_body_size=MAX_STREAMED_BODY, ssl_options=ssl_options,
+        # A header block, or a whole body, that has not arrived by then closes the connection.
+        idle_connection_timeout=settings.http_idle_timeout_s, body_timeout=settings.http_body_timeout_s,
+    )
+    # Leave descriptors for the store, workers and runs whatever the cap says.
+    server.max_connections = max(16, min(settings.max_connections, descriptors // 2))
     port = _listen(server, settings.host, settings.port)
     url = f"{'https' if files else 'http'}://{settings.host}:{port}"
     # Local clients (Client.local(), the Jupyter extension) pin the fingerprint instead of trusting any certificate.
-    write_endpoint(settings, url, files.fingerprint() if files is not None else None)
+    write_endpoint(settings, url, files.fingerprint() if files is not None else None, service.executor.describe())
     devices = ", ".join(f"{d.id} ({d.name}, {d.slots} slots)" for d in service.devices)
     log.info("cortex-nb backend %s listening on %s; devices: %s; models: %s", __version__, url, devices, service.catalog.names())
     print(f"cortex-nb backend listening on {url} (admin token in {settings.admin_token_path})", flush=True)
@@ -85,13 +93,17 @@ async def run(settings: BackendSettings) -> None:
     _remove_own_endpoint(settings.endpoint_path)
 
 
-def write_endpoint(settings: BackendSettings, url: str, tls_fingerprint: str | None = None) -> None:
-    """backend.json, atomically and readable by this user only (it names the token files)."""
+def write_endpoint(settings: BackendSettings, url: str, tls_fingerprint: str | None = None,
+                   executor: dict | None = None) -> None:
+    """backend.json, atomically and readable by this user only (it names the token files). `executor`
+    describes the executor (a Ray backend's gives the address hosts join)."""
     endpoint = {"url": url, "pid": os.getpid(), "token_file": str(settings.user_token_path),
                 "admin_token_file": str(settings.admin_token_path), "version": __version__,
                 "api_version": API_VERSION, "started_at": time.time(), "data_dir": str(settings.data_dir)}
     if tls_fingerprint is not None:
         endpoint["tls_fingerprint"] = tls_fingerprint
+    if executor is not None:
+        endpoint["executor"] = executor
     temporary = settings.endpoint_path.with_name(f".{settings.endpoint_path.name}.{os.getpid()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
@@ -125,6 +137,8 @@ async def _stop_when_idle(has_work: Callable[[], bool], idle_exit_s: float, stop
 
 def serve(settings: BackendSettings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        log_limits.install(handler)
     # One line per HTTP request drowns what matters; errors still log.
     logging.getLogger("tornado.access").setLevel(logging.WARNING)
     asyncio.run(run(settings))

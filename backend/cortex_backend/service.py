@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
 from typing import Any
 
@@ -21,19 +22,18 @@ from .completion import Completion
 from .config import BackendSettings
 from .datasets import DatasetStore
 from .device_metrics import DeviceMetrics
-from .devices import detect_devices
+from .devices import Device
 from .events import EventFeed
-from .executor import Executor, LocalExecutor
+from .executor import Executor, create_executor
 from .job_views import JobViews
 from .jobs import JobManager
-from .logs import LogBook
-from .models import ModelCatalog
+from .logs import LogBook, run_log_key
+from .models import ModelCatalog, ModelInfo
 from .monitor import Monitor
 from .operator_metrics import LiveState, OperatorMetrics
 from .progress import ProgressBook, fold_request
 from .requests import RequestManager
 from .runs.manager import RunManager
-from .samplers import assign_samplers
 from .scheduler import Scheduler
 from .store import Store
 from .telemetry import TelemetrySink
@@ -44,6 +44,8 @@ from .weight_sync import WeightSyncCoordinator
 log = logging.getLogger("cortex_backend.service")
 
 HOUSEKEEPING_S = 60.0
+# Finished jobs or runs forgotten per housekeeping round at most (each round is a few short transactions).
+HISTORY_BATCH = 200
 
 
 class Service:
@@ -56,32 +58,34 @@ class Service:
             settings.data_dir.chmod(0o700)
         self.store = Store(settings.db_path)
         self.catalog = ModelCatalog(settings.models)
-        self.devices = assign_samplers(detect_devices(settings.devices, settings.sub_jobs_per_device), settings.sampler)
+        self.executor = executor or create_executor(settings, self)
+        self.devices = self.executor.current_devices()
         self.scheduler = Scheduler(self.devices)
-        self.executor = executor or LocalExecutor(self, self.devices, settings.warm_workers, settings.worker_threads,
-                                                  faults=settings.fault_injection, sampler_options=settings.sampler_options)
         self.jobs = JobManager(self.store, self.catalog, self.scheduler, self.executor, settings.idle_timeout_s)
         self.checkpoints = CheckpointManager(self.store, settings.checkpoints_dir, settings.checkpoint_quota_bytes)
         self.weight_sync = WeightSyncCoordinator(self.executor)
         self.requests = RequestManager(self.store, self.catalog, self.jobs, self.executor,
                                        checkpoints=self.checkpoints, weight_sync=self.weight_sync)
         self.logs = LogBook(self.store, settings.log_retention_lines)
-        self.uploads = UploadStore(settings.uploads_dir)
+        self.uploads = UploadStore(settings.uploads_dir, settings.upload_quota_bytes, settings.upload_ttl_s)
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.waiters.notify(job_id))
         self.runs = RunManager(settings, self.store, self.catalog, self.scheduler, self.logs, self.uploads, self.jobs.admit)
+        if not self.executor.runs_on_this_host:
+            self.runs.unavailable_reason = ("source runs execute on the backend's own host, and this backend runs its"
+                                            " work on a cluster's hosts (--executor ray); use a backend with the local executor")
         self._sweeper: asyncio.Task | None = None
         # managed training: datasets, loops in the training worker, progress records, freeing devices
         self.progress = ProgressBook(self.store, self.jobs.waiters.notify)
         self.requests.on_succeeded.append(lambda request, result: fold_request(self.progress, request, result))
         self.jobs.on_job_ended.append(lambda job_id, status, *_: self.progress.job_ended(job_id, status))
-        self.datasets = DatasetStore(self.store, settings.datasets_dir)
+        self.datasets = DatasetStore(self.store, settings.datasets_dir, settings.dataset_quota_bytes)
         self.training_loops = TrainingLoops(self.store, self.catalog, self.jobs, self.requests, self.checkpoints,
                                             self.datasets, self.progress, self.system_log_line)
         self.completion = Completion(self.store, self.jobs, self.requests, self.progress, self.training_loops)
         self.job_views = JobViews(self.store, self.scheduler, self.jobs, self.progress, self.completion)
         # observability
         self.monitor = Monitor(self.store, self.devices, settings.monitor_interval_s, settings.metrics_retention_s,
-                               worker_pid=self.executor.worker_pid)
+                               worker_pid=self.executor.worker_pid, sampler=self.executor.device_sampler())
         self.device_metrics = DeviceMetrics(self.store, self.jobs, self.monitor)
         self.events = EventFeed(self.store, settings.event_retention)
         self.operator_metrics = OperatorMetrics(LiveState(
@@ -120,18 +124,39 @@ class Service:
                     await task
         await self.events.stop()
         await self.runs.stop()
+        self.monitor.stop()  # before the executor: a cluster's samples are read through it
         await self.executor.shutdown()
-        self.monitor.stop()
         self.store.close()
 
     async def _housekeeping(self) -> None:
-        """Bound what grows without end: the event feed (device samples are trimmed by the monitor)."""
+        """Bound what grows without end (device samples are trimmed by the monitor): the event feed, unused
+        upload chunks, remembered Idempotency-Keys, and finished jobs and runs past their retention."""
+        settings = self.settings
+        interval = min(HOUSEKEEPING_S, settings.upload_ttl_s / 2, settings.idempotency_ttl_s / 2,
+                       max(1.0, settings.history_retention_s / 2))
         while True:
+            for name, chore in (("event feed trim", self.events.trim),
+                                ("idempotency trim", lambda: self.store.trim_idempotency(time.time() - settings.idempotency_ttl_s)),
+                                ("history trim", self._forget_old_history)):
+                try:
+                    chore()
+                except Exception:
+                    log.exception("%s failed", name)
             try:
-                self.events.trim()
+                await asyncio.to_thread(self.uploads.sweep)
             except Exception:
-                log.exception("event feed trim failed")
-            await asyncio.sleep(HOUSEKEEPING_S)
+                log.exception("upload sweep failed")
+            await asyncio.sleep(interval)
+
+    def _forget_old_history(self) -> None:
+        before = time.time() - self.settings.history_retention_s
+        jobs = self.store.forget_finished_jobs(before, HISTORY_BATCH)
+        runs = self.store.forget_finished_runs(before, HISTORY_BATCH, run_log_key)
+        for run_id in runs:
+            shutil.rmtree(self.settings.runs_dir / run_id, ignore_errors=True)
+        if jobs or runs:
+            log.info("forgot %d job(s) and %d run(s) that ended more than %.1f day(s) ago", len(jobs), len(runs),
+                     self.settings.history_retention_s / 86400)
 
     async def _sweep_idle_jobs(self) -> None:
         while True:
@@ -140,6 +165,10 @@ class Service:
                 self.completion.sweep()
             except Exception:
                 log.exception("idle sweep failed")
+
+    def capacity(self) -> dict[str, Any]:
+        """Devices and slots (summed and per host), and the executor that runs sub-jobs on them."""
+        return {**self.scheduler.capacity(), "executor": self.executor.describe()}
 
     def _trained_to_the_end(self, job_id: str) -> bool:
         """After a restart: was this job's training over (a keep-alive cut short), so that it is done?"""
@@ -178,3 +207,10 @@ class Service:
 
     def loop_message(self, job_id: str, sub_job_id: str, header: dict[str, Any]) -> None:
         self.training_loops.on_message(job_id, sub_job_id, header)
+
+    def devices_changed(self, devices: list[Device], host_models: dict[str, ModelInfo]) -> None:
+        self.devices = devices
+        self.catalog.set_host_models(host_models)
+        self.scheduler.set_devices(devices)
+        self.monitor.set_devices(devices)
+        self.jobs.devices_changed()

@@ -9,10 +9,11 @@ lock); WAL keeps readers from blocking the writer.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,23 @@ CREATE TABLE IF NOT EXISTS progress (
 """
 
 
+def make_private(db_path: Path) -> None:
+    """The store's folder (the backend's data dir: tokens, store, checkpoints) only its user may enter, and
+    the database file only its user may read, from the very first use: `token create` before any `serve`
+    too. SQLite gives its -wal and -shm files the database file's mode."""
+    folder = db_path.parent
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        folder.chmod(0o700)
+    except OSError:
+        pass
+    os.close(os.open(db_path, os.O_RDWR | os.O_CREAT, 0o600))
+    try:
+        db_path.chmod(0o600)
+    except OSError:
+        pass
+
+
 def _loads(value: str | None) -> Any:
     return None if value is None else json.loads(value)
 
@@ -202,7 +220,7 @@ class Store:
     """A thin, typed layer over one SQLite connection."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private(path)
         self._lock = threading.RLock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
@@ -210,6 +228,18 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring a store written by an older backend up to date (PRAGMA user_version counts the steps)."""
+        with self._lock:
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version < 1:
+                # Run logs moved out of the job-log namespace (logs.run_log_key).
+                self._db.execute(
+                    "UPDATE logs SET job_id = 'run:' || job_id WHERE job_id IN (SELECT id FROM runs)"
+                    " AND job_id NOT IN (SELECT id FROM jobs)")
+                self._db.execute("PRAGMA user_version = 1")
 
     def close(self) -> None:
         with self._lock:
@@ -391,6 +421,38 @@ class Store:
             (owner, key, body_sha256, status, json.dumps(response), time.time()),
         )
 
+    def trim_idempotency(self, older_than: float) -> int:
+        return self._execute("DELETE FROM idempotency WHERE created_at < ?", (older_than,)).rowcount
+
+    # retention --------------------------------------------------------------------------------
+    def forget_finished_jobs(self, ended_before: float, limit: int) -> list[str]:
+        """Delete up to `limit` jobs that ended before `ended_before` and keep no checkpoint, with their
+        sub-jobs, requests, request events, logs and events; returns their ids."""
+        rows = self._rows(
+            "SELECT id FROM jobs WHERE finished_at IS NOT NULL AND finished_at < ?"
+            " AND id NOT IN (SELECT job_id FROM checkpoints) ORDER BY finished_at LIMIT ?", (ended_before, limit))
+        ids = [row["id"] for row in rows]
+        with self.transaction():
+            for job_id in ids:
+                self._execute("DELETE FROM request_events WHERE request_id IN (SELECT id FROM requests WHERE job_id = ?)",
+                              (job_id,))
+                for table in ("requests", "sub_jobs", "logs", "events", "progress"):
+                    self._execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+                self._execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+        return ids
+
+    def forget_finished_runs(self, ended_before: float, limit: int, log_key: Callable[[str], str]) -> list[str]:
+        """Delete up to `limit` runs that ended before `ended_before`, with their logs (kept under
+        `log_key(run_id)`); returns their ids (their files are the caller's to remove)."""
+        rows = self._rows("SELECT id FROM runs WHERE finished_at IS NOT NULL AND finished_at < ? ORDER BY finished_at LIMIT ?",
+                          (ended_before, limit))
+        ids = [row["id"] for row in rows]
+        with self.transaction():
+            for run_id in ids:
+                self._execute("DELETE FROM logs WHERE job_id = ?", (log_key(run_id),))
+                self._execute("DELETE FROM runs WHERE id = ?", (run_id,))
+        return ids
+
     # logs -----------------------------------------------------------------------------------
     def append_logs(self, job_id: str, entries: list[tuple[str, float, str, str]]) -> int:
         """Append (sub_job_id, at, stream, line) entries with the next sequence numbers; returns the last."""
@@ -570,6 +632,9 @@ class Store:
             "INSERT OR IGNORE INTO datasets (owner, id, rows, bytes, created_at) VALUES (?, ?, ?, ?, ?)",
             (owner, dataset_id, rows, size, time.time()),
         )
+
+    def dataset_bytes(self, owner: str) -> int:
+        return int(self._rows("SELECT COALESCE(SUM(bytes), 0) AS total FROM datasets WHERE owner = ?", (owner,))[0]["total"])
 
     def get_dataset(self, owner: str, dataset_id: str) -> dict[str, Any] | None:
         rows = self._rows("SELECT * FROM datasets WHERE owner = ? AND id = ?", (owner, dataset_id))

@@ -2,12 +2,17 @@
 
 A chunk sent twice with the same content is accepted twice and stored once; a chunk group is
 consumed by exactly one data-plane request (whose Idempotency-Key makes its retries replay).
+Bounded: one owner's unused chunks may take `quota_bytes`, and an upload nobody used is deleted
+`ttl_s` after its last chunk arrived (`sweep`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import mmap
 import shutil
+import threading
+import time
 from pathlib import Path
 
 from cortex_nb import wire
@@ -18,9 +23,18 @@ from .validation import ID_PATTERN
 
 
 class UploadStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, quota_bytes: int | None = None, ttl_s: float = 3600.0) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
+        self.quota_bytes = quota_bytes
+        self.ttl_s = ttl_s
+        # Chunks run in threads (off the IO loop): one lock keeps the per-owner byte counts right.
+        self._lock = threading.Lock()
+        self.swept_bytes = 0
+
+    def _owner_bytes(self, principal: Principal) -> int:
+        folder = self.root / principal.owner.encode().hex()
+        return sum(path.stat().st_size for path in folder.glob("*/*") if path.is_file()) if folder.exists() else 0
 
     def _dir(self, principal: Principal, upload_id: str) -> Path:
         if not ID_PATTERN.match(upload_id):
@@ -37,16 +51,43 @@ class UploadStore:
         folder = self._dir(principal, upload_id)
         if (folder / "consumed").exists():
             return {"upload_id": upload_id, "index": index, "status": "consumed"}
-        folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{index:06d}.{count:06d}"
-        if path.exists():
-            if wire.sha256_hex(path.read_bytes()) != sha256.lower():
-                raise ApiError("chunk_mismatch", f"chunk {index} of upload {upload_id} was already stored with other content")
-            return {"upload_id": upload_id, "index": index, "status": "stored"}
-        temporary = path.with_suffix(".partial")
-        temporary.write_bytes(data)
-        temporary.replace(path)
+        with self._lock:
+            if path.exists():
+                if wire.sha256_hex(path.read_bytes()) != sha256.lower():
+                    raise ApiError("chunk_mismatch", f"chunk {index} of upload {upload_id} was already stored with other content")
+                return {"upload_id": upload_id, "index": index, "status": "stored"}
+            if self.quota_bytes is not None:
+                held = self._owner_bytes(principal)
+                if held + len(data) > self.quota_bytes:
+                    raise ApiError("quota_exceeded", (
+                        f"upload quota exceeded: this token's owner holds {held:,} bytes of chunks no request has used yet"
+                        f" and may hold {self.quota_bytes:,}; use (or let expire, after {self.ttl_s:g} s) the uploads you"
+                        " have, or ask the operator to raise --upload-quota-bytes"),
+                        {"quota_bytes": self.quota_bytes, "used_bytes": held, "needed_bytes": len(data)})
+            folder.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_suffix(".partial")
+            temporary.write_bytes(data)
+            temporary.replace(path)
         return {"upload_id": upload_id, "index": index, "status": "stored"}
+
+    def sweep(self, now: float | None = None) -> int:
+        """Delete uploads whose last chunk arrived more than `ttl_s` ago (used or not); returns bytes freed."""
+        now = time.time() if now is None else now
+        freed = 0
+        with self._lock:
+            for folder in self.root.glob("*/*"):
+                try:
+                    files = list(folder.iterdir())
+                    newest = max([folder.stat().st_mtime, *(path.stat().st_mtime for path in files)])
+                except OSError:
+                    continue
+                if now - newest < self.ttl_s:
+                    continue
+                freed += sum(path.stat().st_size for path in files if path.is_file())
+                shutil.rmtree(folder, ignore_errors=True)
+        self.swept_bytes += freed
+        return freed
 
     def _complete_parts(self, principal: Principal, upload_id: str) -> tuple[Path, list[Path]]:
         """The upload's chunk files in order, once every chunk is there and none was used before."""
@@ -68,10 +109,35 @@ class UploadStore:
             part.unlink()
         (folder / "consumed").write_text("")
 
-    def take(self, principal: Principal, upload_id: str, sha256: str) -> bytes:
-        """Assemble and consume the upload; its chunks are removed once used."""
+    def take(self, principal: Principal, upload_id: str, sha256: str) -> mmap.mmap | bytes:
+        """Assemble and consume the upload; its chunks are removed once used.
+
+        The chunks are read straight into one anonymous memory map and hashed as they come: a frame of N
+        bytes takes N bytes of memory (joining a list of chunks took twice that), and nothing holds the
+        GIL for long (a bytearray of N bytes is zero-filled under the GIL first; a map is not)."""
         folder, parts = self._complete_parts(principal, upload_id)
-        data = wire.assemble_chunks([part.read_bytes() for part in parts], sha256)
+        sizes = [part.stat().st_size for part in parts]
+        if sum(sizes) > wire.MAX_FRAME_BYTES:
+            raise ApiError("body_too_large", f"upload {upload_id} is {sum(sizes)} bytes; a frame is at most {wire.MAX_FRAME_BYTES}")
+        if not sum(sizes):
+            self._consume(folder, parts)
+            if wire.sha256_hex(b"") != sha256.lower():
+                raise ApiError("chunk_mismatch", f"the assembled upload's SHA-256 does not match {sha256}")
+            return b""
+        data = mmap.mmap(-1, sum(sizes))
+        view = memoryview(data)
+        digest, offset = hashlib.sha256(), 0
+        for part, size in zip(parts, sizes, strict=True):
+            with open(part, "rb") as handle:
+                read = handle.readinto(view[offset : offset + size])
+            if read != size:
+                raise ApiError("chunk_mismatch", f"chunk {part.name} of upload {upload_id} changed while it was read")
+            digest.update(view[offset : offset + size])
+            offset += size
+        view.release()
+        if digest.hexdigest() != sha256.lower():
+            raise ApiError("chunk_mismatch", f"the assembled upload's SHA-256 is {digest.hexdigest()}, expected {sha256};"
+                           " upload the chunks again")
         self._consume(folder, parts)
         return data
 

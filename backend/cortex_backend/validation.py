@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 import numpy as np
 
+from cortex_nb import strict_json
 from cortex_nb.errors import ApiError
 from cortex_nb.losses import LOSS_INPUTS
 from cortex_nb.sampling_params import SamplingParams
@@ -14,13 +16,43 @@ from cortex_nb.states import JOB_STATES, SUB_JOB_TYPES, TRAINING
 
 from .models import ModelCatalog, ModelInfo
 
-ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# \Z, not $: "$" also matches before a trailing newline, and an id ending in one breaks every later download.
+ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+MODULE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.]+\Z")
+DECIMAL_PATTERN = re.compile(r"[0-9]{1,18}")
+# Job ids a client may not choose: the other kinds of ids the backend hands out.
+RESERVED_JOB_ID_PREFIXES = ("run-", "req-", "sub-", "tok_")
 MAX_SUB_JOBS = 8
 MAX_PROMPTS = 1024
 
 
 def _field_error(field: str, message: str, code: str = "invalid_field") -> ApiError:
     return ApiError(code, f"{field}: {message}", {"field": field})
+
+
+def parse_json(raw: bytes | str, what: str = "the body", code: str = "invalid_json") -> Any:
+    """Strict JSON (cortex_nb.strict_json): NaN, Infinity, runaway nesting and over-long integers are
+    refused with `code` rather than a 500."""
+    try:
+        return strict_json.loads(raw)
+    except strict_json.StrictJsonError as exc:
+        raise ApiError(code, f"{what} {exc}") from None
+
+
+def parse_json_object(raw: bytes, what: str = "the body") -> dict[str, Any]:
+    if not raw.strip():
+        return {}
+    value = parse_json(raw, what)
+    if not isinstance(value, dict):
+        raise ApiError("invalid_json", f"{what} must be a JSON object")
+    return value
+
+
+def parse_decimal(text: str | None, field: str, high: int = 1 << 62) -> int:
+    """A non-negative integer in ASCII digits (str.isdigit also takes '²' and other Unicode digits)."""
+    if text is None or not DECIMAL_PATTERN.fullmatch(text) or int(text) > high:
+        raise _field_error(field, f"must be a whole number from 0 to {high} in ASCII digits, got {text!r}")
+    return int(text)
 
 
 def _expect_keys(value: Any, field: str, allowed: set[str]) -> dict[str, Any]:
@@ -34,9 +66,16 @@ def _expect_keys(value: Any, field: str, allowed: set[str]) -> dict[str, Any]:
     return value
 
 
+def dumps_strict(value: Any) -> str:
+    """JSON text a strict parser (a browser's JSON.parse) accepts: a non-finite number becomes null."""
+    return strict_json.dumps(value)
+
+
 def check_number(value: Any, field: str, low: float | None = None, high: float | None = None, integer: bool = False) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         raise _field_error(field, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _field_error(field, f"must be a finite number, got {value!r}")
     if low is not None and value < low:
         raise _field_error(field, f"must be at least {low}, got {value}")
     if high is not None and value > high:
@@ -47,6 +86,13 @@ def check_number(value: Any, field: str, low: float | None = None, high: float |
 def validate_identifier(value: Any, field: str) -> str:
     if not isinstance(value, str) or not ID_PATTERN.match(value):
         raise _field_error(field, "must be 1-64 characters of letters, digits, '_', '.', '-', starting with a letter or digit")
+    return value
+
+
+def validate_job_id(value: Any) -> str:
+    validate_identifier(value, "job_id")
+    if value.startswith(RESERVED_JOB_ID_PREFIXES):
+        raise _field_error("job_id", f"may not start with {', '.join(RESERVED_JOB_ID_PREFIXES)}: those name other kinds of ids")
     return value
 
 
@@ -84,13 +130,13 @@ def _validate_lora(lora: Any, field: str, info: ModelInfo) -> dict[str, Any]:
     if "r" in lora:
         check_number(lora["r"], f"{field}.r", 1, 1024, integer=True)
     if "alpha" in lora:
-        check_number(lora["alpha"], f"{field}.alpha", 0)
+        check_number(lora["alpha"], f"{field}.alpha", 0, 1e6)
     if "dropout" in lora:
         check_number(lora["dropout"], f"{field}.dropout", 0, 0.99)
     if "target_modules" in lora:
         modules = lora["target_modules"]
         ok = modules == "all-linear" or (
-            isinstance(modules, list) and modules and all(isinstance(m, str) and re.match(r"^[A-Za-z0-9_.]+$", m) for m in modules)
+            isinstance(modules, list) and modules and all(isinstance(m, str) and MODULE_NAME_PATTERN.match(m) for m in modules)
         )
         if not ok:
             raise _field_error(f"{field}.target_modules", "must be 'all-linear' or a non-empty list of module names")
@@ -126,7 +172,7 @@ def _validate_optimizer(optimizer: Any, field: str) -> dict[str, Any]:
     if "weight_decay" in optimizer:
         check_number(optimizer["weight_decay"], f"{field}.weight_decay", 0, 10)
     if optimizer.get("grad_clip") is not None:
-        check_number(optimizer["grad_clip"], f"{field}.grad_clip", 0)
+        check_number(optimizer["grad_clip"], f"{field}.grad_clip", 0, 1e6)
     return optimizer
 
 
@@ -134,13 +180,13 @@ def validate_job(body: Any, catalog: ModelCatalog) -> dict[str, Any]:
     """The normalised job spec, or an `ApiError` naming the first bad field."""
     body = _expect_keys(body, "job", JOB_KEYS)
     if body.get("job_id") is not None:
-        validate_identifier(body["job_id"], "job_id")
+        validate_job_id(body["job_id"])
     for key in ("name", "experiment"):
         if body.get(key) is not None and (not isinstance(body[key], str) or len(body[key]) > 200):
             raise _field_error(key, "must be a string of at most 200 characters")
     hardware = _expect_keys(body.get("hardware"), "hardware", {"min_memory_gib"})
     if "min_memory_gib" in hardware:
-        check_number(hardware["min_memory_gib"], "hardware.min_memory_gib", 0)
+        check_number(hardware["min_memory_gib"], "hardware.min_memory_gib", 0, 4096)
     if body.get("idle_timeout_s") is not None:
         # 0: never completed for idleness (the job holds its device until completed or cancelled)
         check_number(body["idle_timeout_s"], "idle_timeout_s", 0, 7 * 24 * 3600)
@@ -228,8 +274,11 @@ def validate_token_batch(
 
 
 def validate_loss(metadata: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    loss_fn = metadata.get("loss_fn", "cross_entropy")
-    if loss_fn not in LOSS_INPUTS:
+    if "loss_fn" not in metadata:
+        raise ApiError("invalid_frame", f"the frame's metadata names no loss_fn; send one of {sorted(LOSS_INPUTS)}",
+                       {"field": "loss_fn"})
+    loss_fn = metadata["loss_fn"]
+    if not isinstance(loss_fn, str) or loss_fn not in LOSS_INPUTS:
         raise ApiError("unknown_loss", f"loss_fn {loss_fn!r} is not one of {sorted(LOSS_INPUTS)}", {"field": "loss_fn"})
     config = metadata.get("loss_fn_config") or {}
     if not isinstance(config, dict):
@@ -237,7 +286,7 @@ def validate_loss(metadata: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     allowed = {"clip_low_threshold", "clip_high_threshold"} if loss_fn == "ppo" else set()
     _expect_keys(config, "loss_fn_config", allowed)
     for key, value in config.items():
-        check_number(value, f"loss_fn_config.{key}", 0)
+        check_number(value, f"loss_fn_config.{key}", 0, 100)
     return loss_fn, config
 
 

@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cortex_nb import wire
 
@@ -28,8 +28,16 @@ from .ipc import BlockingChannel
 from .models import ModelInfo
 
 
+class Channel(Protocol):
+    """How a worker talks to the service: thread-safe sends, blocking receives (EOFError when closed)."""
+
+    def send(self, header: dict[str, Any], blob: bytes = b"") -> None: ...
+
+    def receive(self) -> tuple[dict[str, Any], bytes]: ...
+
+
 class Worker:
-    def __init__(self, channel: BlockingChannel) -> None:
+    def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.requests: queue.Queue[tuple[dict[str, Any], bytes] | None] = queue.Queue()
         self.cancelled: set[str] = set()
@@ -103,8 +111,9 @@ class Worker:
         return {"ok": True}, b""
 
     def forward_backward(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
-        tensors, metadata = wire.decode_frame(blob)
-        result, out = self.trainer.forward_backward(tensors, metadata["loss_fn"], metadata.get("loss_fn_config") or {})
+        tensors, _ = wire.decode_frame(blob)
+        # The loss as the backend validated it (params), not re-read from the frame.
+        result, out = self.trainer.forward_backward(tensors, params["loss_fn"], params.get("loss_fn_config") or {})
         self.forward_backward_calls += 1
         speed = result.get("tokens_per_second")
         print(
@@ -300,7 +309,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     die_with_parent()
     sock = socket.socket(fileno=args.fd)
-    channel = BlockingChannel(sock)
+    serve_channel(BlockingChannel(sock))
+
+
+def serve_channel(channel: Channel) -> None:
+    """Serve one sub-job over `channel`: the local executor's socket, or a Ray actor's queues."""
     channel.send({"type": "hello", "pid": os.getpid()})
     # Import the heavy libraries before being asked, so an assignment starts fast.
     import peft  # noqa: F401

@@ -84,4 +84,7 @@ export const FAILURE_CODES: Readonly<Record<string, string>> = {
   "quota_exceeded": "the owner's checkpoint quota would be exceeded; nothing was kept",
   "weight_sync_failed": "a sampler could not take the trainer's weights; it kept its previous ones",
   "weight_sync_timeout": "a weight-sync participant did not answer in time",
+  "host_lost": "the host running the sub-job left the cluster (its node died or was removed)",
+  "no_host_for_model": "no host in the cluster has the job's model any more",
+  "exceeds_capacity": "the hosts left in the cluster can never hold the job",
 };

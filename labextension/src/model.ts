@@ -186,6 +186,18 @@ export interface IDeviceRow {
   sampler: string | null;
 }
 
+/** One line per host when the backend's devices span several (a Ray cluster): free slots and models. */
+export function hostLines(capacity: ICapacity | null): string[] {
+  const hosts = capacity?.hosts ?? [];
+  if (hosts.length < 2) {
+    return [];
+  }
+  return hosts.map(host => {
+    const models = host.models ? ` · ${host.models.join(', ')}` : '';
+    return `${host.host}: ${host.slots_available}/${host.slots_total} slots free${models}`;
+  });
+}
+
 /** The newest sample per device. */
 export function latestByDevice(samples: IMetricSample[]): Map<string, IMetricSample> {
   const latest = new Map<string, IMetricSample>();
@@ -385,6 +397,10 @@ export class PanelModel {
 
   get warnings(): string[] {
     return versionWarnings(this._state.status);
+  }
+
+  hosts(): string[] {
+    return hostLines(this._state.capacity);
   }
 
   devices(): IDeviceRow[] {

@@ -55,6 +55,19 @@ export interface IDevice {
   slots_available: number;
   /** The engine sampling sub-jobs on this device run: "transformers" or "vllm" (absent from older backends). */
   sampler?: string;
+  /** The machine the device is on (device ids of a cluster's hosts start with it). */
+  host?: string;
+}
+
+/** A host's share of the capacity (a Ray backend's hosts; one row on a single host). */
+export interface IHostCapacity {
+  host: string;
+  devices: string[];
+  slots_total: number;
+  slots_in_use: number;
+  slots_available: number;
+  /** The models registered on the host (Ray backends); absent where every model is served. */
+  models?: string[];
 }
 
 export interface ICapacity {
@@ -63,6 +76,7 @@ export interface ICapacity {
   slots_in_use: number;
   slots_available: number;
   pending: number;
+  hosts?: IHostCapacity[];
 }
 
 /** One monitor sample. GPU fields are absent (not zero) on hosts without a GPU. */

@@ -6,6 +6,7 @@ import {
   connectionState,
   deviceRows,
   formatAge,
+  hostLines,
   formatBytes,
   jobProgress,
   jobRow,
@@ -176,6 +177,18 @@ describe('devices', () => {
     // No sample for cuda:1 yet: no bar values, but its memory size from capacity.
     expect(second).toMatchObject({ id: 'cuda:1', utilization: null, memoryFraction: null });
     expect(second.memoryLabel).toBe('memory 140 GiB');
+  });
+
+  it('gives a line per host only when the devices span several hosts', () => {
+    const host = (name: string, free: number, models?: string[]) => ({
+      host: name, devices: [`${name}/cpu`], slots_total: 2, slots_in_use: 2 - free, slots_available: free, models
+    });
+    expect(hostLines(null)).toEqual([]);
+    expect(hostLines({ ...CPU_CAPACITY, hosts: [host('laptop', 2)] })).toEqual([]);
+    expect(hostLines({ ...CPU_CAPACITY, hosts: [host('a', 1, ['tiny']), host('gpu-2', 0, ['llama-1b', 'tiny'])] })).toEqual([
+      'a: 1/2 slots free · tiny',
+      'gpu-2: 0/2 slots free · llama-1b, tiny'
+    ]);
   });
 
   it('shows CPU and RAM on a host without GPU fields (never zeros for absent GPU data)', () => {

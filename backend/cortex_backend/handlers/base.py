@@ -4,10 +4,12 @@ and replay of idempotent POSTs. Handlers stay thin: parse, authorize, call the s
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
-import json
 import logging
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 import tornado.web
@@ -18,6 +20,7 @@ from cortex_nb.version import API_VERSION, __version__
 
 from ..auth import Principal, authenticate
 from ..service import Service
+from ..validation import dumps_strict, parse_json_object
 
 log = logging.getLogger("cortex_backend.http")
 
@@ -40,6 +43,8 @@ class BaseHandler(tornado.web.RequestHandler):
         self._body_limit = service.settings.max_body_bytes
         self._body_too_large = False
         self._received = 0
+        # True once prepare() passed: Tornado then reads the whole body before the method runs.
+        self._accepted = False
 
     def body_limit(self) -> int:
         return self.service.settings.max_body_bytes
@@ -57,9 +62,21 @@ class BaseHandler(tornado.web.RequestHandler):
             self.principal = authenticate(self.service.store, self.request.headers.get("Authorization"))
             self.principal.require(self.route.scope)
         self._body_limit = self.body_limit()
-        declared = self.request.headers.get("Content-Length")
-        if declared is not None and declared.isdigit() and int(declared) > self._body_limit:
+        declared = self._declared_length()
+        if declared is not None and declared > self._body_limit:
             self._body_too_large = True
+        self._accepted = True
+
+    def _declared_length(self) -> int | None:
+        declared = self.request.headers.get("Content-Length")
+        return int(declared) if declared is not None and declared.isascii() and declared.isdigit() else None
+
+    def _body_left_unread(self) -> bool:
+        """A refusal before the body was read leaves it on the connection, which then cannot be reused."""
+        if self._accepted:
+            return False
+        chunked = "chunked" in self.request.headers.get("Transfer-Encoding", "").lower()
+        return chunked or (self._declared_length() or 0) > self._received
 
     def data_received(self, chunk: bytes) -> None:
         self._received += len(chunk)
@@ -82,16 +99,7 @@ class BaseHandler(tornado.web.RequestHandler):
         return bytes(self._body)
 
     def json_body(self) -> dict[str, Any]:
-        raw = self.body
-        if not raw.strip():
-            return {}
-        try:
-            value = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ApiError("invalid_json", f"the body is not valid JSON: {exc}") from None
-        if not isinstance(value, dict):
-            raise ApiError("invalid_json", "the body must be a JSON object")
-        return value
+        return parse_json_object(self.body)
 
     # arguments ---------------------------------------------------------------------------------
     def int_argument(self, name: str, default: int, low: int = 0, high: int = 1 << 62) -> int:
@@ -112,9 +120,31 @@ class BaseHandler(tornado.web.RequestHandler):
             value = float(raw)
         except ValueError:
             raise ApiError("invalid_field", f"{name}: must be a number, got {raw!r}", {"field": name}) from None
+        if value != value:  # NaN compares false with everything and would slip through the clamp
+            raise ApiError("invalid_field", f"{name}: must be a number, got {raw!r}", {"field": name})
         return max(low, min(value, high))
 
     # idempotency -------------------------------------------------------------------------------
+    # Requests with the same owner and Idempotency-Key that are being answered right now (a retry that
+    # arrives before the first attempt's answer waits for it, then replays it).
+    _in_flight: dict[tuple[str, str], asyncio.Event] = {}
+
+    @contextlib.asynccontextmanager
+    async def idempotency_turn(self) -> AsyncIterator[None]:
+        key = self.request.headers.get(IDEMPOTENCY_HEADER)
+        if not key or self.principal is None:
+            yield
+            return
+        ident = (self.principal.owner, key)
+        while (running := BaseHandler._in_flight.get(ident)) is not None:
+            await running.wait()
+        done = BaseHandler._in_flight[ident] = asyncio.Event()
+        try:
+            yield
+        finally:
+            del BaseHandler._in_flight[ident]
+            done.set()
+
     def replay_if_seen(self) -> bool:
         """If this Idempotency-Key was answered before, answer the same again and return True."""
         key = self.request.headers.get(IDEMPOTENCY_HEADER)
@@ -141,7 +171,7 @@ class BaseHandler(tornado.web.RequestHandler):
     def write_json(self, value: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json; charset=utf-8")
-        self.finish(json.dumps(value, default=str))
+        self.finish(dumps_strict(value))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -154,9 +184,12 @@ class BaseHandler(tornado.web.RequestHandler):
         else:
             status, code, message, detail = 500, "internal_error", "the backend hit an unexpected error; it is logged", {}
         self.clear_header("Idempotent-Replay")
+        if self._body_left_unread():
+            # Tornado drops the connection after this answer; say so, or the client's next request on it fails.
+            self.set_header("Connection", "close")
         self.set_status(status)
         self.set_header("Content-Type", "application/json; charset=utf-8")
-        self.finish(json.dumps({"error": {"code": code, "message": message, "detail": detail}}))
+        self.finish(dumps_strict({"error": {"code": code, "message": message, "detail": detail}}))
 
     # observability ------------------------------------------------------------------------------
     # Set by handlers that hold a request open (long-poll, log stream): their time is waiting, not work.

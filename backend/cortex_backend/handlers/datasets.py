@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from .base import BaseHandler
 
 
@@ -12,5 +14,6 @@ class DatasetHandler(BaseHandler):
     def get(self, dataset_id: str) -> None:
         self.write_json(self.service.datasets.get(self.principal, dataset_id))
 
-    def put(self, dataset_id: str) -> None:
-        self.write_json(self.service.datasets.put(self.principal, dataset_id, self.body))
+    async def put(self, dataset_id: str) -> None:
+        # Hashing and parsing up to 256 MiB of rows happen in a thread: other clients keep being answered.
+        self.write_json(await asyncio.to_thread(self.service.datasets.put, self.principal, dataset_id, self.body))

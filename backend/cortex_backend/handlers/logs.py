@@ -10,7 +10,6 @@ that loses the connection resumes with `cursor` = the last seq it received.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from tornado.iostream import StreamClosedError
@@ -18,6 +17,7 @@ from tornado.iostream import StreamClosedError
 from cortex_nb import states
 
 from ..logs import MAX_PAGE
+from ..validation import dumps_strict
 from .base import BaseHandler
 
 HEARTBEAT_S = 10.0
@@ -84,5 +84,5 @@ class JobLogsHandler(BaseHandler):
 
     async def _send(self, records: list[dict[str, Any]]) -> None:
         if records:
-            self.write("".join(json.dumps(record, default=str) + "\n" for record in records))
+            self.write("".join(dumps_strict(record) + "\n" for record in records))
         await self.flush()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from cortex_nb import wire
 
 from .base import BaseHandler
@@ -14,20 +16,25 @@ class OperationHandler(BaseHandler):
         # A frame assembled from uploaded chunks arrives by reference, not in the body.
         return self.service.settings.max_body_bytes
 
-    def post(self, job_id: str) -> None:
-        if self.replay_if_seen():
-            return
+    async def post(self, job_id: str) -> None:
+        async with self.idempotency_turn():
+            if not self.replay_if_seen():
+                await self._submit(job_id)
+
+    async def _submit(self, job_id: str) -> None:
         op = self.route.name
         sub_job = self.get_query_argument("sub_job", None)
         upload_id = self.request.headers.get(wire.UPLOAD_HEADER)
         if upload_id:
-            body = self.service.uploads.take(self.principal, upload_id, self.request.headers.get(wire.UPLOAD_SHA_HEADER, ""))
+            # Reading and hashing up to 1 GiB of chunks happens in a thread: other clients keep being answered.
+            sha256 = self.request.headers.get(wire.UPLOAD_SHA_HEADER, "")
+            body = await asyncio.to_thread(self.service.uploads.take, self.principal, upload_id, sha256)
             json_body = None
         elif self.request.headers.get("Content-Type", "").startswith(wire.FRAME_CONTENT_TYPE):
             body, json_body = self.body, None
         else:
             body, json_body = self.body, self.json_body()
-        request = self.service.requests.submit(self.principal, job_id, op, body, json_body, sub_job)
+        request = await self.service.requests.submit_async(self.principal, job_id, op, body, json_body, sub_job)
         response = {"request_id": request["id"], "job_id": job_id, "sub_job_id": request["sub_job_id"], "status": request["status"]}
         self.remember(202, response)
         self.write_json(response, 202)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from cortex_nb import states
 
+from ..logs import run_log_key
 from ..runs.manager import public_run
 from ..validation import validate_job_status
 from .base import BaseHandler
@@ -52,7 +53,9 @@ class RunLogsHandler(BaseHandler):
         cursor = self.int_argument("cursor", 0)
         limit = self.int_argument("limit", 1000, 1, 5000)
         wait_s = self.float_argument("wait", 0.0) if run["status"] not in states.JOB_TERMINAL else 0.0
-        page = await self.service.logs.follow(run_id, cursor, limit, wait_s)
+        # Lines shown to anyone but the run's owner (an admin) are redacted, as job logs are.
+        redacted = run["owner"] != self.principal.owner
+        page = await self.service.logs.follow(run_log_key(run_id), cursor, limit, wait_s, redacted=redacted)
         page["run_status"] = self.service.runs.visible_run(self.principal, run_id)["status"]
         self.write_json(page)
 

@@ -18,7 +18,7 @@ from typing import Any
 from cortex_nb import job_spec
 from cortex_nb.errors import ApiError, CortexError
 
-SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}\Z")
 ENTRY_KEYS = {"path", "bytes", "sha256", "kind"}
 READ_BLOCK = 1 << 20
 

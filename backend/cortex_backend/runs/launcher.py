@@ -39,6 +39,8 @@ class SandboxResult:
     cpu_seconds: float = 0.0
     stopped: bool = False
     error: str | None = None
+    # "disk" or "memory" when the supervisor ended the run for passing a limit it watches.
+    limit_exceeded: str | None = None
     setup_failure: tuple[str, str] | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
 
@@ -154,6 +156,7 @@ class SandboxProcess:
             result.cpu_seconds = float(event.get("cpu_seconds") or 0.0)
             result.stopped = bool(event.get("stopped"))
             result.error = event.get("error")
+            result.limit_exceeded = event.get("limit_exceeded")
         elif kind == "setup_failed" and result.setup_failure is None and result.exit_code is None and result.signal is None:
             result.setup_failure = (str(event.get("code") or "sandbox_failed"), str(event.get("message") or ""))
 

@@ -2,16 +2,23 @@
 
     python -I -S .../cortex_backend/runs/sandbox.py CONFIG_JSON STATUS_FD
 
-It puts the run in new network, mount, PID, IPC and UTS namespaces (one `unshare`, plus a user
-namespace when the backend is not root), hides the backend's data dir, gives the run a private /tmp,
-a fresh /proc and its models read-only, drops to the run's own uid, applies rlimits and starts the
-command. It reports JSON lines on STATUS_FD: `started` (with the isolation it got), then `exit` (exit
-code, signal, peak memory, CPU seconds), or `setup_failed` (code + message) before any user code ran.
+With a sandbox (the default where the host allows it) the command runs under bubblewrap with the
+arguments the backend built (runs/bubblewrap.py: a minimal read-only root, private /tmp, /dev/shm and
+/var/tmp, only its work dir writable, new network, PID, IPC, UTS and user namespaces). Before bubblewrap
+starts, this supervisor puts it into the run's cgroups, applies rlimits and, on a root backend, drops to
+the run's own uid; bubblewrap then runs unprivileged, so nothing the run does happens as root.
 
-Process containment: with a PID namespace this supervisor's child is the namespace's init; when the
-command exits or the run is stopped, everything left in the namespace is killed, so no process the run
-started (double forks and `setsid` daemons included) outlives it. Without namespaces the supervisor is
-a child subreaper: orphans are re-parented to it and it kills every descendant it can see in /proc.
+A root backend's runtime or work dir may lie under a directory the run's uid may not enter (/root, a
+0700 data dir): in a private mount namespace of its own the supervisor covers such a directory with an
+empty tmpfs and binds back only those paths, so bubblewrap (as the run's uid) can reach them.
+
+It reports JSON lines on STATUS_FD: `started` (with the isolation the run got), then `exit` (exit code,
+signal, peak memory, CPU seconds, a limit the run passed), or `setup_failed` (code + message) before any
+user code ran. Stopping (SIGTERM) signals the run's processes, then after the grace period kills the
+PID namespace's init, which ends every process of the run (double forks and `setsid` daemons too).
+
+Without a sandbox (`--run-namespaces off`, or a host where bubblewrap cannot run, with isolation:
+best_effort) the supervisor is a child subreaper and kills every descendant it can see in /proc.
 
 This module runs as its own small process, started by path: it imports nothing but the standard library.
 """
@@ -23,6 +30,7 @@ import errno
 import json
 import os
 import resource
+import select
 import signal
 import stat
 import subprocess
@@ -32,16 +40,10 @@ import traceback
 from typing import Any
 
 CLONE_NEWNS = 0x00020000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
 
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
-MS_NOEXEC = 8
 MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
@@ -51,9 +53,14 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 
-# The uid the command has inside a user namespace (non-root backends): not 0, so exec drops every capability.
-USERNS_UID = 1000
 POLL_S = 0.05
+# How often the work dir's size is summed when the disk quota is watched.
+DISK_WATCH_S = 0.25
+MEMORY_WATCH_S = 0.05
+# The sandbox's private tmpfs mounts: memory too, so a watched memory limit counts what they hold.
+SANDBOX_TMPFS = ("tmp", "dev/shm", "var/tmp")
+# Runs inside the sandbox just before the command: tells the supervisor the sandbox is up.
+STARTED_MARK = 'printf started >&{fd}; exec {fd}>&-; exec "$@"'
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -93,23 +100,7 @@ class Reporter:
             pass
 
 
-# namespaces ---------------------------------------------------------------------------------------
-def enter_namespaces(as_root: bool) -> None:
-    """One unshare for network, mount, PID, IPC and UTS, plus a user namespace when not root."""
-    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
-    if as_root:
-        unshare(flags)
-        return
-    uid, gid = os.getuid(), os.getgid()
-    unshare(flags | CLONE_NEWUSER)
-    with open("/proc/self/setgroups", "w") as handle:
-        handle.write("deny")
-    with open("/proc/self/uid_map", "w") as handle:
-        handle.write(f"{USERNS_UID} {uid} 1")
-    with open("/proc/self/gid_map", "w") as handle:
-        handle.write(f"{USERNS_UID} {gid} 1")
-
-
+# reaching closed paths (root backends) ------------------------------------------------------------
 def _first_closed_ancestor(path: str) -> str | None:
     """The topmost directory on the way to `path` that other users may not traverse (e.g. /root)."""
     current = "/"
@@ -120,73 +111,35 @@ def _first_closed_ancestor(path: str) -> str | None:
     return None
 
 
-def expose_runtime(paths: list[str]) -> None:
-    """Make the Python runtime reachable by the run's uid when it lives under a closed directory.
+def expose_paths(paths: list[tuple[str, bool]]) -> None:
+    """In this process's own mount namespace, make each (path, writable) reachable by any uid.
 
-    The closed directory is covered by an empty tmpfs (so the rest of it stays hidden) and only the
-    runtime directories are bound back into it, read-only, at their usual paths.
+    A closed ancestor is covered by an empty tmpfs (so the rest of it stays hidden) and only the listed
+    paths are bound back at their usual place; the host's view is untouched.
     """
-    groups: dict[str, list[tuple[str, int]]] = {}
-    for path in paths:
+    unshare(CLONE_NEWNS)
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    groups: dict[str, list[tuple[str, bool, int]]] = {}
+    for path, writable in paths:
         closed = _first_closed_ancestor(path)
         if closed is not None:
-            groups.setdefault(closed, []).append((path, os.open(path, os.O_PATH | os.O_DIRECTORY)))
+            groups.setdefault(closed, []).append((path, writable, os.open(path, os.O_PATH)))
     for closed, items in groups.items():
         mount("tmpfs", closed, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-        for path, fd in items:
-            if any(path != other and path.startswith(other.rstrip("/") + "/") for other, _ in items):
+        for path, writable, fd in items:
+            if any(path != other and path.startswith(other.rstrip("/") + "/") for other, _, _ in items):
                 os.close(fd)
-                continue  # inside another runtime path bound here already
+                continue  # inside another path bound here already
             os.makedirs(path, mode=0o755, exist_ok=True)
             mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-            mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            if not writable:
+                mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
             os.close(fd)
         mount(None, closed, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
-def setup_mounts(config: dict[str, Any]) -> dict[str, str]:
-    """Inside the new mount namespace: hide, give a private /tmp and /proc, bind the work dir and models."""
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
-    work_fd = os.open(config["workdir"], os.O_PATH | os.O_DIRECTORY)
-    model_fds = {name: os.open(path, os.O_PATH | os.O_DIRECTORY) for name, path in config["models"].items()}
-    tiers = {"filesystem": "mountns"}
-    try:
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        tiers["proc"] = "private"
-    except OSError:
-        tiers["proc"] = "host"
-    for path in config["hide_paths"]:
-        if os.path.isdir(path) and not os.path.islink(path):
-            mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=000")
-        elif os.path.isfile(path):
-            mount("/dev/null", path, None, MS_BIND)
-    if config.get("uid") is not None:
-        expose_runtime(config["runtime_paths"])
-    # A Python environment living under /tmp (a CI checkout, say) must survive the private /tmp below.
-    under_tmp = [path for path in config["runtime_paths"] if path == "/tmp" or path.startswith("/tmp/")]
-    tmp_runtime_fds = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in under_tmp]
-    if os.path.isdir("/dev/shm"):
-        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={config['tmp_bytes']},mode=1777")
-    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={config['tmp_bytes']},mode=1777")
-    for path, fd in tmp_runtime_fds:
-        os.makedirs(path, mode=0o755, exist_ok=True)
-        mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-        mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-        os.close(fd)
-    target = config["sandbox_workdir"]
-    os.makedirs(target, mode=0o755, exist_ok=True)
-    mount(f"/proc/self/fd/{work_fd}", target, None, MS_BIND)
-    for name, fd in model_fds.items():
-        model_target = os.path.join(target, "models", name)
-        mount(f"/proc/self/fd/{fd}", model_target, None, MS_BIND | MS_REC)
-        mount(None, model_target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-        os.close(fd)
-    os.close(work_fd)
-    return tiers
-
-
 def link_models(config: dict[str, Any]) -> None:
-    """Without a mount namespace models are symlinks (read-only only as far as file modes go)."""
+    """Without a sandbox models are symlinks (read-only only as far as file modes go)."""
     for name, path in config["models"].items():
         link = os.path.join(config["workdir"], "models", name)
         if os.path.isdir(link) and not os.listdir(link):
@@ -195,9 +148,13 @@ def link_models(config: dict[str, Any]) -> None:
             os.symlink(path, link)
 
 
-# the command ----------------------------------------------------------------------------------------
-def limit_child(limits: dict[str, Any]) -> None:
-    """Runs in the command's process just before exec (after the uid switch)."""
+# the run's first process ----------------------------------------------------------------------------
+def enter_run(config: dict[str, Any]) -> None:
+    """Runs in the child just before exec: cgroups (as root, before the uid drop), rlimits, uid."""
+    for procs in config.get("cgroup_procs", []):
+        with open(procs, "w") as handle:
+            handle.write("0")
+    limits = config["limits"]
     address_space = limits.get("address_space_bytes")
     if address_space:
         resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
@@ -209,6 +166,11 @@ def limit_child(limits: dict[str, Any]) -> None:
     # SIGXCPU at the soft limit, SIGKILL a little later.
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    uid, gid = config.get("uid"), config.get("gid")
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     os.umask(0o022)
@@ -221,11 +183,11 @@ def _children_by_parent() -> dict[int, list[int]]:
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read().decode(errors="replace")
+                text = handle.read().decode(errors="replace")
         except OSError:
             continue
         # The command name may hold spaces and parentheses: fields start after the last ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
+        fields = text[text.rfind(")") + 2 :].split()
         children.setdefault(int(fields[1]), []).append(int(entry))
     return children
 
@@ -240,13 +202,203 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-class Supervisor:
-    """Starts the command, reaps every child, and kills whatever is left when it ends or is stopped."""
+def process_tree(pid: int) -> list[int]:
+    """`pid`'s descendants through /proc/PID/task/TID/children (cheap: no walk over all of /proc)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{current}/task/{tid}/children") as handle:
+                    children = [int(value) for value in handle.read().split()]
+            except (OSError, ValueError):
+                return descendants(pid)  # no children files on this kernel: walk /proc instead
+            found.extend(children)
+            todo.extend(children)
+    return found
 
-    def __init__(self, config: dict[str, Any], reporter: Reporter, in_pidns: bool) -> None:
+
+def sandbox_memory_bytes(init_pid: int) -> int:
+    """What the run holds in memory: its processes' resident pages plus what its private tmpfs mounts hold."""
+    total = resident_bytes(process_tree(init_pid))
+    for mount_point in SANDBOX_TMPFS:
+        try:
+            info = os.statvfs(f"/proc/{init_pid}/root/{mount_point}")
+        except OSError:
+            continue
+        total += (info.f_blocks - info.f_bfree) * info.f_frsize
+    return total
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def resident_bytes(pids: list[int]) -> int:
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as handle:
+                total += int(handle.read().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def disk_bytes(root: str) -> int:
+    """Bytes allocated under `root` (what the run's files really take on disk)."""
+    total = 0
+    for folder, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+def _rusage_fields() -> dict[str, Any]:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"max_rss_bytes": int(children.ru_maxrss) * 1024, "cpu_seconds": round(children.ru_utime + children.ru_stime, 3)}
+
+
+class SandboxedRun:
+    """Starts bubblewrap with the command, watches it and the run's limits, and ends it when asked."""
+
+    def __init__(self, config: dict[str, Any], reporter: Reporter) -> None:
         self.config = config
         self.reporter = reporter
-        self.in_pidns = in_pidns
+        self.stop_requested = False
+        self.limit_exceeded: str | None = None
+        self.init_pid: int | None = None  # the PID namespace's init, as the host sees it
+
+    def request_stop(self, *_: Any) -> None:
+        self.stop_requested = True
+
+    def run(self) -> int:
+        config = self.config
+        signal.signal(signal.SIGTERM, self.request_stop)
+        if config.get("expose_paths"):
+            expose_paths([(path, bool(writable)) for path, writable in config["expose_paths"]])
+        mark_read, mark_write = os.pipe()
+        status_read, status_write = os.pipe()
+        argv = [config["bwrap"], *config["bwrap_args"], "--json-status-fd", str(status_write), "--",
+                "/bin/sh", "-c", STARTED_MARK.format(fd=mark_write), "cortex-run", *config["argv"]]
+        try:
+            process = subprocess.Popen(
+                argv, cwd="/", env=config["env"], stdin=subprocess.DEVNULL, close_fds=True,
+                pass_fds=(mark_write, status_write), start_new_session=True, preexec_fn=lambda: enter_run(config),
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            self.reporter.send("setup_failed", code="sandbox_failed", message=f"the sandbox could not start: {exc}")
+            return 0
+        os.close(mark_write)
+        os.close(status_write)
+        started = False
+        status_buffer = b""
+        exit_status: int | None = None
+        stop_deadline: float | None = None
+        next_disk = next_memory = 0.0
+        readers = [mark_read, status_read]
+        while exit_status is None:
+            if readers:
+                ready, _, _ = select.select(readers, [], [], POLL_S)
+            else:
+                ready = []
+                time.sleep(POLL_S)
+            for fd in ready:
+                data = os.read(fd, 4096)
+                if not data:
+                    readers.remove(fd)
+                    os.close(fd)
+                elif fd == mark_read and not started:
+                    started = True
+                    self.reporter.send("started", isolation=config["isolation"], pid=self.init_pid)
+                elif fd == status_read:
+                    status_buffer += data
+                    self._read_status(status_buffer)
+            pid, status, _ = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                exit_status = status
+                break
+            now = time.monotonic()
+            if started and self.limit_exceeded is None:
+                if config["watch"].get("disk_bytes") and now >= next_disk:
+                    next_disk = now + DISK_WATCH_S
+                    if disk_bytes(config["workdir"]) > config["watch"]["disk_bytes"]:
+                        self._end_now("disk")
+                if config["watch"].get("memory_bytes") and now >= next_memory and self.init_pid:
+                    next_memory = now + MEMORY_WATCH_S
+                    if sandbox_memory_bytes(self.init_pid) > config["watch"]["memory_bytes"]:
+                        self._end_now("memory")
+            if self.stop_requested and stop_deadline is None:
+                stop_deadline = now + float(config["kill_grace_s"])
+                if self.init_pid:
+                    _signal(process_tree(self.init_pid), signal.SIGTERM)
+                else:
+                    _signal([process.pid], signal.SIGKILL)
+            if stop_deadline is not None and now >= stop_deadline:
+                self._kill_namespace(process.pid)
+        if not started:
+            self.reporter.send("setup_failed", code="sandbox_failed", message=(
+                f"the sandbox (bubblewrap) ended with status {_describe(exit_status)} before the command started;"
+                " its message is in the run's logs"))
+            return 0
+        code = os.WEXITSTATUS(exit_status) if os.WIFEXITED(exit_status) else None
+        sig = os.WTERMSIG(exit_status) if os.WIFSIGNALED(exit_status) else None
+        # bubblewrap passes a command killed by a signal on as exit code 128 + the signal.
+        if code is not None and 128 < code < 128 + 65:
+            code, sig = None, code - 128
+        self.reporter.send("exit", exit_code=code, signal=sig, stopped=self.stop_requested,
+                           limit_exceeded=self.limit_exceeded, **_rusage_fields())
+        return 0
+
+    def _read_status(self, buffer: bytes) -> None:
+        # bubblewrap writes JSON documents one after another; the first names the sandbox's init.
+        if self.init_pid is not None:
+            return
+        text = buffer.decode(errors="replace")
+        start = text.find('"child-pid"')
+        if start < 0:
+            return
+        digits = "".join(ch for ch in text[start + len('"child-pid"'):].split(",")[0].split("}")[0] if ch.isdigit())
+        if digits:
+            self.init_pid = int(digits)
+
+    def _end_now(self, limit: str) -> None:
+        self.limit_exceeded = limit
+        if self.init_pid:
+            _signal([self.init_pid], signal.SIGKILL)
+
+    def _kill_namespace(self, bwrap_pid: int) -> None:
+        # The namespace's init dying takes every process of the namespace with it.
+        _signal([self.init_pid] if self.init_pid else [bwrap_pid], signal.SIGKILL)
+
+
+def _describe(status: int | None) -> str:
+    if status is None:
+        return "unknown"
+    if os.WIFSIGNALED(status):
+        return f"signal {os.WTERMSIG(status)}"
+    return f"exit code {os.WEXITSTATUS(status)}"
+
+
+class UnsandboxedRun:
+    """No namespaces: the supervisor is a child subreaper and kills every descendant it can see."""
+
+    def __init__(self, config: dict[str, Any], reporter: Reporter) -> None:
+        self.config = config
+        self.reporter = reporter
         self.stop_requested = False
         self.main_pid: int | None = None
         self.main_status: int | None = None
@@ -255,23 +407,12 @@ class Supervisor:
         self.stop_requested = True
 
     def signal_all(self, sig: int) -> None:
-        if self.in_pidns:
-            # As the namespace's init, kill(-1) reaches every other process in it.
-            try:
-                os.kill(-1, sig)
-            except ProcessLookupError:
-                pass
-            return
         if self.main_pid is not None:
             try:
                 os.killpg(self.main_pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-        for pid in descendants(os.getpid()):
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _signal(descendants(os.getpid()), sig)
 
     def reap(self) -> bool:
         """Reap exited children; False once there are none left at all."""
@@ -285,29 +426,30 @@ class Supervisor:
             if pid == self.main_pid:
                 self.main_status = status
 
-    def run(self, cwd: str, isolation: dict[str, str]) -> int:
+    def run(self) -> int:
         config = self.config
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
+        link_models(config)
+        cwd = config["workdir"]
         signal.signal(signal.SIGTERM, self.request_stop)
-        uid, gid = config.get("uid"), config.get("gid")
         env = {**config["env"], "HOME": cwd, "PWD": cwd}
         try:
             process = subprocess.Popen(
                 config["argv"], cwd=cwd, env=env, stdin=subprocess.DEVNULL, close_fds=True,
-                start_new_session=True, preexec_fn=lambda: limit_child(config["limits"]),
-                user=uid, group=gid, extra_groups=[] if uid is not None else None,
+                start_new_session=True, preexec_fn=lambda: enter_run(config),
             )
-        except OSError as exc:
-            if exc.filename == cwd:
+        except (OSError, subprocess.SubprocessError) as exc:
+            if getattr(exc, "filename", None) == cwd:
                 self.reporter.send("setup_failed", code="sandbox_failed", message=(
-                    f"the run's uid cannot enter its work dir {cwd} ({exc.strerror}); enable namespaces or point"
+                    f"the run's uid cannot enter its work dir {cwd} ({exc.strerror}); enable the sandbox or point"
                     " --runs-workspace at a directory whose parents everyone may traverse"))
                 return 0
-            self.reporter.send("started", isolation=isolation, pid=None)
+            self.reporter.send("started", isolation=config["isolation"], pid=None)
             self.reporter.send("exit", exit_code=127, signal=None, error=f"could not start the command: {exc}",
                                max_rss_bytes=0, cpu_seconds=0.0, stopped=False)
             return 0
         self.main_pid = process.pid
-        self.reporter.send("started", isolation=isolation, pid=process.pid)
+        self.reporter.send("started", isolation=config["isolation"], pid=process.pid)
         stop_deadline = None
         while self.main_status is None:
             if not self.reap():
@@ -321,35 +463,18 @@ class Supervisor:
         # The command is done: whatever it left running goes now.
         for _ in range(400):
             self.signal_all(signal.SIGKILL)
-            if not self.reap() and (self.in_pidns or not descendants(os.getpid())):
+            if not self.reap() and not descendants(os.getpid()):
                 break
             time.sleep(POLL_S)
-        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         status = self.main_status if self.main_status is not None else 0
         self.reporter.send(
             "exit",
             exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
             signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-            max_rss_bytes=int(children.ru_maxrss) * 1024,
-            cpu_seconds=round(children.ru_utime + children.ru_stime, 3),
             stopped=self.stop_requested,
+            **_rusage_fields(),
         )
         return 0
-
-
-def prepare_and_run(config: dict[str, Any], reporter: Reporter, in_pidns: bool, user_tier: str) -> int:
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    isolation = {"network": "none", "filesystem": "none", "proc": "host", "processes": "subreaper", "user": user_tier}
-    if in_pidns:
-        isolation.update(network="netns", processes="pidns", **setup_mounts(config))
-        cwd = config["sandbox_workdir"]
-    else:
-        prctl(PR_SET_CHILD_SUBREAPER, 1)
-        link_models(config)
-        cwd = config["workdir"]
-    if user_tier == "userns":
-        config = {**config, "uid": None, "gid": None}
-    return Supervisor(config, reporter, in_pidns).run(cwd, isolation)
 
 
 def main(argv: list[str]) -> int:
@@ -360,55 +485,9 @@ def main(argv: list[str]) -> int:
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != config["backend_pid"]:
         return 1
-    as_root = os.geteuid() == 0
-    if as_root:
-        user_tier = "dedicated_uid" if config.get("uid") is not None else "root"
-    else:
-        user_tier = "same_uid"
-    namespace_error = "namespaces are turned off on this backend (--run-namespaces off)"
-    in_namespaces = False
-    if config["namespaces"]:
-        try:
-            enter_namespaces(as_root)
-            in_namespaces = True
-            if not as_root:
-                user_tier = "userns"
-        except OSError as exc:
-            namespace_error = f"this host does not allow new namespaces here ({exc})"
-    if not in_namespaces and config["require_isolation"]:
-        reporter.send("setup_failed", code="isolation_unsupported", message=(
-            f"the spec says isolation: required, but {namespace_error}; the run needs a network namespace."
-            " Use isolation: best_effort to run without one"))
-        return 0
-    if not in_namespaces:
-        return _guarded(prepare_and_run, config, reporter, False, user_tier)
-    child = os.fork()
-    if child == 0:
-        os._exit(_guarded(prepare_and_run, config, reporter, True, user_tier))
-    signal.signal(signal.SIGTERM, lambda *_: _forward(child, signal.SIGTERM))
-    while True:
-        try:
-            _, status = os.waitpid(child, 0)
-            break
-        except ChildProcessError:
-            status = 0
-            break
-    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
-        reporter.send("setup_failed", code="sandbox_failed", message=f"the sandbox's init process ended with status {status}")
-    return 0
-
-
-def _forward(pid: int, sig: int) -> None:
+    runner = SandboxedRun(config, reporter) if config.get("bwrap") else UnsandboxedRun(config, reporter)
     try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _guarded(function, *args: Any) -> int:
-    reporter: Reporter = args[1]
-    try:
-        return function(*args)
+        return runner.run()
     except BaseException as exc:  # report, never hang: the backend waits for an event
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         reporter.send("setup_failed", code="sandbox_failed", message=f"the sandbox could not be set up: {detail}")

@@ -3,8 +3,11 @@ import { meter } from '../charts/meter';
 import { h } from '../dom';
 import { IDeviceRow } from '../model';
 
-export function renderDevices(rows: IDeviceRow[], gpuUnavailableReason: string | null): HTMLElement {
+export function renderDevices(rows: IDeviceRow[], gpuUnavailableReason: string | null, hosts: string[] = []): HTMLElement {
   const section = h('section', { class: 'cortex-section cortex-devices' }, h('h3', {}, 'Devices'));
+  for (const line of hosts) {
+    section.appendChild(h('div', { class: 'cortex-muted cortex-host' }, line));
+  }
   if (!rows.length) {
     section.appendChild(h('div', { class: 'cortex-muted' }, 'no devices reported yet'));
   }

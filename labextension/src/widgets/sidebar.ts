@@ -33,7 +33,7 @@ export class CortexSidebar extends Widget {
     replaceChildren(
       this._body,
       renderConnection(model.connection, state.status, model.warnings, state.error),
-      renderDevices(model.devices(), state.gpuUnavailableReason),
+      renderDevices(model.devices(), state.gpuUnavailableReason, model.hosts()),
       renderJobs(model.jobRows(Date.now() / 1000), this._openJob)
     );
   }

@@ -3,7 +3,6 @@ ignored), scopes by method, the database/schema labels, and errors with statuses
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +14,7 @@ from cortex_nb.errors import ApiError
 from ...auth import authenticate
 from ...handlers.base import BaseHandler
 from ...service import Service
+from ...validation import dumps_strict
 from .chunk_groups import ChunkGroups
 from .errors import reason_phrase, sdk_status
 from .signed_urls import LinkSigner
@@ -51,9 +51,10 @@ class CortexHandler(BaseHandler):
             self.principal = authenticate(self.service.store, self.request.headers.get("Authorization"))
             self.principal.require(routes.READ if self.request.method in ("GET", "HEAD") else routes.WRITE)
         self._body_limit = self.body_limit()
-        declared = self.request.headers.get("Content-Length")
-        if declared is not None and declared.isdigit() and int(declared) > self._body_limit:
+        declared = self._declared_length()
+        if declared is not None and declared > self._body_limit:
             self._body_too_large = True
+        self._accepted = True
 
     def labels(self) -> tuple[str, str]:
         """The database and schema the SDK put in the path: free labels, recorded on jobs it creates."""
@@ -69,9 +70,11 @@ class CortexHandler(BaseHandler):
         else:
             status, code, message, detail = 500, "internal_error", "the backend hit an unexpected error; it is logged", {}
         status = sdk_status(code, status)
+        if self._body_left_unread():
+            self.set_header("Connection", "close")  # as the /v1 handlers do: the connection cannot be reused
         self.set_status(status, reason=reason_phrase(code, message))
         self.set_header("Content-Type", "application/json; charset=utf-8")
-        self.finish(json.dumps({"error": {"code": code, "message": message, "detail": detail}}))
+        self.finish(dumps_strict({"error": {"code": code, "message": message, "detail": detail}}))
 
     def on_finish(self) -> None:
         metrics = getattr(self.service, "operator_metrics", None)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save as _st_save
 
+from cortex_nb import strict_json
 from cortex_nb.errors import ApiError
 
 VERSION = "DSSST1"
@@ -55,9 +56,9 @@ def _header(data: bytes) -> dict[str, Any]:
     if length == 0 or length > MAX_HEADER_BYTES or 8 + length > len(data):
         raise _invalid(f"its header length {length} does not fit the {len(data)}-byte body")
     try:
-        header = json.loads(data[8 : 8 + length])
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise _invalid(f"its header is not JSON ({exc})") from None
+        header = strict_json.loads(data[8 : 8 + length])
+    except strict_json.StrictJsonError as exc:
+        raise _invalid(f"its header {exc}") from None
     if not isinstance(header, dict):
         raise _invalid("its header is not a JSON object")
     return header
@@ -71,9 +72,9 @@ def _metadata_json(header: dict[str, Any], key: str) -> Any:
     if raw is None:
         return None
     try:
-        return json.loads(raw) if isinstance(raw, str) else None
-    except (json.JSONDecodeError, RecursionError):
-        raise _invalid(f"metadata {key!r} is not JSON") from None
+        return strict_json.loads(raw) if isinstance(raw, str) else None
+    except strict_json.StrictJsonError as exc:
+        raise _invalid(f"metadata {key!r} {exc}") from None
 
 
 def read_op_metadata(data: bytes) -> dict[str, Any]:

@@ -84,7 +84,7 @@ class RequestHandler(CortexHandler):
 
     def _cursor(self) -> int:
         raw = self.get_query_argument("cursor", "") or "0"
-        if not raw.isdigit():
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
             raise ApiError("invalid_field", "cursor: the next_cursor of the previous poll", {"field": "cursor"})
         return int(raw)
 

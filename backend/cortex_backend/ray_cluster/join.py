@@ -1,0 +1,143 @@
+"""`cortex-nb host join HEAD_ADDRESS`: this machine joins the head's Ray cluster as a cortex-nb host.
+
+Before Ray starts anything here it checks, with a plain GCS read, that a backend runs on that head and
+that this host's Python, torch, cortex-nb and Ray match the head's: a sub-job's actor runs the head's
+code on this host's libraries. Then it publishes the host's record (devices, models with their config
+and tokenizer files) and runs Ray's own `ray start --address` with the resources that name this host and
+its models. Nothing is started when a check fails.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from ..devices import detect_devices
+from ..models import MODEL_NAME_PATTERN, TINY, inspect_model_dir
+from .head import (
+    START_ATTEMPTS,
+    AgentPortWatcher,
+    choose_ray_auth_mode,
+    ray_command,
+    ray_environment,
+    start_arguments,
+)
+from .registry import HEAD_KEY, HOST_PREFIX, ClusterStore, host_record, node_resources
+from .versions import local_versions, mismatches
+
+CONNECT_TIMEOUT_S = 10.0
+STARTED_TEXT = "Ray runtime started"
+
+
+class JoinRefused(Exception):
+    """This host may not join; the message says why and what to do."""
+
+
+def _reachable(address: str) -> None:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        raise JoinRefused(f"cannot reach the Ray head at {address} ({exc}); check the address the backend printed") from None
+
+
+def _models(models: dict[str, str], models_dir: Path | None) -> dict:
+    named = dict(models)
+    if models_dir is not None:
+        if not models_dir.is_dir():
+            raise JoinRefused(f"--models-dir {models_dir} is not a directory")
+        for path in sorted(models_dir.iterdir()):
+            if (path / "config.json").is_file() and MODEL_NAME_PATTERN.match(path.name) and path.name != TINY:
+                named.setdefault(path.name, str(path))
+    infos = {}
+    for name, path in named.items():
+        try:
+            infos[name] = inspect_model_dir(name, Path(path).expanduser().resolve())
+        except ValueError as exc:
+            raise JoinRefused(str(exc)) from None
+    return infos
+
+
+def check(store: ClusterStore, name: str, models: dict) -> None:
+    """Refuse to join a head without a backend, with other versions, or where `name` is taken."""
+    head = store.get(HEAD_KEY)
+    if head is None:
+        raise JoinRefused(f"no cortex-nb backend has started on the Ray head at {store.address}; start it there first with"
+                          " `cortex-nb backend serve --executor ray`")
+    differences = mismatches(head["versions"], local_versions())
+    if differences:
+        raise JoinRefused("this host's versions differ from the head's, so it may not join:\n  " + "\n  ".join(differences)
+                          + "\ninstall the head's versions here (same Python minor version, torch, cortex-nb and Ray), then"
+                            " join again")
+    if name in store.live_host_names():
+        raise JoinRefused(f"a host named {name!r} is already in the cluster; choose another with --name")
+    for model, info in models.items():
+        for other in store.host_records().values():
+            entry = other.get("models", {}).get(model)
+            if entry is not None and entry["config"] != info.config and other["name"] != name:
+                raise JoinRefused(f"model {model!r} here differs from the one host {other['name']!r} registered (their"
+                                  " config.json differ); register it under another name")
+
+
+def join(head_address: str, *, name: str | None, models: dict[str, str], models_dir: Path | None, devices: str,
+         sub_jobs_per_device: int, object_store_bytes: int | None, block: bool) -> int:
+    name = name or socket.gethostname()
+    try:
+        if not MODEL_NAME_PATTERN.match(name):
+            raise JoinRefused(f"host name {name!r} is not allowed; use letters, digits and _.:-")
+        infos = _models(models, models_dir)
+        try:
+            host_devices = detect_devices(devices, sub_jobs_per_device)
+        except ValueError as exc:
+            raise JoinRefused(str(exc)) from None
+        _reachable(head_address)
+        choose_ray_auth_mode()
+        store = ClusterStore(head_address)
+        check(store, name, infos)
+    except JoinRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    store.put(HOST_PREFIX + name, host_record(name, local_versions(), host_devices, infos))
+    node = node_resources(name, host_devices, list(infos))
+    print(f"host {name} joins {head_address}: {', '.join(f'{d.id} ({d.slots} slots)' for d in host_devices)};"
+          f" models: {', '.join(sorted({TINY, *infos}))}", flush=True)
+    for attempt in range(1, START_ATTEMPTS + 1):
+        command = [ray_command(), "start", "--address", head_address, *start_arguments(node, object_store_bytes)]
+        if block:
+            command.append("--block")
+        print("$ " + " ".join(shlex.quote(part) for part in command), flush=True)
+        code, started = _run_ray_start(command)
+        if started or attempt == START_ATTEMPTS:
+            return code
+        print(f"Ray did not start on this host (exit code {code}); starting it again (attempt {attempt + 1} of"
+              f" {START_ATTEMPTS})", file=sys.stderr, flush=True)
+    return 1
+
+
+def _run_ray_start(command: list[str]) -> tuple[int, bool]:
+    """Run Ray's own `ray start`, passing its output on and a stop signal to it; (exit code, whether the
+    node came up). With --block it runs until stopped: stopping this command stops the host's Ray."""
+    process = subprocess.Popen(command, env=ray_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL)
+    watcher = AgentPortWatcher(process.pid)
+    watcher.start()
+    forward = lambda signum, frame: process.send_signal(signal.SIGTERM)  # noqa: E731
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
+    started = False
+    try:
+        for raw in process.stdout:
+            sys.stdout.write(raw.decode(errors="replace"))
+            sys.stdout.flush()
+            if not started and STARTED_TEXT in raw.decode(errors="replace"):
+                started = True
+                watcher.stopped.set()
+        code = process.wait()
+    finally:
+        watcher.stopped.set()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return code, started or code == 0
