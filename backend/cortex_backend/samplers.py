@@ -51,3 +51,13 @@ def check_sampler_setting(setting: str) -> None:
 def assign_samplers(devices: list[Device], setting: str) -> list[Device]:
     check_sampler_setting(setting)
     return [dataclasses.replace(device, sampler=engine_for(setting, device)) for device in devices]
+
+
+def sampler_note(setting: str, devices: list[Device]) -> str:
+    """One line for the start-up log: which engine each device samples with and, where a GPU host falls
+    back to the built-in engine, why (so a missing vLLM is never a silent slowdown)."""
+    engines = ", ".join(f"{device.id}: {device.sampler}" for device in devices) or "no devices"
+    note = f"sampling engines (--sampler {setting}): {engines}"
+    if setting == "auto" and vllm_version() is None and any(device.kind == "cuda" for device in devices):
+        note += "; vLLM is not installed, so GPUs sample with the built-in engine (pip install 'cortex-nb[vllm]')"
+    return note
