@@ -173,3 +173,22 @@ def test_sampler_vllm_is_refused_where_vllm_is_missing(tmp_path):
     )
     assert done.returncode == 2
     assert "cortex-nb[vllm]" in done.stderr
+
+
+def test_base_model_sampler_shares_a_prefill_and_equals_transformers_greedy(backend, gpt2_dir):
+    """Without LoRA training (a fresh adapter is the identity), n greedy samples per prompt from one shared
+    prefill equal transformers' `generate` on the bare base model, no peft involved."""
+    prompts = [[5, 17, 230, 9], [44], [7, 7, 7, 301, 12, 3, 88]]
+    with Client(backend.url, backend.token) as client:
+        sampler = client.create_sampler(MODEL)
+        try:
+            result = sampler.generate(prompts, max_tokens=16, temperature=0.0, n=3).result()
+        finally:
+            sampler.cancel()
+    base = reference_base(MODEL, gpt2_dir).eval()
+    assert result.sampler == "transformers" and len(result.samples) == 9
+    for sample in result.samples:
+        expected = hf_greedy(base, prompts[sample["prompt_index"]], 16)
+        assert sample["tokens"] == expected[: len(sample["tokens"])]
+        if sample["finish_reason"] == "length":
+            assert sample["tokens"] == expected
