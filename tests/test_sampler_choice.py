@@ -9,6 +9,8 @@ device's kind.
 from __future__ import annotations
 
 import pytest
+from cortex_backend.cli import _executor_problem
+from cortex_backend.config import BackendSettings
 from cortex_backend.devices import Device
 from cortex_backend.samplers import assign_samplers, sampler_note, vllm_version
 
@@ -34,3 +36,11 @@ def test_an_explicit_choice_is_kept_and_a_bad_one_refused():
     with pytest.raises(ValueError, match="--sampler must be one of"):
         assign_samplers([CPU], "sglang")
 
+
+
+def test_a_ray_backend_refuses_sampler_vllm_rather_than_ignoring_it(tmp_path):
+    """Ray hosts' devices sample with the built-in engine: asking for vLLM there is refused at start."""
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    problem = _executor_problem(BackendSettings(data_dir=tmp_path, executor="ray", sampler="vllm"))
+    assert problem and "--sampler vllm is not available with --executor ray" in problem
+    assert _executor_problem(BackendSettings(data_dir=tmp_path, executor="ray", sampler="auto")) is None

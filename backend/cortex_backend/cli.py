@@ -265,6 +265,9 @@ def _executor_problem(settings: BackendSettings) -> str | None:
 
     if importlib.util.find_spec("ray") is None:
         return "--executor ray needs Ray: pip install 'cortex-nb[ray]'"
+    if settings.sampler == "vllm":
+        return ("--sampler vllm is not available with --executor ray yet: sub-jobs on Ray hosts sample with the"
+                " built-in engine (use --sampler auto or transformers)")
     return None
 
 
