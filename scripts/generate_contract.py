@@ -1,8 +1,13 @@
-"""Write labextension/src/contract.ts: the proxied routes, job and request states, failure codes and
-versions, copied from the Python source of truth (cortex_nb/routes.py, states.py, version.py).
+"""Write labextension/src/contract.ts: the proxied routes, job and request states, failure codes,
+progress phases, the display words of job states (`displayState`) and versions, copied from the Python
+source of truth (cortex_nb/routes.py, states.py, version.py).
 
-    python scripts/generate_contract.py           # rewrite the file
-    python scripts/generate_contract.py --check   # exit 1 if it is out of date (tests/test_contract_ts.py)
+`displayState` is code, not data: its TypeScript is a hand translation of `states.display_state` kept
+here, and this script also writes labextension/test/fixtures/display_states.json, the words and details
+Python gives for a set of jobs, which the panel's jest test checks the TypeScript against.
+
+    python scripts/generate_contract.py           # rewrite both files
+    python scripts/generate_contract.py --check   # exit 1 if either is out of date (tests/test_contract_ts.py)
 """
 
 from __future__ import annotations
@@ -14,6 +19,129 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "labextension" / "src" / "contract.ts"
+FIXTURE = ROOT / "labextension" / "test" / "fixtures" / "display_states.json"
+
+# The TypeScript twin of cortex_nb.states.clock and display_state (see the module docstring).
+DISPLAY_STATE_TS = """
+/** Python's round(): halves go to the even neighbour, so both languages write the same clock. */
+function roundHalfEven(value: number): number {
+  const rounded = Math.round(value);
+  return Math.abs(value % 1) === 0.5 && rounded % 2 !== 0 ? rounded - 1 : rounded;
+}
+
+/** A duration as m:ss (or h:mm:ss): how the views write ETAs and countdowns. */
+export function clock(seconds: number): string {
+  const total = Math.max(roundHalfEven(seconds), 0);
+  const hours = Math.floor(total / 3600);
+  const minutes = Math.floor((total % 3600) / 60);
+  const secs = total % 60;
+  const two = (n: number): string => String(n).padStart(2, '0');
+  return hours ? `${hours}:${two(minutes)}:${two(secs)}` : `${minutes}:${two(secs)}`;
+}
+
+/** What displayState reads of a job (the backend's job JSON). */
+export interface IDisplayStateJob {
+  status: string;
+  progress?: { phase?: string; source?: string; step?: number; total_steps?: number | null } | null;
+  queue?: { position?: number; reason?: string; estimate_s?: number | null } | null;
+  idle?: { frees_at: number } | null;
+  keep_alive_until?: number | null;
+  sub_jobs?: Array<{ type: string }>;
+  failure_code?: string | null;
+  failure_message?: string | null;
+}
+
+/** The word for a job (one of DISPLAY_WORDS) and an optional detail: the same as the widget and %cortex jobs. */
+export function displayState(job: IDisplayStateJob, nowS: number = Date.now() / 1000): [string, string | null] {
+  const progress = job.progress ?? {};
+  if (job.status === 'pending') {
+    const queue = job.queue ?? {};
+    let detail: string | null = null;
+    if (queue.reason) {
+      detail = `#${queue.position} in the queue: ${queue.reason}`;
+      if (queue.estimate_s !== null && queue.estimate_s !== undefined) {
+        detail += ` (about ${clock(queue.estimate_s)})`;
+      }
+    }
+    return ['queued', detail];
+  }
+  if (job.status === 'starting') {
+    return ['starting', null];
+  }
+  if (job.status === 'running') {
+    const phase = progress.phase;
+    if (phase === 'training' && progress.source === 'managed') {
+      const total = progress.total_steps;
+      return ['training', `step ${progress.step ?? 0}` + (total ? `/${total}` : '')];
+    }
+    if (phase === 'keep_alive') {
+      const until = job.keep_alive_until;
+      return ['sampling', until ? `keep-alive, freeing the device in ${clock(until - nowS)}` : 'keep-alive'];
+    }
+    if (job.idle) {
+      return ['idle', `freeing the device in ${clock(job.idle.frees_at - nowS)}`];
+    }
+    const trains = (job.sub_jobs ?? []).some(sub => sub.type === 'training');
+    if (trains) {
+      return ['training', progress.step ? `step ${progress.step}` : null];
+    }
+    return ['sampling', null];
+  }
+  if (job.status === 'failed') {
+    const code = job.failure_code;
+    const message = job.failure_message;
+    return ['failed', code ? (message ? `${code}: ${message}` : code) : message ?? null];
+  }
+  if (job.status === 'cancelled') {
+    return ['cancelled', null];
+  }
+  return ['done', null];
+}
+"""
+
+NOW = 1_764_567_890.0
+
+
+def display_state_cases() -> list[dict]:
+    """Jobs covering every branch of display_state, each with the `now` it is shown at."""
+    training = [{"type": "training"}]
+    sampling = [{"type": "sampling"}]
+    managed = {"source": "managed", "phase": "training", "step": 42, "total_steps": 80}
+    return [
+        {"status": "pending", "queue": {"position": 2, "reason": "waiting for a cpu slot: 4/4 held by jobs q0, q1, q2",
+                                        "estimate_s": 35.0}, "sub_jobs": training},
+        {"status": "pending", "queue": {"position": 1, "reason": "waiting for a cpu slot", "estimate_s": None},
+         "sub_jobs": training},
+        {"status": "pending", "queue": {"position": 1, "reason": "waiting", "estimate_s": 3725.5}, "sub_jobs": training},
+        {"status": "pending", "queue": None, "sub_jobs": training},
+        {"status": "starting", "sub_jobs": training},
+        {"status": "running", "progress": managed, "sub_jobs": training},
+        {"status": "running", "progress": {**managed, "total_steps": None}, "sub_jobs": training},
+        {"status": "running", "progress": {**managed, "phase": "keep_alive"}, "keep_alive_until": NOW + 272.5,
+         "sub_jobs": training},
+        {"status": "running", "progress": {**managed, "phase": "keep_alive"}, "keep_alive_until": None,
+         "sub_jobs": training},
+        {"status": "running", "progress": {**managed, "phase": "finished"}, "idle": {"timeout_s": 300.0, "frees_at": NOW + 3.5},
+         "sub_jobs": training},
+        {"status": "running", "progress": None, "idle": {"timeout_s": 300.0, "frees_at": NOW - 2.0}, "sub_jobs": sampling},
+        {"status": "running", "progress": {"source": "primitive", "phase": "training", "step": 5, "total_steps": None},
+         "sub_jobs": training},
+        {"status": "running", "progress": None, "sub_jobs": training},
+        {"status": "running", "progress": None, "sub_jobs": sampling},
+        {"status": "failed", "failure_code": "worker_crashed", "failure_message": "the worker died", "sub_jobs": training},
+        {"status": "failed", "failure_code": "backend_restarted", "failure_message": None, "sub_jobs": training},
+        {"status": "failed", "failure_code": None, "failure_message": None, "sub_jobs": training},
+        {"status": "cancelled", "failure_code": "cancelled", "failure_message": "cancelled by the user", "sub_jobs": training},
+        {"status": "done", "progress": {**managed, "phase": "finished", "step": 80}, "sub_jobs": training},
+    ]
+
+
+def render_fixture() -> str:
+    sys.path.insert(0, str(ROOT))
+    from cortex_nb import states
+
+    cases = [{"job": job, "now": NOW, "expected": list(states.display_state(job, NOW))} for job in display_state_cases()]
+    return json.dumps({"generated_by": "scripts/generate_contract.py", "cases": cases}, indent=1) + "\n"
 
 
 def render() -> str:
@@ -61,7 +189,18 @@ def render() -> str:
         "export const FAILURE_CODES: Readonly<Record<string, string>> = {",
     ]
     lines += [f"  {literal(code)}: {literal(text)}," for code, text in states.FAILURE_CODES.items()]
-    lines += ["};", ""]
+    lines += [
+        "};",
+        "",
+        "/** Where a job's training is (its progress record's `phase`). */",
+        f"export const PROGRESS_PHASES = {literal(list(states.PROGRESS_PHASES))} as const;",
+        "",
+        "/** One word per state, everywhere a job is shown (the widget, %cortex jobs, the sidebar). */",
+        f"export const DISPLAY_WORDS = {literal(list(states.DISPLAY_WORDS))} as const;",
+        "export type DisplayWord = (typeof DISPLAY_WORDS)[number];",
+    ]
+    lines += DISPLAY_STATE_TS.splitlines()
+    lines += [""]
     return "\n".join(lines)
 
 
@@ -69,15 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only check that the file is up to date")
     args = parser.parse_args(argv)
-    expected = render()
+    outputs = {TARGET: render(), FIXTURE: render_fixture()}
     if args.check:
-        current = TARGET.read_text() if TARGET.exists() else ""
-        if current != expected:
-            print(f"{TARGET.relative_to(ROOT)} is out of date: run python scripts/generate_contract.py", file=sys.stderr)
-            return 1
-        return 0
-    TARGET.write_text(expected)
-    print(f"wrote {TARGET.relative_to(ROOT)}")
+        stale = [path for path, text in outputs.items() if (path.read_text() if path.exists() else "") != text]
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} is out of date: run python scripts/generate_contract.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in outputs.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

@@ -1,6 +1,7 @@
-"""Start and stop a real Jupyter server (`jupyter server` or `jupyter lab`) on loopback for tests, with
-the cortex_server extension pointed at a backend through command-line config (not the environment, so
-kernels started by it inherit no backend settings)."""
+"""Start and stop a real Jupyter server (`jupyter server` or `jupyter lab`) on loopback for tests: either
+with the cortex_server extension pointed at a backend through command-line config (not the environment,
+so kernels started by it inherit no backend settings), or as a new user has it: a fresh HOME and no
+cortex settings at all, so the extension and kernels find the local backend by the documented defaults."""
 
 from __future__ import annotations
 
@@ -48,9 +49,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def jupyter_env(home: Path) -> dict[str, str]:
-    """An environment with its own Jupyter dirs and no cortex backend settings."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("CORTEX_URL", "CORTEX_TOKEN", "JUPYTER"))}
+def jupyter_env(home: Path, fresh_home: bool = False) -> dict[str, str]:
+    """An environment with its own Jupyter dirs and no cortex backend settings; with `fresh_home`, HOME is
+    `home` and no CORTEX_* or XDG_* variable is left (a new user's defaults)."""
+    dropped = ("CORTEX_", "XDG_", "JUPYTER") if fresh_home else ("CORTEX_URL", "CORTEX_TOKEN", "JUPYTER")
+    env = {key: value for key, value in os.environ.items() if not key.startswith(dropped)}
+    if fresh_home:
+        env["HOME"] = str(home)
     env.update({
         "JUPYTER_CONFIG_DIR": str(home / "config"),
         "JUPYTER_DATA_DIR": str(home / "data"),
@@ -70,16 +75,45 @@ def start_jupyter_for(backend, home: Path, **kwargs) -> JupyterProcess:
     return start_jupyter(home / "jupyter", backend.url, token_file, **kwargs)
 
 
+def local_dir_of(home: Path) -> Path:
+    """Where the local backend of a user with HOME=`home` and no settings keeps its state file."""
+    return home / ".local" / "share" / "cortex-nb" / "local"
+
+
+def stop_local_backend(local_dir: Path, timeout_s: float = 30.0) -> None:
+    """Stop the local backend whose state file is in `local_dir`, if one runs (tests stop what they start)."""
+    from cortex_nb.local import running_endpoint
+
+    endpoint = running_endpoint(local_dir / "backend.json")
+    if endpoint is None:
+        return
+    pid = int(endpoint["pid"])
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(pid, signal.SIGKILL)
+
+
 def start_jupyter(
     home: Path,
-    backend_url: str,
-    token_file: Path,
+    backend_url: str | None,
+    token_file: Path | None,
     *,
     app: str = "server",
     base_url: str = "/",
     extra_args: tuple[str, ...] = (),
     timeout_s: float = 90.0,
+    fresh_home: bool = False,
 ) -> JupyterProcess:
+    """With `backend_url` None the extension gets no cortex settings (it then uses the local backend)."""
     home.mkdir(parents=True, exist_ok=True)
     (home / "root").mkdir(exist_ok=True)
     token = secrets.token_hex(16)
@@ -93,14 +127,22 @@ def start_jupyter(
         settings = home / "config" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
         settings.mkdir(parents=True, exist_ok=True)
         (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+        # Every cell stays in the page (JupyterLab 4 otherwise renders only cells near the viewport), so a
+        # test can read any cell's output without scrolling to it.
+        notebook_settings = home / "config" / "lab" / "user-settings" / "@jupyterlab" / "notebook-extension"
+        notebook_settings.mkdir(parents=True, exist_ok=True)
+        (notebook_settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     log_path = home / f"jupyter-{app}.log"
     log = open(log_path, "ab")  # noqa: SIM115
     process = subprocess.Popen(
         [sys.executable, "-m", module, "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
          f"--IdentityProvider.token={token}", *(["--allow-root"] if os.geteuid() == 0 else []), f"--ServerApp.base_url={base_url}", f"--ServerApp.root_dir={home / 'root'}",
          "--ServerApp.jpserver_extensions={'cortex_server': True}",
-         f"--CortexServerApp.backend_url={backend_url}", f"--CortexServerApp.token_file={token_file}", *extra_args],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=jupyter_env(home), start_new_session=True,
+         *([f"--CortexServerApp.backend_url={backend_url}", f"--CortexServerApp.token_file={token_file}"]
+           if backend_url is not None else []),
+         *extra_args],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=jupyter_env(home, fresh_home),
+        start_new_session=True,
     )
     log.close()
     info_file = home / "runtime" / f"jpserver-{process.pid}.json"

@@ -4,6 +4,7 @@ of truth, and the labextension's version is the package's."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,3 +33,28 @@ def test_labextension_version_is_the_package_version():
     package = json.loads((ROOT / "labextension" / "package.json").read_text())
     assert package["version"] == __version__
     assert package["jupyterlab"]["outputDir"] == "../cortex_nb/labextension"
+
+
+def declared_keys(interface: str) -> set[str]:
+    """The property names of one `export interface` in labextension/src/types.ts."""
+    text = (ROOT / "labextension" / "src" / "types.ts").read_text()
+    block = re.search(r"export interface " + interface + r"\b[^{]*\{\n(.*?)\n\}", text, re.S)
+    assert block, f"types.ts declares no interface {interface}"
+    return set(re.findall(r"^  (\w+)\??:", block.group(1), re.M))
+
+
+def test_panel_types_declare_the_job_json_the_backend_sends(client):
+    job = client.create_job([{"type": "sampling", "base_model": "tiny"}], name="keys")
+    try:
+        sent = client.get_job(job["job_id"])
+    finally:
+        client.cancel_job(job["job_id"])
+    assert declared_keys("IJob") == set(sent), "labextension/src/types.ts IJob differs from GET /v1/jobs/{id}"
+    assert declared_keys("ISubJob") == set(sent["sub_jobs"][0])
+
+
+def test_panel_types_declare_the_progress_record_the_backend_sends():
+    from cortex_backend.progress import ProgressRecord
+
+    sent = set(ProgressRecord("managed").to_json())
+    assert declared_keys("IProgressRecord") == sent, "labextension/src/types.ts IProgressRecord differs from the backend's"

@@ -53,7 +53,7 @@ def test_cancel_asks_before_discarding_trained_steps_then_discards_or_stops_and_
     assert client.get_job(kept.state.job_id)["status"] == "done"
     saved = {checkpoint["checkpoint_id"]: checkpoint for checkpoint in client.list_checkpoints(kept.state.job_id)}
     assert "final" in saved and 2 <= saved["final"]["step"] < 2000
-    assert kept.state.message == "freeing the device; the adapter is saved as checkpoint 'final' first"
+    assert kept.state.message == "device freed; the adapter was saved as checkpoint 'final' first"
     wait_until(lambda: kept.state.status == "done", 30)
     assert not discarded.action_errors and not kept.action_errors
     client.close()

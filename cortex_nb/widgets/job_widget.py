@@ -224,8 +224,9 @@ class JobWidget(widgets.VBox):
             reply = self.client.complete_job(self.state.job_id)
             saved = reply.pop("saved_checkpoint", None)
             self.state.set_job(reply)
-            self.state.note(f"freeing the device; the adapter is saved as checkpoint {saved!r} first" if saved
-                            else "freeing the device")
+            # Said once the backend has answered, so the final picture reads as what happened.
+            self.state.note(f"device freed; the adapter was saved as checkpoint {saved!r} first" if saved
+                            else "device freed")
         except CortexError as exc:
             self.action_errors.append(str(exc))
             self.state.note(f"free device failed: {exc.message}")

@@ -10,6 +10,7 @@ import { QueryValue, routePath } from './routes';
 import {
   ICapacity,
   ICheckpoint,
+  ICompletedJob,
   IJob,
   ILogPage,
   IMetricsPage,
@@ -94,6 +95,11 @@ export class CortexApi {
     return this.request<IStatus>('GET', 'status');
   }
 
+  /** Start the user's local backend (only when the server has no backend configured); answers the status. */
+  startLocalBackend(): Promise<IStatus> {
+    return this.request<IStatus>('POST', 'local/start', {});
+  }
+
   capacity(): Promise<ICapacity> {
     return this.call<ICapacity>('capacity');
   }
@@ -110,8 +116,22 @@ export class CortexApi {
     return this.call<IJob>('get_job', { job_id: jobId });
   }
 
+  /**
+   * The job once its progress record is newer than `afterProgress` or its status leaves `whileStatus`,
+   * or after `waitS` (a long-poll: about one request per update, not one per step).
+   */
+  waitForJob(jobId: string, afterProgress: number, whileStatus: string, waitS: number, signal?: AbortSignal): Promise<IJob> {
+    return this.call<IJob>('get_job', { job_id: jobId },
+      { wait: waitS, after_progress: afterProgress, while_status: whileStatus }, undefined, signal);
+  }
+
   cancelJob(jobId: string): Promise<IJob> {
     return this.call<IJob>('cancel_job', { job_id: jobId }, {}, {});
+  }
+
+  /** "Free device": complete the job; the backend saves a trained adapter as checkpoint `final` first. */
+  completeJob(jobId: string): Promise<ICompletedJob> {
+    return this.call<ICompletedJob>('complete_job', { job_id: jobId }, {}, {});
   }
 
   async listRequests(jobId: string, limit = 50): Promise<IRequestSummary[]> {

@@ -88,3 +88,85 @@ export const FAILURE_CODES: Readonly<Record<string, string>> = {
   "no_host_for_model": "no host in the cluster has the job's model any more",
   "exceeds_capacity": "the hosts left in the cluster can never hold the job",
 };
+
+/** Where a job's training is (its progress record's `phase`). */
+export const PROGRESS_PHASES = ["waiting", "training", "keep_alive", "finished", "stopped", "failed"] as const;
+
+/** One word per state, everywhere a job is shown (the widget, %cortex jobs, the sidebar). */
+export const DISPLAY_WORDS = ["queued", "starting", "training", "sampling", "idle", "done", "failed", "cancelled"] as const;
+export type DisplayWord = (typeof DISPLAY_WORDS)[number];
+
+/** Python's round(): halves go to the even neighbour, so both languages write the same clock. */
+function roundHalfEven(value: number): number {
+  const rounded = Math.round(value);
+  return Math.abs(value % 1) === 0.5 && rounded % 2 !== 0 ? rounded - 1 : rounded;
+}
+
+/** A duration as m:ss (or h:mm:ss): how the views write ETAs and countdowns. */
+export function clock(seconds: number): string {
+  const total = Math.max(roundHalfEven(seconds), 0);
+  const hours = Math.floor(total / 3600);
+  const minutes = Math.floor((total % 3600) / 60);
+  const secs = total % 60;
+  const two = (n: number): string => String(n).padStart(2, '0');
+  return hours ? `${hours}:${two(minutes)}:${two(secs)}` : `${minutes}:${two(secs)}`;
+}
+
+/** What displayState reads of a job (the backend's job JSON). */
+export interface IDisplayStateJob {
+  status: string;
+  progress?: { phase?: string; source?: string; step?: number; total_steps?: number | null } | null;
+  queue?: { position?: number; reason?: string; estimate_s?: number | null } | null;
+  idle?: { frees_at: number } | null;
+  keep_alive_until?: number | null;
+  sub_jobs?: Array<{ type: string }>;
+  failure_code?: string | null;
+  failure_message?: string | null;
+}
+
+/** The word for a job (one of DISPLAY_WORDS) and an optional detail: the same as the widget and %cortex jobs. */
+export function displayState(job: IDisplayStateJob, nowS: number = Date.now() / 1000): [string, string | null] {
+  const progress = job.progress ?? {};
+  if (job.status === 'pending') {
+    const queue = job.queue ?? {};
+    let detail: string | null = null;
+    if (queue.reason) {
+      detail = `#${queue.position} in the queue: ${queue.reason}`;
+      if (queue.estimate_s !== null && queue.estimate_s !== undefined) {
+        detail += ` (about ${clock(queue.estimate_s)})`;
+      }
+    }
+    return ['queued', detail];
+  }
+  if (job.status === 'starting') {
+    return ['starting', null];
+  }
+  if (job.status === 'running') {
+    const phase = progress.phase;
+    if (phase === 'training' && progress.source === 'managed') {
+      const total = progress.total_steps;
+      return ['training', `step ${progress.step ?? 0}` + (total ? `/${total}` : '')];
+    }
+    if (phase === 'keep_alive') {
+      const until = job.keep_alive_until;
+      return ['sampling', until ? `keep-alive, freeing the device in ${clock(until - nowS)}` : 'keep-alive'];
+    }
+    if (job.idle) {
+      return ['idle', `freeing the device in ${clock(job.idle.frees_at - nowS)}`];
+    }
+    const trains = (job.sub_jobs ?? []).some(sub => sub.type === 'training');
+    if (trains) {
+      return ['training', progress.step ? `step ${progress.step}` : null];
+    }
+    return ['sampling', null];
+  }
+  if (job.status === 'failed') {
+    const code = job.failure_code;
+    const message = job.failure_message;
+    return ['failed', code ? (message ? `${code}: ${message}` : code) : message ?? null];
+  }
+  if (job.status === 'cancelled') {
+    return ['cancelled', null];
+  }
+  return ['done', null];
+}

@@ -34,7 +34,10 @@ export function replaceChildren(parent: HTMLElement, ...children: Child[]): void
   append(parent, ...children);
 }
 
-/** The status badge used in the sidebar and the job view; colour comes from the state's CSS class. */
-export function statusBadge(status: string): HTMLElement {
-  return h('span', { class: `cortex-badge cortex-status-${status}`, 'data-status': status }, status);
+/**
+ * The badge of a job's display word (`displayState`: the same word the widget and `%cortex jobs` show),
+ * used in the sidebar and the job view; colour comes from the word's CSS class.
+ */
+export function wordBadge(word: string): HTMLElement {
+  return h('span', { class: `cortex-badge cortex-word-${word}`, 'data-word': word }, word);
 }

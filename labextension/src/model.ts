@@ -2,17 +2,10 @@
  * The panel's data model: what the sidebar and job view show, computed from the backend's JSON.
  * Pure TypeScript (no JupyterLab imports), so every rule here is unit-tested with jest.
  */
-import { API_VERSION, JOB_TERMINAL, PACKAGE_VERSION } from './contract';
-import {
-  ICapacity,
-  ICheckpoint,
-  IDevice,
-  IJob,
-  ILogLine,
-  IMetricSample,
-  IRequestSummary,
-  IStatus
-} from './types';
+import { API_VERSION, PACKAGE_VERSION } from './contract';
+import { formatBytes } from './format';
+import { IJobRow, ITrainingSummary, finishedTrainings, isTerminal, jobRow, listedJobs } from './jobrows';
+import { ICapacity, ICheckpoint, IDevice, IJob, ILogLine, IMetricSample, IMetricsPage, IStatus } from './types';
 
 export function apiMajor(version: string | undefined | null): number | null {
   if (!version) {
@@ -55,7 +48,7 @@ export function versionWarnings(
   return warnings;
 }
 
-export type ConnectionState = 'unknown' | 'connected' | 'unauthenticated' | 'unreachable' | 'error';
+export type ConnectionState = 'unknown' | 'connected' | 'unauthenticated' | 'unreachable' | 'no_local_backend' | 'error';
 
 export function connectionState(status: IStatus | null, requestError: string | null): ConnectionState {
   if (requestError) {
@@ -65,106 +58,23 @@ export function connectionState(status: IStatus | null, requestError: string | n
     return 'unknown';
   }
   if (!status.reachable) {
-    return 'unreachable';
+    return noLocalBackend(status) ? 'no_local_backend' : 'unreachable';
   }
   return status.authenticated ? 'connected' : 'unauthenticated';
 }
 
-export function isTerminal(status: string): boolean {
-  return JOB_TERMINAL.includes(status);
-}
-
-/** "12s", "5m", "3h", "2d": how long ago `thenS` (epoch seconds) was, as of `nowS`. */
-export function formatAge(thenS: number, nowS: number): string {
-  const seconds = Math.max(0, Math.floor(nowS - thenS));
-  if (seconds < 60) {
-    return `${seconds}s`;
+/** The one quiet line a view shows when there are no GPU metrics (older backends send only the reason). */
+export function gpuMetricsNote(page: IMetricsPage): string | null {
+  if (page.gpu_metrics_note !== undefined) {
+    return page.gpu_metrics_note ?? null;
   }
-  if (seconds < 3600) {
-    return `${Math.floor(seconds / 60)}m`;
-  }
-  if (seconds < 86400) {
-    return `${Math.floor(seconds / 3600)}h`;
-  }
-  return `${Math.floor(seconds / 86400)}d`;
+  return page.gpu_unavailable_reason ? `no GPU metrics: ${page.gpu_unavailable_reason}` : null;
 }
 
-export function formatBytes(bytes: number | null | undefined): string {
-  if (bytes === null || bytes === undefined || !Number.isFinite(bytes)) {
-    return '–';
-  }
-  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
-  let value = bytes;
-  let unit = 0;
-  while (value >= 1024 && unit < units.length - 1) {
-    value /= 1024;
-    unit += 1;
-  }
-  return `${value >= 100 || unit === 0 ? value.toFixed(0) : value.toFixed(1)} ${units[unit]}`;
-}
-
-export interface IProgress {
-  step: number | null;
-  total: number | null;
-  /** 0..1 when the total is known. */
-  fraction: number | null;
-  label: string;
-}
-
-/** Training progress: the backend's own figure if it reports one, else the last finished `step` request. */
-export function jobProgress(job: IJob, requests: IRequestSummary[] = []): IProgress {
-  let step: number | null = job.progress?.step ?? null;
-  const total: number | null = job.progress?.total_steps ?? null;
-  if (step === null) {
-    for (const request of requests) {
-      const value = request.op === 'step' && request.status === 'succeeded' ? request.result?.step : undefined;
-      if (typeof value === 'number' && (step === null || value > step)) {
-        step = value;
-      }
-    }
-  }
-  const fraction = step !== null && total ? Math.min(1, step / total) : null;
-  const label = step === null ? '' : total ? `step ${step}/${total}` : `step ${step}`;
-  return { step, total, fraction, label };
-}
-
-/** A request's id: `request_id` in a request's own JSON, `id` in the job's request list. */
-export function requestIdOf(request: IRequestSummary): string | null {
-  return request.request_id ?? request.id ?? null;
-}
-
-export interface IJobRow {
-  jobId: string;
-  title: string;
-  status: string;
-  terminal: boolean;
-  age: string;
-  model: string;
-  device: string;
-  failure: string | null;
-  progress: IProgress;
-}
-
-export function jobRow(job: IJob, nowS: number, requests: IRequestSummary[] = []): IJobRow {
-  const models = Array.from(new Set(job.sub_jobs.map(sub => sub.base_model)));
-  const devices = Array.from(new Set(job.sub_jobs.map(sub => sub.device).filter(Boolean))) as string[];
-  return {
-    jobId: job.job_id,
-    title: job.name || job.job_id,
-    status: job.status,
-    terminal: isTerminal(job.status),
-    age: formatAge(job.created_at, nowS),
-    model: models.join(', '),
-    device: devices.join(', '),
-    failure: job.failure_code ? `${job.failure_code}${job.failure_message ? `: ${job.failure_message}` : ''}` : null,
-    progress: jobProgress(job, requests)
-  };
-}
-
-/** Jobs that need watching first (running, then queued), then the finished ones, newest first. */
-export function sortJobs(jobs: IJob[]): IJob[] {
-  const rank = (job: IJob): number => (isTerminal(job.status) ? 1 : 0);
-  return [...jobs].sort((a, b) => rank(a) - rank(b) || b.created_at - a.created_at);
+/** No backend is configured and no local backend runs: the panel offers to start one. */
+export function noLocalBackend(status: IStatus | null): boolean {
+  return !!status && !status.reachable && status.source?.kind === 'local' && !!status.source.can_start_local &&
+    status.error?.detail?.local_backend === 'not_running';
 }
 
 export interface IDeviceRow {
@@ -354,11 +264,17 @@ export interface IPanelState {
   status: IStatus | null;
   capacity: ICapacity | null;
   hostSamples: IMetricSample[];
-  gpuUnavailableReason: string | null;
+  /** One quiet line when the host reports no GPU metrics ("CPU host: no GPU metrics"). */
+  gpuMetricsNote: string | null;
   jobs: IJob[];
-  requestsByJob: Record<string, IRequestSummary[]>;
   error: string | null;
   updatedAt: number | null;
+  /** "Start local backend" was clicked and the server is starting it. */
+  startingLocal: boolean;
+  /** Why the last start failed. */
+  startError: string | null;
+  /** Finished trainings ticked for comparison, in the order they were ticked. */
+  compareSelection: string[];
 }
 
 export class PanelModel {
@@ -366,11 +282,13 @@ export class PanelModel {
     status: null,
     capacity: null,
     hostSamples: [],
-    gpuUnavailableReason: null,
+    gpuMetricsNote: null,
     jobs: [],
-    requestsByJob: {},
     error: null,
-    updatedAt: null
+    updatedAt: null,
+    startingLocal: false,
+    startError: null,
+    compareSelection: []
   };
   private _listeners = new Set<(model: PanelModel) => void>();
 
@@ -407,12 +325,25 @@ export class PanelModel {
     return deviceRows(this._state.capacity, this._state.hostSamples);
   }
 
+  /** Jobs still going, and finished jobs that never trained. */
   jobRows(nowS: number): IJobRow[] {
-    return sortJobs(this._state.jobs).map(job => jobRow(job, nowS, this._state.requestsByJob[job.job_id]));
+    return listedJobs(this._state.jobs).map(job => jobRow(job, nowS));
   }
 
-  /** Running or queued jobs among `jobs`, whose progress is worth fetching. */
-  activeJobIdsOf(jobs: IJob[] = this._state.jobs): string[] {
-    return jobs.filter(job => !isTerminal(job.status)).map(job => job.job_id);
+  finishedTrainings(nowS: number): ITrainingSummary[] {
+    return finishedTrainings(this._state.jobs, nowS);
+  }
+
+  /** Tick or untick a finished training for comparison. */
+  toggleCompare(jobId: string): void {
+    const selection = this._state.compareSelection;
+    this.update({
+      compareSelection: selection.includes(jobId) ? selection.filter(id => id !== jobId) : [...selection, jobId]
+    });
+  }
+
+  /** Whether anything shown counts down (an idle job freeing its device, a keep-alive): re-render each second. */
+  get hasCountdown(): boolean {
+    return this._state.jobs.some(job => !isTerminal(job.status) && (job.idle !== null || job.keep_alive_until !== null));
   }
 }

@@ -1,13 +1,14 @@
 /**
  * Keeps the sidebar's model fresh with one `Poll`: backs off while the server or backend fails, and
- * stands by while the page is hidden.
+ * stands by while the page is hidden. Every job's progress, queue place and idle countdown come with
+ * the job list (the backend's own records), so a round costs the same however many jobs run.
  */
 import { Poll } from '@lumino/polling';
 
 import { CortexApi, CortexApiError } from './api';
-import { PanelModel, requestIdOf } from './model';
-import { RouteUnavailableError, hasRoute } from './routes';
-import { IMetricSample, IRequestSummary } from './types';
+import { PanelModel, gpuMetricsNote, noLocalBackend } from './model';
+import { hasRoute } from './routes';
+import { IMetricSample } from './types';
 
 /** How many recent host samples the sidebar keeps (it shows the latest per device). */
 const HOST_SAMPLES_KEPT = 200;
@@ -38,11 +39,32 @@ export class PanelRefresher {
     this.poll.dispose();
   }
 
-  /** One round: status, capacity, host metrics, jobs and the progress of active jobs. */
+  /** "Start local backend": the server starts it (or finds it started); then refresh at once. */
+  async startLocalBackend(): Promise<void> {
+    this._model.update({ startingLocal: true, startError: null });
+    try {
+      await this._api.startLocalBackend();
+      this._model.update({ startingLocal: false });
+    } catch (error) {
+      const message = error instanceof CortexApiError ? `${error.code}: ${error.message}` : String(error);
+      this._model.update({ startingLocal: false, startError: message });
+    }
+    await this.refresh();
+  }
+
+  /** One round: status, then capacity, host metrics and jobs (each with its progress, queue and idle state). */
   async refreshOnce(): Promise<void> {
     const model = this._model;
     try {
       const status = await this._api.status();
+      if (noLocalBackend(status) || (!status.reachable && status.source?.kind === 'local')) {
+        // Not a failure to back off from: no local backend runs (or it is still starting). Checking is
+        // a file read on the server, so keep the normal pace and a backend started from a notebook
+        // shows here within one interval.
+        model.update({ status, capacity: null, jobs: [], hostSamples: [], error: null, updatedAt: Date.now() });
+        this._hostSince = null;
+        return;
+      }
       if (!status.reachable || !status.authenticated) {
         model.update({ status, error: null, updatedAt: Date.now() });
         throw new Error(status.error?.message ?? 'backend not available');  // back off
@@ -57,8 +79,7 @@ export class PanelRefresher {
         capacity,
         jobs,
         hostSamples: metrics.samples,
-        gpuUnavailableReason: metrics.reason,
-        requestsByJob: await this._progress(model.activeJobIdsOf(jobs)),
+        gpuMetricsNote: metrics.note,
         error: null,
         updatedAt: Date.now()
       });
@@ -69,40 +90,15 @@ export class PanelRefresher {
     }
   }
 
-  private async _hostMetrics(): Promise<{ samples: IMetricSample[]; reason: string | null }> {
+  private async _hostMetrics(): Promise<{ samples: IMetricSample[]; note: string | null }> {
     if (!hasRoute('host_metrics')) {
-      return { samples: [], reason: null };
+      return { samples: [], note: null };
     }
     const page = await this._api.hostMetrics(this._hostSince);
     const samples = [...this._model.state.hostSamples, ...page.samples].slice(-HOST_SAMPLES_KEPT);
     if (page.samples.length) {
       this._hostSince = page.next_since ?? page.samples[page.samples.length - 1].at;
     }
-    return { samples, reason: page.gpu_unavailable_reason ?? null };
-  }
-
-  /**
-   * For each active job, its newest finished `step` request (whose result holds the step number).
-   * Best effort: a job whose progress cannot be read still shows, without a step.
-   */
-  private async _progress(jobIds: string[]): Promise<Record<string, IRequestSummary[]>> {
-    const progress: Record<string, IRequestSummary[]> = {};
-    await Promise.all(
-      jobIds.slice(0, 10).map(async jobId => {
-        try {
-          const requests = await this._api.listRequests(jobId, 20);
-          const lastStep = requests.find(r => r.op === 'step' && r.status === 'succeeded');
-          const requestId = lastStep ? requestIdOf(lastStep) : null;
-          if (requestId) {
-            progress[jobId] = [await this._api.call<IRequestSummary>('get_request', { job_id: jobId, request_id: requestId })];
-          }
-        } catch (error) {
-          if (!(error instanceof CortexApiError || error instanceof RouteUnavailableError)) {
-            console.warn(`cortex-nb: cannot read the progress of ${jobId}`, error);
-          }
-        }
-      })
-    );
-    return progress;
+    return { samples, note: gpuMetricsNote(page) };
   }
 }

@@ -1,24 +1,24 @@
-import { API_VERSION, JOB_STATES, PACKAGE_VERSION } from '../src/contract';
+import { API_VERSION, PACKAGE_VERSION } from '../src/contract';
+import { formatAge, formatBytes } from '../src/format';
 import {
   LogBuffer,
   MetricSeries,
   PanelModel,
   connectionState,
   deviceRows,
-  formatAge,
+  gpuMetricsNote,
   hostLines,
-  formatBytes,
-  jobProgress,
-  jobRow,
-  requestIdOf,
-  sortJobs,
+  noLocalBackend,
   versionWarnings
 } from '../src/model';
-import { ICapacity, IJob, ILogLine, IMetricSample, IStatus } from '../src/types';
+import { ICapacity, ILogLine, IMetricSample, IStatus } from '../src/types';
+import { job, progress } from './jobs';
 
-function status(overrides: Partial<IStatus> = {}): IStatus {
+export function status(overrides: Partial<IStatus> = {}): IStatus {
   return {
     backend_url: 'http://127.0.0.1:8765',
+    source: { kind: 'config', description: 'http://127.0.0.1:8765, set by CortexServerApp.backend_url', state_file: null,
+      pid: null, can_start_local: false },
     extension: { version: PACKAGE_VERSION, api_version: API_VERSION },
     backend: { service: 'cortex-nb-backend', version: PACKAGE_VERSION, api_version: API_VERSION },
     reachable: true,
@@ -27,26 +27,6 @@ function status(overrides: Partial<IStatus> = {}): IStatus {
     versions_match: true,
     api_compatible: true,
     error: null,
-    ...overrides
-  };
-}
-
-function job(overrides: Partial<IJob> = {}): IJob {
-  return {
-    job_id: 'job-1',
-    owner: 'admin',
-    name: null,
-    experiment: null,
-    status: 'running',
-    failure_code: null,
-    failure_message: null,
-    created_at: 1000,
-    started_at: 1001,
-    finished_at: null,
-    sub_jobs: [
-      { sub_job_id: 'training-0', type: 'training', status: 'running', base_model: 'tiny', device: 'cpu',
-        failure_code: null, failure_message: null }
-    ],
     ...overrides
   };
 }
@@ -103,6 +83,24 @@ describe('connection state', () => {
     expect(connectionState(status({ reachable: false }), null)).toBe('unreachable');
     expect(connectionState(status(), 'extension_missing: ...')).toBe('error');
   });
+
+  it('offers to start a local backend only when none is configured and none runs', () => {
+    const local = { kind: 'local' as const, description: 'no local backend is running', state_file: '/h/backend.json',
+      pid: null, can_start_local: true };
+    const notRunning = status({
+      reachable: false, backend_url: null, source: local,
+      error: { code: 'backend_unavailable', message: '...', detail: { local_backend: 'not_running' } }
+    });
+    expect(noLocalBackend(notRunning)).toBe(true);
+    expect(connectionState(notRunning, null)).toBe('no_local_backend');
+    // A local backend that runs but does not answer (yet) is not one to start again.
+    const starting = status({ reachable: false, source: { ...local, pid: 42 },
+      error: { code: 'backend_unavailable', message: 'connection refused' } });
+    expect(noLocalBackend(starting)).toBe(false);
+    expect(connectionState(starting, null)).toBe('unreachable');
+    // A configured backend that is down is never replaced by a local one.
+    expect(noLocalBackend(status({ reachable: false, error: notRunning.error }))).toBe(false);
+  });
 });
 
 describe('formatting', () => {
@@ -119,48 +117,6 @@ describe('formatting', () => {
     expect(formatBytes(1536)).toBe('1.5 KiB');
     expect(formatBytes(140 * 2 ** 30)).toBe('140 GiB');
     expect(formatBytes(null)).toBe('–');
-  });
-});
-
-describe('jobs', () => {
-  it('lists active jobs first, newest first within each group', () => {
-    const jobs = [
-      job({ job_id: 'old-done', status: 'done', created_at: 50 }),
-      job({ job_id: 'new-done', status: 'cancelled', created_at: 300 }),
-      job({ job_id: 'old-running', status: 'running', created_at: 10 }),
-      job({ job_id: 'new-pending', status: 'pending', created_at: 200 })
-    ];
-    expect(sortJobs(jobs).map(j => j.job_id)).toEqual(['new-pending', 'old-running', 'new-done', 'old-done']);
-  });
-
-  it('knows every job state the backend defines', () => {
-    expect(JOB_STATES).toEqual(['pending', 'starting', 'running', 'done', 'failed', 'cancelled']);
-    const rows = JOB_STATES.map(state => jobRow(job({ status: state }), 2000));
-    expect(rows.filter(row => row.terminal).map(row => row.status)).toEqual(['done', 'failed', 'cancelled']);
-  });
-
-  it('builds a row with model, device, age and failure', () => {
-    const row = jobRow(job({ status: 'failed', failure_code: 'worker_crashed', failure_message: 'the worker died', name: 'lora-a' }), 1000 + 125);
-    expect(row).toMatchObject({ jobId: 'job-1', title: 'lora-a', model: 'tiny', device: 'cpu', age: '2m', terminal: true });
-    expect(row.failure).toBe('worker_crashed: the worker died');
-  });
-
-  it('takes progress from the backend when it reports a total, else from the last step request', () => {
-    expect(jobProgress(job({ progress: { step: 50, total_steps: 200 } }))).toMatchObject({ fraction: 0.25, label: 'step 50/200' });
-    const requests = [
-      { request_id: 'r3', op: 'step', status: 'failed', created_at: 3, result: null },
-      { request_id: 'r2', op: 'step', status: 'succeeded', created_at: 2, result: { step: 7 } },
-      { request_id: 'r1', op: 'forward_backward', status: 'succeeded', created_at: 1, result: { loss: 1 } }
-    ];
-    expect(jobProgress(job(), requests)).toMatchObject({ step: 7, total: null, fraction: null, label: 'step 7' });
-    expect(jobProgress(job())).toMatchObject({ step: null, label: '' });
-  });
-});
-
-describe('request ids', () => {
-  it('reads the id from either shape the backend sends', () => {
-    expect(requestIdOf({ request_id: 'r1', op: 'step', status: 'succeeded', created_at: 1, result: null })).toBe('r1');
-    expect(requestIdOf({ id: 'r2', op: 'step', status: 'succeeded', created_at: 1, result: null })).toBe('r2');
   });
 });
 
@@ -198,6 +154,13 @@ describe('devices', () => {
     expect(cpu).toMatchObject({ utilization: 42.4, memoryFraction: 0.25, temperatureC: null, powerW: null, sampler: null });
     expect(cpu.utilizationLabel).toBe('CPU 42%');
     expect(cpu.memoryLabel).toBe('RAM 6.0 GiB / 24.0 GiB');
+  });
+
+  it('says in one quiet line that a CPU host has no GPU metrics', () => {
+    expect(gpuMetricsNote({ samples: [], gpu_unavailable_reason: 'NVML Shared Library Not Found',
+      gpu_metrics_note: 'CPU host: no GPU metrics' })).toBe('CPU host: no GPU metrics');
+    expect(gpuMetricsNote({ samples: [], gpu_unavailable_reason: 'driver too old' })).toBe('no GPU metrics: driver too old');
+    expect(gpuMetricsNote({ samples: [] })).toBeNull();
   });
 
   it('is empty before the first capacity report', () => {
@@ -272,17 +235,39 @@ describe('PanelModel', () => {
     expect(model.connection).toBe('error');
   });
 
-  it('derives rows and the active jobs worth tracking', () => {
+  it('lists jobs still going and finished trainings apart', () => {
     const model = new PanelModel();
     model.update({
       capacity: CPU_CAPACITY,
-      jobs: [job({ job_id: 'a', status: 'done' }), job({ job_id: 'b', status: 'running' })],
-      requestsByJob: { b: [{ request_id: 'r', op: 'step', status: 'succeeded', created_at: 1, result: { step: 3 } }] }
+      jobs: [
+        job({ job_id: 'sampled', status: 'done', sub_jobs: [] }),
+        job({ job_id: 'trained', status: 'done', progress: progress({ phase: 'finished', step: 80 }) }),
+        job({ job_id: 'going', status: 'running', progress: progress({ step: 3 }) })
+      ]
     });
-    expect(model.activeJobIdsOf()).toEqual(['b']);
     const rows = model.jobRows(2000);
-    expect(rows.map(r => r.jobId)).toEqual(['b', 'a']);
-    expect(rows[0].progress.label).toBe('step 3');
+    expect(rows.map(r => r.jobId)).toEqual(['going', 'sampled']);
+    expect(rows[0].progress.label).toBe('step 3/80');
+    expect(model.finishedTrainings(2000).map(t => t.jobId)).toEqual(['trained']);
     expect(model.devices()).toHaveLength(1);
+  });
+
+  it('ticks trainings for comparison in order, and unticks them', () => {
+    const model = new PanelModel();
+    model.toggleCompare('a');
+    model.toggleCompare('b');
+    model.toggleCompare('c');
+    model.toggleCompare('a');
+    expect(model.state.compareSelection).toEqual(['b', 'c']);
+  });
+
+  it('counts down only while a job idles or keeps alive', () => {
+    const model = new PanelModel();
+    model.update({ jobs: [job({ status: 'running' })] });
+    expect(model.hasCountdown).toBe(false);
+    model.update({ jobs: [job({ status: 'running', idle: { timeout_s: 300, frees_at: 2300 } })] });
+    expect(model.hasCountdown).toBe(true);
+    model.update({ jobs: [job({ status: 'done', keep_alive_until: 2300 })] });
+    expect(model.hasCountdown).toBe(false);
   });
 });

@@ -1,5 +1,6 @@
-"""The Jupyter server's side of the connection to the backend: where it is, the token (read from a
-file on the server, never sent to the browser or kernels), and which headers may cross.
+"""The Jupyter server's side of the connection to the backend: where it is (asked of a locator on every
+call, see discovery.py), the token (read from a file on the server, never sent to the browser or
+kernels), and which headers may cross.
 
 Headers are allowlisted both ways: Jupyter's cookies, its Authorization header and anything else the
 browser sends stay behind, and only the backend's content and cortex headers come back.
@@ -21,6 +22,8 @@ from cortex_nb import tls
 from cortex_nb.errors import ApiError
 from cortex_nb.version import __version__
 
+from .discovery import SOURCE_LOCAL, BackendLocator, BackendTarget
+
 # Request headers the browser or kernel may pass on to the backend (lower case).
 FORWARDED_REQUEST_HEADERS = frozenset({"content-type", "accept", "idempotency-key", "user-agent"})
 # Response headers the backend may pass back (lower case).
@@ -29,9 +32,10 @@ CORTEX_HEADER_PREFIX = "x-cortex-"
 
 
 def default_token_file() -> str:
-    """The admin token a backend started with default settings writes (a laptop set-up)."""
+    """The user token (not admin) that a backend started with default settings writes, for a configured
+    URL with no token file named: on a laptop running `cortex-nb backend serve`, it just works."""
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return os.path.join(base, "cortex-nb", "backend", "admin.token")
+    return os.path.join(base, "cortex-nb", "backend", "user.token")
 
 
 def request_headers_to_forward(incoming: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -49,6 +53,8 @@ class TokenFile:
     """The backend token, re-read when the file changes (so rotating it needs no server restart)."""
 
     path: str
+    # What to do about a missing or empty file, said to the user.
+    hint: str = "set CortexServerApp.token_file or CORTEX_TOKEN_FILE to a file holding a backend token"
     _cached: tuple[float, int, str] | None = field(default=None, repr=False)
 
     def read(self) -> str:
@@ -60,23 +66,23 @@ class TokenFile:
         except OSError as exc:
             raise ApiError(
                 "proxy_not_configured",
-                f"the Jupyter server cannot read the backend token file {str(location)!r} ({exc.strerror});"
-                " set CortexServerApp.token_file or CORTEX_TOKEN_FILE to a file holding a backend token",
+                f"the Jupyter server cannot read the backend token file {str(location)!r} ({exc.strerror}); {self.hint}",
             ) from None
         if not self._cached[2]:
-            raise ApiError("proxy_not_configured", f"the backend token file {str(location)!r} is empty")
+            raise ApiError("proxy_not_configured", f"the backend token file {str(location)!r} is empty; {self.hint}")
         return self._cached[2]
 
 
 class BackendConnection:
     """Sends requests to the backend on behalf of Jupyter-authenticated callers."""
 
-    def __init__(self, url: str, token_file: str, *, connect_timeout_s: float, request_timeout_s: float,
+    def __init__(self, locator: BackendLocator, *, connect_timeout_s: float, request_timeout_s: float,
                  max_clients: int = 64, verify: tls.Verify | None = None) -> None:
-        self.url = url.rstrip("/")
+        self.locator = locator
+        self._token_file: TokenFile | None = None
         # An https backend's certificate: system CAs, a CA file or a pinned fingerprint (cortex_nb/tls.py).
-        self.ssl_options = tls.ssl_context(verify) if self.url.startswith("https://") else None
-        self.token_file = TokenFile(token_file)
+        self._verify = verify
+        self._ssl_context: Any = None
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
         # Our own client, so long-polls (logs, request status) never queue behind Jupyter's other fetches.
@@ -84,6 +90,26 @@ class BackendConnection:
 
     def close(self) -> None:
         self.http.close()
+
+    def target(self) -> BackendTarget:
+        """Where calls go now: the configured backend, or the local one running now (or none)."""
+        return self.locator.current()
+
+    def ssl_options(self, target: BackendTarget) -> Any:
+        """The TLS context for an https target (made once); None for plain http (the local backend)."""
+        if not (target.url or "").startswith("https://"):
+            return None
+        if self._ssl_context is None:
+            self._ssl_context = tls.ssl_context(self._verify)
+        return self._ssl_context
+
+    def token(self, target: BackendTarget) -> str:
+        assert target.token_file is not None
+        if self._token_file is None or self._token_file.path != target.token_file:
+            hint = ("the local backend writes it when it starts; restart it (Start local backend in the Cortex sidebar)"
+                    if target.kind == SOURCE_LOCAL else TokenFile.hint)
+            self._token_file = TokenFile(target.token_file, hint)
+        return self._token_file.read()
 
     def build_request(
         self,
@@ -96,15 +122,20 @@ class BackendConnection:
         authenticated: bool = True,
         header_callback: Callable[[str], None] | None = None,
         streaming_callback: Callable[[bytes], None] | None = None,
+        target: BackendTarget | None = None,
     ) -> HTTPRequest:
+        target = target or self.target()
+        if target.url is None:
+            raise ApiError("backend_unavailable", f"{target.description}: start it with Start local backend in the"
+                           " Cortex sidebar, or %cortex connect --local in a notebook", {"local_backend": "not_running"})
         outgoing = HTTPHeaders(headers or {})
         outgoing["User-Agent"] = f"cortex-server/{__version__} {outgoing.get('User-Agent', '')}".strip()
         if authenticated:
-            outgoing["Authorization"] = f"Bearer {self.token_file.read()}"
+            outgoing["Authorization"] = f"Bearer {self.token(target)}"
         if body is None and method in ("POST", "PUT", "PATCH"):
             body = b""
         return HTTPRequest(
-            self.url + path + (f"?{query}" if query else ""),
+            target.url + path + (f"?{query}" if query else ""),
             method=method,
             headers=outgoing,
             body=body if method not in ("GET", "HEAD", "DELETE") else None,
@@ -112,17 +143,17 @@ class BackendConnection:
             request_timeout=self.request_timeout_s,
             follow_redirects=False,
             decompress_response=False,
-            ssl_options=self.ssl_options,
+            ssl_options=self.ssl_options(target),
             allow_nonstandard_methods=True,
             header_callback=header_callback,
             streaming_callback=streaming_callback,
         )
 
-    async def get_json(self, path: str, *, authenticated: bool = True) -> tuple[int, Any]:
+    async def get_json(self, target: BackendTarget, path: str, *, authenticated: bool = True) -> tuple[int, Any]:
         """A small JSON GET for the status page; (status, body) or raises on a connection failure."""
         try:
             response: HTTPResponse = await self.http.fetch(
-                self.build_request("GET", path, authenticated=authenticated), raise_error=False
+                self.build_request("GET", path, authenticated=authenticated, target=target), raise_error=False
             )
         except (OSError, HTTPClientError) as exc:
             raise ConnectionError(f"{type(exc).__name__}: {exc}") from None

@@ -1,5 +1,5 @@
 """Thin Tornado handlers: Jupyter auth (`@web.authenticated` + `@authorized`, XSRF on mutations via
-Jupyter's own check), then the status report or one forwarded backend call.
+Jupyter's own check), then the status report, starting the local backend, or one forwarded backend call.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from cortex_nb.errors import ApiError
 
 from . import allowlist
 from .backend import BackendConnection, request_headers_to_forward, response_headers_to_forward
+from .discovery import SOURCE_LOCAL
+from .local_start import LocalBackendStarter
 from .status import status_report
 
 AUTH_RESOURCE = "cortex"
@@ -29,8 +31,9 @@ class CortexAPIHandler(APIHandler):
 
     auth_resource = AUTH_RESOURCE
 
-    def initialize(self, connection: BackendConnection, api_prefix: str) -> None:
+    def initialize(self, connection: BackendConnection, api_prefix: str, starter: LocalBackendStarter) -> None:
         self.connection = connection
+        self.starter = starter
         # "{base_url}cortex/api", the mount point; what follows it is the backend path.
         self.api_prefix = api_prefix
 
@@ -64,6 +67,21 @@ class StatusHandler(CortexAPIHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
+        self.finish(json.dumps(await status_report(self.connection)))
+
+
+class LocalBackendStartHandler(CortexAPIHandler):
+    """POST {base_url}cortex/api/local/start: start the user's local backend (the sidebar's "Start local
+    backend"), then answer with the status report. Only when no backend is configured."""
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        target = self.connection.target()
+        if target.kind != SOURCE_LOCAL:
+            raise ApiError("conflict", f"this Jupyter server uses the backend at {target.description}; it starts no"
+                           " local backend (unset CortexServerApp.backend_url and CORTEX_URL to use one)")
+        await self.starter.start()
         self.finish(json.dumps(await status_report(self.connection)))
 
 
@@ -116,6 +134,7 @@ class ProxyHandler(CortexAPIHandler):
     async def forward(self) -> None:
         # The raw path (still percent-encoded), so the allowlist and the backend match the same string.
         allowed = allowlist.check(self.request.method, self.request.path[len(self.api_prefix):])
+        target = self.connection.target()
         relay = _Relay(self)
         request = self.connection.build_request(
             self.request.method, allowed.path, self.request.query,
@@ -124,6 +143,7 @@ class ProxyHandler(CortexAPIHandler):
             authenticated=allowed.route.scope is not None,
             header_callback=relay.on_header,
             streaming_callback=relay.on_chunk,
+            target=target,
         )
         failure: Exception | None = None
         try:
@@ -134,7 +154,7 @@ class ProxyHandler(CortexAPIHandler):
         if failure is not None and not relay.started:
             raise ApiError(
                 "backend_unavailable",
-                f"the Jupyter server could not reach the cortex-nb backend at {self.connection.url}:"
+                f"the Jupyter server could not reach the cortex-nb backend at {target.url} ({target.description}):"
                 f" {type(failure).__name__}: {failure}. Is it running? See {self.base_url}cortex/api/status",
             )
         relay.start()

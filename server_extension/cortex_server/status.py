@@ -1,5 +1,6 @@
-"""What `GET {base_url}cortex/api/status` reports: can the server reach the backend, does its token
-work there, and do the versions (this extension, the backend, their API majors) match.
+"""What `GET {base_url}cortex/api/status` reports: which backend the server uses and how it found it,
+can it reach it, does its token work there, and do the versions (this extension, the backend, their
+API majors) match.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from .backend import BackendConnection
 
 
 async def status_report(connection: BackendConnection) -> dict[str, Any]:
+    target = connection.target()
     report: dict[str, Any] = {
-        "backend_url": connection.url,
+        "backend_url": target.url,
+        "source": target.to_json(),
         "extension": {"version": __version__, "api_version": API_VERSION},
         "backend": None,
         "reachable": False,
@@ -24,15 +27,20 @@ async def status_report(connection: BackendConnection) -> dict[str, Any]:
         "api_compatible": False,
         "error": None,
     }
+    if not target.found:
+        report["error"] = {"code": "backend_unavailable", "message": f"{target.description}: start one with Start"
+                           " local backend here, or %cortex connect --local in a notebook",
+                           "detail": {"local_backend": "not_running"}}
+        return report
     try:
-        status, version = await connection.get_json("/version", authenticated=False)
+        status, version = await connection.get_json(target, "/version", authenticated=False)
     except (OSError, ConnectionError) as exc:
         report["error"] = {"code": "backend_unavailable",
-                           "message": f"cannot reach the backend at {connection.url}: {exc}"}
+                           "message": f"cannot reach the backend at {target.url} ({target.description}): {exc}"}
         return report
     if status != 200 or not isinstance(version, dict):
         report["error"] = {"code": "backend_unavailable",
-                           "message": f"{connection.url}/version answered HTTP {status}; is that a cortex-nb backend?"}
+                           "message": f"{target.url}/version answered HTTP {status}; is that a cortex-nb backend?"}
         return report
     report["reachable"] = True
     report["backend"] = {key: version.get(key) for key in ("service", "version", "api_version")}
@@ -42,7 +50,7 @@ async def status_report(connection: BackendConnection) -> dict[str, Any]:
     except ValueError:
         report["api_compatible"] = False
     try:
-        status, whoami = await connection.get_json("/v1/whoami")
+        status, whoami = await connection.get_json(target, "/v1/whoami")
     except ApiError as exc:  # no readable token file
         report["error"] = {"code": exc.code, "message": exc.message}
         return report

@@ -33,8 +33,6 @@ def jp_server_config(default_backend):
     })
 
 
-@pytest.mark.xfail(strict=True, reason="until the per-user token of issue 12 (i12-lab) is the proxy's default, the"
-                                        " proxy forwards with admin.token: remove this mark when it lands")
 async def test_the_proxy_does_not_act_as_admin_by_default(jp_fetch, default_backend):
     someone_else = create_token(default_backend.data_dir, "someone-else", "jobs:read", "runs:write")
     spec = {"version": 1, "name": "not-yours", "command": ["true"]}

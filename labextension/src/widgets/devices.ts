@@ -3,7 +3,7 @@ import { meter } from '../charts/meter';
 import { h } from '../dom';
 import { IDeviceRow } from '../model';
 
-export function renderDevices(rows: IDeviceRow[], gpuUnavailableReason: string | null, hosts: string[] = []): HTMLElement {
+export function renderDevices(rows: IDeviceRow[], gpuMetricsNote: string | null, hosts: string[] = []): HTMLElement {
   const section = h('section', { class: 'cortex-section cortex-devices' }, h('h3', {}, 'Devices'));
   for (const line of hosts) {
     section.appendChild(h('div', { class: 'cortex-muted cortex-host' }, line));
@@ -29,8 +29,8 @@ export function renderDevices(rows: IDeviceRow[], gpuUnavailableReason: string |
       )
     );
   }
-  if (gpuUnavailableReason) {
-    section.appendChild(h('div', { class: 'cortex-muted cortex-gpu-reason' }, `No GPU metrics: ${gpuUnavailableReason}`));
+  if (gpuMetricsNote) {
+    section.appendChild(h('div', { class: 'cortex-muted cortex-gpu-reason' }, gpuMetricsNote));
   }
   return section;
 }

@@ -1,6 +1,9 @@
-/** The sidebar's jobs section: status, progress and age per job; a click opens the job view. */
-import { h, statusBadge } from '../dom';
-import { IJobRow } from '../model';
+/**
+ * The sidebar's jobs section: every job still going (and finished jobs that never trained), with its
+ * word, why it waits or when it frees its device, and training progress; a click opens the job view.
+ */
+import { h, wordBadge } from '../dom';
+import { IJobRow } from '../jobrows';
 
 export function renderJobs(rows: IJobRow[], openJob: (jobId: string) => void): HTMLElement {
   const section = h('section', { class: 'cortex-section cortex-jobs' }, h('h3', {}, 'Jobs'));
@@ -9,17 +12,25 @@ export function renderJobs(rows: IJobRow[], openJob: (jobId: string) => void): H
   }
   const list = h('ul', { class: 'cortex-job-list' });
   for (const row of rows) {
-    const progress = row.progress.fraction !== null ? h('progress', { max: 1, value: row.progress.fraction }) : null;
-    const item = h('li', { class: 'cortex-job', 'data-job-id': row.jobId, tabindex: 0, title: `Open ${row.jobId}` },
+    const progress = !row.terminal && row.progress.fraction !== null
+      ? h('progress', { max: 1, value: row.progress.fraction, 'aria-label': row.progress.label })
+      : null;
+    const training = [row.progress.loss, row.terminal ? '' : row.progress.timing].filter(Boolean).join(' · ');
+    const item = h('li', {
+      class: 'cortex-job', 'data-job-id': row.jobId, 'data-word': row.word, tabindex: 0, title: `Open ${row.title} (${row.jobId})`
+    },
       h('div', { class: 'cortex-job-head' },
         h('span', { class: 'cortex-job-title' }, row.title),
-        statusBadge(row.status)
+        wordBadge(row.word)
       ),
-      h('div', { class: 'cortex-job-meta cortex-muted' },
-        [row.model, row.device, row.progress.label, `${row.age} ago`].filter(Boolean).join(' · ')
-      ),
+      row.detail
+        ? h('div', { class: `cortex-job-detail${row.word === 'failed' ? ' cortex-error' : ''}` }, row.detail)
+        : null,
       progress,
-      row.failure ? h('div', { class: 'cortex-error' }, row.failure) : null
+      training ? h('div', { class: 'cortex-job-training cortex-muted' }, training) : null,
+      h('div', { class: 'cortex-job-meta cortex-muted' },
+        [row.model, row.device, `${row.age} ago`].filter(Boolean).join(' · ')
+      )
     );
     item.addEventListener('click', () => openJob(row.jobId));
     item.addEventListener('keydown', event => {

@@ -1,4 +1,7 @@
-/** The left-sidebar panel: connection, devices and jobs, re-rendered whenever the model changes. */
+/**
+ * The left-sidebar panel: connection, devices, jobs and finished trainings, re-rendered whenever the
+ * model changes (and each second while a countdown shows).
+ */
 import { Widget } from '@lumino/widgets';
 
 import { h, replaceChildren } from '../dom';
@@ -6,39 +9,77 @@ import { PanelModel } from '../model';
 import { renderConnection } from './connection';
 import { renderDevices } from './devices';
 import { renderJobs } from './jobs';
+import { renderTrainings } from './trainings';
+
+export interface ISidebarActions {
+  openJob: (jobId: string) => void;
+  refresh: () => void;
+  startLocal: () => void;
+  compare: (jobIds: string[]) => void;
+}
 
 export class CortexSidebar extends Widget {
   private _unsubscribe: () => void;
   private _body = h('div', { class: 'cortex-sidebar-body' });
+  private _ticker: number;
+  private _markup = '';
 
   constructor(
     readonly model: PanelModel,
-    private readonly _openJob: (jobId: string) => void,
-    private readonly _refresh: () => void
+    private readonly _actions: ISidebarActions
   ) {
     super();
     this.id = 'cortex-nb-sidebar';
     this.addClass('cortex-sidebar');
     const refresh = h('button', { class: 'jp-Button cortex-button', title: 'Refresh now (Cortex: Refresh)' }, 'Refresh');
-    refresh.addEventListener('click', () => this._refresh());
+    refresh.addEventListener('click', () => this._actions.refresh());
     this.node.appendChild(h('header', { class: 'cortex-sidebar-header' }, h('h2', {}, 'Cortex'), refresh));
     this.node.appendChild(this._body);
     this._unsubscribe = model.onChange(() => this.render());
+    // Countdowns ("freeing the device in 4:32") move on between polls.
+    this._ticker = window.setInterval(() => {
+      if (this.isVisible && this.model.hasCountdown) {
+        this.render();
+      }
+    }, 1000);
     this.render();
   }
 
   render(): void {
     const model = this.model;
     const state = model.state;
-    replaceChildren(
-      this._body,
-      renderConnection(model.connection, state.status, model.warnings, state.error),
-      renderDevices(model.devices(), state.gpuUnavailableReason, model.hosts()),
-      renderJobs(model.jobRows(Date.now() / 1000), this._openJob)
-    );
+    const now = Date.now() / 1000;
+    const sections = [
+      renderConnection({
+        state: model.connection,
+        status: state.status,
+        warnings: model.warnings,
+        error: state.error,
+        startingLocal: state.startingLocal,
+        startError: state.startError,
+        startLocal: this._actions.startLocal
+      }),
+      renderDevices(model.devices(), state.gpuMetricsNote, model.hosts()),
+      renderJobs(model.jobRows(now), this._actions.openJob),
+      renderTrainings({
+        trainings: model.finishedTrainings(now),
+        selection: state.compareSelection,
+        toggle: jobId => model.toggleCompare(jobId),
+        openJob: this._actions.openJob,
+        compare: this._actions.compare
+      })
+    ];
+    // Only touch the page when something shows differently: a node replaced under the pointer would
+    // swallow a click, and most polls change nothing.
+    const markup = sections.map(section => section.outerHTML).join('');
+    if (markup !== this._markup) {
+      this._markup = markup;
+      replaceChildren(this._body, ...sections);
+    }
   }
 
   dispose(): void {
+    window.clearInterval(this._ticker);
     this._unsubscribe();
     super.dispose();
   }

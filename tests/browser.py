@@ -1,0 +1,31 @@
+"""What the browser tests share: Debian's Chromium (driven by Playwright, never a downloaded browser),
+its flags, where screenshots go, and opening the Cortex sidebar."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from playwright.sync_api import Page, expect
+
+ROOT = Path(__file__).resolve().parent.parent
+# Screenshots land in artifacts/ (ignored by git); copy them to docs/images/ to refresh the README's.
+SCREENSHOTS = Path(os.environ.get("CORTEX_SCREENSHOT_DIR", ROOT / "artifacts" / "screenshots"))
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--disable-quic",
+]
+
+
+def open_sidebar(page: Page) -> None:
+    # The tab toggles, and JupyterLab may have restored the sidebar open from an earlier layout.
+    if not page.locator("#cortex-nb-sidebar").is_visible():
+        page.locator('.lm-TabBar-tab[data-id="cortex-nb-sidebar"]').click()
+    expect(page.locator("#cortex-nb-sidebar")).to_be_visible()
+
+
+def screenshot(target, name: str) -> None:
+    """A page or element screenshot under SCREENSHOTS."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    target.screenshot(path=str(SCREENSHOTS / name))
