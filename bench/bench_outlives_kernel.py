@@ -61,10 +61,10 @@ def measure_before(url: str, token: str, seconds: float) -> dict:
     import importlib
 
     from cortex_nb import Client
+    from cortex_nb.job_state import JobState
     from cortex_nb.train_data import load_examples, tokenize_and_pack
     from cortex_nb.train_spec import TrainSpec
     from cortex_nb.widgets.job_widget import JobWidget
-    from cortex_nb.widgets.state import JobState
 
     TrainingRun = importlib.import_module("cortex_nb.train_loop").TrainingRun  # the kernel loop of that revision
     client = Client(url, token)
@@ -93,8 +93,8 @@ def measure_before(url: str, token: str, seconds: float) -> dict:
 
 def measure_after(url: str, token: str, seconds: float) -> dict:
     from cortex_nb import Client
+    from cortex_nb.job_state import JobState
     from cortex_nb.widgets.job_widget import JobWidget
-    from cortex_nb.widgets.state import JobState
 
     client = Client(url, token)
     job = client.train({"base_model": "tiny", "data": str(DEMO), "lora": {"r": 16, "alpha": 32},

@@ -54,8 +54,8 @@ def managed_run(client: Client, steps: int, batch_size: int, seq_len: int, with_
                         "max_seq_len": seq_len, "lora": LORA, "optimizer": OPTIMIZER})
     widget = None
     if with_widget:
+        from cortex_nb.job_state import JobState
         from cortex_nb.widgets.job_widget import JobWidget
-        from cortex_nb.widgets.state import JobState
 
         state = JobState(job.job_id)
         state.set_job(job.info)

@@ -1,7 +1,7 @@
 """Unpack an exported checkpoint (a tar whose first member is manifest.json) and check every file.
 
-The manifest's SHA-256 comes from a response header; each file's SHA-256 and size come from the
-manifest. Nothing reaches the destination unless all of them match, and only plain files with plain
+The format is `cortex_nb.protocol.checkpoint_format`'s: the manifest's SHA-256 comes from a response
+header; each file's SHA-256 and size come from the manifest. Nothing reaches the destination unless all of them match, and only plain files with plain
 names are taken from the archive (no paths, links or devices), whatever the archive holds.
 """
 
@@ -17,23 +17,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from . import errors
-
-MANIFEST = "manifest.json"
+from .protocol.checkpoint_format import MANIFEST, matches, safe_member_name
 
 
 def _corrupt(message: str) -> errors.CortexError:
     return errors.CortexError(
         f"the exported checkpoint arrived damaged: {message}; export it again", code="checkpoint_corrupted"
-    )
-
-
-def _safe_name(name: str) -> bool:
-    return (
-        bool(name)
-        and "/" not in name
-        and "\\" not in name
-        and name not in (".", "..")
-        and not name.startswith(".")
     )
 
 
@@ -50,7 +39,7 @@ def extract_verified(archive: IO[bytes], dest: Path, manifest_sha256: str | None
         written: dict[str, tuple[str, int]] = {}
         with tarfile.open(fileobj=archive, mode="r|") as tar:
             for member in tar:
-                if not member.isfile() or not _safe_name(member.name):
+                if not member.isfile() or not safe_member_name(member.name):
                     raise _corrupt(f"it holds an unexpected member {member.name!r}")
                 handle = tar.extractfile(member)
                 digest, size = hashlib.sha256(), 0
@@ -76,7 +65,7 @@ def extract_verified(archive: IO[bytes], dest: Path, manifest_sha256: str | None
         for name, expected in manifest["files"].items():
             if name not in written:
                 raise _corrupt(f"{name} is missing")
-            if written[name] != (expected["sha256"], expected["size"]):
+            if not matches(expected, *written[name]):
                 raise _corrupt(f"{name} does not match its SHA-256 in the manifest")
         if dest.exists():
             dest.rmdir()

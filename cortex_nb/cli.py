@@ -9,7 +9,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cortex-nb", description="Fine-tune and sample language models from notebooks.")
-    from .version import __version__
+    from .protocol.versions import __version__
 
     parser.add_argument("--version", action="version", version=f"cortex-nb {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -20,8 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="instead: run the 01-quickstart notebook headless and write the executed copy at PATH"
                            " (default ./cortex-nb-quickstart.ipynb)")
     demo.add_argument("--data-dir", default=None, help="the local backend's data dir (default: $CORTEX_LOCAL_DIR, else ~/.local/share/cortex-nb/local)")
-    run = commands.add_parser("run", help="run your own code on the backend host from a cortex.yaml job spec")
-    run.add_argument("spec", help="the job spec (docs/job-spec.md)")
+    run = commands.add_parser("run", help="run your own code on the backend host from a cortex.yaml run spec")
+    run.add_argument("spec", help="the run spec (docs/run-spec.md)")
     run.add_argument("--wait", action="store_true", help="follow the logs until the run ends; exit 0 only if it is done")
     run.add_argument("--outputs", metavar="DIR", default=None, help="with --wait: download the outputs (verified) into DIR")
     run.add_argument("--submission-id", default=None, help="a submission id of your own; submitting it again never runs twice")
@@ -116,7 +116,7 @@ def run_command(args: argparse.Namespace) -> int:
     """`cortex-nb run` and `cortex-nb runs`."""
     from .client import Client
     from .errors import CortexError, SubmissionOutcomeUnknown
-    from .states import JOB_DONE
+    from .protocol.states import JOB_DONE
 
     try:
         with Client.from_profile(args.profile) as client:

@@ -17,14 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from . import errors, profiles, tls, wire
+from . import errors, profiles, tls
 from .log_stream import LogStream
-from .losses import LOSS_INPUTS
-from .routes import route
-from .states import JOB_RUNNING, JOB_TERMINAL, REQUEST_SUCCEEDED, REQUEST_TERMINAL
+from .protocol import wire
+from .protocol.checkpoint_format import MANIFEST_SHA_HEADER
+from .protocol.losses import LOSSES, wire_dtype
+from .protocol.routes import route
+from .protocol.states import JOB_RUNNING, JOB_TERMINAL, REQUEST_SUCCEEDED, REQUEST_TERMINAL
+from .protocol.versions import API_VERSION, api_major
 from .telemetry import Telemetry, recorded
 from .transport import RetryPolicy, Transport
-from .version import API_VERSION, api_major
 
 
 @dataclass
@@ -46,16 +48,9 @@ class PollPolicy:
             interval = min(interval * self.multiplier, self.max_interval_s)
 
 
-INT_TENSORS = ("input_ids", "target_tokens", "attention_mask")
-
-
 def as_batch(batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Lists or arrays -> numpy with the dtypes the wire expects (ids int64, the rest float32)."""
-    arrays = {}
-    for name, value in batch.items():
-        array = np.asarray(value)
-        arrays[name] = array.astype(np.int64) if name in INT_TENSORS else array.astype(np.float32)
-    return arrays
+    """Lists or arrays -> numpy with the dtypes the losses' tensor specs name (ids int64, the rest float32)."""
+    return {name: np.asarray(value).astype(wire_dtype(name)) for name, value in batch.items()}
 
 
 class Client:
@@ -319,8 +314,8 @@ class Client:
         sub_job: str | None = None,
     ) -> str:
         """Queue a forward+backward pass; gradients accumulate until `step`. Returns the request id."""
-        if loss_fn not in LOSS_INPUTS:
-            raise errors.BadRequestError(f"loss_fn must be one of {sorted(LOSS_INPUTS)}, got {loss_fn!r}", code="unknown_loss")
+        if loss_fn not in LOSSES:
+            raise errors.BadRequestError(f"loss_fn must be one of {sorted(LOSSES)}, got {loss_fn!r}", code="unknown_loss")
         frame = wire.encode_frame(as_batch(batch), {"loss_fn": loss_fn, "loss_fn_config": loss_fn_config or {}})
         return self._submit_frame("forward_backward", job_id, frame, sub_job)
 
@@ -479,7 +474,7 @@ class Client:
         path = route("export_checkpoint").url(job_id=job_id, checkpoint_id=checkpoint_id)
         with tempfile.TemporaryFile() as archive:
             headers = self.transport.download(path, archive, params={"contents": contents})
-            extract_verified(archive, Path(dest), headers.get("X-Cortex-Manifest-Sha256"))
+            extract_verified(archive, Path(dest), headers.get(MANIFEST_SHA_HEADER))
         return Path(dest)
 
     # logs ----------------------------------------------------------------------------------------

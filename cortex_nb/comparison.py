@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import errors
-from .states import SAMPLING, TRAINING
+from .protocol.states import SAMPLING, TRAINING
 from .train_spec import FINAL_CHECKPOINT
 
 if TYPE_CHECKING:

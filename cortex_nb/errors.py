@@ -1,7 +1,7 @@
-"""Error codes and exception types shared by the backend and the client.
+"""The exceptions the client raises, one class per kind of failure, each carrying its stable code.
 
-The backend raises `ApiError(code, message)`; the code decides the HTTP status through `ERROR_STATUS`
-and the client turns the JSON body back into the matching exception class. One table, both sides.
+The codes, their HTTP statuses and meanings are one table, `cortex_nb.protocol.errors.ERROR_CODES`; the
+client turns an error answer back into the class for its status (`error_from_response`).
 """
 
 from __future__ import annotations
@@ -9,108 +9,8 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-# code -> HTTP status. Codes are stable: clients and notebooks match on them.
-ERROR_STATUS: dict[str, int] = {
-    # 400: the request itself is wrong
-    "invalid_request": 400,
-    "invalid_json": 400,
-    "invalid_field": 400,
-    "invalid_frame": 400,
-    "invalid_batch": 400,
-    "unknown_loss": 400,
-    "unknown_model": 400,
-    "invalid_model_name": 400,
-    "too_many_training_sub_jobs": 400,
-    "unsupported_operation": 400,
-    "invalid_checkpoint_id": 400,
-    "chunk_mismatch": 400,
-    "spec_invalid": 400,
-    "exceeds_capacity": 400,
-    # managed training: datasets are named by the SHA-256 of their bytes
-    "hash_mismatch": 400,
-    "invalid_dataset": 400,
-    # source runs
-    "manifest_mismatch": 400,
-    "incompatible_adapter": 400,
-    # 401 / 403
-    "unauthenticated": 401,
-    "forbidden": 403,
-    # Jupyter proxy (server_extension): a backend route it never forwards
-    "route_not_proxied": 403,
-    # 404
-    "not_found": 404,
-    "job_not_found": 404,
-    "request_not_found": 404,
-    "route_not_found": 404,
-    "checkpoint_not_found": 404,
-    "run_not_found": 404,
-    "output_not_declared": 404,
-    "dataset_not_found": 404,
-    # 405
-    "method_not_allowed": 405,
-    # 409: the request is fine but the state of things forbids it now
-    "conflict": 409,
-    # a job_id already taken (by anyone: the answer never says whose) or reserved
-    "job_id_unavailable": 409,
-    "job_not_running": 409,
-    "job_finished": 409,
-    "idempotency_key_reused": 409,
-    "checkpoint_in_use": 409,
-    "checkpoint_exists": 409,
-    "output_not_available": 409,
-    "checkpoint_corrupted": 409,
-    # a cluster (the Ray executor): the model is registered on no host that is up now
-    "no_host_for_model": 409,
-    # a chunk group of the Cortex SDK surface (docs/cortex-sdk.md): replay it from chunk 0, or stop
-    "chunk_group_restart_required": 409,
-    "chunk_group_conflict": 409,
-    "chunk_group_missing_chunks": 409,
-    # 413 / 429 / 5xx
-    "body_too_large": 413,
-    "quota_exceeded": 413,
-    "rate_limited": 429,
-    "internal_error": 500,
-    "backend_unavailable": 502,
-    "version_mismatch": 502,
-    # Jupyter proxy (server_extension): the server has no backend token to forward with
-    "proxy_not_configured": 501,
-    # a compat surface (Cortex SDK, ...) asked for something that cannot exist here; the message names
-    # the cortex-nb way to do it
-    "not_supported": 501,
-}
-
-
-def status_for(code: str) -> int:
-    """HTTP status for an error code; unknown codes are server errors so they are never silent."""
-    return ERROR_STATUS.get(code, 500)
-
-
-class CortexError(Exception):
-    """Base of every error the client raises. `code` is the backend's stable error code."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        code: str = "internal_error",
-        status: int | None = None,
-        detail: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.status = status
-        self.detail = detail or {}
-
-    def __str__(self) -> str:
-        return f"[{self.code}] {self.message}"
-
-
-class ApiError(CortexError):
-    """Raised inside the backend: rendered as `{"error": {code, message, detail}}` with the code's status."""
-
-    def __init__(self, code: str, message: str, detail: dict[str, Any] | None = None) -> None:
-        super().__init__(message, code=code, status=status_for(code), detail=detail)
+# The backend's names, still importable from here by code written before the table moved to the protocol.
+from .protocol.errors import ERROR_STATUS, ApiError, CortexError, status_for  # noqa: F401
 
 
 class BadRequestError(CortexError):

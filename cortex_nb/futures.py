@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .states import REQUEST_TERMINAL
+from .protocol.states import REQUEST_TERMINAL
 
 if TYPE_CHECKING:
     from .client import Client

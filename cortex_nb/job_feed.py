@@ -15,9 +15,9 @@ import time
 from typing import TYPE_CHECKING
 
 from . import errors
+from .job_state import JobState
 from .kernel_threads import BackgroundLoop
-from .states import JOB_TERMINAL
-from .widgets.state import JobState
+from .protocol.states import JOB_TERMINAL
 
 if TYPE_CHECKING:
     from .client import Client

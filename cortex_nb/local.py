@@ -24,8 +24,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from . import tls
 from .errors import CortexError
 
@@ -85,6 +83,8 @@ def running_endpoint(endpoint_file: Path) -> dict | None:
 def find_local_backend(data_dir: str | Path | None = None) -> LocalEndpoint | None:
     """The local backend of `data_dir` (default `default_local_dir()`) if its process is alive and it
     answers `/version`; None otherwise."""
+    import httpx  # here, not at import: the Jupyter proxy reads this module's paths and never loads the SDK
+
     data_dir = _resolve(data_dir)
     endpoint = running_endpoint(data_dir / STATE_FILE)
     if endpoint is None:

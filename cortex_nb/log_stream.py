@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import errors
-from .routes import route
+from .protocol.routes import route
 
 if TYPE_CHECKING:
     from .client import Client

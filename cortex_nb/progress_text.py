@@ -3,8 +3,8 @@ compact lines printed from the main thread, then one summary line."""
 
 from __future__ import annotations
 
-from .states import WORD_QUEUED, WORD_STARTING
-from .widgets.state import JobState
+from .job_state import JobState
+from .protocol.states import WORD_QUEUED, WORD_STARTING
 
 
 class ProgressPrinter:

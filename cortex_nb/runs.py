@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from . import errors, job_spec, wire
-from .routes import route
-from .states import JOB_DONE, JOB_TERMINAL
+from . import errors, run_spec
+from .protocol import wire
+from .protocol.routes import route
+from .protocol.states import JOB_DONE, JOB_TERMINAL
 
 if TYPE_CHECKING:
     from .client import Client
@@ -51,11 +52,11 @@ class Submission:
 def load_spec(spec: str | os.PathLike | Mapping[str, Any], base_dir: str | os.PathLike | None = None) -> tuple[dict[str, Any], Path]:
     """A spec file (YAML) or a mapping, validated; returns (spec, the folder its paths are relative to)."""
     if isinstance(spec, Mapping):
-        return job_spec.validate_spec(dict(spec)), Path(base_dir or ".").resolve()
+        return run_spec.validate_spec(dict(spec)), Path(base_dir or ".").resolve()
     path = Path(spec)
     if not path.is_file():
         raise errors.BadRequestError(f"no spec file at {path}", code="spec_invalid", status=400, detail={"field": ""})
-    return job_spec.parse_spec_text(path.read_text()), Path(base_dir or path.parent).resolve()
+    return run_spec.parse_spec_text(path.read_text()), Path(base_dir or path.parent).resolve()
 
 
 def _sha256_file(path: Path) -> str:
@@ -72,12 +73,12 @@ def _included_files(spec: dict[str, Any], base_dir: Path) -> dict[str, Path]:
     for index, pattern in enumerate(spec["source"]["include"]):
         matches = sorted(path for path in base_dir.glob(pattern) if path.is_file())
         if not matches:
-            raise job_spec.spec_error(f"source.include[{index}]", f"{pattern!r} matches no file under {base_dir}")
+            raise run_spec.spec_error(f"source.include[{index}]", f"{pattern!r} matches no file under {base_dir}")
         for path in matches:
             resolved = path.resolve()
             if base_dir not in resolved.parents:
-                raise job_spec.spec_error(f"source.include[{index}]", f"{path} leads outside {base_dir} (a symlink?)")
-            relative = job_spec.relative_path(path.relative_to(base_dir).as_posix(), f"source.include[{index}]")
+                raise run_spec.spec_error(f"source.include[{index}]", f"{path} leads outside {base_dir} (a symlink?)")
+            relative = run_spec.relative_path(path.relative_to(base_dir).as_posix(), f"source.include[{index}]")
             found[relative] = resolved
     return found
 
@@ -90,7 +91,7 @@ def build_submission(
     In-memory files (the `%%cortex run` cell's main.py) replace included files of the same path.
     """
     sources = _included_files(spec, base_dir)
-    inline = {job_spec.relative_path(path, f"files[{path!r}]"): (data.encode() if isinstance(data, str) else bytes(data))
+    inline = {run_spec.relative_path(path, f"files[{path!r}]"): (data.encode() if isinstance(data, str) else bytes(data))
               for path, data in (files or {}).items()}
     for path in inline:
         sources.pop(path, None)
@@ -98,10 +99,10 @@ def build_submission(
     for name, entry in spec["inputs"].items():
         path = (base_dir / entry["path"]).resolve()
         if not path.is_file():
-            raise job_spec.spec_error(f"inputs.{name}.path", f"no file at {path}")
+            raise run_spec.spec_error(f"inputs.{name}.path", f"no file at {path}")
         size = path.stat().st_size
-        if size > job_spec.MAX_INPUT_BYTES:
-            raise job_spec.spec_error(f"inputs.{name}.path", f"{path} is {size} bytes; an input may be at most {job_spec.MAX_INPUT_BYTES}")
+        if size > run_spec.MAX_INPUT_BYTES:
+            raise run_spec.spec_error(f"inputs.{name}.path", f"{path} is {size} bytes; an input may be at most {run_spec.MAX_INPUT_BYTES}")
         inputs[entry["path"]] = path
         sources.pop(entry["path"], None)
     manifest: list[dict[str, Any]] = []
@@ -122,12 +123,12 @@ def build_submission(
                     with open(path, "rb") as handle:
                         tar.addfile(info, fileobj=handle)
         source_bytes = sum(entry["bytes"] for entry in manifest if entry["kind"] == "source")
-        if source_bytes > job_spec.MAX_SOURCE_BYTES or len(manifest) > job_spec.MAX_SOURCE_FILES + job_spec.MAX_INPUTS:
-            raise job_spec.spec_error("source.include", f"{len(manifest)} files, {source_bytes} bytes of source; the limits are"
-                                      f" {job_spec.MAX_SOURCE_FILES} files and {job_spec.MAX_SOURCE_BYTES} bytes")
+        if source_bytes > run_spec.MAX_SOURCE_BYTES or len(manifest) > run_spec.MAX_SOURCE_FILES + run_spec.MAX_INPUTS:
+            raise run_spec.spec_error("source.include", f"{len(manifest)} files, {source_bytes} bytes of source; the limits are"
+                                      f" {run_spec.MAX_SOURCE_FILES} files and {run_spec.MAX_SOURCE_BYTES} bytes")
         size = archive.tell()
         if size > MAX_ARCHIVE_BYTES:
-            raise job_spec.spec_error("inputs", f"the files come to {size} bytes; one submission may carry at most {MAX_ARCHIVE_BYTES}")
+            raise run_spec.spec_error("inputs", f"the files come to {size} bytes; one submission may carry at most {MAX_ARCHIVE_BYTES}")
         archive.seek(0)
         digest = hashlib.sha256()
         while block := archive.read(READ_BLOCK):
@@ -309,10 +310,10 @@ def run_cell_source(
     outputs: Mapping[str, str] | None = None,
     gpu: int = 0,
     models: Sequence[str] = (),
-    timeout_s: float = job_spec.DEFAULT_TIMEOUT_S,
+    timeout_s: float = run_spec.DEFAULT_TIMEOUT_S,
     workdir: str | os.PathLike | None = None,
     name: str = "cell",
-    isolation: str = job_spec.ISOLATION_BEST_EFFORT,
+    isolation: str = run_spec.ISOLATION_BEST_EFFORT,
     submission_id: str | None = None,
 ) -> RunHandle:
     """Run a notebook cell's code as `main.py` on the backend host (what `%%cortex run` calls).
@@ -323,7 +324,7 @@ def run_cell_source(
     Returns once the run is admitted; follow it with the handle, then `fetch_and_display_outputs`.
     """
     spec = {
-        "version": job_spec.SPEC_VERSION,
+        "version": run_spec.SPEC_VERSION,
         "name": name,
         "source": {"include": list(includes)},
         "command": ["python", "main.py"],

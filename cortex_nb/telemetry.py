@@ -25,8 +25,12 @@ from typing import Any, TypeVar
 
 import httpx
 
+from .protocol.schemas.telemetry import (
+    MAX_MESSAGE_CHARS,
+    MAX_RECORDS_PER_POST,
+)
+from .protocol.versions import __version__
 from .redaction import bounded
-from .version import __version__
 
 log = logging.getLogger("cortex_nb.telemetry")
 
@@ -34,20 +38,6 @@ ENV_DISABLE = "CORTEX_DISABLE_TELEMETRY"
 ENV_SUCCESSES = "CORTEX_ENABLE_SUCCESS_TELEMETRY"
 TELEMETRY_PATH = "/v1/telemetry"
 
-# The operations that are recorded. The backend counts anything else as "other", keeping /metrics bounded.
-ESSENTIAL_OPERATIONS = frozenset({
-    "check_version", "create_job", "get_job", "list_jobs", "wait_for_job", "wait_for_progress", "cancel_job", "complete_job",
-    "forward_backward", "forward", "step", "generate", "poll_request", "cancel_request",
-    "tail_logs", "download_stdout_logs", "get_job_metrics", "download_metrics", "list_events",
-})
-# Error types the backend accepts as labels (the client's exception classes, plus interruption).
-ERROR_TYPES = frozenset({
-    "CortexError", "ApiError", "BadRequestError", "AuthError", "PermissionError", "NotFoundError", "ConflictError",
-    "RateLimitError", "BackendError", "ConnectionError", "RequestFailed", "TimeoutError", "VersionMismatchError",
-    "KeyboardInterrupt", "ValueError", "TypeError", "OSError",
-})
-MAX_MESSAGE_CHARS = 500
-MAX_BATCH = 100  # the backend's limit per POST
 BATCH_WINDOW_S = 0.5
 QUEUE_SIZE = 1000
 SEND_TIMEOUT_S = 2.0
@@ -160,8 +150,8 @@ class Telemetry:
                         stop = True
                         break
                     batch.append(item)
-                for start in range(0, len(batch), MAX_BATCH):
-                    self._deliver(http, batch[start:start + MAX_BATCH])
+                for start in range(0, len(batch), MAX_RECORDS_PER_POST):
+                    self._deliver(http, batch[start:start + MAX_RECORDS_PER_POST])
                 if stop:
                     return
         finally:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import CortexError
+from .protocol.checkpoint_format import CHECKPOINT_TYPES, RESUMABLE
 
 LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
 OPTIMIZER_KEYS = ("lr", "betas", "eps", "weight_decay", "grad_clip")
@@ -78,7 +79,7 @@ class SampleSpec:
 @dataclass
 class SaveSpec:
     every: int
-    type: str = "resumable"
+    type: str = RESUMABLE
 
 
 @dataclass
@@ -268,8 +269,8 @@ def _parse_loop(raw: dict[str, Any], spec: TrainSpec, eval_data_key: str, data_r
         )
     if "save" in raw:
         section = _section(raw["save"], "save", SAVE_KEYS, required=("every",))
-        kind = section.get("type", "resumable")
-        if kind not in ("resumable", "weights-only"):
+        kind = section.get("type", RESUMABLE)
+        if kind not in CHECKPOINT_TYPES:
             raise SpecError(f"save.type: must be resumable or weights-only, not {kind!r}", "save.type")
         spec.save = SaveSpec(every=_integer(section["every"], "save.every", minimum=1), type=kind)
 

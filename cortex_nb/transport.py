@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, TypeVar
 import httpx
 
 from . import errors, tls
-from .version import __version__
+from .protocol.versions import __version__
 
 
 @dataclass

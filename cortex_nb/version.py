@@ -1,11 +1,8 @@
-"""One place for the release and wire-protocol versions shared by client and backend."""
+"""`cortex_nb.protocol.versions` under its former name, so code written before the contract moved keeps
+importing it (the same module object, not a copy)."""
 
-__version__ = "0.1.0"
+import sys
 
-# Clients refuse a backend whose API major differs; minor bumps only add.
-API_VERSION = "1.0"
+from .protocol import versions as _module
 
-
-def api_major(version: str) -> int:
-    """The major part of an `API_VERSION`-style string."""
-    return int(version.split(".", 1)[0])
+sys.modules[__name__] = _module

@@ -24,12 +24,12 @@ JOB_COLUMNS = ["job_id", "name", "labels", "status", "detail", "base_model", "st
 
 
 def jobs_frame(jobs: Sequence[dict[str, Any]], now: float | None = None) -> pd.DataFrame:
-    """Jobs, one row each: the display word and detail (`cortex_nb.states.display_state`), where their
+    """Jobs, one row each: the display word and detail (`cortex_nb.protocol.states.display_state`), where their
     training got (the backend's progress record), how long it ran, and the hyperparameters that tell
     runs apart."""
     import pandas as pd
 
-    from .states import clock, display_state
+    from .protocol.states import clock, display_state
 
     rows = []
     for job in jobs:
@@ -223,7 +223,7 @@ def runs_table(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """One row per run: the hyperparameters that tell runs apart and the final metrics."""
     import pandas as pd
 
-    from .states import display_state
+    from .protocol.states import display_state
 
     rows = []
     for job in jobs:

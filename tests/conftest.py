@@ -13,6 +13,8 @@ from .backend_process import BackendProcess, start_backend
 from .model_factory import build_gpt2_dir
 
 os.environ.setdefault("CORTEX_DISABLE_TELEMETRY", "1")
+# Backends started by tests refuse to render a reply field their schema does not declare (config.py).
+os.environ.setdefault("CORTEX_STRICT_REPLIES", "1")
 
 
 @pytest.fixture(scope="session")

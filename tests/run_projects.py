@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from cortex_nb.states import JOB_TERMINAL
+from cortex_nb.protocol.states import JOB_TERMINAL
 
 
 def write_project(folder: Path, main_py: str, *, name: str = "test-run", extra_files: dict[str, str] | None = None,

@@ -8,7 +8,8 @@ import httpx
 import numpy as np
 import pytest
 
-from cortex_nb import Client, wire
+from cortex_nb import Client
+from cortex_nb.protocol import wire
 
 from .reference import random_batch
 from .tokens import create_token

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cortex_nb import routes, states
-from cortex_nb.version import __version__
+from cortex_nb.protocol import errors, routes, states
+from cortex_nb.protocol.versions import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,7 @@ def test_contract_holds_every_proxied_route_and_state():
     for route in routes.ROUTES:
         entry = f'{route.name}: {{ name: "{route.name}", method: "{route.method}", template: "{route.template}" }}'
         assert (entry in text) == route.proxied, route.name
-    for state in (*states.JOB_STATES, *states.REQUEST_STATES, *states.FAILURE_CODES):
+    for state in (*states.JOB_STATES, *states.REQUEST_STATES, *errors.FAILURE_CODES):
         assert f'"{state}"' in text
 
 

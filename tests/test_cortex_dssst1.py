@@ -9,7 +9,7 @@ import torch
 from cortex_backend.compat.cortex import dssst1
 from cortex_training import wire as sdk_wire
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 
 def test_reads_what_the_sdk_writes():

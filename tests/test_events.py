@@ -8,7 +8,7 @@ import threading
 import httpx
 
 from cortex_nb import Client
-from cortex_nb.states import JOB_CANCELLED, JOB_DONE
+from cortex_nb.protocol.states import JOB_CANCELLED, JOB_DONE
 
 from .tokens import create_token
 

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from cortex_nb import Client
-from cortex_nb.widgets import job_view, job_widget, state
+from cortex_nb import job_state as state
+from cortex_nb.widgets import job_view, job_widget
 from cortex_nb.widgets.throttle import MAX_RENDERS_PER_S, RenderThrottle
 
 from .notebook_fixtures import run_cell, train_spec, wait_until

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from cortex_nb import Client, NotFoundError
-from cortex_nb.states import JOB_DONE
+from cortex_nb.protocol.states import JOB_DONE
 
 from .backend_process import start_backend
 from .tcp_relay import TcpRelay

@@ -23,7 +23,7 @@ import torch
 
 from cortex_nb import ConflictError, RequestFailed
 from cortex_nb.datasets import addition_problems
-from cortex_nb.states import JOB_PENDING
+from cortex_nb.protocol.states import JOB_PENDING
 
 from .ray_cluster import start_ray_cluster
 from .reference import ReferenceTrainer, random_batch, reference_base, reference_logprobs, reference_lora

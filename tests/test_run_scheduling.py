@@ -10,7 +10,7 @@ from cortex_backend.runs.manager import run_environment
 from cortex_backend.runs.spec import validate_run_spec
 from cortex_backend.scheduler import Scheduler
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 GIB = 2**30
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex_nb.version import __version__
+from cortex_nb.protocol.versions import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

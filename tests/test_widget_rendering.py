@@ -11,10 +11,10 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
+from cortex_nb.job_state import JobState
 from cortex_nb.widgets import job_view
 from cortex_nb.widgets.job_widget import JobWidget
 from cortex_nb.widgets.relative_time import ago
-from cortex_nb.widgets.state import JobState
 from cortex_nb.widgets.svg import Line, line_chart
 from cortex_nb.widgets.throttle import RenderThrottle
 

@@ -6,8 +6,9 @@ import httpx
 import numpy as np
 import pytest
 
-from cortex_nb import Client, wire
-from cortex_nb.errors import ApiError
+from cortex_nb import Client
+from cortex_nb.protocol import wire
+from cortex_nb.protocol.errors import ApiError
 
 from .reference import random_batch
 

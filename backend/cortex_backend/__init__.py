@@ -3,6 +3,6 @@
 Importing this package is cheap: torch is imported only inside worker processes.
 """
 
-from cortex_nb.version import API_VERSION, __version__
+from cortex_nb.protocol.versions import API_VERSION, __version__
 
 __all__ = ["API_VERSION", "__version__"]

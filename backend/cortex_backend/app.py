@@ -1,18 +1,19 @@
-"""The Tornado application: every route in `cortex_nb.routes` mapped to its handler."""
+"""The Tornado application: every route in `cortex_nb.protocol.routes` mapped to its handler."""
 
 from __future__ import annotations
 
 import tornado.web
 
-from cortex_nb import routes
+from cortex_nb.protocol import routes
 
-from .handlers import checkpoints, datasets, jobs, logs, meta, observability, requests, runs, uploads
+from .handlers import checkpoints, data_plane, datasets, jobs, logs, meta, observability, runs, uploads
 from .handlers.base import NotFoundHandler
 from .service import Service
 
 # One handler per route name; routes sharing a template must share the handler class.
 HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "version": meta.VersionHandler,
+    "openapi": meta.OpenApiHandler,
     "capacity": meta.CapacityHandler,
     "list_models": meta.ModelsHandler,
     "tokenize": meta.TokenizeHandler,
@@ -23,15 +24,15 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "get_job": jobs.JobHandler,
     "cancel_job": jobs.JobCancelHandler,
     "complete_job": jobs.JobCompleteHandler,
-    "forward_backward": requests.OperationHandler,
-    "step": requests.OperationHandler,
-    "generate": requests.OperationHandler,
-    "forward": requests.OperationHandler,
-    "noop": requests.OperationHandler,
-    "list_requests": requests.RequestsHandler,
-    "get_request": requests.RequestHandler,
-    "get_request_tensors": requests.RequestTensorsHandler,
-    "cancel_request": requests.RequestCancelHandler,
+    "forward_backward": data_plane.OperationHandler,
+    "step": data_plane.OperationHandler,
+    "generate": data_plane.OperationHandler,
+    "forward": data_plane.OperationHandler,
+    "noop": data_plane.OperationHandler,
+    "list_requests": data_plane.RequestsHandler,
+    "get_request": data_plane.RequestHandler,
+    "get_request_tensors": data_plane.RequestTensorsHandler,
+    "cancel_request": data_plane.RequestCancelHandler,
     "upload_chunk": uploads.UploadChunkHandler,
     "put_dataset": datasets.DatasetHandler,
     "get_dataset": datasets.DatasetHandler,
@@ -54,9 +55,9 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "recent_telemetry": observability.TelemetryHandler,
     "operator_metrics": observability.OperatorMetricsHandler,
     # checkpoints and weight sync
-    "save": requests.OperationHandler,
-    "load": requests.OperationHandler,
-    "weight_sync": requests.OperationHandler,
+    "save": data_plane.OperationHandler,
+    "load": data_plane.OperationHandler,
+    "weight_sync": data_plane.OperationHandler,
     "list_checkpoints": checkpoints.CheckpointsHandler,
     "get_checkpoint": checkpoints.CheckpointHandler,
     "delete_checkpoint": checkpoints.CheckpointHandler,

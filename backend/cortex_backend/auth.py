@@ -9,8 +9,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from cortex_nb.errors import ApiError
-from cortex_nb.routes import ADMIN, READ, RUNS, SCOPES, WRITE
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.routes import ADMIN, READ, RUNS, SCOPES, WRITE
 
 from .store import Store
 

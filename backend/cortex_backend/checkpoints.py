@@ -14,7 +14,6 @@ cannot be deleted.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import secrets
@@ -25,7 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.checkpoint_format import (
+    CHECKPOINT_TYPES,
+    EXPORT_CONTENTS,
+    MANIFEST,
+    RESUMABLE,
+    WEIGHTS_ONLY,
+    encode_manifest,
+    export_manifest,
+    matches,
+)
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.schemas.data_plane import LoadBody, SaveBody
 
 from .auth import Principal
 from .durable import fsync_directory
@@ -34,14 +44,8 @@ from .validation import ID_PATTERN, validate_identifier
 
 log = logging.getLogger("cortex_backend.checkpoints")
 
-RESUMABLE = "resumable"
-WEIGHTS_ONLY = "weights-only"
-CHECKPOINT_TYPES = (RESUMABLE, WEIGHTS_ONLY)
 TEMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
-MANIFEST = "manifest.json"
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-EXPORT_CONTENTS = ("adapter", "all")
 # Bytes per adapter parameter: fp32 weights, and for a resumable save two fp32 AdamW moments more.
 BYTES_PER_PARAMETER = {WEIGHTS_ONLY: 4, RESUMABLE: 12}
 ESTIMATE_OVERHEAD_BYTES = 64 * 1024
@@ -189,27 +193,11 @@ class CheckpointManager:
         pending = any(s.job_id == job_id and s.requested_id == checkpoint_id for s in self._saves.values())
         return pending or self.store.get_checkpoint(job_id, checkpoint_id) is not None
 
-    def prepare_save(
-        self, request_id: str, job: dict[str, Any], sub: dict[str, Any], body: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Validate a save, reserve its id and its estimated bytes, and choose its temporary directory."""
-        unknown = sorted(set(body) - {"checkpoint_id", "type"})
-        if unknown:
-            raise ApiError(
-                "invalid_field",
-                f"{unknown[0]}: unknown field; save takes checkpoint_id, type",
-                {"field": unknown[0]},
-            )
-        kind = body.get("type", RESUMABLE)
-        if kind not in CHECKPOINT_TYPES:
-            raise ApiError(
-                "invalid_field",
-                f"type: must be one of {list(CHECKPOINT_TYPES)}, got {kind!r}",
-                {"field": "type"},
-            )
-        requested = body.get("checkpoint_id")
+    def prepare_save(self, request_id: str, job: dict[str, Any], sub: dict[str, Any], body: SaveBody) -> dict[str, Any]:
+        """Reserve a save's id and its estimated bytes, and choose its temporary directory."""
+        kind = body.type
+        requested = body.checkpoint_id
         if requested is not None:
-            validate_checkpoint_id(requested)
             if self._id_taken(job["id"], requested):
                 raise ApiError(
                     "checkpoint_exists",
@@ -319,38 +307,11 @@ class CheckpointManager:
         return row
 
     def prepare_load(
-        self,
-        request_id: str,
-        principal: Principal,
-        job: dict[str, Any],
-        sub: dict[str, Any],
-        body: dict[str, Any],
+        self, request_id: str, principal: Principal, job: dict[str, Any], sub: dict[str, Any], body: LoadBody
     ) -> dict[str, Any]:
-        unknown = sorted(
-            set(body) - {"checkpoint_id", "source_job_id", "target_sub_job_id", "restore_optimizer"}
-        )
-        if unknown:
-            raise ApiError(
-                "invalid_field",
-                f"{unknown[0]}: unknown field; load takes checkpoint_id, source_job_id,"
-                " target_sub_job_id, restore_optimizer",
-                {"field": unknown[0]},
-            )
-        if body.get("checkpoint_id") is None:
-            raise ApiError(
-                "invalid_field",
-                f"checkpoint_id: required (see GET /v1/jobs/{job['id']}/checkpoints)",
-                {"field": "checkpoint_id"},
-            )
-        source_job_id = body.get("source_job_id") or job["id"]
-        if not isinstance(source_job_id, str):
-            raise ApiError("invalid_field", "source_job_id: must be a job id", {"field": "source_job_id"})
-        restore = body.get("restore_optimizer", True)
-        if not isinstance(restore, bool):
-            raise ApiError(
-                "invalid_field", "restore_optimizer: must be true or false", {"field": "restore_optimizer"}
-            )
-        row = self.find(principal, job["owner"], source_job_id, body["checkpoint_id"])
+        source_job_id = body.source_job_id or job["id"]
+        restore = body.restore_optimizer
+        row = self.find(principal, job["owner"], source_job_id, body.checkpoint_id)
         check_adapters_match(
             row["manifest"].get("adapter"),
             (sub.get("info") or {}).get("adapter"),
@@ -431,25 +392,11 @@ class CheckpointManager:
             )
         row = self.get(principal, job, checkpoint_id)
         directory = self.path(row)
-        names = [
-            name for name in sorted(row["manifest"]["files"]) if contents == "all" or name in ADAPTER_FILES
-        ]
-        files_manifest = {name: row["manifest"]["files"][name] for name in names}
-        manifest = {
-            "checkpoint_id": row["id"],
-            "job_id": row["job_id"],
-            "type": row["type"],
-            "step": row["step"],
-            "contents": contents,
-            "base_model": row["base_model"],
-            "state_hash": row["manifest"].get("state_hash"),
-            "adapter": row["manifest"].get("adapter"),
-            "files": files_manifest,
-        }
+        manifest = export_manifest(row, contents)
         key = (row["job_id"], row["id"])
         self._readers[key] += 1
-        files = [(name, directory / name, int(files_manifest[name]["size"])) for name in names]
-        return ExportPlan(key, json.dumps(manifest, indent=2, sort_keys=True).encode(), files, row)
+        files = [(name, directory / name, int(entry["size"])) for name, entry in manifest["files"].items()]
+        return ExportPlan(key, encode_manifest(manifest), files, row)
 
     def end_export(self, plan: ExportPlan) -> None:
         self._release(plan.key)
@@ -457,7 +404,7 @@ class CheckpointManager:
     @staticmethod
     def verify_files(plan: ExportPlan) -> None:
         """Check every file against its recorded SHA-256 (run off the IO loop: it reads the files)."""
-        for name, path, size in plan.files:
+        for name, path, _size in plan.files:
             expected = plan.checkpoint["manifest"]["files"][name]
             digest = hashlib.sha256()
             try:
@@ -469,7 +416,7 @@ class CheckpointManager:
                     "checkpoint_corrupted",
                     f"{name} of checkpoint {plan.checkpoint['id']} cannot be read: {exc}",
                 ) from None
-            if digest.hexdigest() != expected["sha256"] or path.stat().st_size != size:
+            if not matches(expected, digest.hexdigest(), path.stat().st_size):
                 raise ApiError(
                     "checkpoint_corrupted",
                     f"{name} of checkpoint {plan.checkpoint['id']} no longer matches its"

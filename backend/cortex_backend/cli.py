@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cortex_nb.routes import SCOPES
+from cortex_nb.protocol.routes import SCOPES
 
 from .config import BackendSettings, default_data_dir
 from .samplers import SAMPLER_SETTINGS, check_sampler_setting
@@ -128,7 +128,7 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
                      help="make (once) and keep a self-signed certificate in DATA_DIR/tls and print its SHA-256 fingerprint")
     tls.add_argument("--tls-cert", type=Path, default=None, metavar="FILE", help="PEM certificate (chain) to serve HTTPS with")
     tls.add_argument("--tls-key", type=Path, default=None, metavar="FILE", help="PEM private key of --tls-cert")
-    runs = serve.add_argument_group("source runs (docs/job-spec.md)")
+    runs = serve.add_argument_group("source runs (docs/run-spec.md)")
     runs.add_argument("--runs-workspace", type=Path, default=None, help="where runs' work dirs live (default DATA_DIR/workspace)")
     runs.add_argument("--run-namespaces", choices=("auto", "off"), default="auto",
                       help="'auto': each run in a bubblewrap sandbox (read-only minimal root, private /tmp, no network,"

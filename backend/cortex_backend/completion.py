@@ -14,14 +14,15 @@ import logging
 import time
 from typing import Any
 
-from cortex_nb import states
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import states
+from cortex_nb.protocol.checkpoint_format import WEIGHTS_ONLY
+from cortex_nb.protocol.errors import ApiError
 from cortex_nb.train_spec import FINAL_CHECKPOINT
 
 from .auth import Principal
+from .data_plane import RequestManager
 from .jobs import JobManager
 from .progress import ProgressBook
-from .requests import RequestManager
 from .store import Store
 from .training_loops import TrainingLoops, loop_spec
 
@@ -68,7 +69,7 @@ class Completion:
 
     def _save_final(self, job: dict[str, Any]) -> str:
         loop = loop_spec(job) or {}
-        kind = (loop.get("save") or {}).get("type", "weights-only")
+        kind = (loop.get("save") or {}).get("type", WEIGHTS_ONLY)
         name = self.requests.checkpoints.free_name(job["id"], FINAL_CHECKPOINT)
         self.requests.submit_for_service(job, "save", {"checkpoint_id": name, "type": kind})
         log.info("job %s: saving checkpoint %s before freeing its device", job["id"], name)

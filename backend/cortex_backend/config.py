@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cortex_nb import wire
+from cortex_nb.protocol import wire
 
 
 def default_data_dir() -> Path:
@@ -69,6 +69,9 @@ class BackendSettings:
     history_retention_s: float = 30 * 24 * 3600.0
     # Test-only fault injection (see faults.py): "NAME" or "NAME=SUB_JOB_ID". Empty in any real deployment.
     fault_injection: tuple[str, ...] = ()
+    # Tests: a reply holding a field its schema (cortex_nb/protocol/schemas) does not declare fails (500,
+    # logged) instead of losing the field, so a field added to the service without its schema is caught.
+    strict_replies: bool = field(default_factory=lambda: os.environ.get("CORTEX_STRICT_REPLIES", "") == "1")
 
     # Executors (docs/scale.md) -------------------------------------------------------------------
     # "local": one worker process per sub-job on this host; "ray": one Ray actor per sub-job on the
@@ -91,7 +94,7 @@ class BackendSettings:
     tls_key: Path | None = None
     tls: str | None = None
 
-    # Source runs (docs/job-spec.md) ------------------------------------------------------------
+    # Source runs (docs/run-spec.md) ------------------------------------------------------------
     # Where runs' work dirs live; emptied at every start-up. Default: DATA_DIR/workspace.
     runs_workspace: Path | None = None
     # "auto": network, mount and PID namespaces where the host allows them; "off": never (tier none).

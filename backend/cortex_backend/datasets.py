@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 from cortex_nb.train_data import examples_from_jsonl
 from cortex_nb.train_spec import DATASET_ID, SpecError
 

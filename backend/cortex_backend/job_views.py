@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from cortex_nb import states
+from cortex_nb.protocol import states
 
 from .auth import Principal
 from .completion import Completion

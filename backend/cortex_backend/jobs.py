@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cortex_nb import states
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.schemas.jobs import CreateJob
 
 from .auth import Principal
 from .executor import Executor, SubJobAssignment
@@ -125,7 +126,7 @@ class JobManager:
         return job
 
     # create -----------------------------------------------------------------------------------
-    def create(self, principal: Principal, body: Any) -> dict[str, Any]:
+    def create(self, principal: Principal, body: CreateJob) -> dict[str, Any]:
         spec = validate_job(body, self.catalog)
         for validate in self.validators:
             spec = validate(principal, spec)

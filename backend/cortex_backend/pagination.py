@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 
 def parse_cursor(cursor: str | None) -> tuple[float, str] | None:

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from cortex_nb import states
+from cortex_nb.protocol import states
 from cortex_nb.series import CHART_POINTS, DecimatedSeries
 
 from .store import Store

@@ -21,7 +21,7 @@ from pathlib import Path
 import tornado.httpserver
 import tornado.netutil
 
-from cortex_nb.version import API_VERSION, __version__
+from cortex_nb.protocol.versions import API_VERSION, __version__
 
 from . import log_limits
 from .app import MAX_STREAMED_BODY, make_app

@@ -14,12 +14,13 @@ import shutil
 import time
 from typing import Any
 
-from cortex_nb import states
+from cortex_nb.protocol import states
 
 from .auth import ensure_admin_token
 from .checkpoints import CheckpointManager
 from .completion import Completion
 from .config import BackendSettings
+from .data_plane import RequestManager
 from .datasets import DatasetStore
 from .device_metrics import DeviceMetrics
 from .devices import Device
@@ -32,14 +33,13 @@ from .models import ModelCatalog, ModelInfo
 from .monitor import Monitor
 from .operator_metrics import LiveState, OperatorMetrics
 from .progress import ProgressBook, fold_request
-from .requests import RequestManager
 from .runs.manager import RunManager
 from .scheduler import Scheduler
 from .store import Store
 from .telemetry import TelemetrySink
 from .training_loops import TrainingLoops
 from .uploads import UploadStore
-from .weight_sync import WeightSyncCoordinator
+from .weight_syncs import WeightSyncCoordinator
 
 log = logging.getLogger("cortex_backend.service")
 

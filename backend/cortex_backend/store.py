@@ -364,7 +364,7 @@ class Store:
 
     def list_requests(self, job_id: str, limit: int) -> list[dict[str, Any]]:
         rows = self._rows(
-            "SELECT id, job_id, sub_job_id, op, status, error_code, created_at, started_at, finished_at"
+            "SELECT id, job_id, sub_job_id, op, status, error_code, error_message, created_at, started_at, finished_at"
             " FROM requests WHERE job_id = ? ORDER BY created_at DESC LIMIT ?",
             (job_id, limit),
         )

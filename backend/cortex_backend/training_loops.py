@@ -15,17 +15,17 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from cortex_nb import states
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
 from cortex_nb.train_spec import SpecError, parse_training_loop
 
 from .auth import Principal
 from .checkpoints import CheckpointManager
+from .data_plane import RequestManager
 from .datasets import DatasetStore
 from .jobs import JobManager
 from .models import ModelCatalog
 from .progress import ProgressBook
-from .requests import RequestManager
 from .store import Store
 from .validation import validate_prompts
 

@@ -15,8 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-from cortex_nb import wire
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import wire
+from cortex_nb.protocol.errors import ApiError
 
 from .auth import Principal
 from .validation import ID_PATTERN

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from cortex_nb import wire
+from cortex_nb.protocol import wire
 
 from .faults import Faults
 from .ipc import BlockingChannel
@@ -112,8 +112,7 @@ class Worker:
 
     def forward_backward(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         tensors, _ = wire.decode_frame(blob)
-        # The loss as the backend validated it (params), not re-read from the frame.
-        result, out = self.trainer.forward_backward(tensors, params["loss_fn"], params.get("loss_fn_config") or {})
+        result, out = self.trainer.forward_backward(tensors, params["loss_fn"], params["loss_fn_config"])
         self.forward_backward_calls += 1
         speed = result.get("tokens_per_second")
         print(
@@ -147,14 +146,14 @@ class Worker:
 
     # checkpoints and weight sync -------------------------------------------------------------------
     def save(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
-        from .engine.checkpoint_io import write_checkpoint
+        from .engine.checkpoint import write_checkpoint
 
         manifest = write_checkpoint(self.state, self.trainer, Path(params["directory"]), params["type"], self.faults)
         print(f"[engine] saved a {params['type']} checkpoint at step {manifest['step']}", flush=True)
         return {"manifest": manifest}, b""
 
     def load(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
-        from .engine.checkpoint_io import load_checkpoint
+        from .engine.checkpoint import load_checkpoint
 
         result = load_checkpoint(self.state, self.trainer, Path(params["directory"]), params["manifest"],
                                  bool(params.get("restore_optimizer", True)))
@@ -199,7 +198,7 @@ class Worker:
     # managed training ---------------------------------------------------------------------------------
     def train_loop(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         from .engine.errors import OperationError
-        from .engine.managed_loop import ManagedLoop
+        from .engine.training_loop import TrainingLoop
 
         if self.trainer is None:
             raise OperationError("unsupported_operation", "only a training sub-job runs a training loop")
@@ -211,7 +210,7 @@ class Worker:
         def stop_requested() -> bool:
             return loop_id in self.cancelled or self._shutting_down
 
-        loop = ManagedLoop(self.state, self.trainer, params, blob, report, self._serve_waiting, stop_requested, self.faults)
+        loop = TrainingLoop(self.state, self.trainer, params, blob, report, self._serve_waiting, stop_requested, self.faults)
         return loop.run(), b""
 
     def _serve_waiting(self) -> None:

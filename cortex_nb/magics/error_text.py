@@ -1,7 +1,7 @@
 """How a magic reports a problem: one line, in the notebook's words.
 
 - A REST route the backend names in a hint ("list yours with GET /v1/jobs") becomes the magic that
-  answers the same question ("%cortex jobs"); routes come from `cortex_nb.routes`, the one table.
+  answers the same question ("%cortex jobs"); routes come from `cortex_nb.protocol.routes`, the one table.
 - A field of a cell's YAML spec (`lora.r`, or the backend's `sub_jobs[0].lora.target_modules`) is
   named with the cell line it is written on.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..routes import route
+from ..protocol.routes import route
 from ..yaml_lines import key_lines
 
 # route name -> the magic that shows the same thing ({job_id} filled from the hint when it has one)

@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import discovery, errors
-from ..states import JOB_STATES, JOB_TERMINAL, clock, display_state
+from ..protocol.states import JOB_STATES, JOB_TERMINAL, clock, display_state
 from ..train_spec import save_supported
 from .registry import checkpoints_supported, noninteractive, subcommand
 
@@ -121,7 +121,7 @@ def job_command(self: CortexMagics, args: Any, cell: str | None):
     where it really is, and goes on advancing."""
     client = self.client()
     if noninteractive():
-        from ..widgets.state import JobState
+        from ..job_state import JobState
 
         state = JobState(args.job_id)
         state.set_job(client.get_job(args.job_id))

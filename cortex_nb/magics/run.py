@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..states import JOB_DONE, JOB_STATES
+from ..protocol.states import JOB_DONE, JOB_STATES
 from .registry import noninteractive, subcommand
 
 if TYPE_CHECKING:
@@ -35,17 +35,17 @@ def parse_outputs(pairs: list[str] | None) -> dict[str, str]:
 @argument("--output", action="append", metavar="NAME=PATH", help="a file main.py writes, to bring back (repeatable)")
 @argument("--gpu", type=int, default=0, help="GPUs the run needs (default 0)")
 @argument("--model", action="append", metavar="NAME", help="a registered model staged read-only at models/NAME (repeatable)")
-@argument("--timeout", type=float, metavar="S", help="seconds before the run is stopped (default from the job spec)")
+@argument("--timeout", type=float, metavar="S", help="seconds before the run is stopped (default from the run spec)")
 @argument("--name", default="cell", help="a name for the run")
 @argument("--isolation", choices=("best_effort", "required"), default="best_effort",
           help="required: fail rather than run without a network namespace")
 @argument("--wait", action="store_true", help="block until the run ends (Ctrl-C cancels it)")
 @argument("-o", "--output-var", metavar="VAR", help="store the RunHandle in VAR (otherwise it is the cell's result, _)")
 def run_command(self: CortexMagics, args: Any, cell: str | None):
-    """Run the cell's code as main.py on the backend host, as a finite source run (docs/job-spec.md).
+    """Run the cell's code as main.py on the backend host, as a finite source run (docs/run-spec.md).
     A widget follows its logs; when it ends, the declared outputs are downloaded next to the notebook
     (length and SHA-256 checked) and shown: JSON pretty-printed, CSV as a DataFrame, PNG as an image."""
-    from .. import job_spec
+    from .. import run_spec
     from ..runs import run_cell_source
 
     if not (cell or "").strip():
@@ -54,7 +54,7 @@ def run_command(self: CortexMagics, args: Any, cell: str | None):
     workdir = Path.cwd()
     handle = run_cell_source(
         client, cell, includes=args.include or (), outputs=parse_outputs(args.output), gpu=args.gpu,
-        models=args.model or (), timeout_s=args.timeout or job_spec.DEFAULT_TIMEOUT_S, workdir=workdir,
+        models=args.model or (), timeout_s=args.timeout or run_spec.DEFAULT_TIMEOUT_S, workdir=workdir,
         name=args.name, isolation=args.isolation,
     )
     if noninteractive():

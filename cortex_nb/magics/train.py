@@ -27,8 +27,8 @@ def train_command(self: CortexMagics, args: Any, cell: str | None):
     """Fine-tune a model with LoRA. The cell body is a YAML spec (keys below). The backend runs the
     training loop; the cell returns at once and the widget follows the run, which goes on if this
     kernel restarts (%cortex job ID shows it again)."""
+    from ..job_state import JobState
     from ..train_spec import parse_train_spec
-    from ..widgets.state import JobState
 
     client = self.client()
     # The cell's first line is the %%cortex line: with it standing in as a blank line, the spec's errors

@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass
 from html import escape
 
-from ..states import (
+from ..job_state import Snapshot, format_count, format_duration
+from ..protocol.states import (
     JOB_RUNNING,
     WORD_CANCELLED,
     WORD_DONE,
@@ -23,14 +24,13 @@ from ..states import (
     WORD_TRAINING,
 )
 from .relative_time import ago
-from .state import Snapshot, format_count, format_duration
 from .svg import Line, line_chart, svg_img
 
 LOG_LINES_SHOWN = 40
 OPEN_IN_SIDEBAR_CLASS = "cortex-open-in-sidebar"
 STATIC_CLASS = "cortex-job-static"
 NEUTRAL = "#6b7280"
-# One colour per display word (`cortex_nb.states.display_state`). A cancel is the user's choice, not a
+# One colour per display word (`cortex_nb.protocol.states.display_state`). A cancel is the user's choice, not a
 # failure: it is as neutral as a queued job, and only `failed` is red.
 BADGE_COLORS = {
     WORD_QUEUED: NEUTRAL, WORD_STARTING: "#2563eb", WORD_TRAINING: "#2563eb", WORD_SAMPLING: "#0f766e",

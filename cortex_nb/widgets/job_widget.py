@@ -22,8 +22,9 @@ from IPython.display import display
 
 from ..errors import CortexError
 from ..job_feed import JobFeed
+from ..job_state import JobState, Snapshot
 from ..kernel_threads import capture_parent, start_thread
-from ..states import JOB_RUNNING
+from ..protocol.states import JOB_RUNNING
 from .job_view import (
     ViewOptions,
     bar_style,
@@ -43,7 +44,6 @@ from .job_view import (
     stats_html,
     trained,
 )
-from .state import JobState, Snapshot
 from .throttle import RenderThrottle
 
 if TYPE_CHECKING:

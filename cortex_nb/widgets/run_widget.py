@@ -16,11 +16,11 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from ..errors import CortexError
+from ..job_state import JobState, format_duration
 from ..kernel_threads import BackgroundLoop, capture_parent, start_thread
-from ..states import JOB_DONE, JOB_PENDING, JOB_RUNNING, JOB_TERMINAL, WORD_QUEUED
+from ..protocol.states import JOB_DONE, JOB_PENDING, JOB_RUNNING, JOB_TERMINAL, WORD_QUEUED
 from .job_view import BADGE_COLORS, BAR_STYLES, NEUTRAL, logs_pre, logs_title
 from .job_widget import disclosure
-from .state import JobState, format_duration
 from .throttle import RenderThrottle
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cortex_nb.version import __version__
+from cortex_nb.protocol.versions import __version__
 
 from .app import CortexServerApp
 

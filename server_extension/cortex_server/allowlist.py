@@ -1,4 +1,4 @@
-"""Which backend routes the proxy forwards: exactly those in `cortex_nb.routes` marked `proxied`.
+"""Which backend routes the proxy forwards: exactly those in `cortex_nb.protocol.routes` marked `proxied`.
 
 Derived from the route table, never a second list of paths, so a route added there (and marked
 proxied) reaches the panel and kernels with no change here, and a route marked not proxied (tokens,
@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from cortex_nb import routes
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import routes
+from cortex_nb.protocol.errors import ApiError
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HT
 from tornado.httputil import HTTPHeaders
 
 from cortex_nb import tls
-from cortex_nb.errors import ApiError
-from cortex_nb.version import __version__
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.versions import __version__
 
 from .discovery import SOURCE_LOCAL, BackendLocator, BackendTarget
 

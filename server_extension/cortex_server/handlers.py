@@ -15,7 +15,7 @@ from tornado.httpclient import HTTPClientError
 from tornado.httputil import HTTPHeaders
 from tornado.iostream import StreamClosedError
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 from . import allowlist
 from .backend import BackendConnection, request_headers_to_forward, response_headers_to_forward

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cortex_nb.errors import ApiError
-from cortex_nb.version import API_VERSION, __version__, api_major
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.versions import API_VERSION, __version__, api_major
 
 from .backend import BackendConnection
 

@@ -12,8 +12,9 @@ import pytest
 from tornado.httpclient import HTTPClientError
 from traitlets.config import Config
 
-from cortex_nb import __version__, routes
-from cortex_nb.version import API_VERSION
+from cortex_nb import __version__
+from cortex_nb.protocol import routes
+from cortex_nb.protocol.versions import API_VERSION
 
 TINY_JOB = {"sub_jobs": [{"type": "training", "base_model": "tiny"}]}
 

@@ -61,7 +61,7 @@ class SamplingEngine(abc.ABC):
         should_cancel: Cancelled = lambda: False,
     ) -> dict[str, Any]:
         if not isinstance(params, SamplingParams):
-            params = SamplingParams.from_json(params)
+            params = SamplingParams.model_validate(params)
         started = time.perf_counter()
         self.refresh()
         seed = resolve_seed(params)

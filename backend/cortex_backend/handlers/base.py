@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import tornado.web
+from pydantic import BaseModel
 
-from cortex_nb import routes
-from cortex_nb.errors import ApiError
-from cortex_nb.version import API_VERSION, __version__
+from cortex_nb.protocol import routes
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.schemas.base import parse, render
+from cortex_nb.protocol.versions import API_VERSION, __version__
 
 from ..auth import Principal, authenticate
 from ..service import Service
@@ -101,28 +103,17 @@ class BaseHandler(tornado.web.RequestHandler):
     def json_body(self) -> dict[str, Any]:
         return parse_json_object(self.body)
 
-    # arguments ---------------------------------------------------------------------------------
-    def int_argument(self, name: str, default: int, low: int = 0, high: int = 1 << 62) -> int:
-        raw = self.get_query_argument(name, None)
-        if raw is None or raw == "":
-            return default
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ApiError("invalid_field", f"{name}: must be an integer, got {raw!r}", {"field": name}) from None
-        return max(low, min(value, high))
+    # what the route takes ------------------------------------------------------------------------
+    def parse_body(self) -> Any:
+        """The JSON body as the route's `Body` model, or the error naming its first bad field."""
+        return parse(self.route.body, self.json_body())
 
-    def float_argument(self, name: str, default: float, low: float = 0.0, high: float = 60.0) -> float:
-        raw = self.get_query_argument(name, None)
-        if raw is None or raw == "":
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ApiError("invalid_field", f"{name}: must be a number, got {raw!r}", {"field": name}) from None
-        if value != value:  # NaN compares false with everything and would slip through the clamp
-            raise ApiError("invalid_field", f"{name}: must be a number, got {raw!r}", {"field": name})
-        return max(low, min(value, high))
+    def query_args(self) -> Any:
+        """The query parameters as the route's `Query` model (an empty value counts as absent)."""
+        model = self.route.query
+        raw = {name: self.get_query_argument(name) for name in model.model_fields
+               if self.get_query_argument(name, "") != ""}
+        return parse(model, raw)
 
     # idempotency -------------------------------------------------------------------------------
     # Requests with the same owner and Idempotency-Key that are being answered right now (a retry that
@@ -169,9 +160,14 @@ class BaseHandler(tornado.web.RequestHandler):
 
     # rendering ---------------------------------------------------------------------------------
     def write_json(self, value: Any, status: int = 200) -> None:
+        """Render `value` as the route's reply model: exactly the fields its schema declares."""
         self.set_status(status)
         self.set_header("Content-Type", "application/json; charset=utf-8")
-        self.finish(dumps_strict(value))
+        reply = getattr(self.route, "reply", None)
+        if isinstance(reply, type) and issubclass(reply, BaseModel):
+            self.finish(render(reply, value, strict=self.service.settings.strict_replies))
+        else:
+            self.finish(dumps_strict(value))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
-from ..checkpoints import MANIFEST, CheckpointManager, public_checkpoint
+from cortex_nb.protocol.checkpoint_format import MANIFEST, MANIFEST_SHA_HEADER
+
+from ..checkpoints import CheckpointManager, public_checkpoint
 from ..tar_stream import END_OF_ARCHIVE, archive_size, member_header, padding
 from .base import BaseHandler
 
 EXPORT_READ_BYTES = 1 << 20
-MANIFEST_HEADER = "X-Cortex-Manifest-Sha256"
 
 
 class CheckpointsHandler(BaseHandler):
@@ -42,7 +43,7 @@ class CheckpointExportHandler(BaseHandler):
 
     async def get(self, job_id: str, checkpoint_id: str) -> None:
         job = self.service.jobs.visible_job(self.principal, job_id)
-        contents = self.get_query_argument("contents", "adapter")
+        contents = self.query_args().contents
         plan = self.service.checkpoints.begin_export(self.principal, job, checkpoint_id, contents)
         loop = asyncio.get_running_loop()
         try:
@@ -54,7 +55,7 @@ class CheckpointExportHandler(BaseHandler):
                 str(archive_size([len(plan.manifest)] + [size for _, _, size in plan.files])),
             )
             self.set_header("Content-Disposition", f'attachment; filename="{job_id}-{checkpoint_id}.tar"')
-            self.set_header(MANIFEST_HEADER, hashlib.sha256(plan.manifest).hexdigest())
+            self.set_header(MANIFEST_SHA_HEADER, hashlib.sha256(plan.manifest).hexdigest())
             self.write(
                 member_header(MANIFEST, len(plan.manifest), mtime)
                 + plan.manifest

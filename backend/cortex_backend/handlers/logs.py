@@ -14,7 +14,7 @@ from typing import Any
 
 from tornado.iostream import StreamClosedError
 
-from cortex_nb import states
+from cortex_nb.protocol import states
 
 from ..logs import MAX_PAGE
 from ..validation import dumps_strict
@@ -30,15 +30,14 @@ class JobLogsHandler(BaseHandler):
 
     async def get(self, job_id: str) -> None:
         job = self.service.jobs.visible_job(self.principal, job_id)
-        cursor = self.int_argument("cursor", 0)
-        limit = self.int_argument("limit", 1000, 1, MAX_PAGE)
-        sub_job = self.get_query_argument("sub_job", None) or None
+        query = self.query_args()
+        cursor, limit, sub_job = query.cursor, min(query.limit, MAX_PAGE), query.sub_job
         redacted = job["owner"] != self.principal.owner
-        if self.get_query_argument("follow", "").lower() in ("1", "true", "yes"):
+        if (query.follow or "").lower() in ("1", "true", "yes"):
             self.waited = True
-            await self._stream(job_id, cursor, sub_job, redacted, self.float_argument("heartbeat", HEARTBEAT_S, 0.05, 60.0))
+            await self._stream(job_id, cursor, sub_job, redacted, max(0.05, min(query.heartbeat, 60.0)))
             return
-        wait_s = self.float_argument("wait", 0.0) if job["status"] not in states.JOB_TERMINAL else 0.0
+        wait_s = min(query.wait, 60.0) if job["status"] not in states.JOB_TERMINAL else 0.0
         self.waited = wait_s > 0
         page = await self.service.logs.follow(job_id, cursor, limit, wait_s, sub_job, redacted)
         page["job_status"] = self.service.jobs.visible_job(self.principal, job_id)["status"]
@@ -46,7 +45,8 @@ class JobLogsHandler(BaseHandler):
 
     def on_connection_close(self) -> None:
         self._connection_closed = True
-        self.service.logs.waiters.notify(self.path_kwargs.get("job_id", ""))
+        # A connection can close before routing gave the handler its path arguments.
+        self.service.logs.waiters.notify(getattr(self, "path_kwargs", {}).get("job_id", ""))
 
     async def _stream(self, job_id: str, cursor: int, sub_job: str | None, redacted: bool, heartbeat_s: float) -> None:
         logs, store = self.service.logs, self.service.store

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from cortex_nb.errors import ApiError
-from cortex_nb.version import API_VERSION, __version__
+from cortex_nb.protocol import openapi
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.versions import API_VERSION, __version__
 
 from .base import BaseHandler
 
@@ -13,6 +14,14 @@ from .base import BaseHandler
 class VersionHandler(BaseHandler):
     def get(self) -> None:
         self.write_json({"service": "cortex-nb-backend", "version": __version__, "api_version": API_VERSION})
+
+
+class OpenApiHandler(BaseHandler):
+    """This API as an OpenAPI 3.1 document, generated from the route table and the schemas."""
+
+    def get(self) -> None:
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.finish(openapi.document_json())
 
 
 class CapacityHandler(BaseHandler):
@@ -25,25 +34,13 @@ class ModelsHandler(BaseHandler):
         self.write_json({"models": self.service.catalog.list()})
 
 
-# Tokenizing is bounded (a read-only token could otherwise hold a core for seconds) and runs off the IO loop.
-MAX_TEXTS = 1024
-MAX_TEXT_CHARS = 1 << 20
-MAX_TOKEN_IDS = 1 << 20
-
-
 class TokenizeHandler(BaseHandler):
     async def post(self, model: str) -> None:
-        body = self.json_body()
-        texts = body.get("texts")
-        if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
-            raise ApiError("invalid_field", "texts: must be a list of strings", {"field": "texts"})
-        if len(texts) > MAX_TEXTS or sum(map(len, texts)) > MAX_TEXT_CHARS:
-            raise ApiError("invalid_field", f"texts: at most {MAX_TEXTS} texts and {MAX_TEXT_CHARS} characters in all per"
-                           " request; split the work", {"field": "texts"})
-        add_special = body.get("add_special_tokens", True)
+        body = self.parse_body()
         tokenizer = self.service.catalog.tokenizer(model)
+        # Tokenizing (bounded by the body's schema) runs off the IO loop.
         tokens = await asyncio.to_thread(
-            lambda: [tokenizer.encode(text, add_special_tokens=bool(add_special)) for text in texts])
+            lambda: [tokenizer.encode(text, add_special_tokens=body.add_special_tokens) for text in body.texts])
         self.write_json({
             "model": model,
             "tokens": tokens,
@@ -56,15 +53,7 @@ class TokenizeHandler(BaseHandler):
 
 class DetokenizeHandler(BaseHandler):
     async def post(self, model: str) -> None:
-        body = self.json_body()
-        tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(
-            isinstance(row, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in row) for row in tokens
-        ):
-            raise ApiError("invalid_field", "tokens: must be a list of token-id lists", {"field": "tokens"})
-        if len(tokens) > MAX_TEXTS or sum(map(len, tokens)) > MAX_TOKEN_IDS:
-            raise ApiError("invalid_field", f"tokens: at most {MAX_TEXTS} lists and {MAX_TOKEN_IDS} ids in all per request",
-                           {"field": "tokens"})
+        tokens = self.parse_body().tokens
         tokenizer = self.service.catalog.tokenizer(model)
         vocab = tokenizer.vocab_size
         for index, row in enumerate(tokens):

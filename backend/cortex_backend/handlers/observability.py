@@ -7,33 +7,29 @@ from .base import BaseHandler
 
 class JobMetricsHandler(BaseHandler):
     def get(self, job_id: str) -> None:
-        since = self.float_argument("since", 0.0, 0.0, float("inf"))
-        limit = self.int_argument("limit", 1000, 1, 10_000)
-        self.write_json(self.service.device_metrics.for_job(self.principal, job_id, since, limit))
+        query = self.query_args()
+        self.write_json(self.service.device_metrics.for_job(self.principal, job_id, query.since, min(query.limit, 10_000)))
 
 
 class HostMetricsHandler(BaseHandler):
     def get(self) -> None:
-        since = self.float_argument("since", 0.0, 0.0, float("inf"))
-        self.write_json(self.service.device_metrics.host(since))
+        self.write_json(self.service.device_metrics.host(self.query_args().since))
 
 
 class EventsHandler(BaseHandler):
     async def get(self) -> None:
-        after = self.int_argument("after", 0)
-        limit = self.int_argument("limit", 100, 1, 1000)
-        wait_s = self.float_argument("wait", 0.0)
-        self.write_json(await self.service.events.follow(self.principal, after, limit, wait_s))
+        query = self.query_args()
+        self.write_json(await self.service.events.follow(self.principal, query.after, min(query.limit, 1000),
+                                                         min(query.wait, 60.0)))
 
 
 class TelemetryHandler(BaseHandler):
     def post(self) -> None:
-        accepted = self.service.telemetry.receive(self.principal, self.json_body())
+        accepted = self.service.telemetry.receive(self.principal, self.parse_body().records)
         self.write_json({"accepted": accepted}, 202)
 
     def get(self) -> None:
-        limit = self.int_argument("limit", 100, 1, 1000)
-        self.write_json({"records": self.service.telemetry.latest(limit)})
+        self.write_json({"records": self.service.telemetry.latest(min(self.query_args().limit, 1000))})
 
 
 class OperatorMetricsHandler(BaseHandler):

@@ -3,11 +3,10 @@ outputs (listing and download), and the chunk uploads that carry a run's source 
 
 from __future__ import annotations
 
-from cortex_nb import states
+from cortex_nb.protocol import states
 
-from ..logs import run_log_key
+from ..logs import MAX_PAGE, run_log_key
 from ..runs.manager import public_run
-from ..validation import validate_job_status
 from .base import BaseHandler
 from .uploads import UploadChunkHandler
 
@@ -16,15 +15,12 @@ OUTPUT_BLOCK = 1 << 20
 
 class RunsHandler(BaseHandler):
     def get(self) -> None:
-        status = validate_job_status(self.get_query_argument("status", None) or None)
-        limit = self.int_argument("limit", 50, 1, 500)
-        self.write_json(self.service.runs.list(
-            self.principal, status, limit, self.get_query_argument("cursor", None),
-            self.get_query_argument("submission_id", None) or None,
-        ))
+        query = self.query_args()
+        self.write_json(self.service.runs.list(self.principal, query.status, min(query.limit, 500), query.cursor,
+                                               query.submission_id))
 
     async def post(self) -> None:
-        run, created = await self.service.runs.submit(self.principal, self.json_body())
+        run, created = await self.service.runs.submit(self.principal, self.parse_body().model_dump(exclude_unset=True))
         if not created:
             self.set_header("Cortex-Existing-Run", "true")
         self.write_json(public_run(run), 201 if created else 200)
@@ -32,9 +28,9 @@ class RunsHandler(BaseHandler):
 
 class RunHandler(BaseHandler):
     async def get(self, run_id: str) -> None:
-        wait_s = self.float_argument("wait", 0.0)
-        from_status = self.get_query_argument("while_status", None)
-        self.write_json(public_run(await self.service.runs.wait_for_change(self.principal, run_id, from_status, wait_s)))
+        query = self.query_args()
+        self.write_json(public_run(await self.service.runs.wait_for_change(self.principal, run_id, query.while_status,
+                                                                            min(query.wait, 60.0))))
 
 
 class RunCancelHandler(BaseHandler):
@@ -50,12 +46,12 @@ class RunReportHandler(BaseHandler):
 class RunLogsHandler(BaseHandler):
     async def get(self, run_id: str) -> None:
         run = self.service.runs.visible_run(self.principal, run_id)
-        cursor = self.int_argument("cursor", 0)
-        limit = self.int_argument("limit", 1000, 1, 5000)
-        wait_s = self.float_argument("wait", 0.0) if run["status"] not in states.JOB_TERMINAL else 0.0
+        query = self.query_args()
+        wait_s = min(query.wait, 60.0) if run["status"] not in states.JOB_TERMINAL else 0.0
         # Lines shown to anyone but the run's owner (an admin) are redacted, as job logs are.
         redacted = run["owner"] != self.principal.owner
-        page = await self.service.logs.follow(run_log_key(run_id), cursor, limit, wait_s, redacted=redacted)
+        page = await self.service.logs.follow(run_log_key(run_id), query.cursor, min(query.limit, MAX_PAGE), wait_s,
+                                              redacted=redacted)
         page["run_status"] = self.service.runs.visible_run(self.principal, run_id)["status"]
         self.write_json(page)
 

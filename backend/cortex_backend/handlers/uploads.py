@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from cortex_nb import wire
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import wire
+from cortex_nb.protocol.errors import ApiError
 
 from ..validation import parse_decimal
 from .base import BaseHandler

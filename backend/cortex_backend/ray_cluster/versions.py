@@ -12,7 +12,7 @@ COMPONENTS = ("python", "torch", "cortex-nb", "ray")
 
 def local_versions() -> dict[str, str]:
     """This interpreter's versions (read from package metadata: no torch import)."""
-    from cortex_nb.version import __version__
+    from cortex_nb.protocol.versions import __version__
 
     return {
         "python": ".".join(str(part) for part in sys.version_info[:3]),

@@ -15,8 +15,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from cortex_nb import job_spec
-from cortex_nb.errors import ApiError, CortexError
+from cortex_nb import run_spec
+from cortex_nb.protocol.errors import ApiError, CortexError
 
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}\Z")
 ENTRY_KEYS = {"path", "bytes", "sha256", "kind"}
@@ -38,7 +38,7 @@ def validate_manifest(raw: Any, spec: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(entry, dict) or set(entry) - ENTRY_KEYS or not {"path", "bytes", "sha256"} <= set(entry):
             raise ApiError("invalid_field", f"{field}: must be an object with path, bytes, sha256 and kind", {"field": field})
         try:
-            path = job_spec.relative_path(entry["path"], f"{field}.path")
+            path = run_spec.relative_path(entry["path"], f"{field}.path")
         except CortexError as exc:
             raise ApiError("invalid_field", exc.message, exc.detail) from None
         size, digest, kind = entry["bytes"], entry["sha256"], entry.get("kind", "source")
@@ -54,16 +54,16 @@ def validate_manifest(raw: Any, spec: dict[str, Any]) -> list[dict[str, Any]]:
         if kind == "source":
             source_bytes += size
             source_files += 1
-        elif size > job_spec.MAX_INPUT_BYTES:
+        elif size > run_spec.MAX_INPUT_BYTES:
             raise ApiError("spec_invalid", f"input {path} is {size} bytes; each input may be at most"
-                           f" {job_spec.MAX_INPUT_BYTES}", {"field": "inputs"})
+                           f" {run_spec.MAX_INPUT_BYTES}", {"field": "inputs"})
         entries.append({"path": path, "bytes": size, "sha256": digest, "kind": kind})
-    if source_files > job_spec.MAX_SOURCE_FILES:
-        raise ApiError("spec_invalid", f"source.include: {source_files} files; at most {job_spec.MAX_SOURCE_FILES}",
+    if source_files > run_spec.MAX_SOURCE_FILES:
+        raise ApiError("spec_invalid", f"source.include: {source_files} files; at most {run_spec.MAX_SOURCE_FILES}",
                        {"field": "source.include"})
-    if source_bytes > job_spec.MAX_SOURCE_BYTES:
+    if source_bytes > run_spec.MAX_SOURCE_BYTES:
         raise ApiError("spec_invalid", f"source.include: {source_bytes} bytes of source; at most"
-                       f" {job_spec.MAX_SOURCE_BYTES} (send data as inputs)", {"field": "source.include"})
+                       f" {run_spec.MAX_SOURCE_BYTES} (send data as inputs)", {"field": "source.include"})
     declared = {entry["path"] for entry in spec["inputs"].values()}
     sent = {entry["path"] for entry in entries if entry["kind"] == "input"}
     if declared != sent:

@@ -23,8 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cortex_nb import job_spec, states
-from cortex_nb.errors import ApiError
+from cortex_nb import run_spec
+from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
 
 from ..auth import Principal
 from ..config import BackendSettings
@@ -356,7 +357,7 @@ class RunManager:
             await asyncio.to_thread(self._prepare_workdir, run, workdir, uid)
             cgroup, enforced = await asyncio.to_thread(self._make_cgroup, run_id)
             config = self._sandbox_config(run, devices, workdir, uid, cgroup, enforced)
-            refusal = self.host.missing_for_required(enforced) if run["spec"]["isolation"] == job_spec.ISOLATION_REQUIRED else None
+            refusal = self.host.missing_for_required(enforced) if run["spec"]["isolation"] == run_spec.ISOLATION_REQUIRED else None
             if refusal is not None:
                 outcome = (states.JOB_FAILED, "isolation_unsupported", (
                     f"the spec says isolation: required, but {refusal}. Use isolation: best_effort to run with what"
@@ -447,7 +448,7 @@ class RunManager:
         workdir.mkdir(mode=0o700)
         extract_archive(self.settings.runs_dir / run["id"] / "source.tar", run["manifest"], workdir)
         for name in run["spec"]["models"]:
-            (workdir / job_spec.MODELS_DIR / name).mkdir(parents=True)
+            (workdir / run_spec.MODELS_DIR / name).mkdir(parents=True)
         if uid is not None:
             for root, dirs, files in os.walk(workdir):
                 for name in (*dirs, *files):

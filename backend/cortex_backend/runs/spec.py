@@ -1,12 +1,12 @@
-"""A submitted run spec checked against this backend: the shared rules (cortex_nb.job_spec), plus
+"""A submitted run spec checked against this backend: the shared rules (cortex_nb.run_spec), plus
 registered models that can be staged and GPUs this host has."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from cortex_nb import job_spec
-from cortex_nb.errors import ApiError, CortexError
+from cortex_nb import run_spec
+from cortex_nb.protocol.errors import ApiError, CortexError
 
 from ..models import ModelCatalog
 from ..scheduler import Scheduler
@@ -14,7 +14,7 @@ from ..scheduler import Scheduler
 
 def validate_run_spec(raw: Any, catalog: ModelCatalog, scheduler: Scheduler) -> dict[str, Any]:
     try:
-        spec = job_spec.validate_spec(raw)
+        spec = run_spec.validate_spec(raw)
     except CortexError as exc:
         raise ApiError(exc.code, exc.message, exc.detail) from None
     for index, name in enumerate(spec["models"]):

@@ -8,8 +8,8 @@ from typing import Any
 
 import tornado.web
 
-from cortex_nb import routes
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import routes
+from cortex_nb.protocol.errors import ApiError
 
 from ...auth import authenticate
 from ...handlers.base import BaseHandler
@@ -36,7 +36,7 @@ class CortexFace:
 
 
 class CortexHandler(BaseHandler):
-    """Auth and errors for the SDK's paths (which are not in `cortex_nb.routes`: they are another API)."""
+    """Auth and errors for the SDK's paths (which are not in `cortex_nb.protocol.routes`: they are another API)."""
 
     face: CortexFace
     # Set by handlers that need no token (signed download links).
@@ -55,6 +55,17 @@ class CortexHandler(BaseHandler):
         if declared is not None and declared > self._body_limit:
             self._body_too_large = True
         self._accepted = True
+
+    def int_argument(self, name: str, default: int, low: int, high: int) -> int:
+        """A query argument of the SDK's, clamped to [low, high] as the SDK expects."""
+        raw = self.get_query_argument(name, None)
+        if raw is None or raw == "":
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ApiError("invalid_field", f"{name}: must be an integer, got {raw!r}", {"field": name}) from None
+        return max(low, min(value, high))
 
     def labels(self) -> tuple[str, str]:
         """The database and schema the SDK put in the path: free labels, recorded on jobs it creates."""

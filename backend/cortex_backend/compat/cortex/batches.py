@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from cortex_nb import wire
-from cortex_nb.errors import ApiError
-from cortex_nb.losses import LOSS_FUNCTIONS
+from cortex_nb.protocol import wire
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.losses import LOSS_FUNCTIONS
 
 from . import dssst1
 from .errors import not_supported

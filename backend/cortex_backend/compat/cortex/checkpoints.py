@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 from ...auth import Principal
 from ...checkpoints import CheckpointManager

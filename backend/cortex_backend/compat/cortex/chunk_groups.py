@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from cortex_nb import wire
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import wire
+from cortex_nb.protocol.errors import ApiError
 
 from ...auth import Principal
 from ...store import Store

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.schemas.base import parse
+from cortex_nb.protocol.schemas.jobs import CreateJob
 
 from ...jobs import public_job
 from .base import CortexHandler
@@ -31,7 +33,7 @@ class JobsHandler(CortexHandler):
         self.write_json({"jobs": [sdk_job(job) for job in jobs]})
 
     def post(self, database: str, schema: str) -> None:
-        job = self.service.jobs.create(self.principal, job_spec(self.json_body(), database, schema))
+        job = self.service.jobs.create(self.principal, parse(CreateJob, job_spec(self.json_body(), database, schema)))
         self.write_json({"job_id": job["id"], "status": sdk_job(public_job(job))["status"]})
 
 

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save as _st_save
 
-from cortex_nb import strict_json
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import strict_json
+from cortex_nb.protocol.errors import ApiError
 
 VERSION = "DSSST1"
 PLACEHOLDER = "__dss_empty__"

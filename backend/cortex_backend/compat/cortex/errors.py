@@ -13,7 +13,7 @@ The HTTP reason phrase carries the code and message too, because the SDK raises
 
 from __future__ import annotations
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 CHUNK_GROUP_CODES = frozenset({"chunk_group_restart_required", "chunk_group_conflict", "chunk_group_missing_chunks"})
 GONE_CODES = frozenset({"job_finished"})

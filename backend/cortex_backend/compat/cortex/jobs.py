@@ -12,8 +12,8 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-from cortex_nb import states
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
 
 from .errors import not_supported
 

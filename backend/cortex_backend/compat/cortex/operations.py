@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cortex_nb import states
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
 
 from ...logs import MAX_PAGE
 from . import batches

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from cortex_nb import states
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
 
 from . import batches, dssst1
 from .base import CortexHandler

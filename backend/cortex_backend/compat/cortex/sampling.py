@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 from .errors import not_supported
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol.errors import ApiError
 
 LINK_TTL_S = 3600
 

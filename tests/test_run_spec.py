@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cortex_nb import job_spec
+from cortex_nb import run_spec as job_spec
 from cortex_nb.errors import BadRequestError
 
 BASE = {"version": 1, "name": "eval", "command": ["python", "main.py"]}

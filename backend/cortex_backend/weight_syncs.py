@@ -1,4 +1,4 @@
-"""weight_sync, service side: a job-level request between the trainer and its samplers.
+"""Weight syncs, the service side (engine/weight_sync.py is the workers'): a job-level request between the trainer and its samplers.
 
 One `weight_sync` request R is queued on the training sub-job (op `weight_sync`) and, in the same IO
 loop turn, a companion `weight_sync_apply` is queued on every target sub-job. Each participant
@@ -16,15 +16,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from cortex_nb import states
-from cortex_nb.errors import ApiError
+from cortex_nb.protocol import states
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.schemas.data_plane import WeightSyncBody
 
 from .checkpoints import check_adapters_match
 from .executor import Executor
 
 log = logging.getLogger("cortex_backend.weight_sync")
 
-WEIGHT_FORMATS = ("lora", "full")
 TARGET_TYPES = (states.SAMPLING, states.LOG_PROBABILITY)
 
 
@@ -47,17 +47,10 @@ class WeightSyncCoordinator:
         self._syncs: dict[str, ActiveSync] = {}
 
     # submission -------------------------------------------------------------------------------
-    def source(self, job: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    def source(self, job: dict[str, Any], body: WeightSyncBody) -> dict[str, Any]:
         """The training sub-job that sends its weights (`source`, or the job's trainer)."""
-        unknown = sorted(set(body) - {"source", "targets", "format"})
-        if unknown:
-            raise ApiError(
-                "invalid_field",
-                f"{unknown[0]}: unknown field; weight_sync takes source, targets, format",
-                {"field": unknown[0]},
-            )
         trainers = [sub for sub in job["sub_jobs"] if sub["type"] == states.TRAINING]
-        requested = body.get("source")
+        requested = body.source
         if requested is not None:
             trainers = [sub for sub in trainers if sub["id"] == requested]
             if not trainers:
@@ -72,23 +65,13 @@ class WeightSyncCoordinator:
             )
         return trainers[0]
 
-    def prepare(self, job: dict[str, Any], source: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
-        weight_format = body.get("format", "lora")
-        if weight_format not in WEIGHT_FORMATS:
-            raise ApiError(
-                "invalid_field",
-                f"format: must be one of {list(WEIGHT_FORMATS)}, got {weight_format!r}",
-                {"field": "format"},
-            )
+    def prepare(self, job: dict[str, Any], source: dict[str, Any], body: WeightSyncBody) -> dict[str, Any]:
+        weight_format = body.format
         by_id = {sub["id"]: sub for sub in job["sub_jobs"]}
-        requested = body.get("targets")
+        requested = body.targets
         if requested is None:
             targets = [sub["id"] for sub in job["sub_jobs"] if sub["type"] == states.SAMPLING]
-        elif (
-            isinstance(requested, list)
-            and all(isinstance(t, str) for t in requested)
-            and len(set(requested)) == len(requested)
-        ):
+        elif len(set(requested)) == len(requested):
             targets = list(requested)
         else:
             raise ApiError(

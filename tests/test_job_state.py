@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ElementTree
 
+from cortex_nb.job_state import LOG_LINE_CHARS, LOG_TAIL_LINES, DecimatedSeries, JobState
 from cortex_nb.widgets import job_view
-from cortex_nb.widgets.state import LOG_LINE_CHARS, LOG_TAIL_LINES, DecimatedSeries, JobState
 from cortex_nb.widgets.svg import Line, line_chart
 
 

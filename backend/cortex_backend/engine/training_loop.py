@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from cortex_nb.protocol.checkpoint_format import WEIGHTS_ONLY
+from cortex_nb.protocol.schemas.sampling import SamplingParams
 from cortex_nb.train_data import PackedData, examples_from_jsonl, pack_examples
 from cortex_nb.train_spec import FINAL_CHECKPOINT, SpecError, TrainSpec, parse_training_loop
 
 from ..faults import Faults
-from ..validation import validate_sampling_params
 from .errors import OperationError
 from .model_state import ModelState
 from .trainer import Trainer
@@ -35,7 +36,7 @@ TEMP_PREFIX = ".tmp-"
 Report = Callable[[dict[str, Any]], None]
 
 
-class ManagedLoop:
+class TrainingLoop:
     def __init__(
         self,
         state: ModelState,
@@ -70,7 +71,7 @@ class ManagedLoop:
             print(f"[engine] managed training: {total} steps of {spec.batch_size} x {spec.max_seq_len} tokens"
                   f" ({data.examples} examples, {data.tokens} tokens, {len(data.rows)} rows)", flush=True)
             stopped = self._train(spec, data, eval_data, total)
-            saved = self._save(FINAL_CHECKPOINT, spec.save.type if spec.save else "weights-only") \
+            saved = self._save(FINAL_CHECKPOINT, spec.save.type if spec.save else WEIGHTS_ONLY) \
                 if self.trainer.step_count > 0 else None
         except OperationError as exc:
             self.report({"event": "ended", "status": "failed", "code": exc.code, "message": exc.message})
@@ -156,15 +157,15 @@ class ManagedLoop:
     def _sample(self, step: int, spec: TrainSpec, prompts: list[list[int]]) -> None:
         from .sampler import generate
 
-        params = validate_sampling_params({"max_tokens": spec.sample.max_tokens, "temperature": spec.sample.temperature,
-                                           "seed": spec.seed})
+        params = SamplingParams(max_tokens=spec.sample.max_tokens, temperature=float(spec.sample.temperature),
+                                seed=spec.seed).model_dump()
         result = generate(self.state, prompts, params, self.stop_requested)
         items = [{"prompt": spec.sample.prompts[s["prompt_index"]], "text": s["text"] or ""} for s in result["samples"]]
         self.report({"event": "samples", "step": step, "items": items})
 
     def _save(self, checkpoint_id: str, kind: str) -> str:
         """Write a checkpoint next to the job's others; the service checks, renames and records it."""
-        from .checkpoint_io import write_checkpoint
+        from .checkpoint import write_checkpoint
 
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         directory = self.checkpoint_dir / f"{TEMP_PREFIX}loop-{checkpoint_id}-{secrets.token_hex(4)}"

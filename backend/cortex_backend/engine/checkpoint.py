@@ -1,10 +1,6 @@
-"""Write and read checkpoint directories in a worker.
-
-A checkpoint directory is a standard PEFT adapter directory (adapter_config.json +
-adapter_model.safetensors, loadable by `PeftModel.from_pretrained`). A resumable checkpoint adds
-optimizer.safetensors (AdamW moments and step counts per adapter tensor), trainer_state.json (the
-step counter and parameter order) and rng_state.safetensors. Nothing is pickled. manifest.json,
-written last, lists every file with its SHA-256 and size.
+"""Write and read checkpoint directories in a worker, in the format of
+`cortex_nb.protocol.checkpoint_format` (a PEFT adapter directory, plus optimizer, trainer and RNG state
+for a resumable checkpoint, and manifest.json written last).
 
 The worker writes into a temporary directory the service chose; the service renames it into place
 and records it as valid (checkpoints.py). Loading checks every file against the manifest the service
@@ -26,6 +22,20 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from cortex_nb.protocol.checkpoint_format import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    MANIFEST,
+    OPTIMIZER_STATE,
+    RESUMABLE,
+    RNG_STATE,
+    STATE_SEPARATOR,
+    TRAINER_STATE,
+    build_manifest,
+    encode_manifest,
+    file_entry,
+    matches,
+)
 from cortex_nb.state_hash import state_hash
 
 from ..durable import fsync_directory
@@ -35,17 +45,6 @@ from .errors import OperationError
 from .lora import ADAPTER_NAME, adapter_state
 from .model_state import ModelState
 
-FORMAT_VERSION = 1
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-OPTIMIZER_STATE = "optimizer.safetensors"
-TRAINER_STATE = "trainer_state.json"
-RNG_STATE = "rng_state.safetensors"
-MANIFEST = "manifest.json"
-ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
-RESUMABLE_FILES = (OPTIMIZER_STATE, TRAINER_STATE, RNG_STATE)
-# Optimizer tensors are stored as "<adapter tensor name>::<state key>", e.g. "...lora_A.weight::exp_avg".
-STATE_SEPARATOR = "::"
 PAUSE_MID_SAVE_S = 120.0
 
 
@@ -55,7 +54,7 @@ def _write_file(directory: Path, name: str, data: bytes, files: dict[str, dict[s
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-    files[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    files[name] = file_entry(data)
 
 
 def _write_paused(directory: Path, name: str, data: bytes) -> None:
@@ -121,7 +120,7 @@ def write_checkpoint(
         _write_paused(directory, ADAPTER_WEIGHTS, weights)
     _write_file(directory, ADAPTER_WEIGHTS, weights, files)
     step = trainer.step_count
-    if kind == "resumable":
+    if kind == RESUMABLE:
         names = {id(p): name for name, p in adapter_parameters(model).items()}
         optimizer_tensors, order = _optimizer_tensors(trainer, names)
         _write_file(directory, OPTIMIZER_STATE, save_tensors(optimizer_tensors), files)
@@ -133,16 +132,9 @@ def write_checkpoint(
         }
         _write_file(directory, TRAINER_STATE, json.dumps(trainer_state, indent=2).encode(), files)
         _write_file(directory, RNG_STATE, save_tensors(_rng_tensors()), files)
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "type": kind,
-        "step": step,
-        "created_at": time.time(),
-        "adapter": signature(model, state.info.name),
-        "state_hash": state_hash({name: t.float().numpy() for name, t in adapter.items()}),
-        "files": files,
-    }
-    manifest_bytes = json.dumps(manifest, indent=2, sort_keys=True).encode()
+    manifest = build_manifest(kind, step, signature(model, state.info.name),
+                              state_hash({name: t.float().numpy() for name, t in adapter.items()}), files)
+    manifest_bytes = encode_manifest(manifest)
     with open(directory / MANIFEST, "wb") as handle:
         handle.write(manifest_bytes)
         handle.flush()
@@ -160,7 +152,7 @@ def read_verified(directory: Path, files: dict[str, dict[str, Any]], name: str) 
         data = (directory / name).read_bytes()
     except OSError as exc:
         raise OperationError("checkpoint_corrupted", f"{name} cannot be read: {exc}") from None
-    if len(data) != expected["size"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
+    if not matches(expected, hashlib.sha256(data).hexdigest(), len(data)):
         raise OperationError(
             "checkpoint_corrupted",
             f"{name} does not match its SHA-256 in the manifest; the checkpoint was"
@@ -210,7 +202,7 @@ def load_checkpoint(
             " (another base model, rank or target modules)",
         )
     resumed = False
-    if trainer is not None and restore_optimizer and manifest["type"] == "resumable":
+    if trainer is not None and restore_optimizer and manifest["type"] == RESUMABLE:
         optimizer_tensors = load_tensors(read_verified(directory, files, OPTIMIZER_STATE))
         trainer_state = json.loads(read_verified(directory, files, TRAINER_STATE))
         rng = load_tensors(read_verified(directory, files, RNG_STATE))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from cortex_nb import wire
+from cortex_nb.protocol import wire
 
 from .base import BaseHandler
 
@@ -23,17 +23,17 @@ class OperationHandler(BaseHandler):
 
     async def _submit(self, job_id: str) -> None:
         op = self.route.name
-        sub_job = self.get_query_argument("sub_job", None)
+        sub_job = self.query_args().sub_job
         upload_id = self.request.headers.get(wire.UPLOAD_HEADER)
         if upload_id:
             # Reading and hashing up to 1 GiB of chunks happens in a thread: other clients keep being answered.
             sha256 = self.request.headers.get(wire.UPLOAD_SHA_HEADER, "")
             body = await asyncio.to_thread(self.service.uploads.take, self.principal, upload_id, sha256)
             json_body = None
-        elif self.request.headers.get("Content-Type", "").startswith(wire.FRAME_CONTENT_TYPE):
+        elif not isinstance(self.route.body, type):  # a frame
             body, json_body = self.body, None
         else:
-            body, json_body = self.body, self.json_body()
+            body, json_body = b"", self.parse_body()
         request = await self.service.requests.submit_async(self.principal, job_id, op, body, json_body, sub_job)
         response = {"request_id": request["id"], "job_id": job_id, "sub_job_id": request["sub_job_id"], "status": request["status"]}
         self.remember(202, response)
@@ -42,16 +42,15 @@ class OperationHandler(BaseHandler):
 
 class RequestsHandler(BaseHandler):
     def get(self, job_id: str) -> None:
-        limit = self.int_argument("limit", 100, 1, 1000)
+        limit = min(self.query_args().limit, 1000)
         self.write_json({"requests": self.service.requests.list(self.principal, job_id, limit)})
 
 
 class RequestHandler(BaseHandler):
     async def get(self, job_id: str, request_id: str) -> None:
-        cursor = self.int_argument("cursor", 0)
-        max_events = self.int_argument("max_events", 100, 1, 1000)
-        wait_s = self.float_argument("wait", 0.0)
-        self.write_json(await self.service.requests.get(self.principal, job_id, request_id, cursor, max_events, wait_s))
+        query = self.query_args()
+        self.write_json(await self.service.requests.get(self.principal, job_id, request_id, query.cursor,
+                                                        min(query.max_events, 1000), min(query.wait, 60.0)))
 
 
 class RequestTensorsHandler(BaseHandler):

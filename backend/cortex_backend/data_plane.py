@@ -12,9 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cortex_nb import states, wire
-from cortex_nb.errors import ApiError
-from cortex_nb.losses import LOSS_INPUTS
+from cortex_nb.protocol import routes, states, wire
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.schemas.base import parse
+from cortex_nb.protocol.schemas.data_plane import SaveBody
 
 from .auth import Principal
 from .checkpoints import CheckpointManager
@@ -22,15 +23,9 @@ from .executor import Executor
 from .jobs import JobManager
 from .models import ModelCatalog
 from .store import Store
-from .validation import (
-    check_number,
-    validate_loss,
-    validate_prompts,
-    validate_sampling_params,
-    validate_token_batch,
-)
+from .validation import validate_loss, validate_prompts, validate_token_batch
 from .waiters import Waiters
-from .weight_sync import WeightSyncCoordinator
+from .weight_syncs import WeightSyncCoordinator
 
 # Which sub-job serves an operation when the caller does not name one, in order of preference.
 DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
@@ -110,76 +105,70 @@ class RequestManager:
         op: str,
         sub: dict[str, Any],
         body: bytes,
-        json_body: dict[str, Any] | None,
+        json_body: Any,
         *,
         job: dict[str, Any] | None = None,
         principal: Principal | None = None,
         request_id: str = "",
     ) -> tuple[dict[str, Any], bytes]:
-        """Validate the payload for `op`; return the worker's params and binary frame."""
+        """Check the payload for `op` against what the sub-job can take (its body was parsed with the
+        route's schema); return the worker's params and binary frame."""
         # checkpoints and weight sync: a save reserves its id and bytes, a load holds its checkpoint
         if op == "save":
-            return self.checkpoints.prepare_save(request_id, job, sub, json_body or {}), b""
+            return self.checkpoints.prepare_save(request_id, job, sub, json_body), b""
         if op == "load":
-            return self.checkpoints.prepare_load(request_id, principal, job, sub, json_body or {}), b""
+            return self.checkpoints.prepare_load(request_id, principal, job, sub, json_body), b""
         if op == "weight_sync":
-            return self.weight_sync.prepare(job, sub, json_body or {}), b""
+            return self.weight_sync.prepare(job, sub, json_body), b""
         info = self.catalog.get(sub["spec"]["base_model"])
         limit = max_seq_len(sub, self.catalog)
         if op == "forward_backward":
             tensors, metadata = wire.decode_frame(body, copy=False)
-            loss_fn, config = validate_loss(metadata)
-            validate_token_batch(tensors, LOSS_INPUTS[loss_fn], info, limit)
+            loss, config = validate_loss(metadata)
+            validate_token_batch(tensors, loss.tensors, info, limit)
             # Tokens trained on (the attention-mask sum): what the job's progress record counts.
             mask = tensors.get("attention_mask")
             tokens = int(mask.sum()) if mask is not None else int(tensors["input_ids"].size)
-            return {"loss_fn": loss_fn, "loss_fn_config": config, "batch_shape": list(tensors["input_ids"].shape),
+            # The worker computes with these validated params, never with the frame's own metadata.
+            return {"loss_fn": loss.name, "loss_fn_config": config, "batch_shape": list(tensors["input_ids"].shape),
                     "tokens": tokens}, body
         if op == "forward":
             tensors, _ = wire.decode_frame(body, copy=False)
             validate_token_batch(tensors, ("target_tokens",), info, limit)
             return {"batch_shape": list(tensors["input_ids"].shape)}, body
-        json_body = json_body or {}
         if op == "step":
-            unknown = sorted(set(json_body) - {"learning_rate"})
-            if unknown:
-                raise ApiError("invalid_field", f"{unknown[0]}: unknown field; step takes learning_rate", {"field": unknown[0]})
-            if json_body.get("learning_rate") is not None:
-                check_number(json_body["learning_rate"], "learning_rate", 0, 10)
-            return {"learning_rate": json_body.get("learning_rate")}, b""
+            return {"learning_rate": json_body.learning_rate}, b""
         if op == "generate":
-            unknown = sorted(set(json_body) - {"prompts", "sampling_params"})
-            if unknown:
-                raise ApiError("invalid_field", f"{unknown[0]}: unknown field; generate takes prompts, sampling_params",
-                               {"field": unknown[0]})
-            params = validate_sampling_params(json_body.get("sampling_params"))
-            prompts = validate_prompts(json_body.get("prompts"), self.catalog, info, params["max_tokens"], limit)
-            return {"prompt_tokens": prompts, "sampling_params": params}, b""
+            params = json_body.sampling_params
+            prompts = validate_prompts(json_body.prompts, self.catalog, info, params.max_tokens, limit)
+            return {"prompt_tokens": prompts, "sampling_params": params.model_dump()}, b""
         return {}, b""
 
     def submit(
-        self, principal: Principal, job_id: str, op: str, body: bytes, json_body: dict[str, Any] | None, sub_job: str | None
+        self, principal: Principal, job_id: str, op: str, body: bytes, json_body: Any, sub_job: str | None
     ) -> dict[str, Any]:
-        job, sub = self._target(principal, job_id, op, json_body, sub_job)
+        """Queue `op` on the job. `json_body` is the operation's `Body` (a handler parsed it), or the dict a
+        compatibility face built, parsed here with the same schema."""
+        job, sub, json_body = self._target(principal, job_id, op, json_body, sub_job)
         request_id = new_request_id()
         params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
         self._enqueue(job_id, sub, request_id, op, params, blob)
         return self.store.get_request(request_id)
 
     async def submit_async(
-        self, principal: Principal, job_id: str, op: str, body: bytes, json_body: dict[str, Any] | None, sub_job: str | None
+        self, principal: Principal, job_id: str, op: str, body: bytes, json_body: Any, sub_job: str | None
     ) -> dict[str, Any]:
         """`submit`, with a large frame's checks off the IO loop (they read every value of it). Requests of
         one job still queue in the order they arrived: each waits for the one before it."""
         arrivals = self._arrivals.setdefault(job_id, asyncio.Lock())
         try:
             async with arrivals:
-                job, sub = self._target(principal, job_id, op, json_body, sub_job)
+                job, sub, json_body = self._target(principal, job_id, op, json_body, sub_job)
                 request_id = new_request_id()
                 if op in FRAME_OPERATIONS and len(body) > OFF_LOOP_FRAME_BYTES:
                     params, blob = await asyncio.to_thread(self.prepare, op, sub, body, json_body, job=job,
                                                            principal=principal, request_id=request_id)
-                    job, sub = self._target(principal, job_id, op, json_body, sub_job)  # it may have ended meanwhile
+                    job, sub, json_body = self._target(principal, job_id, op, json_body, sub_job)  # it may have ended meanwhile
                 else:
                     params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
                 self._enqueue(job_id, sub, request_id, op, params, blob)
@@ -189,9 +178,9 @@ class RequestManager:
                 self._arrivals.pop(job_id, None)
 
     def _target(
-        self, principal: Principal, job_id: str, op: str, json_body: dict[str, Any] | None, sub_job: str | None
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The job (visible, still taking requests) and the sub-job that serves `op`."""
+        self, principal: Principal, job_id: str, op: str, json_body: Any, sub_job: str | None
+    ) -> tuple[dict[str, Any], dict[str, Any], Any]:
+        """The job (visible, still taking requests), the sub-job that serves `op`, and the body as its schema."""
         job = self.jobs.visible_job(principal, job_id)
         if job["status"] in states.JOB_TERMINAL:
             raise ApiError(
@@ -203,13 +192,16 @@ class RequestManager:
             )
         if self.jobs.is_completing(job_id):
             raise ApiError("job_finished", f"job {job_id} is completing and takes no new requests")
+        schema = routes.route(op).body
+        if isinstance(schema, type) and not isinstance(json_body, schema):
+            json_body = parse(schema, json_body or {})
         if op == "weight_sync":
-            sub = self.weight_sync.source(job, json_body or {})
+            sub = self.weight_sync.source(job, json_body)
         else:
-            if op == "load" and (json_body or {}).get("target_sub_job_id") is not None:
-                sub_job = str(json_body["target_sub_job_id"])
+            if op == "load" and json_body.target_sub_job_id is not None:
+                sub_job = json_body.target_sub_job_id
             sub = self.choose_sub_job(job, op, sub_job)
-        return job, sub
+        return job, sub, json_body
 
     def submit_for_service(self, job: dict[str, Any], op: str, params: dict[str, Any], blob: bytes = b"") -> str:
         """Queue a request the service makes itself on the job's training sub-job (a managed loop, the
@@ -218,7 +210,7 @@ class RequestManager:
         sub = self.choose_sub_job(job, "save" if op == "save" else "step", None)
         request_id = new_request_id()
         if op == "save":
-            params = self.checkpoints.prepare_save(request_id, job, sub, params)
+            params = self.checkpoints.prepare_save(request_id, job, sub, parse(SaveBody, params))
         self._enqueue(job["id"], sub, request_id, op, params, blob)
         return request_id
 
@@ -256,8 +248,9 @@ class RequestManager:
         return public_request(request, events, cursor)
 
     def list(self, principal: Principal, job_id: str, limit: int) -> list[dict[str, Any]]:
+        """The job's requests, newest first, in the shape one request is polled in (less result and events)."""
         self.jobs.visible_job(principal, job_id)
-        return self.store.list_requests(job_id, limit)
+        return [request_summary(row) for row in self.store.list_requests(job_id, limit)]
 
     def tensors(self, principal: Principal, job_id: str, request_id: str) -> bytes:
         request = self._visible_request(principal, job_id, request_id)
@@ -373,7 +366,8 @@ class RequestManager:
             self.store.add_request_event(request["id"], states.REQUEST_FAILED, {"error_code": "backend_restarted"})
 
 
-def public_request(request: dict[str, Any], events: list[dict[str, Any]], cursor: int) -> dict[str, Any]:
+def request_summary(request: dict[str, Any]) -> dict[str, Any]:
+    """A request as listed (`RequestSummary`)."""
     error = None
     if request["error_code"]:
         error = {"code": request["error_code"], "message": request["error_message"]}
@@ -386,9 +380,16 @@ def public_request(request: dict[str, Any], events: list[dict[str, Any]], cursor
         "created_at": request["created_at"],
         "started_at": request["started_at"],
         "finished_at": request["finished_at"],
+        "error": error,
+    }
+
+
+def public_request(request: dict[str, Any], events: list[dict[str, Any]], cursor: int) -> dict[str, Any]:
+    """A request as polled (`RequestStatus`): its summary, result and events after `cursor`."""
+    return {
+        **request_summary(request),
         "result": request["result"],
         "has_tensors": bool(request.get("tensors")),
-        "error": error,
         "events": events,
         "cursor": events[-1]["seq"] if events else cursor,
     }

@@ -1,0 +1,97 @@
+"""What the typed contract costs: a no-op request's round trip and a job listing, against a backend
+built from an earlier tree (default: `main`, whose handlers wrote dicts), measured in one run.
+
+    python bench/bench_contract.py [--before main] [--repeats 200]
+
+Both backends run side by side (tiny, one CPU slot each) and their calls alternate, so load from other
+processes hits both. The goal is a ratio <= 1.0 (the models must not make a round trip slower). It also
+prints the in-process cost of rendering one job row through its schema against `json.dumps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cortex_nb import Client  # noqa: E402
+from tests.backend_process import start_backend  # noqa: E402
+
+
+def elapsed(function) -> float:
+    started = time.perf_counter()
+    function()
+    return time.perf_counter() - started
+
+
+def checkout(ref: str, into: Path) -> Path:
+    """The tree of `ref` (its Python sources), unpacked under `into`."""
+    archive = into / "tree.tar"
+    subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), ref, "cortex_nb", "backend"], cwd=ROOT, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into / "tree", filter="data")
+    return into / "tree"
+
+
+def render_cost(client: Client, job_id: str, repeats: int) -> tuple[float, float]:
+    from cortex_nb.protocol.schemas.base import render
+    from cortex_nb.protocol.schemas.jobs import JobView
+
+    row = client.get_job(job_id)
+    typed = statistics.median(elapsed(lambda: render(JobView, row)) for _ in range(repeats))
+    plain = statistics.median(elapsed(lambda: json.dumps(row)) for _ in range(repeats))
+    return typed, plain
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", default="main", help="git ref of the tree to compare with")
+    parser.add_argument("--repeats", type=int, default=200)
+    args = parser.parse_args()
+    os.environ.setdefault("CORTEX_DISABLE_TELEMETRY", "1")
+    with tempfile.TemporaryDirectory(prefix="cortex-contract-") as tmp:
+        tree = checkout(args.before, Path(tmp))
+        # `python -m` puts the working directory first on sys.path: run both backends from outside this
+        # checkout, so the earlier one imports the earlier tree.
+        os.chdir(tmp)
+        before_env = {"PYTHONPATH": os.pathsep.join([str(tree), str(tree / "backend")]), "CORTEX_STRICT_REPLIES": "0"}
+        common = ("--devices", "cpu:1", "--worker-threads", "1")
+        before = start_backend(Path(tmp) / "before", *common, env=before_env)
+        after = start_backend(Path(tmp) / "after", *common, env={"CORTEX_STRICT_REPLIES": "0"})
+        try:
+            with Client(before.url, before.token) as old, Client(after.url, after.token) as new:
+                jobs = {name: client.create_job([{"type": "sampling", "base_model": "tiny"}])["job_id"]
+                        for name, client in (("before", old), ("after", new))}
+                for name, client in (("before", old), ("after", new)):
+                    client.poll_request(jobs[name], client.noop(jobs[name]), timeout_s=300)  # the worker is up
+                times: dict[str, dict[str, list[float]]] = {"before": {"noop": [], "list": []},
+                                                            "after": {"noop": [], "list": []}}
+                for _ in range(args.repeats):
+                    for name, client in (("before", old), ("after", new)):
+                        job_id = jobs[name]
+                        times[name]["noop"].append(elapsed(lambda c=client, j=job_id: c.poll_request(j, c.noop(j))))
+                        times[name]["list"].append(elapsed(lambda c=client: c.list_jobs()))
+                typed, plain = render_cost(new, jobs["after"], args.repeats)
+        finally:
+            before.stop()
+            after.stop()
+    for what, label in (("noop", "no-op request, submit + result (ms)"), ("list", "GET /v1/jobs (ms)")):
+        old_ms = statistics.median(times["before"][what]) * 1000
+        new_ms = statistics.median(times["after"][what]) * 1000
+        print(f"{label:42s} before {old_ms:7.2f}  after {new_ms:7.2f}  ratio after/before {new_ms / old_ms:.3f}")
+    print(f"{'one job row: schema render / json.dumps':42s} {typed * 1e6:7.1f} us / {plain * 1e6:6.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

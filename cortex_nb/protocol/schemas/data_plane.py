@@ -1,0 +1,151 @@
+"""The data plane: the bodies of each operation, the 202 answer every submission gets, and a request as
+it is polled (status, events, result) or listed.
+
+forward_backward and forward take a tensor frame (docs/wire.md), not JSON; their losses and tensors are
+`cortex_nb.protocol.losses`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, WithJsonSchema
+from pydantic_core import PydanticCustomError
+
+from ..checkpoint_format import CHECKPOINT_TYPES, RESUMABLE
+from ..states import REQUEST_STATES
+from .base import IDENTIFIER, Body, Cursor, Identifier, Query, Reply, Seconds
+from .sampling import SamplingParams
+
+MAX_PROMPTS = 1024
+WEIGHT_FORMATS = ("lora", "full")
+OPERATIONS = ("forward_backward", "step", "generate", "forward", "noop", "save", "load", "weight_sync")
+
+RequestStatusName = Literal[REQUEST_STATES]  # type: ignore[valid-type]
+
+
+def _checkpoint_id(value: Any) -> str:
+    """Anything that is not a safe id (a path, a number, a trailing newline) is `invalid_checkpoint_id`."""
+    if not isinstance(value, str) or not re.match(IDENTIFIER, value) or value.endswith("\n"):
+        raise PydanticCustomError(
+            "invalid_checkpoint_id",
+            "{value} is not allowed: use 1-64 letters, digits, '_', '.' or '-', starting with a letter"
+            " or digit (no slashes, no leading dot)", {"value": repr(value[:80] if isinstance(value, str) else value)})
+    return value
+
+
+CheckpointId = Annotated[str, BeforeValidator(_checkpoint_id), WithJsonSchema({"type": "string", "pattern": IDENTIFIER})]
+
+
+class OperationQuery(Query):
+    sub_job: str | None = Field(default=None, description="the sub-job to run on (default: the first that serves the operation)")
+
+
+class Submitted(Reply):
+    """202: the request is queued; poll it by its id."""
+
+    request_id: str
+    job_id: str
+    sub_job_id: str
+    status: RequestStatusName
+
+
+class NoopBody(Body):
+    """A request that does nothing in the worker: measures the round trip."""
+
+
+class StepBody(Body):
+    learning_rate: float | None = Field(default=None, ge=0, le=10, description="this step's learning rate (default: the job's)")
+
+
+class GenerateBody(Body):
+    prompts: Annotated[list[str | Annotated[list[int], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)] = Field(
+        description="text prompts, or token-id lists (each fits the sub-job's max_seq_len with max_tokens)")
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+
+
+class SaveBody(Body):
+    checkpoint_id: CheckpointId | None = Field(default=None, description="default: `step-N`")
+    type: Literal[CHECKPOINT_TYPES] = RESUMABLE  # type: ignore[valid-type]
+
+
+class LoadBody(Body):
+    checkpoint_id: CheckpointId
+    source_job_id: Identifier | None = Field(default=None, description="another job of yours (default: this job)")
+    target_sub_job_id: str | None = Field(default=None, description="default: the trainer, else the first sub-job")
+    restore_optimizer: bool = Field(default=True, description="a resumable checkpoint into a trainer also restores"
+                                                              " its optimizer, step and RNG state")
+
+
+class WeightSyncBody(Body):
+    source: str | None = Field(default=None, description="the training sub-job (default: the job's trainer)")
+    targets: list[str] | None = Field(default=None, description="distinct sampling sub-job ids (default: all of them)")
+    format: Literal[WEIGHT_FORMATS] = Field(  # type: ignore[valid-type]
+        default="lora", description="lora: fp16 deltas where the target's weights are known; full: exact float32")
+
+
+class RequestEvent(Reply):
+    seq: int
+    at: float
+    type: str = Field(description="queued, running, cancel_requested, succeeded, failed, cancelled")
+    data: dict[str, Any]
+
+
+class RequestError(Reply):
+    code: str
+    message: str | None
+
+
+class RequestStatus(Reply):
+    """A request as polled (`GET .../requests/{request_id}`) or cancelled."""
+
+    request_id: str
+    job_id: str
+    sub_job_id: str
+    op: str
+    status: RequestStatusName
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    result: dict[str, Any] | None = Field(description="the operation's result once it succeeded (docs/api.md)")
+    has_tensors: bool = Field(description="the result has tensors: GET .../tensors fetches them")
+    error: RequestError | None
+    events: list[RequestEvent] = Field(description="events after the `cursor` asked for")
+    cursor: int = Field(description="the last event's seq: ask for events after it next time")
+
+
+class RequestSummary(Reply):
+    """A row of `GET /v1/jobs/{job_id}/requests`: a request without its result and events."""
+
+    request_id: str
+    job_id: str
+    sub_job_id: str
+    op: str
+    status: RequestStatusName
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    error: RequestError | None
+
+
+class RequestList(Reply):
+    requests: list[RequestSummary]
+
+
+class ListRequestsQuery(Query):
+    limit: int = Field(default=100, ge=1, description="at most 1000 are returned")
+
+
+class GetRequestQuery(Query):
+    cursor: Cursor = Field(default=0, description="events after this seq")
+    max_events: int = Field(default=100, ge=1, description="at most 1000")
+    wait: Seconds = Field(default=0.0, description="hold the answer up to this many seconds (at most 60) for news")
+
+
+class ChunkStored(Reply):
+    """A chunk of a large frame (or a run's source archive) is stored."""
+
+    upload_id: str
+    index: int
+    status: Literal["stored", "consumed"]

@@ -1,0 +1,251 @@
+"""Jobs: what `POST /v1/jobs` takes, and the job row every job route (and each row of a listing) answers
+with, including the backend-owned progress record, why a job waits and when it frees its device.
+
+What needs the backend's model catalog (does the model exist, does it have these LoRA modules, does
+max_seq_len fit it) is checked by the service; the rest is here. A managed run's `training_loop` is
+checked by its own definition, `cortex_nb.train_spec` (the `%%cortex train` spec's JSON form).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from ..states import (
+    JOB_STATES,
+    PROGRESS_MANAGED,
+    PROGRESS_PHASES,
+    PROGRESS_PRIMITIVE,
+    SUB_JOB_TYPES,
+    TRAINING,
+)
+from .base import LABEL_KEY, MODULE_NAME, Body, Identifier, Query, Reply, Seconds, Seed, ShortText
+
+MAX_SUB_JOBS = 8
+MAX_LABELS = 16
+MAX_IDLE_TIMEOUT_S = 7 * 24 * 3600
+MAX_MEMORY_GIB = 4096
+# Job ids a client may not choose: the other kinds of ids the backend hands out.
+RESERVED_JOB_ID_PREFIXES = ("run-", "req-", "sub-", "tok_")
+
+JobStatus = Literal[JOB_STATES]  # type: ignore[valid-type]
+SubJobType = Literal[SUB_JOB_TYPES]  # type: ignore[valid-type]
+ModuleName = Annotated[str, StringConstraints(pattern=MODULE_NAME)]
+
+
+class LoraSpec(Body):
+    r: int = Field(default=16, ge=1, le=1024, description="the adapter's rank")
+    alpha: float = Field(default=32, ge=0, le=1e6, description="LoRA's scaling numerator (scale = alpha / r)")
+    dropout: float = Field(default=0.0, ge=0, le=0.99)
+    target_modules: Literal["all-linear"] | Annotated[list[ModuleName], Field(min_length=1)] = Field(
+        default="all-linear", description="'all-linear', or the names of the modules to adapt")
+
+    @field_validator("target_modules", mode="wrap")
+    @classmethod
+    def _one_message(cls, value: Any, handler: Any) -> Any:
+        try:
+            return handler(value)
+        except ValueError:
+            raise PydanticCustomError("invalid_field", "must be 'all-linear' or a non-empty list of module names") from None
+
+
+class OptimizerSpec(Body):
+    """AdamW's settings (a training sub-job's; a step may override `lr` as `learning_rate`)."""
+
+    lr: float = Field(default=1e-4, ge=0, le=10)
+    betas: Annotated[list[Annotated[float, Field(ge=0, le=0.999999)]], Field(min_length=2, max_length=2)] = [0.9, 0.999]
+    eps: float = Field(default=1e-8, ge=0, le=1)
+    weight_decay: float = Field(default=0.0, ge=0, le=10)
+    grad_clip: float | None = Field(default=None, ge=0, le=1e6, description="clip the gradient norm to this (none: no clipping)")
+
+
+class SubJobSpec(Body):
+    type: SubJobType
+    base_model: str = Field(description="the name of a registered model (GET /v1/models)")
+    lora: LoraSpec | None = None
+    optimizer: OptimizerSpec | None = Field(default=None, description="only a training sub-job has an optimizer")
+    max_seq_len: int | None = Field(default=None, ge=1, description="at most the model's own maximum")
+    seed: Seed = 0
+
+    @model_validator(mode="after")
+    def _optimizer_only_for_training(self) -> SubJobSpec:
+        if self.optimizer is not None and self.type != TRAINING:
+            raise PydanticCustomError("invalid_field", "optimizer: only a training sub-job has an optimizer")
+        return self
+
+
+class HardwareSpec(Body):
+    min_memory_gib: float = Field(default=0, ge=0, le=MAX_MEMORY_GIB, description="each sub-job's device has at least this much memory")
+
+
+LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY)]
+
+
+class CreateJob(Body):
+    """`POST /v1/jobs`."""
+
+    body_name = "job"
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"name": "sft", "sub_jobs": [{"type": "training", "base_model": "tiny", "lora": {"r": 8}}]}]})
+
+    job_id: Identifier | None = None
+    name: ShortText | None = None
+    experiment: ShortText | None = None
+    hardware: HardwareSpec | None = None
+    sub_jobs: Annotated[list[SubJobSpec], Field(min_length=1, max_length=MAX_SUB_JOBS)]
+    idle_timeout_s: float | None = Field(
+        default=None, ge=0, le=MAX_IDLE_TIMEOUT_S,
+        description="seconds a running job may do nothing before it is completed (0: never; default: the backend's)")
+    labels: Annotated[dict[LabelKey, ShortText], Field(max_length=MAX_LABELS)] | None = Field(
+        default=None, description="free-form labels shown with the job; they never decide who may see it")
+    training_loop: dict[str, Any] | None = Field(
+        default=None, description="a managed training run: the JSON form of the `%%cortex train` spec"
+                                  " (cortex_nb/train_spec.py, docs/api.md); only with exactly one training sub-job")
+
+    @field_validator("job_id")
+    @classmethod
+    def _not_reserved(cls, value: str | None) -> str | None:
+        if value is not None and value.startswith(RESERVED_JOB_ID_PREFIXES):
+            raise PydanticCustomError(
+                "invalid_field", "may not start with {prefixes}: those name other kinds of ids",
+                {"prefixes": ", ".join(RESERVED_JOB_ID_PREFIXES)})
+        return value
+
+    @model_validator(mode="after")
+    def _one_trainer(self) -> CreateJob:
+        trainers = sum(1 for sub in self.sub_jobs if sub.type == TRAINING)
+        if trainers > 1:
+            raise PydanticCustomError(
+                "too_many_training_sub_jobs",
+                "a job has at most one training sub-job; this one has {count}. Create one job per trainer.",
+                {"count": trainers})
+        return self
+
+
+# --- what a job looks like --------------------------------------------------------------------------------
+
+class SubJobView(Reply):
+    sub_job_id: str
+    type: SubJobType
+    status: JobStatus
+    base_model: str
+    lora: dict[str, Any] | None
+    optimizer: dict[str, Any] | None
+    seed: int | None
+    max_seq_len: int | None
+    device: str | None = Field(description="where it runs (`cpu:0`, `cuda:1`, ...) once placed")
+    failure_code: str | None
+    failure_message: str | None
+    info: dict[str, Any] | None = Field(description="what its worker reported when it was ready (device, dtype, adapter...)")
+
+
+class HistoryPoint(Reply):
+    step: int | float = Field(description="whole while the curve is not decimated, a mean of steps after")
+    loss_per_token: float | None
+
+
+class EvalPoint(Reply):
+    step: int | float
+    eval_loss_per_token: float | None
+
+
+class SampleItem(Reply):
+    prompt: str
+    text: str
+
+
+class Samples(Reply):
+    step: int
+    items: list[SampleItem]
+
+
+class Progress(Reply):
+    """The job's progress record: the one place that computes the training numbers every view shows."""
+
+    source: Literal[PROGRESS_MANAGED, PROGRESS_PRIMITIVE]  # type: ignore[valid-type]
+    phase: Literal[PROGRESS_PHASES]  # type: ignore[valid-type]
+    step: int
+    total_steps: int | None
+    loss_per_token: float | None = Field(description="the last step's summed loss / the sum of its loss weights")
+    summed_loss: float | None = Field(description="the last step's loss as the engine sums it")
+    eval_loss_per_token: float | None
+    eval_step: int | None
+    tokens: int = Field(description="tokens trained on so far (attention-mask sum)")
+    tokens_per_s: float | None
+    steps_per_s: float | None
+    elapsed_s: float | None
+    eta_s: float | None
+    last_checkpoint: str | None
+    last_checkpoint_step: int | None = None
+    weight_version: int | None
+    history: list[HistoryPoint] = Field(description="at most 256 points, decimated on long runs")
+    eval_history: list[EvalPoint]
+    samples: Samples | None
+    updated_at: float
+
+
+class QueueInfo(Reply):
+    """Why a pending job waits."""
+
+    position: int
+    reason: str
+    blocked_by: list[str]
+    estimate_s: float | None
+
+
+class IdleInfo(Reply):
+    """A running job with nothing to do: the backend frees its device at `frees_at`."""
+
+    timeout_s: float | None
+    frees_at: float
+
+
+class JobView(Reply):
+    """A job as every job route answers it, and each row of `GET /v1/jobs`."""
+
+    job_id: str
+    owner: str
+    name: str | None
+    experiment: str | None
+    status: JobStatus
+    failure_code: str | None
+    failure_message: str | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    last_activity_at: float | None
+    idle_timeout_s: float | None
+    labels: dict[str, str]
+    sub_jobs: list[SubJobView]
+    training_loop: dict[str, Any] | None = Field(description="a managed run's normalised spec")
+    progress: Progress | None = Field(description="null while the job never trained")
+    queue: QueueInfo | None = Field(description="non-null only while pending")
+    idle: IdleInfo | None
+    keep_alive_until: float | None
+
+
+class CompletedJob(JobView):
+    """`POST /v1/jobs/{job_id}/complete` ("Free device")."""
+
+    saved_checkpoint: str | None = Field(
+        description="the checkpoint trained steps no checkpoint held were saved as first (`final`), or null")
+
+
+class JobPage(Reply):
+    jobs: list[JobView]
+    next_cursor: str | None
+
+
+class ListJobsQuery(Query):
+    status: JobStatus | None = None
+    limit: int = Field(default=50, ge=1, description="at most 500 are returned")
+    cursor: str | None = None
+
+
+class GetJobQuery(Query):
+    wait: Seconds = Field(default=0.0, description="hold the answer up to this many seconds (at most 60) for a change")
+    while_status: JobStatus | None = Field(default=None, description="with `wait`: answer once the status differs")
+    after_progress: float | None = Field(
+        default=None, description="with `wait`: answer once the progress record is newer than this `updated_at`")

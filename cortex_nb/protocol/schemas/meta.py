@@ -1,0 +1,137 @@
+"""The backend itself: its version, devices and queue, models and their tokenizers, and who a token is."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from .base import Body, Reply
+
+
+class Version(Reply):
+    """`GET /version`, the one route without authentication. Clients refuse another API major."""
+
+    service: str
+    version: str
+    api_version: str
+
+
+class WhoAmI(Reply):
+    owner: str
+    token_id: str
+    scopes: list[str]
+
+
+class DeviceView(Reply):
+    id: str = Field(description="`cpu:0`, `cuda:1`, ...")
+    kind: str
+    index: int | None
+    name: str
+    memory_bytes: int | None
+    slots: int = Field(description="sub-jobs it serves at once")
+    host: str = Field(default="", description="the host it is on (a node of a cluster; a local backend names its own)")
+    models: list[str] | None = Field(default=None, description="the models its host has (a cluster's); absent: every model")
+    sampler: str = Field(default="transformers",
+                         description="the engine its sampling sub-jobs run: `transformers` (built in) or `vllm` (docs/sampling.md)")
+
+
+class DeviceCapacity(DeviceView):
+    slots_in_use: int
+    slots_available: int
+
+
+class PendingJob(Reply):
+    job_id: str
+    name: str | None
+    position: int
+    reason: str
+    estimate_s: float | None
+
+
+class HostCapacity(Reply):
+    """A host's devices and slots, summed (a cluster has several hosts; a local backend one)."""
+
+    host: str
+    devices: list[str]
+    slots_total: int
+    slots_in_use: int
+    slots_available: int
+    models: list[str] | None = None
+
+
+class ExecutorView(Reply):
+    """What runs sub-jobs: `local` worker processes, or `ray` actors on the hosts of a cluster."""
+
+    name: str
+    ray_address: str | None = None
+    hosts: list[str] | None = None
+
+
+class Capacity(Reply):
+    devices: list[DeviceCapacity]
+    slots_total: int
+    slots_in_use: int
+    slots_available: int
+    pending: int
+    pending_slots: int
+    hosts: list[HostCapacity] = Field(default_factory=list)
+    executor: ExecutorView | None = None
+    pending_jobs: list[PendingJob] = Field(description="the caller's own pending jobs, in queue order")
+
+
+class ModelView(Reply):
+    name: str
+    kind: str = Field(description="builtin or local")
+    architecture: str | None
+    vocab_size: int
+    max_positions: int | None
+    hidden_size: int | None
+    num_layers: int | None
+
+
+class ModelList(Reply):
+    models: list[ModelView]
+
+
+# Tokenizing is bounded: a read-only token could otherwise hold a core for seconds.
+MAX_TEXTS = 1024
+MAX_TEXT_CHARS = 1 << 20
+MAX_TOKEN_IDS = 1 << 20
+
+
+class TokenizeBody(Body):
+    texts: list[str] = Field(description=f"at most {MAX_TEXTS} texts and {MAX_TEXT_CHARS} characters in all")
+    add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _bounded(self) -> TokenizeBody:
+        if len(self.texts) > MAX_TEXTS or sum(map(len, self.texts)) > MAX_TEXT_CHARS:
+            raise PydanticCustomError("invalid_field", "texts: at most {texts} texts and {chars} characters in all per"
+                                      " request; split the work", {"texts": MAX_TEXTS, "chars": MAX_TEXT_CHARS})
+        return self
+
+
+class Tokenized(Reply):
+    model: str
+    tokens: list[list[int]]
+    bos_token_id: int | None
+    eos_token_id: int | None
+    pad_token_id: int | None
+    vocab_size: int
+
+
+class DetokenizeBody(Body):
+    tokens: list[list[int]] = Field(description=f"at most {MAX_TEXTS} lists and {MAX_TOKEN_IDS} ids in all; each id in"
+                                                " [0, the model's vocab_size)")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> DetokenizeBody:
+        if len(self.tokens) > MAX_TEXTS or sum(map(len, self.tokens)) > MAX_TOKEN_IDS:
+            raise PydanticCustomError("invalid_field", "tokens: at most {lists} lists and {ids} ids in all per request",
+                                      {"lists": MAX_TEXTS, "ids": MAX_TOKEN_IDS})
+        return self
+
+
+class Detokenized(Reply):
+    model: str
+    texts: list[str]

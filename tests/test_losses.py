@@ -1,0 +1,104 @@
+"""The losses as data (`cortex_nb.protocol.losses`) and the engine's functions for them, pinned against
+values computed by hand on small tensors: sums over tokens, zero-weight tokens left out, PPO's clipping."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from cortex_backend.engine.losses import REGISTRY, compute_loss
+from cortex_backend.validation import validate_loss, validate_token_batch
+
+from cortex_nb.client import as_batch
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.losses import LOSSES, TENSORS
+
+
+def _inputs(**arrays) -> dict[str, torch.Tensor]:
+    return {name: torch.tensor([values], dtype=torch.float32) for name, values in arrays.items()}
+
+
+def test_every_loss_has_an_engine_function_and_known_tensors():
+    assert set(REGISTRY) == set(LOSSES)
+    for spec in LOSSES.values():
+        assert set(spec.tensors) <= set(TENSORS)
+        assert "target_tokens" in spec.tensors
+
+
+def test_cross_entropy_sums_weighted_nll_and_leaves_zero_weight_tokens_out():
+    logprobs = torch.tensor([[-1.0, -50.0, -0.5]], requires_grad=True)
+    loss, metrics = compute_loss("cross_entropy", logprobs, _inputs(weights=[1.0, 0.0, 2.0]), {})
+    # -(1 * -1 + 0 * -50 + 2 * -0.5) = 2: the zero-weight token's -50 adds nothing
+    assert loss.item() == pytest.approx(2.0)
+    assert metrics == {"loss:sum": pytest.approx(2.0), "weights:sum": pytest.approx(3.0)}
+    loss.backward()
+    assert logprobs.grad.tolist() == [[-1.0, 0.0, -2.0]]
+
+
+def test_importance_sampling_weights_advantages_by_the_probability_ratio():
+    # ratios exp(lp - q): 0.5 / 0.25 = 2 and 0.1 / 0.2 = 0.5; loss = -(2 * 3 + 0.5 * -4) = -4
+    logprobs = torch.tensor([[math.log(0.5), math.log(0.1)]])
+    tensors = _inputs(logprobs=[math.log(0.25), math.log(0.2)], advantages=[3.0, -4.0])
+    loss, metrics = compute_loss("importance_sampling", logprobs, tensors, {})
+    assert loss.item() == pytest.approx(-4.0)
+    assert metrics["ratio:mean"] == pytest.approx(1.25)
+
+
+def test_ppo_clips_the_ratio_where_it_would_gain_and_reports_the_clipped_fraction():
+    # ratios 2, 0.5, 1 with advantages 1, -1, 2 and the default clip [0.8, 1.2]:
+    #   min(2 * 1, 1.2 * 1) = 1.2; min(0.5 * -1, 0.8 * -1) = -0.8; min(1 * 2, 1 * 2) = 2  -> loss -2.4
+    q = [0.0, 0.0, 0.0]
+    logprobs = torch.tensor([[math.log(2.0), math.log(0.5), 0.0]], requires_grad=True)
+    config = LOSSES["ppo"].with_defaults({})
+    assert config == {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+    loss, metrics = compute_loss("ppo", logprobs, _inputs(logprobs=q, advantages=[1.0, -1.0, 2.0]), config)
+    assert loss.item() == pytest.approx(-2.4)
+    assert metrics["clip_fraction:mean"] == pytest.approx(2 / 3)
+    loss.backward()
+    # The clipped tokens pass no gradient; the unclipped one gets -ratio * advantage = -2.
+    assert logprobs.grad[0].tolist() == pytest.approx([0.0, 0.0, -2.0])
+
+
+def test_ppo_takes_its_thresholds_from_the_config():
+    logprobs = torch.tensor([[math.log(2.0)]])
+    loss, _ = compute_loss("ppo", logprobs, _inputs(logprobs=[0.0], advantages=[1.0]),
+                           LOSSES["ppo"].with_defaults({"clip_high_threshold": 1.5}))
+    assert loss.item() == pytest.approx(-1.5)
+
+
+def test_validation_fills_defaults_and_refuses_unknown_or_out_of_range_config():
+    spec, config = validate_loss({"loss_fn": "ppo", "loss_fn_config": {"clip_low_threshold": 0.7}})
+    assert spec.name == "ppo" and config == {"clip_low_threshold": 0.7, "clip_high_threshold": 1.2}
+    with pytest.raises(ApiError) as info:  # a frame names its loss (the client always sends one)
+        validate_loss({})
+    assert info.value.code == "invalid_frame" and info.value.detail["field"] == "loss_fn"
+    for metadata, field in (({"loss_fn": "cross_entropy", "loss_fn_config": {"clip_low_threshold": 0.7}},
+                             "loss_fn_config.clip_low_threshold"),
+                            ({"loss_fn": "ppo", "loss_fn_config": {"clip_high_threshold": 0.5}}, "loss_fn_config.clip_high_threshold"),
+                            ({"loss_fn": "ppo", "loss_fn_config": {"clip_low_threshold": "x"}}, "loss_fn_config.clip_low_threshold")):
+        with pytest.raises(ApiError) as info:
+            validate_loss(metadata)
+        assert info.value.code == "invalid_field" and info.value.detail["field"] == field
+    with pytest.raises(ApiError) as info:
+        validate_loss({"loss_fn": "mse"})
+    assert info.value.code == "unknown_loss"
+
+
+def test_the_client_casts_with_the_tensor_specs_and_the_backend_checks_them():
+    batch = as_batch({"input_ids": [[1, 2]], "target_tokens": [[2, 3]], "weights": [[1, 0]], "extra": [[1, 1]]})
+    assert {name: str(array.dtype) for name, array in batch.items()} == {
+        "input_ids": "int64", "target_tokens": "int64", "weights": "float32", "extra": "float32"}
+
+    class Info:
+        name, vocab_size = "tiny", 259
+
+    validate_token_batch(batch, LOSSES["cross_entropy"].tensors, Info, 8)
+    floats = dict(batch, target_tokens=batch["target_tokens"].astype(np.float32))
+    with pytest.raises(ApiError) as info:
+        validate_token_batch(floats, LOSSES["cross_entropy"].tensors, Info, 8)
+    assert info.value.code == "invalid_batch" and info.value.detail["field"] == "target_tokens"
+    with pytest.raises(ApiError) as info:
+        validate_token_batch({k: v for k, v in batch.items() if k != "weights"}, LOSSES["cross_entropy"].tensors, Info, 8)
+    assert info.value.detail["missing"] == ["weights"]
