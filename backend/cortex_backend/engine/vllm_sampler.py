@@ -95,7 +95,7 @@ class AdapterVersions:
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
-        from .checkpoint_io import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config_bytes
+        from .checkpoint import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config_bytes
         from .lora import adapter_state
 
         lora_id = next(self.ids)
