@@ -131,7 +131,10 @@ def _start(data_dir: Path, models: dict[str, str], devices: str, warm_workers: i
             os.kill(int(previous["pid"]), signal.SIGKILL)
     state.unlink(missing_ok=True)
     command = [sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(data_dir),
-               "--devices", devices, "--warm-workers", str(warm_workers), "--idle-exit", str(idle_exit_s)]
+               "--devices", devices, "--warm-workers", str(warm_workers), "--idle-exit", str(idle_exit_s),
+               # The built-in sampler: the local backend shares the notebook's machine, where vLLM's start-up
+               # time and memory reservation cost more than they bring.
+               "--sampler", "transformers"]
     for name, path in models.items():
         command += ["--model", f"{name}={path}"]
     log_path = data_dir / "backend.log"

@@ -15,6 +15,7 @@ import numpy as np
 
 from .batching import next_token_batch
 from .futures import APIFuture
+from .protocol.schemas.sampling import SAMPLING_KEYS
 from .protocol.states import (
     JOB_FAILED,
     JOB_RUNNING,
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
     from .client import Client
 
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs", "ignore_eos", "prompt_logprobs")
 
 
 class GenerateResult:
@@ -42,6 +42,10 @@ class GenerateResult:
         self.samples: list[dict[str, Any]] = raw["samples"]
         self.weight_version: int | None = raw.get("weight_version")
         self.seed = raw.get("seed")
+        # The engine that sampled: "transformers" (built in) or "vllm" (see the backend's --sampler).
+        self.sampler: str | None = raw.get("sampler")
+        # Per prompt, log p(token t | tokens before it) for t >= 1, when asked for with prompt_logprobs=True.
+        self.prompt_logprobs: list[list[float]] | None = raw.get("prompt_logprobs")
 
     @property
     def texts(self) -> list[str]:
@@ -57,7 +61,8 @@ class GenerateResult:
         return samples_frame(self)
 
     def __repr__(self) -> str:
-        return f"<GenerateResult {len(self.samples)} sample(s) from {len(self.prompts)} prompt(s), weights v{self.weight_version}>"
+        engine = f", sampler {self.sampler}" if self.sampler else ""
+        return f"<GenerateResult {len(self.samples)} sample(s) from {len(self.prompts)} prompt(s), weights v{self.weight_version}{engine}>"
 
 
 class _JobHandle:

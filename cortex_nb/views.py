@@ -96,7 +96,7 @@ def samples_frame(result: GenerateResult) -> pd.DataFrame:
 def capacity_frame(capacity: dict[str, Any]) -> pd.DataFrame:
     import pandas as pd
 
-    columns = ["host", "id", "kind", "name", "memory_bytes", "slots", "slots_in_use", "slots_available"]
+    columns = ["host", "id", "kind", "name", "memory_bytes", "slots", "slots_in_use", "slots_available", "sampler"]
     return pd.DataFrame([{key: device.get(key) for key in columns} for device in capacity["devices"]], columns=columns)
 
 

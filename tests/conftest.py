@@ -10,7 +10,7 @@ import pytest
 from cortex_nb import Client
 
 from .backend_process import BackendProcess, start_backend
-from .model_factory import build_gpt2_dir, build_llama_dir
+from .model_factory import build_char_llama_dir, build_gpt2_dir
 
 os.environ.setdefault("CORTEX_DISABLE_TELEMETRY", "1")
 # Backends started by tests refuse to render a reply field their schema does not declare (config.py).
@@ -24,7 +24,7 @@ def gpt2_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory) -> Path:
-    return build_llama_dir(tmp_path_factory.mktemp("models") / "tiny-llama")
+    return build_char_llama_dir(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
 @pytest.fixture(scope="session")

@@ -42,6 +42,40 @@ def build_gpt2_dir(path: Path, seed: int = 7) -> Path:
     return path
 
 
+def build_llama_dir(path: Path, seed: int = 11) -> Path:
+    """A small Llama with random weights and the same kind of byte-level BPE tokenizer. Its heads are 32
+    wide: vLLM's CPU attention refuses narrower ones (GPT-2 above has 16)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+    tokenizer.save(str(path / "tokenizer.json"))
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "model_max_length": 512,
+         "tokenizer_class": "PreTrainedTokenizerFast"}
+    ))
+    config = LlamaConfig(
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=eos,
+        eos_token_id=eos, tie_word_embeddings=False, rms_norm_eps=1e-5,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # a sharper head, so greedy paths are not decided by near-ties
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
 # A Llama-shaped model with a Hugging Face tokenizer that AutoTokenizer loads (the Tinker SDK and the cookbook
 # ask for tokenizers by name): small character-level vocabulary over what the arithmetic and chat examples use.
 LLAMA_CORPUS = [
@@ -53,7 +87,8 @@ LLAMA_CORPUS = [
 ]
 
 
-def build_llama_dir(path: Path, seed: int = 11) -> Path:
+def build_char_llama_dir(path: Path, seed: int = 11) -> Path:
+    """A small Llama whose tokenizer has one token per character (tests/conftest.py's `cortex-test/tiny-llama`)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM

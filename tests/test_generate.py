@@ -43,14 +43,14 @@ def test_greedy_matches_transformers_generate(client: Client, gpt2_dir, model):
             if sample["finish_reason"] == "length":
                 assert sample["tokens"] == expected
         assert result.weight_version == 3
-        # prompt_logprobs: each prompt's own log p(token | tokens before), None first, as transformers' log-softmax.
+        # prompt_logprobs: each prompt's own log p(token | tokens before) after the first, as transformers' log-softmax.
         scored = job.generate(prompts, max_tokens=1, prompt_logprobs=True).result().raw["prompt_logprobs"]
         with torch.no_grad():
             for prompt, values in zip(prompts, scored, strict=True):
                 logits = reference.model(input_ids=torch.tensor([prompt])).logits[0].float()
                 expected = torch.log_softmax(logits[:-1], dim=-1).gather(-1, torch.tensor(prompt[1:])[:, None]).squeeze(-1)
-                assert values[0] is None and len(values) == len(prompt)
-                np.testing.assert_allclose(values[1:], expected.numpy(), rtol=0, atol=1e-5)
+                assert len(values) == len(prompt) - 1
+                np.testing.assert_allclose(values, expected.numpy(), rtol=0, atol=1e-5)
     finally:
         job.cancel()
 

@@ -190,6 +190,8 @@ def test_the_quickstart_starts_the_local_backend_and_the_sidebar_follows_its_job
     sidebar = page.locator("#cortex-nb-sidebar")
     expect(sidebar.locator(".cortex-connection")).to_have_attribute("data-state", "connected", timeout=180_000)
     expect(sidebar.locator(".cortex-connection")).not_to_contain_text("as admin")
+    # each device card names the engine its sampling sub-jobs run (the local backend: the built-in one)
+    expect(sidebar.locator(".cortex-device").first).to_contain_text("sampling: transformers")
     state = running_endpoint(local_dir_of(home) / "backend.json")
     assert state is not None and os.getsid(state["pid"]) == state["pid"]  # its own session: no kernel's child
     STORY["backend_pid"] = str(state["pid"])

@@ -274,6 +274,7 @@ def test_jobs_capacity_and_models_come_back_as_dataframes(cortex_shell, trained_
     assert trained_job.job_id not in set(done["job_id"]) and len(done) <= 5
     capacity = run_cell(cortex_shell, "%cortex capacity").result
     assert isinstance(capacity, pd.DataFrame) and (capacity["kind"] == "cpu").all() and len(capacity) >= 1
+    assert (capacity["sampler"] == "transformers").all()  # the engine of each device's sampling sub-jobs
     models = run_cell(cortex_shell, "%cortex models").result
     assert {"tiny", "small-gpt2"} <= set(models["name"])
     status = run_cell(cortex_shell, "%cortex status")

@@ -287,7 +287,7 @@ def test_host_join_refuses_a_host_whose_versions_differ(cluster, tmp_path):
     other = tmp_path / "other-cortex-nb"
     shutil.copytree(repository / "cortex_nb", other / "cortex_nb", ignore=shutil.ignore_patterns("labextension", "__pycache__"))
     shutil.copytree(repository / "backend" / "cortex_backend", other / "cortex_backend", ignore=shutil.ignore_patterns("__pycache__"))
-    version_file = other / "cortex_nb" / "version.py"
+    version_file = other / "cortex_nb" / "protocol" / "versions.py"
     version_file.write_text(version_file.read_text().replace('__version__ = "', '__version__ = "9.9.9+other-'))
     before = cluster.host_names()
     # From a directory of its own, so the copy (not this checkout) is what `python -m` imports; in a

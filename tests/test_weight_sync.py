@@ -185,7 +185,10 @@ def test_sync_makes_the_sampler_generate_what_the_trainer_generates(client):
         assert exact["path"] == "full" and exact["targets"][0]["max_abs_error"] == 0.0
         assert exact["targets"][0]["result_hash"] == exact["source_hash"]
         exact_view = greedy_distributions(job, client, trained, "sampling-0")
-        assert all(np.array_equal(t, s) for t, s in zip(trainer_view, exact_view, strict=True))
+        # The adapters are now bit-identical (the hashes above); the sampler computes with its LoRA merged into
+        # its own weights (W + BA in one matmul), so its logprobs differ from the trainer's only by rounding.
+        for t, s in zip(trainer_view, exact_view, strict=True):
+            np.testing.assert_allclose(s, t, rtol=0, atol=1e-5)
 
         # No step since. sampling-0 holds the exact weights: its delta is all zeros, sent sparse, tiny.
         # sampling-1 holds the fp16-rounded ones: its delta is the rounding residue, and its error shrinks.

@@ -9,6 +9,7 @@ from pathlib import Path
 from cortex_nb.protocol.routes import SCOPES
 
 from .config import BackendSettings, default_data_dir
+from .samplers import SAMPLER_SETTINGS, check_sampler_setting
 
 
 def _model_option(value: str) -> tuple[str, str]:
@@ -29,6 +30,13 @@ def _at_least(low: float, kind: type = float):
         return number
 
     return parse
+
+
+def _fraction(value: str) -> float:
+    number = _at_least(0.0)(value)
+    if not 0 < number <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return number
 
 
 def _byte_count(value: str) -> int:
@@ -73,6 +81,13 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--sub-jobs-per-device", type=int, default=4, help="sub-jobs sharing one device before jobs queue")
     serve.add_argument("--warm-workers", type=int, default=1, help="idle pre-started worker processes per device")
     serve.add_argument("--worker-threads", type=int, default=None, help="torch threads per CPU worker")
+    serve.add_argument("--sampler", choices=SAMPLER_SETTINGS, default="auto",
+                       help="engine of sampling sub-jobs: 'transformers' (built in), 'vllm' (pip install 'cortex-nb[vllm]'),"
+                            " or 'auto' (vLLM on GPUs where it is installed, else transformers; the default)")
+    serve.add_argument("--vllm-gpu-memory-fraction", type=_fraction, default=0.45, metavar="FRACTION",
+                       help="share of a GPU's memory one vLLM sampler may take, weights and KV cache (default 0.45)")
+    serve.add_argument("--vllm-cpu-kv-cache-gib", type=_at_least(1, int), default=1, metavar="GIB",
+                       help="KV cache a vLLM sampler reserves on a CPU-only host (default 1)")
     serve.add_argument("--idle-timeout", type=_at_least(1.0), default=300.0,
                        help="seconds a running job may have nothing to do before it is completed, freeing its device"
                             " (trained steps are saved as checkpoint 'final' first)")
@@ -192,6 +207,8 @@ def run_backend_command(args: argparse.Namespace) -> int:
             http_body_timeout_s=args.http_body_timeout, max_connections=args.max_connections, models=dict(args.model), devices=args.devices,
             sub_jobs_per_device=args.sub_jobs_per_device, warm_workers=args.warm_workers,
             worker_threads=args.worker_threads, idle_timeout_s=args.idle_timeout, idle_exit_s=args.idle_exit,
+            sampler=args.sampler, vllm_gpu_memory_fraction=args.vllm_gpu_memory_fraction,
+            vllm_cpu_kv_cache_gib=args.vllm_cpu_kv_cache_gib,
             runs_workspace=args.runs_workspace, run_namespaces=args.run_namespaces,
             run_address_space_mib=args.run_address_space_mib, run_max_file_mib=args.run_max_file_mib,
             run_max_processes=args.run_max_processes, run_kill_grace_s=args.run_kill_grace, run_tmp_mib=args.run_tmp_mib,
@@ -210,6 +227,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
         )
         try:
             ModelCatalog(settings.models)  # refuse unsafe or broken model directories before starting
+            check_sampler_setting(settings.sampler)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -252,6 +270,9 @@ def _executor_problem(settings: BackendSettings) -> str | None:
 
     if importlib.util.find_spec("ray") is None:
         return "--executor ray needs Ray: pip install 'cortex-nb[ray]'"
+    if settings.sampler == "vllm":
+        return ("--sampler vllm is not available with --executor ray yet: sub-jobs on Ray hosts sample with the"
+                " built-in engine (use --sampler auto or transformers)")
     return None
 
 

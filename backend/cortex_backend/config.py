@@ -30,6 +30,13 @@ class BackendSettings:
     warm_workers: int = 1
     # Torch threads per CPU worker; None lets torch choose.
     worker_threads: int | None = None
+    # The engine sampling sub-jobs run: "transformers" (built in), "vllm" (the extra cortex-nb[vllm]), or
+    # "auto" (vLLM on GPUs where it is installed, else the built-in engine). See samplers.py.
+    sampler: str = "auto"
+    # vLLM only: the share of a GPU's memory one vLLM sampler may take (weights and KV cache), leaving the
+    # rest to the trainer and other sub-jobs on that GPU; and, on a CPU, the GiB its KV cache reserves.
+    vllm_gpu_memory_fraction: float = 0.45
+    vllm_cpu_kv_cache_gib: int = 1
     # A running job with no request for this long is completed, freeing its device (a trained adapter
     # is saved as checkpoint `final` first). Short, and shown to users as a countdown.
     idle_timeout_s: float = 300.0
@@ -132,6 +139,11 @@ class BackendSettings:
             self.tls_cert = Path(self.tls_cert).expanduser().resolve()
         if self.tls_key is not None:
             self.tls_key = Path(self.tls_key).expanduser().resolve()
+
+    @property
+    def sampler_options(self) -> dict:
+        """What a worker's sampling engine is told (engine/vllm_sampler.py reads it)."""
+        return {"gpu_memory_fraction": self.vllm_gpu_memory_fraction, "cpu_kv_cache_gib": self.vllm_cpu_kv_cache_gib}
 
     @property
     def db_path(self) -> Path:

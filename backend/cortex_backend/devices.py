@@ -22,6 +22,8 @@ class Device:
     host: str = ""
     # The models a sub-job on this device may use; None: every model the backend has registered.
     models: frozenset[str] | None = None
+    # The engine sampling sub-jobs on this device run ("transformers" | "vllm"; see samplers.py).
+    sampler: str = "transformers"
 
     def to_json(self) -> dict:
         return {
@@ -32,6 +34,7 @@ class Device:
             "memory_bytes": self.memory_bytes,
             "slots": self.slots,
             "host": self.host,
+            "sampler": self.sampler,
         }
 
     def serves(self, models: frozenset[str]) -> bool:

@@ -23,6 +23,7 @@ from . import ipc
 from .config import BackendSettings
 from .devices import Device, detect_devices
 from .models import ModelInfo
+from .samplers import assign_samplers
 
 log = logging.getLogger("cortex_backend.executor")
 
@@ -151,8 +152,9 @@ def create_executor(settings: BackendSettings, listener: ExecutorListener) -> Ex
         from .ray_cluster.executor import RayExecutor
 
         return RayExecutor(listener, settings)
-    devices = detect_devices(settings.devices, settings.sub_jobs_per_device)
-    return LocalExecutor(listener, devices, settings.warm_workers, settings.worker_threads, faults=settings.fault_injection)
+    devices = assign_samplers(detect_devices(settings.devices, settings.sub_jobs_per_device), settings.sampler)
+    return LocalExecutor(listener, devices, settings.warm_workers, settings.worker_threads, faults=settings.fault_injection,
+                         sampler_options=settings.sampler_options)
 
 
 # A blob larger than this is written to its worker a slice at a time (WorkerProcess.send).
@@ -239,13 +241,16 @@ class LocalExecutor(Executor):
     """One worker process per sub-job on this host, plus warm spares per device."""
 
     def __init__(self, listener: ExecutorListener, devices: list[Device], warm_workers: int = 1, worker_threads: int | None = None,
-                 faults: tuple[str, ...] = ()) -> None:
+                 faults: tuple[str, ...] = (), sampler_options: dict[str, Any] | None = None) -> None:
         super().__init__(listener)
         self.devices = {device.id: device for device in devices}
         self.warm_workers = warm_workers
         self.worker_threads = worker_threads
         # Test-only fault injection (faults.py), passed to every worker.
         self.faults = tuple(faults)
+        # How a worker's sampling engine is set up (BackendSettings.sampler_options); the engine itself
+        # is the device's (Device.sampler).
+        self.sampler_options = dict(sampler_options or {})
         self._spares: dict[str, list[WorkerProcess]] = defaultdict(list)
         self._workers: dict[tuple[str, str], WorkerProcess] = {}
         self._backlog: dict[tuple[str, str], list[tuple[dict[str, Any], bytes]]] = defaultdict(list)
@@ -318,6 +323,8 @@ class LocalExecutor(Executor):
                 "env": assignment.device.worker_env(),
                 "threads": self.worker_threads,
                 "faults": list(self.faults),
+                "sampler": assignment.device.sampler,
+                "sampler_options": self.sampler_options,
             }
         )
 

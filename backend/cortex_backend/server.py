@@ -29,6 +29,7 @@ from .auth import ensure_user_token
 from .compat import url_specs as face_url_specs
 from .config import BackendSettings
 from .connections import GuardedHTTPServer, raise_descriptor_limit
+from .samplers import sampler_note
 from .service import Service
 from .tls import SELF_SIGNED, TlsFiles, plaintext_warning, self_signed_files, server_context
 
@@ -74,6 +75,7 @@ async def run(settings: BackendSettings) -> None:
     write_endpoint(settings, url, files.fingerprint() if files is not None else None, service.executor.describe())
     devices = ", ".join(f"{d.id} ({d.name}, {d.slots} slots)" for d in service.devices)
     log.info("cortex-nb backend %s listening on %s; devices: %s; models: %s", __version__, url, devices, service.catalog.names())
+    log.info("%s", sampler_note(settings.sampler, service.devices))
     print(f"cortex-nb backend listening on {url} (admin token in {settings.admin_token_path})", flush=True)
     if files is not None:
         print(f"TLS certificate {files.cert}; clients pin it with verify = \"{files.fingerprint()}\"", flush=True)

@@ -44,6 +44,7 @@ class Worker:
         self.current: str | None = None
         self.state = None
         self.trainer = None
+        self.sampler = None  # the sampling engine of a training or sampling sub-job
         self.sub_job_type = ""
         self.forward_backward_calls = 0
         # checkpoints and weight sync
@@ -94,9 +95,16 @@ class Worker:
             self.sync_source = SyncSource(self.state)
         described = {**self.state.describe(), "pid": os.getpid()}
         described["adapter"] = signature(self.state.model, info.name)
+        if self.sub_job_type in ("training", "sampling"):
+            from .engine.sampling_engine import open_engine
+
+            self.sampler = open_engine(message.get("sampler") or "transformers", self.state, self.sub_job_type,
+                                       message.get("sampler_options"))
+            described["sampler"] = self.sampler.describe()
         print(
             f"[engine] {message['sub_job_id']} ready: {info.name} on {described['device']} ({described['dtype']}),"
-            f" {described['trainable_parameters']:,} trainable of {described['total_parameters']:,} parameters",
+            f" {described['trainable_parameters']:,} trainable of {described['total_parameters']:,} parameters"
+            + (f", sampling with {self.sampler.name}" if self.sampler is not None else ""),
             flush=True,
         )
         self.channel.send({"type": "ready", "info": described})
@@ -131,11 +139,9 @@ class Worker:
         return result, b""
 
     def generate(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
-        from .engine.sampler import generate
-
         request_id = self.current
         with self.saved_adapters.applied(self.state, params.get("adapter")):
-            result = generate(self.state, params["prompt_tokens"], params["sampling_params"], lambda: request_id in self.cancelled)
+            result = self.sampler.generate(params["prompt_tokens"], params["sampling_params"], lambda: request_id in self.cancelled)
         return result, b""
 
     def forward(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
@@ -188,8 +194,14 @@ class Worker:
         from .engine.weight_sync import run_target
 
         barrier_id = self.current
-        return run_target(self.state, params["sync_id"], params["source"], self.mailbox, self._sync_sender(params["sync_id"]),
-                          lambda: barrier_id in self.cancelled, self.faults), b""
+        result = run_target(self.state, params["sync_id"], params["source"], self.mailbox, self._sync_sender(params["sync_id"]),
+                            lambda: barrier_id in self.cancelled, self.faults)
+        if self.sampler is not None:  # the engine takes the new weights now, so the next generate needs nothing more
+            started = time.perf_counter()
+            self.sampler.refresh()
+            result["sampler"] = self.sampler.name
+            result["sampler_refresh_ms"] = (time.perf_counter() - started) * 1000
+        return result, b""
 
     # managed training ---------------------------------------------------------------------------------
     def train_loop(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
@@ -266,6 +278,8 @@ class Worker:
             operation = self.operations.get(header["op"])
             if operation is None:
                 raise OperationError("unsupported_operation", f"this worker does not serve {header['op']!r}")
+            if self.sampler is not None:  # follow an adapter changed by the last operation (a sync or load)
+                self.sampler.refresh()
             result, out_blob = operation(header.get("params") or {}, blob)
             self.channel.send({"type": "finished", "request_id": request_id, "status": "succeeded", "result": result}, out_blob)
         except OperationError as exc:

@@ -70,8 +70,10 @@ def status_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     print(self.connection.describe())
     print(f"backend {version.get('service')} {version.get('version')}, API {version.get('api_version')}")
     print(f"token: {token}")
+    samplers = sorted({device["sampler"] for device in capacity["devices"] if device.get("sampler")})
     print(f"devices: {len(capacity['devices'])} ({', '.join(kinds)}), slots {capacity['slots_available']}"
-          f"/{capacity['slots_total']} free, {capacity.get('pending', 0)} job(s) queued")
+          f"/{capacity['slots_total']} free, {capacity.get('pending', 0)} job(s) queued"
+          + (f"; sampling with {', '.join(samplers)}" if samplers else ""))
     print("jobs: " + (", ".join(f"{count} {word}" for word, count in sorted(counts.items())) or "none"))
     for row in capacity.get("pending_jobs") or []:
         estimate = f" (about {clock(row['estimate_s'])})" if row.get("estimate_s") is not None else ""
@@ -79,7 +81,7 @@ def status_command(self: CortexMagics, args: Any, cell: str | None) -> None:
         print(f"  queued #{row['position']}: {name}: {row['reason']}{estimate}")
 
 
-@subcommand("capacity", "line", "devices, slots in use and available (DataFrame)")
+@subcommand("capacity", "line", "devices, slots in use and available, sampling engine (DataFrame)")
 @magic_arguments(name="cortex capacity")
 def capacity_command(self: CortexMagics, args: Any, cell: str | None):
     """Devices and their slots, as a DataFrame."""

@@ -92,6 +92,8 @@ export interface IDeviceRow {
   memoryLabel: string;
   temperatureC: number | null;
   powerW: number | null;
+  /** The sampling engine of the device's sampling sub-jobs; null when the backend does not say. */
+  sampler: string | null;
 }
 
 /** One line per host when the backend's devices span several (a Ray cluster): free slots and models. */
@@ -155,7 +157,8 @@ export function deviceRows(capacity: ICapacity | null, samples: IMetricSample[])
           ? `${memoryName} ${formatBytes(memoryTotal)}`
           : `${memoryName} ${formatBytes(memoryUsed)} / ${formatBytes(memoryTotal)}`,
       temperatureC: sample?.gpu_temperature_c ?? null,
-      powerW: sample?.gpu_power_watts ?? null
+      powerW: sample?.gpu_power_watts ?? null,
+      sampler: device.sampler ?? null
     };
   });
 }

@@ -147,6 +147,8 @@ export interface IDevice {
   slots: number;
   slots_in_use: number;
   slots_available: number;
+  /** The engine sampling sub-jobs on this device run: "transformers" or "vllm" (absent from older backends). */
+  sampler?: string;
   /** The machine the device is on (device ids of a cluster's hosts start with it). */
   host?: string;
 }

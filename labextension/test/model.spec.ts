@@ -41,8 +41,8 @@ const CPU_CAPACITY: ICapacity = {
 
 const GPU_CAPACITY: ICapacity = {
   devices: [
-    { id: 'cuda:0', kind: 'cuda', index: 0, name: 'NVIDIA H200', memory_bytes: 140 * 2 ** 30, slots: 4, slots_in_use: 2, slots_available: 2 },
-    { id: 'cuda:1', kind: 'cuda', index: 1, name: 'NVIDIA H200', memory_bytes: 140 * 2 ** 30, slots: 4, slots_in_use: 0, slots_available: 4 }
+    { id: 'cuda:0', kind: 'cuda', index: 0, name: 'NVIDIA H200', memory_bytes: 140 * 2 ** 30, slots: 4, slots_in_use: 2, slots_available: 2, sampler: 'vllm' },
+    { id: 'cuda:1', kind: 'cuda', index: 1, name: 'NVIDIA H200', memory_bytes: 140 * 2 ** 30, slots: 4, slots_in_use: 0, slots_available: 4, sampler: 'vllm' }
   ],
   slots_total: 8,
   slots_in_use: 2,
@@ -127,7 +127,7 @@ describe('devices', () => {
       { at: 2, device: 'cuda:0', gpu_utilization_percent: 87, gpu_memory_used_bytes: 70 * 2 ** 30, gpu_memory_total_bytes: 140 * 2 ** 30, gpu_temperature_c: 61, gpu_power_watts: 402, cpu_percent: 5, ram_used_bytes: 1, ram_total_bytes: 2 }
     ];
     const [first, second] = deviceRows(GPU_CAPACITY, samples);
-    expect(first).toMatchObject({ id: 'cuda:0', utilization: 87, memoryFraction: 0.5, temperatureC: 61, powerW: 402, slotsInUse: 2 });
+    expect(first).toMatchObject({ id: 'cuda:0', utilization: 87, memoryFraction: 0.5, temperatureC: 61, powerW: 402, slotsInUse: 2, sampler: 'vllm' });
     expect(first.utilizationLabel).toBe('GPU 87%');
     expect(first.memoryLabel).toBe('memory 70.0 GiB / 140 GiB');
     // No sample for cuda:1 yet: no bar values, but its memory size from capacity.
@@ -150,7 +150,8 @@ describe('devices', () => {
   it('shows CPU and RAM on a host without GPU fields (never zeros for absent GPU data)', () => {
     const samples: IMetricSample[] = [{ at: 5, device: null, cpu_percent: 42.4, ram_used_bytes: 6 * 2 ** 30, ram_total_bytes: 24 * 2 ** 30 }];
     const [cpu] = deviceRows(CPU_CAPACITY, samples);
-    expect(cpu).toMatchObject({ utilization: 42.4, memoryFraction: 0.25, temperatureC: null, powerW: null });
+    // a backend from before sampling engines were chosen per device says nothing about them
+    expect(cpu).toMatchObject({ utilization: 42.4, memoryFraction: 0.25, temperatureC: null, powerW: null, sampler: null });
     expect(cpu.utilizationLabel).toBe('CPU 42%');
     expect(cpu.memoryLabel).toBe('RAM 6.0 GiB / 24.0 GiB');
   });

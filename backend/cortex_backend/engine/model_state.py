@@ -15,11 +15,12 @@ from .lora import apply_lora
 
 
 class ModelState:
-    def __init__(self, info: ModelInfo, spec: dict[str, Any]) -> None:
+    def __init__(self, info: ModelInfo, spec: dict[str, Any], dtype: torch.dtype | None = None) -> None:
         self.info = info
         self.spec = spec
         self.device = pick_device()
-        self.dtype = pick_dtype(self.device)
+        # The device's precision unless told (scripts/gpu-check builds an fp32 reference on a GPU).
+        self.dtype = dtype or pick_dtype(self.device)
         self.seed = int(spec.get("seed", 0))
         base = load_base_model(info, self.device, self.dtype)
         self.model = apply_lora(base, spec.get("lora") or {}, self.seed)

@@ -1,192 +1,329 @@
-"""generate: batched sampling with a KV cache, seeded for reproducibility.
+"""The built-in `transformers` sampling engine: batched, with a KV cache, seeded for reproducibility.
 
-Prompts arrive as token ids (the service tokenizes text). Rows are left-padded so every row's next
-token sits in the last column; positions come from the attention mask, as transformers does.
+Prompts arrive as token ids (the service tokenizes text). Each distinct prompt is prefilled once and
+its KV cache repeated for its `n` samples. Rows are left-padded so every row's next token sits in the
+last column; positions come from the attention mask, as transformers does. Tokens, logprobs and stop
+flags stay on the device during decoding: the host looks at them only every few steps (every step on
+a CPU, where looking costs nothing), and where stop strings need the text.
+
 Per-token logprobs are under the model's own distribution (temperature 1, no truncation): what an
-importance-sampling loss needs to compare against the trainer's logprobs. `prompt_logprobs` adds each
-prompt's own per-token logprobs (scoring.prompt_logprobs).
+importance-sampling loss needs to compare against the trainer's logprobs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-import os
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .errors import OperationError
-from .model_state import ModelState
+from cortex_nb.sampling_params import SamplingParams
 
+from .errors import OperationError
+from .kv_cache import reserve
+from .merged_lora import MergedLoRA
+from .model_state import ModelState
+from .sampling_engine import Cancelled, SamplingEngine
+from .stopping import TextStop, finish_sample, stop_token_ids
+
+# Rows (prompt x sample) decoded together: on a CPU a fixed number; on a GPU as many as a share of its free
+# memory holds in KV cache (a larger batch is nearly free there), up to a cap.
 ROWS_PER_BATCH = 64
+GPU_KV_SHARE = 0.25
+GPU_MAX_ROWS = 1024
+# Decoding steps between looks at the stop flags on a GPU (each look waits for the device).
+GPU_CHECK_EVERY = 8
+
+
+def _runner(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model itself (peft injects LoRA into its layers; its wrapper only adds overhead)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _cache_keywords(model: torch.nn.Module) -> tuple[str, str | None]:
     """transformers renamed `past_key_values` to `cache` (and added `logits_to_keep`); speak both."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    parameters = inspect.signature(base.forward).parameters
+    parameters = inspect.signature(model.forward).parameters
     cache = "cache" if "cache" in parameters else "past_key_values"
     keep = next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in parameters), None)
     return cache, keep
 
 
-def _cache_of(output) -> object:
+def _cache_of(output) -> Any:
     return output.get("cache") if output.get("cache") is not None else output.get("past_key_values")
 
 
-def _choose(logits: torch.Tensor, params: dict[str, Any], generator: torch.Generator | None) -> torch.Tensor:
-    temperature = float(params.get("temperature", 1.0))
-    if temperature == 0.0:
+def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """The next token of each row: argmax at temperature 0, else a draw after temperature, top-k, top-p."""
+    if params.greedy:
         return logits.argmax(dim=-1)
-    scores = logits / temperature
-    top_k = int(params.get("top_k") or 0)
-    if 0 < top_k < scores.shape[-1]:
-        kth = torch.topk(scores, top_k, dim=-1).values[:, -1:]
+    scores = logits / params.temperature
+    if 0 < params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
-    top_p = float(params.get("top_p", 1.0))
-    if top_p < 1.0:
+    if params.top_p < 1.0:
         sorted_scores, order = torch.sort(scores, descending=True, dim=-1)
         cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
         # Drop a token when the mass before it already reaches top_p (the best token always stays).
-        drop_sorted = (cumulative - torch.softmax(sorted_scores, dim=-1)) >= top_p
+        drop_sorted = (cumulative - torch.softmax(sorted_scores, dim=-1)) >= params.top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _stop_position(text: str, stops: list[str], search_from: int) -> int | None:
-    positions = [text.find(stop, max(0, search_from - len(stop))) for stop in stops]
-    found = [position for position in positions if position >= 0]
-    return min(found) if found else None
+def _prompt_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, lengths: list[int]) -> list[list[float]]:
+    """log p(prompt token t | tokens before it) for t >= 1, from the prefill's logits (left-padded rows)."""
+    logprobs = (
+        torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    )
+    width = input_ids.shape[1]
+    return [
+        row[width - length :] if length > 1 else []
+        for row, length in zip(logprobs.tolist(), lengths, strict=True)
+    ]
 
 
-def _generate_rows(
-    state: ModelState,
-    rows: list[list[int]],
-    params: dict[str, Any],
-    generator: torch.Generator | None,
-    should_cancel: Callable[[], bool],
-) -> list[dict[str, Any]]:
-    model, device = state.model, state.device
-    tokenizer = state.tokenizer
-    max_tokens = int(params.get("max_tokens", 16))
-    stop_strings = [s for s in params.get("stop") or [] if isinstance(s, str)]
-    stop_tokens = {int(s) for s in params.get("stop") or [] if isinstance(s, int)}
-    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer else state.model.config.eos_token_id
-    if eos is not None and not params.get("ignore_eos"):
-        stop_tokens.add(int(eos))
-    pad = (getattr(tokenizer, "pad_token_id", None) if tokenizer else None) or 0
-    want_logprobs = bool(params.get("logprobs", False))
+def prompt_logprobs(state: ModelState, prompts: list[list[int]]) -> list[list[float]]:
+    """Each prompt's logprobs (token t >= 1 given the tokens before it) from the sub-job's own model."""
+    width = max(len(prompt) for prompt in prompts)
+    input_ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[i, width - len(prompt) :] = 1
+    input_ids, mask = input_ids.to(state.device), mask.to(state.device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with state.inference():
+        logits = state.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False
+        ).logits
+        return _prompt_logprobs(logits, input_ids, [len(prompt) for prompt in prompts])
 
-    width = max(len(row) for row in rows)
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        input_ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-        attention[i, width - len(row) :] = 1
-    input_ids, attention = input_ids.to(device), attention.to(device)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
 
-    generated: list[list[int]] = [[] for _ in rows]
-    token_logprobs: list[list[float]] = [[] for _ in rows]
-    finish: list[str | None] = [None] * len(rows)
-    texts: list[str] = [""] * len(rows)
-    cut_by_string = [False] * len(rows)
-    cache_keyword, keep_keyword = _cache_keywords(model)
-    keep = {keep_keyword: 1} if keep_keyword else {}
-    out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, **keep)
-    for _ in range(max_tokens):
-        if should_cancel():
-            raise OperationError("cancelled", "the request was cancelled")
-        logits = out.logits[:, -1, :].float()
-        chosen = _choose(logits, params, generator)
-        chosen_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
-        chosen_list, logprob_list = chosen.tolist(), chosen_logprobs.tolist()
-        for i, token in enumerate(chosen_list):
-            if finish[i] is not None:
-                continue
-            generated[i].append(token)
-            token_logprobs[i].append(logprob_list[i])
-            if token in stop_tokens:
-                finish[i] = "stop"
-            elif stop_strings and tokenizer is not None:
-                previous = len(texts[i])
-                texts[i] = tokenizer.decode(generated[i])
-                cut = _stop_position(texts[i], stop_strings, previous)
-                if cut is not None:
-                    texts[i] = texts[i][:cut]
-                    finish[i] = "stop"
-                    cut_by_string[i] = True
-        if all(reason is not None for reason in finish):
-            break
-        attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=-1)
-        positions = positions[:, -1:] + 1
-        out = model(
-            input_ids=chosen[:, None],
-            attention_mask=attention,
+class _Decoder:
+    """One batch of distinct prompts, `n` samples each, decoded together."""
+
+    def __init__(self, state: ModelState, prompts: list[list[int]], params: SamplingParams) -> None:
+        self.state, self.params, self.prompts = state, params, prompts
+        self.model = _runner(state.model)
+        self.device = state.device
+        self.tokenizer = state.tokenizer
+        self.stop_ids = stop_token_ids(params, self.tokenizer, state.model.config.eos_token_id)
+        self.rows = len(prompts) * params.n
+        self.check_every = 1 if self.device.type == "cpu" else GPU_CHECK_EVERY
+        strings = params.stop_strings
+        self.text_stops = (
+            [TextStop(strings, self.tokenizer) for _ in range(self.rows)]
+            if strings and self.tokenizer is not None
+            else None
+        )
+        self.host_tokens: list[list[int]] = [[] for _ in range(self.rows)]
+
+    def run(
+        self, generator: torch.Generator | None, should_cancel: Cancelled
+    ) -> tuple[list[dict[str, Any]], list[list[float]]]:
+        params, device, n = self.params, self.device, self.params.n
+        pad = (getattr(self.tokenizer, "pad_token_id", None) if self.tokenizer else None) or 0
+        width = max(len(prompt) for prompt in self.prompts)
+        total = width + params.max_tokens
+        input_ids = torch.full((len(self.prompts), width), pad, dtype=torch.long)
+        prompt_mask = torch.zeros((len(self.prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(self.prompts):
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            prompt_mask[i, width - len(prompt) :] = 1
+        input_ids, prompt_mask = input_ids.to(device), prompt_mask.to(device)
+        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        cache_keyword, keep_keyword = _cache_keywords(self.model)
+        keep = {keep_keyword: 1} if keep_keyword else {}
+
+        # Prefill each distinct prompt once, then repeat its cache for its n samples.
+        prefill_keep = {} if params.prompt_logprobs else keep
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=prompt_mask,
             position_ids=positions,
             use_cache=True,
-            **{cache_keyword: _cache_of(out)},
-            **keep,
+            **prefill_keep,
         )
-    results = []
-    for i in range(len(rows)):
-        tokens = generated[i]
-        if finish[i] is None:
-            finish[i] = "length"
-        if tokenizer is not None and not cut_by_string[i]:
-            ends_on_stop_token = finish[i] == "stop" and tokens[-1] in stop_tokens
-            texts[i] = tokenizer.decode(tokens[:-1] if ends_on_stop_token else tokens)
-        results.append(
-            {
-                "tokens": tokens,
-                "text": texts[i] if tokenizer is not None else None,
-                "logprob": float(sum(token_logprobs[i])),
-                "logprobs": token_logprobs[i] if want_logprobs else None,
-                "finish_reason": finish[i],
-            }
+        prompt_logprobs = (
+            _prompt_logprobs(out.logits, input_ids, [len(p) for p in self.prompts])
+            if params.prompt_logprobs
+            else []
         )
-    return results
+        cache = _cache_of(out)
+        logits = out.logits[:, -1, :].float()
+        next_positions = positions[:, -1:] + 1
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+            next_positions = next_positions.repeat_interleave(n, dim=0)
+            prompt_mask = prompt_mask.repeat_interleave(n, dim=0)
+        reserve(cache, total)
+        del out
+        # The whole attention mask up front: generated positions are always attended (a finished row's
+        # later tokens are discarded, and rows never see each other).
+        # A 4D boolean mask (rows, 1, 1, positions) reaches attention as it is, sparing transformers
+        # building one from the 2D mask at every step.
+        mask = torch.ones((self.rows, 1, 1, total), dtype=torch.bool, device=device)
+        mask[:, 0, 0, :width] = prompt_mask.bool()
+
+        steps = params.max_tokens
+        tokens = torch.empty((self.rows, steps), dtype=torch.long, device=device)
+        logprobs = torch.empty((self.rows, steps), dtype=torch.float32, device=device)
+        kept = torch.full((self.rows,), steps, dtype=torch.long, device=device)
+        done = torch.zeros(self.rows, dtype=torch.bool, device=device)
+        stop_ids = (
+            torch.tensor(sorted(self.stop_ids), dtype=torch.long, device=device) if self.stop_ids else None
+        )
+        taken = 0
+        for step in range(steps):
+            if should_cancel():
+                raise OperationError("cancelled", "the request was cancelled")
+            chosen = choose(logits, params, generator)
+            tokens[:, step] = chosen
+            logprobs[:, step] = logits.gather(-1, chosen[:, None]).squeeze(-1) - torch.logsumexp(
+                logits, dim=-1
+            )
+            if stop_ids is not None:
+                hit = torch.isin(chosen, stop_ids) & ~done
+                kept = torch.where(hit, step + 1, kept)
+                done |= hit
+            taken = step + 1
+            if taken == steps:
+                break
+            if taken % self.check_every == 0:
+                if self.text_stops is not None:
+                    done, kept = self._check_text(tokens, taken, done, kept)
+                if bool(done.all()):
+                    break
+            out = self.model(
+                input_ids=chosen[:, None],
+                attention_mask=mask[..., : width + taken],
+                position_ids=next_positions,
+                use_cache=True,
+                **{cache_keyword: cache},
+                **keep,
+            )
+            cache = _cache_of(out)
+            logits = out.logits[:, -1, :].float()
+            next_positions = next_positions + 1
+        if self.text_stops is not None:
+            done, kept = self._check_text(tokens, taken, done, kept)
+        return self._samples(tokens[:, :taken], logprobs[:, :taken], kept.clamp(max=taken)), prompt_logprobs
+
+    def _check_text(
+        self, tokens: torch.Tensor, taken: int, done: torch.Tensor, kept: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Look for stop strings in the tokens drawn since the last look; end the rows that hold one."""
+        seen = len(self.host_tokens[0])
+        if taken > seen:
+            for row, new in zip(self.host_tokens, tokens[:, seen:taken].tolist(), strict=True):
+                row.extend(new)
+        kept_now, done_now = kept.tolist(), done.tolist()
+        ended: list[tuple[int, int]] = []
+        for row, (text_stop, row_tokens) in enumerate(zip(self.text_stops, self.host_tokens, strict=True)):
+            if text_stop.cut is not None:
+                continue
+            # A row that ended on a stop token is searched up to the token before it.
+            limit = kept_now[row] - 1 if done_now[row] else len(row_tokens)
+            end = text_stop.advance(row_tokens[:limit])
+            if end is not None:
+                ended.append((row, end))
+        if ended:
+            rows = torch.tensor([row for row, _ in ended], device=done.device)
+            ends = torch.tensor([end for _, end in ended], device=done.device)
+            done = done.clone()
+            kept = kept.clone()
+            done[rows] = True
+            kept[rows] = ends
+        return done, kept
+
+    def _samples(
+        self, tokens: torch.Tensor, logprobs: torch.Tensor, kept: torch.Tensor
+    ) -> list[dict[str, Any]]:
+        samples = []
+        for row, (row_tokens, row_logprobs, count) in enumerate(
+            zip(tokens.tolist(), logprobs.tolist(), kept.tolist(), strict=True)
+        ):
+            text_stop = self.text_stops[row] if self.text_stops is not None else None
+            samples.append(
+                finish_sample(
+                    row_tokens[:count],
+                    row_logprobs[:count],
+                    self.stop_ids,
+                    text_stop,
+                    self.tokenizer,
+                    self.params.logprobs,
+                )
+            )
+        return samples
+
+
+def rows_per_batch(state: ModelState, prompts: list[list[int]], params: SamplingParams) -> int:
+    if state.device.type != "cuda":
+        return ROWS_PER_BATCH
+    config = state.model.config
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if not layers or not heads:
+        return ROWS_PER_BATCH
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    length = max(len(prompt) for prompt in prompts) + params.max_tokens
+    per_row = 2 * layers * kv_heads * head_dim * length * torch.finfo(state.dtype).bits // 8
+    free, _ = torch.cuda.mem_get_info(state.device)
+    return max(params.n, min(GPU_MAX_ROWS, int(free * GPU_KV_SHARE) // per_row))
+
+
+class TransformersSampler(SamplingEngine):
+    """The built-in engine. With `merge_lora` (sampling sub-jobs) the adapter is merged into this
+    sub-job's own base weights and re-merged after every change; a trainer samples unmerged."""
+
+    name = "transformers"
+
+    def __init__(self, state: ModelState, merge_lora: bool = False) -> None:
+        super().__init__(state)
+        self.merged = MergedLoRA(state.model) if merge_lora else None
+
+    def refresh(self) -> None:
+        if self.merged is not None:
+            self.merged.ensure_current()
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.name, "lora": "merged" if self.merged is not None else "unmerged"}
+
+    def sample(
+        self, prompts: list[list[int]], params: SamplingParams, seed: int | None, should_cancel: Cancelled
+    ) -> tuple[list[dict[str, Any]], list[list[float]]]:
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=self.state.device)
+            generator.manual_seed(int(seed))
+        per_batch = max(1, rows_per_batch(self.state, prompts, params) // params.n)
+        samples: list[dict[str, Any]] = []
+        prompt_logprobs: list[list[float]] = []
+        bare = self.merged.bare() if self.merged is not None else contextlib.nullcontext()
+        with self.state.inference(), torch.inference_mode(), bare:
+            for start in range(0, len(prompts), per_batch):
+                batch = prompts[start : start + per_batch]
+                outputs, batch_prompt_logprobs = _Decoder(self.state, batch, params).run(
+                    generator, should_cancel
+                )
+                prompt_logprobs.extend(batch_prompt_logprobs)
+                for row, output in enumerate(outputs):
+                    prompt_index, sample_index = divmod(row, params.n)
+                    samples.append(
+                        {"prompt_index": start + prompt_index, "sample_index": sample_index, **output}
+                    )
+        return samples, prompt_logprobs
 
 
 def generate(
     state: ModelState,
     prompts: list[list[int]],
-    params: dict[str, Any],
-    should_cancel: Callable[[], bool] = lambda: False,
+    params: SamplingParams | dict[str, Any],
+    should_cancel: Cancelled = lambda: False,
 ) -> dict[str, Any]:
-    started = time.perf_counter()
-    n = int(params.get("n", 1))
-    seed = params.get("seed")
-    if seed is None and float(params.get("temperature", 1.0)) > 0:
-        seed = int.from_bytes(os.urandom(4), "little")
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=state.device)
-        generator.manual_seed(int(seed))
-    rows = [(p, s, prompt) for p, prompt in enumerate(prompts) for s in range(n)]
-    samples: list[dict[str, Any]] = []
-    with state.inference():
-        for start in range(0, len(rows), ROWS_PER_BATCH):
-            batch = rows[start : start + ROWS_PER_BATCH]
-            outputs = _generate_rows(state, [row[2] for row in batch], params, generator, should_cancel)
-            for (prompt_index, sample_index, _), output in zip(batch, outputs, strict=True):
-                samples.append({"prompt_index": prompt_index, "sample_index": sample_index, **output})
-    scored = {}
-    if params.get("prompt_logprobs"):
-        from .scoring import prompt_logprobs
-
-        scored["prompt_logprobs"] = prompt_logprobs(state, prompts)
-    elapsed = time.perf_counter() - started
-    new_tokens = sum(len(sample["tokens"]) for sample in samples)
-    return {
-        **scored,
-        "samples": samples,
-        "seed": seed,
-        "weight_version": state.weight_version,
-        "generated_tokens": new_tokens,
-        "tokens_per_second": new_tokens / elapsed if elapsed > 0 else None,
-    }
+    """Sample with the built-in engine on the sub-job's model as it is (its adapter unmerged)."""
+    return TransformersSampler(state).generate(prompts, params, should_cancel)

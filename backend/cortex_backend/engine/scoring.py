@@ -41,15 +41,3 @@ def forward(
         out = np.where(weights != 0, out, np.float32(0.0))
     return result, {"logprobs": out}
 
-
-def prompt_logprobs(state: ModelState, prompts: list[list[int]]) -> list[list[float | None]]:
-    """log p(prompt[t] | prompt[:t]) for each prompt, None at position 0 (nothing precedes it). One prompt
-    at a time, so no [batch, length, vocab] tensor is ever larger than one prompt's."""
-    scored = []
-    with state.inference():
-        for prompt in prompts:
-            ids = state.as_tensor(np.asarray([prompt], dtype=np.int64), torch.long)
-            logits = state.model(input_ids=ids, use_cache=False).logits
-            values = target_logprobs(logits[:, :-1], ids[:, 1:])[0].float().cpu().tolist() if len(prompt) > 1 else []
-            scored.append([None, *values])
-    return scored

@@ -236,6 +236,8 @@ class RayExecutor(Executor):
             "env": assignment.device.worker_env(),
             "threads": self.settings.worker_threads,
             "faults": list(self.settings.fault_injection),
+            "sampler": assignment.device.sampler,
+            "sampler_options": self.settings.sampler_options,
         })
         for header, blob in self._backlog.pop(key, []):
             self._send(sub, header, blob)

@@ -31,6 +31,8 @@ class DeviceView(Reply):
     slots: int = Field(description="sub-jobs it serves at once")
     host: str = Field(default="", description="the host it is on (a node of a cluster; a local backend names its own)")
     models: list[str] | None = Field(default=None, description="the models its host has (a cluster's); absent: every model")
+    sampler: str = Field(default="transformers",
+                         description="the engine its sampling sub-jobs run: `transformers` (built in) or `vllm` (docs/sampling.md)")
 
 
 class DeviceCapacity(DeviceView):

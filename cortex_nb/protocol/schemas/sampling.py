@@ -2,8 +2,9 @@
 
 The backend validates a request's `sampling_params` with `SamplingParams` (400 `invalid_field`, the
 field named), the kernel SDK checks keyword names against `SAMPLING_KEYS`, and the sampler reads the
-normalised object. Logprobs (`logprobs=True`) are under the model's own distribution: temperature 1, no
-top-k/top-p truncation, the quantity an importance-sampling loss compares against.
+normalised object. Logprobs (`logprobs=True`, and `prompt_logprobs=True`) are under the model's own
+distribution: temperature 1, no top-k/top-p truncation, the quantity an importance-sampling loss compares
+against, whichever engine (`transformers` or `vllm`) sampled.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ class SamplingParams(Body):
     seed: Seed | None = None
     n: int = Field(default=1, ge=1, le=MAX_SAMPLES_PER_PROMPT, description="samples per prompt")
     logprobs: bool = Field(default=False, description="each sampled token's log-probability")
+    prompt_logprobs: bool = Field(default=False, description="per prompt, each prompt token's log-probability after the first")
     ignore_eos: bool = Field(default=False, description="keep sampling past the end-of-sequence token")
-    prompt_logprobs: bool = Field(default=False, description="each prompt token's log-probability (the first is null)")
 
     @field_validator("stop", mode="wrap")
     @classmethod

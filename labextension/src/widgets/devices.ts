@@ -14,7 +14,8 @@ export function renderDevices(rows: IDeviceRow[], gpuMetricsNote: string | null,
   for (const row of rows) {
     const extras = [
       row.temperatureC !== null ? `${Math.round(row.temperatureC)}°C` : '',
-      row.powerW !== null ? `${Math.round(row.powerW)} W` : ''
+      row.powerW !== null ? `${Math.round(row.powerW)} W` : '',
+      row.sampler ? `sampling: ${row.sampler}` : ''
     ].filter(Boolean);
     section.appendChild(
       h('div', { class: 'cortex-device', 'data-device': row.id },

@@ -93,7 +93,8 @@ def _render(face: TinkerFace, principal: Principal, future: Future, result: dict
         samples = sorted(result["samples"], key=lambda sample: sample["sample_index"])
         prompt_logprobs = None
         if future.render.get("prompt_logprobs"):
-            prompt_logprobs = list(result["prompt_logprobs"][0])
+            # ours scores each prompt token after the first; Tinker's list has None for the first
+            prompt_logprobs = [None, *result["prompt_logprobs"][0]]
             last_n = future.render.get("last_n")
             if last_n:
                 prompt_logprobs[: len(prompt_logprobs) - last_n] = [None] * (len(prompt_logprobs) - last_n)

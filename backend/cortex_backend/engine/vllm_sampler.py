@@ -1,0 +1,301 @@
+"""The `vllm` sampling engine: a vLLM engine inside a sampling sub-job's worker.
+
+The engine runs in the worker's own process (no engine-core subprocess) on the worker's device, on the
+sub-job's registered model (the built-in `tiny` is written to a directory first), in the sub-job's
+dtype, with LoRA on. The sub-job's `ModelState` keeps the peft model: weight sync, checkpoint loads and
+`forward` act on it as for any sub-job. Whenever its adapter changed, `refresh` writes the adapter as a
+peft directory and loads it as a new `LoRARequest` id (vLLM caches adapters by id, so reusing one would
+keep serving the old weights); the previous id is evicted once no request uses it.
+
+Prompts go in as token ids and vLLM runs without a tokenizer: texts and stop strings come from the
+project's tokenizer (engine/stopping.py), exactly as for the built-in engine. Sampled-token logprobs
+are vLLM's raw logprobs (`logprobs_mode="raw_logprobs"`: before temperature, top-k and top-p), the
+model's own distribution, as the API promises for every engine. Prompt logprobs come from the
+sub-job's own model, as `forward` computes them (vLLM 0.32's CPU build fails prompt logprobs with LoRA on).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from cortex_nb.sampling_params import MAX_SEED, SamplingParams
+
+from .adapter import adapter_parameters
+from .errors import OperationError
+from .model_state import ModelState
+from .sampler import prompt_logprobs
+from .sampling_engine import Cancelled, SamplingEngine
+from .stopping import TextStop, finish_sample, stop_token_ids
+
+# LoRA ranks vLLM can serve (its LoRAConfig.max_lora_rank); an adapter's rank is rounded up to one.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _set_engine_environment(device_type: str, options: dict[str, Any]) -> None:
+    """Settings vLLM reads from the environment when it is imported; an operator's own values win."""
+    # The engine in this process: one worker already is one process per sub-job, and a second process
+    # would double the memory and (on a CPU) keep a core for its scheduler.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if device_type == "cpu":
+        # Without it, vLLM's CPU backend reserves most of the host's RAM for its KV cache.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(options.get("cpu_kv_cache_gib", 1))))
+        # Other workers share these cores: no pinning of OpenMP threads to them.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def lora_rank_for(rank: int) -> int:
+    for supported in VLLM_LORA_RANKS:
+        if rank <= supported:
+            return supported
+    raise OperationError(
+        "unsupported_operation",
+        f"vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}; this adapter has r={rank}",
+    )
+
+
+def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """Each sample's own seed, derived from the call's: vLLM draws each request from its own generator."""
+    digest = hashlib.sha256(f"{seed}:{prompt_index}:{sample_index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & MAX_SEED
+
+
+def _model_directory(state: ModelState, scratch: Path) -> Path:
+    """Where vLLM loads the base model from: the registered directory, or the built-in model written out."""
+    if state.info.path is not None:
+        return state.info.path
+    from .loading import build_tiny
+
+    directory = scratch / "base-model"
+    build_tiny().save_pretrained(str(directory), safe_serialization=True)
+    return directory
+
+
+class AdapterVersions:
+    """The sub-job's adapter as vLLM LoRA requests, one id per version; an old id is evicted once unused."""
+
+    def __init__(self, engine, scratch: Path) -> None:
+        self.engine = engine
+        self.scratch = scratch
+        self.ids = itertools.count(1)
+        self.current = None  # LoRARequest
+        self.in_use: Counter[int] = Counter()
+        self.retired: dict[int, Any] = {}
+        self.evicted = 0
+
+    def publish(self, state: ModelState) -> Any:
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        from .checkpoint import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config_bytes
+        from .lora import adapter_state
+
+        lora_id = next(self.ids)
+        directory = self.scratch / f"adapter-{lora_id}"
+        directory.mkdir()
+        (directory / ADAPTER_CONFIG).write_bytes(adapter_config_bytes(state.model, state.info.name))
+        tensors = {name: t.detach().to("cpu").contiguous() for name, t in adapter_state(state.model).items()}
+        save_file(tensors, str(directory / ADAPTER_WEIGHTS))
+        request = LoRARequest(f"weights-{lora_id}", lora_id, str(directory))
+        self.engine.add_lora(request)  # loaded now, so the next generate starts at once
+        previous, self.current = self.current, request
+        if previous is not None:
+            self.retired[previous.lora_int_id] = previous
+            self._evict_unused()
+        return request
+
+    def acquire(self) -> Any:
+        self.in_use[self.current.lora_int_id] += 1
+        return self.current
+
+    def release(self, request) -> None:
+        self.in_use[request.lora_int_id] -= 1
+        self._evict_unused()
+
+    def _evict_unused(self) -> None:
+        for lora_id in [lora_id for lora_id in self.retired if self.in_use[lora_id] <= 0]:
+            request = self.retired.pop(lora_id)
+            self.engine.remove_lora(lora_id)
+            shutil.rmtree(request.lora_path, ignore_errors=True)
+            self.in_use.pop(lora_id, None)
+            self.evicted += 1
+
+    def loaded(self) -> list[int]:
+        return sorted(self.engine.list_loras())
+
+
+class VllmSampler(SamplingEngine):
+    name = "vllm"
+
+    def __init__(self, state: ModelState, options: dict[str, Any]) -> None:
+        super().__init__(state)
+        _set_engine_environment(state.device.type, options)
+        import vllm
+        from vllm import LLM
+
+        self.version = vllm.__version__
+        self.scratch = Path(tempfile.mkdtemp(prefix="cortex-vllm-"))
+        config = state.model.peft_config["default"]
+        arguments: dict[str, Any] = {
+            "model": str(_model_directory(state, self.scratch)),
+            "dtype": str(state.dtype).replace("torch.", ""),  # "auto" would pick bf16 on a CPU
+            "skip_tokenizer_init": True,
+            "enable_lora": True,
+            "max_lora_rank": lora_rank_for(int(config.r)),
+            "max_loras": 2,  # the current adapter and, briefly, the one it replaced
+            "max_model_len": state.max_seq_len,
+            "seed": state.seed,
+            "logprobs_mode": "raw_logprobs",
+            "enable_prefix_caching": True,  # the n samples of a prompt share its KV cache
+        }
+        if state.device.type == "cuda":
+            arguments["gpu_memory_utilization"] = float(options.get("gpu_memory_fraction", 0.45))
+        started = time.perf_counter()
+        self.llm = LLM(**arguments)
+        self.engine = self.llm.llm_engine
+        self.adapters = AdapterVersions(self.engine, self.scratch)
+        self.parameters = list(adapter_parameters(state.model).values())
+        self.published_versions: tuple[int, ...] | None = None
+        self.calls = itertools.count()
+        self.start_s = time.perf_counter() - started
+        self.refresh()
+
+    def refresh(self) -> None:
+        versions = tuple(parameter._version for parameter in self.parameters)
+        if versions == self.published_versions:
+            return
+        started = time.perf_counter()
+        request = self.adapters.publish(self.state)
+        self.published_versions = versions
+        print(
+            f"[engine] vllm serves weights v{self.state.weight_version} as LoRA id {request.lora_int_id}"
+            f" ({(time.perf_counter() - started) * 1000:.0f} ms); loaded ids {self.adapters.loaded()}",
+            flush=True,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "engine": self.name,
+            "version": self.version,
+            "start_s": round(self.start_s, 2),
+            "lora_id": self.adapters.current.lora_int_id if self.adapters.current else None,
+        }
+
+    def _request_params(self, params: SamplingParams, seed: int | None, stop_ids: set[int], streamed: bool):
+        from vllm import SamplingParams as VllmParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VllmParams(
+            n=1,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,  # 0 turns top-k off, as ours
+            seed=None if params.greedy else seed,
+            stop_token_ids=sorted(stop_ids),
+            ignore_eos=True,  # our stop ids already hold the end-of-sequence token when it counts
+            logprobs=0,  # the sampled token's logprob only
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA if streamed else RequestOutputKind.FINAL_ONLY,
+        )
+
+    def sample(
+        self, prompts: list[list[int]], params: SamplingParams, seed: int | None, should_cancel: Cancelled
+    ) -> tuple[list[dict[str, Any]], list[list[float]] | None]:
+        from vllm.inputs import TokensPrompt
+
+        tokenizer = self.state.tokenizer
+        stop_ids = stop_token_ids(params, tokenizer, self.state.model.config.eos_token_id)
+        streamed = bool(params.stop_strings) and tokenizer is not None
+        call = next(self.calls)
+        rows: dict[str, tuple[int, int]] = {}
+        tokens: dict[str, list[int]] = {}
+        logprobs: dict[str, list[float]] = {}
+        text_stops: dict[str, TextStop] = {}
+        unfinished: set[str] = set()
+        lora = self.adapters.acquire()
+        try:
+            for prompt_index, prompt in enumerate(prompts):
+                for sample_index in range(params.n):
+                    request_id = f"c{call}-p{prompt_index}-s{sample_index}"
+                    rows[request_id] = (prompt_index, sample_index)
+                    tokens[request_id], logprobs[request_id] = [], []
+                    if streamed:
+                        text_stops[request_id] = TextStop(params.stop_strings, tokenizer)
+                    request_seed = sample_seed(seed, prompt_index, sample_index) if seed is not None else None
+                    self.engine.add_request(
+                        request_id,
+                        TokensPrompt(prompt_token_ids=list(prompt)),
+                        self._request_params(params, request_seed, stop_ids, streamed),
+                        lora_request=lora,
+                    )
+                    unfinished.add(request_id)
+            while unfinished:
+                if should_cancel():
+                    raise OperationError("cancelled", "the request was cancelled")
+                for output in self.engine.step():
+                    request_id = output.request_id
+                    if request_id not in unfinished:
+                        continue
+                    completion = output.outputs[0]
+                    tokens[request_id].extend(completion.token_ids)
+                    logprobs[request_id].extend(
+                        _token_logprob(entry, token)
+                        for entry, token in zip(completion.logprobs or [], completion.token_ids, strict=True)
+                    )
+                    ended = output.finished
+                    if request_id in text_stops:
+                        ended = (
+                            self._stop_on_text(request_id, text_stops[request_id], tokens, logprobs, stop_ids)
+                            or ended
+                        )
+                    if ended:
+                        unfinished.discard(request_id)
+                        if not output.finished:
+                            self.engine.abort_request([request_id])
+        finally:
+            if unfinished:
+                self.engine.abort_request(sorted(unfinished))
+            self.adapters.release(lora)
+        samples = []
+        for request_id, (prompt_index, sample_index) in rows.items():
+            sample = finish_sample(
+                tokens[request_id],
+                logprobs[request_id],
+                stop_ids,
+                text_stops.get(request_id),
+                tokenizer,
+                params.logprobs,
+            )
+            samples.append({"prompt_index": prompt_index, "sample_index": sample_index, **sample})
+        return samples, prompt_logprobs(self.state, prompts) if params.prompt_logprobs else None
+
+    @staticmethod
+    def _stop_on_text(request_id: str, text_stop: TextStop, tokens, logprobs, stop_ids: set[int]) -> bool:
+        """Search the sample's new tokens for a stop string (up to a final stop token); cut it there."""
+        row = tokens[request_id]
+        limit = len(row) - 1 if row and row[-1] in stop_ids else len(row)
+        end = text_stop.advance(row[:limit])
+        if end is None:
+            return False
+        del row[end:]
+        del logprobs[request_id][end:]
+        return True
+
+    def close(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _token_logprob(entry: dict | None, token: int) -> float:
+    """The logprob vLLM reports for `token` at one position (it always includes the sampled token)."""
+    if entry is None or token not in entry:
+        raise OperationError("operation_failed", f"vLLM returned no logprob for token {token}")
+    return float(entry[token].logprob)

@@ -1,0 +1,90 @@
+"""One table on stdout and the whole record as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _number(value: Any, digits: int = 1, percent: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 100:.{digits}f}%" if percent else f"{value:,.{digits}f}"
+
+
+def rows_of(record: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(model, what, figure, verdict) rows."""
+    rows = []
+    for model in record["models"]:
+        name = model["shape"]
+        for key, check in model.get("checks", {}).items():
+            if "error" in check:
+                missing = "not installed" in check["error"]
+                rows.append((name, key.replace("_", " "), check["error"][:60], "n/a" if missing else "ERROR"))
+            elif key == "training_parity":
+                figure = (
+                    f"max loss rel err {max(s['relative_error'] for s in check['steps']):.2e},"
+                    f" logprob mean err {check['probe_logprob_mean_abs_error']:.2e}"
+                )
+                rows.append((name, "bf16 training vs fp32", figure, "pass" if check["passed"] else "FAIL"))
+            elif key.startswith("sampler_vs_trainer") or key == "service":
+                figure = f"{check.get('exact')}/{check.get('prompts')} exact"
+                if "near_ties" in check:
+                    figure += f", {check['near_ties']} near-ties, dev {check['max_logprob_deviation']:.2e}"
+                if "sampler_engine" in check:
+                    figure += (
+                        f" ({check['sampler_engine']}, sync {check['sync_path']} {check['sync_ms']:.0f} ms)"
+                    )
+                verdict = (
+                    "pass" if check.get("passed", check.get("exact") == check.get("prompts")) else "FAIL"
+                )
+                rows.append((name, key.replace("_", " "), figure, verdict))
+        for key, measure in model.get("measures", {}).items():
+            if "error" in measure:
+                rows.append((name, key, measure["error"][:60], "ERROR"))
+            elif key == "lora_training":
+                rows.append(
+                    (
+                        name,
+                        "LoRA training",
+                        f"{_number(measure['tokens_per_s'], 0)} tok/s,"
+                        f" {_number(measure['achieved_tflops'])} TFLOP/s, MFU {_number(measure['mfu'], percent=True)}",
+                        "goal 45%",
+                    )
+                )
+            elif key.startswith("decode_batch1"):
+                rows.append(
+                    (
+                        name,
+                        f"batch-1 decode ({measure['engine']})",
+                        f"{_number(measure['tokens_per_s'], 0)} tok/s,"
+                        f" {_number(measure['fraction_of_roofline'], percent=True)} of HBM roofline",
+                        "goal 60%",
+                    )
+                )
+            elif key == "rl_sampling":
+                for engine, row in measure["engines"].items():
+                    rows.append(
+                        (
+                            name,
+                            f"RL-shaped {measure['shape']} ({engine})",
+                            f"{_number(row['tokens_per_s'], 0)} tok/s, {_number(row['ratio_vs_generate'], 2)}x generate",
+                            "goal 3x (vllm)" if engine == "vllm" else "",
+                        )
+                    )
+    return rows
+
+
+def print_table(record: dict[str, Any]) -> None:
+    rows = rows_of(record)
+    widths = [max(len(row[i]) for row in rows + [("model", "what", "figure", "verdict")]) for i in range(4)]
+    header = ("model", "what", "figure", "verdict")
+    print(f"\ngpu-check on {record['device']['name']} ({record['mode']}, {record['elapsed_s']:.0f} s)")
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+def write_json(record: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, default=float))
