@@ -175,14 +175,27 @@ def test_checkpoints_are_kept_in_the_heads_data_dir_and_load_on_another_host(clu
     train(job, [text_batch()] * 2)  # the sampler keeps the saved weights; the trainer moves on
     loaded = job.load("on-head", target_sub_job_id="sampling-0").result()
     assert loaded["checkpoint_id"] == "on-head"
-    np.testing.assert_array_equal(job.forward(probe, sub_job="sampling-0").result()["tensors"]["logprobs"], trainer_view)
+    # The sampler merges the loaded adapter into its own weights: equal up to fp32 rounding.
+    np.testing.assert_allclose(job.forward(probe, sub_job="sampling-0").result()["tensors"]["logprobs"], trainer_view,
+                               rtol=0, atol=1e-4)
     assert not np.array_equal(job.forward(probe, sub_job="training-0").result()["tensors"]["logprobs"], trainer_view)
 
 
 def test_logs_of_both_hosts_arrive_once_in_order(ray_client, pair):
     job, _ = pair
+
+    def lines_and_steps():
+        lines = ray_client.tail_logs(job.job_id, limit=5000)["lines"]
+        return lines, sum(line["line"].startswith("[engine] step=") for line in lines)
+
+    _, steps_before = lines_and_steps()
     train(job, [text_batch()] * 2)
-    lines = ray_client.tail_logs(job.job_id, limit=5000)["lines"]
+    # An actor's output reaches the head through its captured fds, not with the result: wait for the lines.
+    deadline = time.monotonic() + 60
+    lines, steps = lines_and_steps()
+    while steps < steps_before + 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        lines, steps = lines_and_steps()
     seqs = [line["seq"] for line in lines]
     assert seqs == sorted(set(seqs))
     by_sub = {sub: [line["line"] for line in lines if line["sub_job_id"] == sub] for sub in ("training-0", "sampling-0")}
