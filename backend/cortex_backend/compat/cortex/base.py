@@ -56,17 +56,6 @@ class CortexHandler(BaseHandler):
             self._body_too_large = True
         self._accepted = True
 
-    def int_argument(self, name: str, default: int, low: int, high: int) -> int:
-        """A query argument of the SDK's, clamped to [low, high] as the SDK expects."""
-        raw = self.get_query_argument(name, None)
-        if raw is None or raw == "":
-            return default
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ApiError("invalid_field", f"{name}: must be an integer, got {raw!r}", {"field": name}) from None
-        return max(low, min(value, high))
-
     def labels(self) -> tuple[str, str]:
         """The database and schema the SDK put in the path: free labels, recorded on jobs it creates."""
         return self.path_kwargs["database"], self.path_kwargs["schema"]

@@ -13,6 +13,7 @@ from typing import Any
 from cortex_nb.protocol import states
 from cortex_nb.protocol.errors import ApiError
 
+from ..query import clamped_int
 from . import batches, dssst1
 from .base import CortexHandler
 from .data_plane import PART_SEPARATOR
@@ -89,7 +90,7 @@ class RequestHandler(CortexHandler):
         return int(raw)
 
     def _max_events(self) -> int:
-        return self.int_argument("max_events", 16, 1, 512)
+        return clamped_int(self, "max_events", 16, 1, 512)
 
     def _result(self, job_id: str, views: list[dict[str, Any]]) -> dict[str, Any]:
         op, result = views[0]["op"], views[0]["result"] or {}

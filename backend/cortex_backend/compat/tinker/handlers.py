@@ -14,6 +14,7 @@ from cortex_nb.protocol.errors import ApiError
 
 from ...handlers.base import BaseHandler
 from ...service import Service
+from ..query import clamped_int
 from . import listings, messages, results, sampling
 from .face import TinkerFace
 from .routes import ROUTES
@@ -46,17 +47,6 @@ class TinkerHandler(BaseHandler):
         super().prepare()
         # Sessions exist only once a call made one, so the face's sweep for expired sessions starts with the first.
         self.face.start()
-
-    def int_argument(self, name: str, default: int, low: int = 0, high: int = 1 << 62) -> int:
-        """A query integer clamped to [low, high], as the SDK's list calls page (no `Query` model: not our API)."""
-        raw = self.get_query_argument(name, None)
-        if raw is None or raw == "":
-            return default
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ApiError("invalid_field", f"{name}: must be an integer, got {raw[:40]!r}", {"field": name}) from None
-        return max(low, min(value, high))
 
     def error_status(self, code: str, status: int) -> int:
         return 400 if status == 409 else status
@@ -168,7 +158,7 @@ class ReadHandler(TinkerHandler):
         elif name == "list_checkpoints":
             answer = listings.checkpoints(face, who, path["training_run_id"])
         else:
-            limit, offset = self.int_argument("limit", 20, 1, 1000), self.int_argument("offset", 0)
+            limit, offset = clamped_int(self, "limit", 20, 1, 1000), clamped_int(self, "offset", 0)
             listing = listings.training_runs if name == "list_training_runs" else listings.user_checkpoints
             answer = listing(face, who, limit, offset)
         self.write_json(answer)
