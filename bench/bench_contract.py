@@ -37,7 +37,11 @@ def elapsed(function) -> float:
 def checkout(ref: str, into: Path) -> Path:
     """The tree of `ref` (its Python sources), unpacked under `into`."""
     archive = into / "tree.tar"
-    subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), ref, "cortex_nb", "backend"], cwd=ROOT, check=True)
+    subprocess.run(
+        ["git", "archive", "--format=tar", "-o", str(archive), ref, "cortex_nb", "backend"],
+        cwd=ROOT,
+        check=True,
+    )
     with tarfile.open(archive) as tar:
         tar.extractall(into / "tree", filter="data")
     return into / "tree"
@@ -64,22 +68,33 @@ def main() -> int:
         # `python -m` puts the working directory first on sys.path: run both backends from outside this
         # checkout, so the earlier one imports the earlier tree.
         os.chdir(tmp)
-        before_env = {"PYTHONPATH": os.pathsep.join([str(tree), str(tree / "backend")]), "CORTEX_STRICT_REPLIES": "0"}
+        before_env = {
+            "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "backend")]),
+            "CORTEX_STRICT_REPLIES": "0",
+        }
         common = ("--devices", "cpu:1", "--worker-threads", "1")
         before = start_backend(Path(tmp) / "before", *common, env=before_env)
         after = start_backend(Path(tmp) / "after", *common, env={"CORTEX_STRICT_REPLIES": "0"})
         try:
             with Client(before.url, before.token) as old, Client(after.url, after.token) as new:
-                jobs = {name: client.create_job([{"type": "sampling", "base_model": "tiny"}])["job_id"]
-                        for name, client in (("before", old), ("after", new))}
+                jobs = {
+                    name: client.create_job([{"type": "sampling", "base_model": "tiny"}])["job_id"]
+                    for name, client in (("before", old), ("after", new))
+                }
                 for name, client in (("before", old), ("after", new)):
-                    client.poll_request(jobs[name], client.noop(jobs[name]), timeout_s=300)  # the worker is up
-                times: dict[str, dict[str, list[float]]] = {"before": {"noop": [], "list": []},
-                                                            "after": {"noop": [], "list": []}}
+                    client.poll_request(
+                        jobs[name], client.noop(jobs[name]), timeout_s=300
+                    )  # the worker is up
+                times: dict[str, dict[str, list[float]]] = {
+                    "before": {"noop": [], "list": []},
+                    "after": {"noop": [], "list": []},
+                }
                 for _ in range(args.repeats):
                     for name, client in (("before", old), ("after", new)):
                         job_id = jobs[name]
-                        times[name]["noop"].append(elapsed(lambda c=client, j=job_id: c.poll_request(j, c.noop(j))))
+                        times[name]["noop"].append(
+                            elapsed(lambda c=client, j=job_id: c.poll_request(j, c.noop(j)))
+                        )
                         times[name]["list"].append(elapsed(lambda c=client: c.list_jobs()))
                 typed, plain = render_cost(new, jobs["after"], args.repeats)
         finally:
@@ -88,7 +103,9 @@ def main() -> int:
     for what, label in (("noop", "no-op request, submit + result (ms)"), ("list", "GET /v1/jobs (ms)")):
         old_ms = statistics.median(times["before"][what]) * 1000
         new_ms = statistics.median(times["after"][what]) * 1000
-        print(f"{label:42s} before {old_ms:7.2f}  after {new_ms:7.2f}  ratio after/before {new_ms / old_ms:.3f}")
+        print(
+            f"{label:42s} before {old_ms:7.2f}  after {new_ms:7.2f}  ratio after/before {new_ms / old_ms:.3f}"
+        )
     print(f"{'one job row: schema render / json.dumps':42s} {typed * 1e6:7.1f} us / {plain * 1e6:6.1f} us")
     return 0
 

@@ -39,7 +39,11 @@ def elapsed(function) -> float:
 def batch(rows: int, length: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 256, size=(rows, length + 1))
-    return {"input_ids": tokens[:, :-1], "target_tokens": tokens[:, 1:], "weights": np.ones((rows, length), np.float32)}
+    return {
+        "input_ids": tokens[:, :-1],
+        "target_tokens": tokens[:, 1:],
+        "weights": np.ones((rows, length), np.float32),
+    }
 
 
 def in_process_model():
@@ -76,8 +80,13 @@ def main() -> None:
 
     def generate_in_process() -> int:
         with torch.no_grad():
-            out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=128,
-                                 min_new_tokens=128, do_sample=False)
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=128,
+                min_new_tokens=128,
+                do_sample=False,
+            )
         return (out.shape[1] - input_ids.shape[1]) * out.shape[0]
 
     with tempfile.TemporaryDirectory() as data_dir:
@@ -104,7 +113,11 @@ def main() -> None:
             service_gen, local_gen = [], []
             for _ in range(max(args.repeats // 4, 3)):
                 started = time.perf_counter()
-                tokens = job.generate(prompts, max_tokens=128, temperature=0, ignore_eos=True).result().raw["generated_tokens"]
+                tokens = (
+                    job.generate(prompts, max_tokens=128, temperature=0, ignore_eos=True)
+                    .result()
+                    .raw["generated_tokens"]
+                )
                 service_gen.append(tokens / (time.perf_counter() - started))
                 started = time.perf_counter()
                 local_gen.append(generate_in_process() / (time.perf_counter() - started))

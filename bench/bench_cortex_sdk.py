@@ -54,28 +54,47 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 256, size=(8, 129))
-    ours_batch = {"input_ids": tokens[:, :-1], "target_tokens": tokens[:, 1:], "weights": np.ones((8, 128), np.float32)}
-    sdk_frame = serialize_forward_backward_args((), {"input_ids": torch.from_numpy(tokens[:, :-1]),
-                                                     "labels": torch.from_numpy(tokens[:, 1:])})
+    ours_batch = {
+        "input_ids": tokens[:, :-1],
+        "target_tokens": tokens[:, 1:],
+        "weights": np.ones((8, 128), np.float32),
+    }
+    sdk_frame = serialize_forward_backward_args(
+        (), {"input_ids": torch.from_numpy(tokens[:, :-1]), "labels": torch.from_numpy(tokens[:, 1:])}
+    )
     median = statistics.median
     with tempfile.TemporaryDirectory() as plain_dir, tempfile.TemporaryDirectory() as tls_dir:
         plain = start_backend(Path(plain_dir), "--devices", "cpu:1")
         secure = start_backend(Path(tls_dir), "--devices", "cpu:1", "--tls", "self-signed")
         try:
             ours = Client(secure.url, secure.token, verify=secure.fingerprint)
-            sdk = CortexTrainingClient.from_pat(secure.url.removeprefix("https://"), secure.token, "DB", "SCHEMA",
-                                                verify_ssl=False)
-            job_id = sdk.create_job([SubJobConfig.training_job(
-                "tiny", optimizer={"lr": 1e-4}, max_seq_len=256, train_batch_size=8, n_gpus=1,
-                extra_training={"peft_config": {"peft_type": "LORA", "r": 16, "lora_alpha": 32}})])
+            sdk = CortexTrainingClient.from_pat(
+                secure.url.removeprefix("https://"), secure.token, "DB", "SCHEMA", verify_ssl=False
+            )
+            job_id = sdk.create_job(
+                [
+                    SubJobConfig.training_job(
+                        "tiny",
+                        optimizer={"lr": 1e-4},
+                        max_seq_len=256,
+                        train_batch_size=8,
+                        n_gpus=1,
+                        extra_training={"peft_config": {"peft_type": "LORA", "r": 16, "lora_alpha": 32}},
+                    )
+                ]
+            )
             sdk.wait_for_job(job_id)
             for _ in range(2):  # warm-up, both paths
                 sdk.poll_request(job_id, sdk.forward_backward(job_id, sdk_frame))
                 ours.poll_request(job_id, ours.forward_backward(job_id, ours_batch))
             via_sdk, via_ours = [], []
             for _ in range(args.repeats):
-                via_sdk.append(elapsed(lambda: sdk.poll_request(job_id, sdk.forward_backward(job_id, sdk_frame))))
-                via_ours.append(elapsed(lambda: ours.poll_request(job_id, ours.forward_backward(job_id, ours_batch))))
+                via_sdk.append(
+                    elapsed(lambda: sdk.poll_request(job_id, sdk.forward_backward(job_id, sdk_frame)))
+                )
+                via_ours.append(
+                    elapsed(lambda: ours.poll_request(job_id, ours.forward_backward(job_id, ours_batch)))
+                )
             refused = []  # a permanent mistake: the SDK must surface it at once, not retry it for a minute
             for _ in range(args.repeats):
                 started = time.perf_counter()
@@ -86,8 +105,10 @@ def main() -> None:
             sdk.cancel_job(job_id)
 
             plain_client = Client(plain.url, plain.token)
-            jobs = {"tls": ours.create_job([{"type": "sampling", "base_model": "tiny"}])["job_id"],
-                    "plain": plain_client.create_job([{"type": "sampling", "base_model": "tiny"}])["job_id"]}
+            jobs = {
+                "tls": ours.create_job([{"type": "sampling", "base_model": "tiny"}])["job_id"],
+                "plain": plain_client.create_job([{"type": "sampling", "base_model": "tiny"}])["job_id"],
+            }
             ours.wait_for_job(jobs["tls"], ("running",))
             plain_client.wait_for_job(jobs["plain"], ("running",))
             version = {"tls": [], "plain": []}
@@ -101,8 +122,14 @@ def main() -> None:
                     version["plain"].append(elapsed(lambda: http.get(plain.url + "/version")))
                     fresh["tls"].append(elapsed(lambda: httpx.get(secure.url + "/version", verify=pinned)))
                     fresh["plain"].append(elapsed(lambda: httpx.get(plain.url + "/version", verify=unused)))
-                    noop["tls"].append(elapsed(lambda: ours.poll_request(jobs["tls"], ours.noop(jobs["tls"]))))
-                    noop["plain"].append(elapsed(lambda: plain_client.poll_request(jobs["plain"], plain_client.noop(jobs["plain"]))))
+                    noop["tls"].append(
+                        elapsed(lambda: ours.poll_request(jobs["tls"], ours.noop(jobs["tls"])))
+                    )
+                    noop["plain"].append(
+                        elapsed(
+                            lambda: plain_client.poll_request(jobs["plain"], plain_client.noop(jobs["plain"]))
+                        )
+                    )
             ours.cancel_job(jobs["tls"])
             plain_client.cancel_job(jobs["plain"])
         finally:

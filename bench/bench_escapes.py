@@ -33,7 +33,9 @@ def main() -> None:
         root = scratch_dir()
         tier = start_tier(name, root)
         try:
-            isolation_line = next((line for line in tier.backend.log().splitlines() if "source runs:" in line), "")
+            isolation_line = next(
+                (line for line in tier.backend.log().splitlines() if "source runs:" in line), ""
+            )
             print(f"\n{name} tier: {isolation_line.split('source runs: ', 1)[-1]}")
             print(f"{'case':<34} {'escapes':>7} {'seconds':>8}  host measured / first escape")
             tier_total = 0

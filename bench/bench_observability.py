@@ -43,11 +43,18 @@ def percentiles(values: list[float]) -> tuple[float, float]:
 # 1. log latency ------------------------------------------------------------------------------------
 def pipe_hop(lines: int) -> list[float]:
     """print -> asyncio readline in the parent, the way the executor reads a worker's stdout."""
-    child = f"import time\nfor _ in range({lines}):\n    print(time.time(), flush=True)\n    time.sleep(0.01)\n"
+    child = (
+        f"import time\nfor _ in range({lines}):\n    print(time.time(), flush=True)\n    time.sleep(0.01)\n"
+    )
 
     async def run() -> list[float]:
-        process = await asyncio.create_subprocess_exec(sys.executable, "-c", child, stdout=asyncio.subprocess.PIPE,
-                                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            child,
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         delays = []
         while raw := await process.stdout.readline():
             delays.append(time.time() - float(raw))
@@ -58,7 +65,9 @@ def pipe_hop(lines: int) -> list[float]:
 
 
 def log_latency(lines: int) -> dict[str, list[float]]:
-    backend = start_backend(Path(tempfile.mkdtemp(prefix="cortex-bench-")), "--devices", "cpu:2", "--worker-threads", "1")
+    backend = start_backend(
+        Path(tempfile.mkdtemp(prefix="cortex-bench-")), "--devices", "cpu:2", "--worker-threads", "1"
+    )
     try:
         with Client(backend.url, backend.token) as client, Client(backend.url, backend.token) as reader:
             job = client.create_training_job("tiny", lora={"r": 1, "target_modules": ["q_proj"]})
@@ -107,8 +116,10 @@ def monitor_overhead(interval_s: float | None, seconds: float) -> tuple[float, i
 
     with tempfile.TemporaryDirectory() as folder:
         store = Store(Path(folder) / "cortex.sqlite3")
-        store.insert_job({"id": "job-bench", "owner": "bench", "status": "running", "spec": {}},
-                         [{"id": "training-0", "type": "training", "status": "running", "spec": {}}])
+        store.insert_job(
+            {"id": "job-bench", "owner": "bench", "status": "running", "spec": {}},
+            [{"id": "training-0", "type": "training", "status": "running", "spec": {}}],
+        )
         store.update_sub_job("job-bench", "training-0", device="cpu")
         monitor = Monitor(store, detect_devices("auto", 4), interval_s or 1.0) if interval_s else None
         started = time.process_time()
@@ -126,9 +137,20 @@ def monitor_overhead(interval_s: float | None, seconds: float) -> tuple[float, i
 def telemetry_cost(calls: int) -> dict[str, float]:
     """Median `get_job` round trip per telemetry setting, the settings interleaved call by call so
     that load from elsewhere on the machine falls on all of them alike."""
-    backend = start_backend(Path(tempfile.mkdtemp(prefix="cortex-bench-")), "--devices", "cpu:1", "--warm-workers", "0",
-                            "--monitor-interval", "0")
-    settings = {"off": (False, False), "on (failures sent)": (True, False), "on, successes sent": (True, True)}
+    backend = start_backend(
+        Path(tempfile.mkdtemp(prefix="cortex-bench-")),
+        "--devices",
+        "cpu:1",
+        "--warm-workers",
+        "0",
+        "--monitor-interval",
+        "0",
+    )
+    settings = {
+        "off": (False, False),
+        "on (failures sent)": (True, False),
+        "on, successes sent": (True, True),
+    }
     try:
         clients = {label: Client(backend.url, backend.token) for label in settings}
         for label, (enabled, successes) in settings.items():
@@ -166,18 +188,24 @@ def main() -> None:
     latency = log_latency(args.lines)
     for mode, values in latency.items():
         p50, p95 = percentiles(values)
-        print(f"  {mode:<10} capture -> client ({len(values):>4} lines) p50 {p50 * 1000:7.2f} ms   p95 {p95 * 1000:7.2f} ms"
-              f"   print -> client p95 ~{(p95 + hop95) * 1000:7.2f} ms = {(p95 + hop95) / TARGET_S:.3f} x the {TARGET_S} s target")
+        print(
+            f"  {mode:<10} capture -> client ({len(values):>4} lines) p50 {p50 * 1000:7.2f} ms   p95 {p95 * 1000:7.2f} ms"
+            f"   print -> client p95 ~{(p95 + hop95) * 1000:7.2f} ms = {(p95 + hop95) / TARGET_S:.3f} x the {TARGET_S} s target"
+        )
 
-    print(f"\n[monitor overhead] {args.monitor_seconds:.0f} s each, CPU of this process (percent of one core)")
+    print(
+        f"\n[monitor overhead] {args.monitor_seconds:.0f} s each, CPU of this process (percent of one core)"
+    )
     idle, _ = monitor_overhead(None, args.monitor_seconds)
     print(f"  idle baseline            {idle / args.monitor_seconds * 100:6.3f} %")
     for interval in (1.0, 0.1):
         used, samples = monitor_overhead(interval, args.monitor_seconds)
         overhead = (used - idle) / args.monitor_seconds * 100
         per_tick = (used - idle) / max(samples, 1) * 1000
-        print(f"  interval {interval:>4} s  {samples:>4} samples  {overhead:6.3f} % of one core"
-              f"  ({per_tick:.2f} ms CPU per tick)")
+        print(
+            f"  interval {interval:>4} s  {samples:>4} samples  {overhead:6.3f} % of one core"
+            f"  ({per_tick:.2f} ms CPU per tick)"
+        )
 
     from cortex_nb.telemetry import Telemetry
 
@@ -185,13 +213,17 @@ def main() -> None:
     started = time.perf_counter()
     for _ in range(10_000):
         recorder.record("get_job", success=True, duration_ms=1.0, attempts=1)
-    print(f"\n[telemetry] record() on the caller's thread: {(time.perf_counter() - started) / 10_000 * 1e6:.1f} us")
+    print(
+        f"\n[telemetry] record() on the caller's thread: {(time.perf_counter() - started) / 10_000 * 1e6:.1f} us"
+    )
     print(f"  median get_job round trip over {args.telemetry_calls} calls")
     costs = telemetry_cost(args.telemetry_calls)
     off = costs["off"]
     for label, seconds in costs.items():
-        print(f"  telemetry {label:<20} {seconds * 1000:7.3f} ms   {seconds / off:.3f} x off"
-              f"   (+{(seconds - off) * 1000:.3f} ms)")
+        print(
+            f"  telemetry {label:<20} {seconds * 1000:7.3f} ms   {seconds / off:.3f} x off"
+            f"   (+{(seconds - off) * 1000:.3f} ms)"
+        )
 
 
 if __name__ == "__main__":

@@ -41,9 +41,15 @@ def main() -> int:
             started = time.perf_counter()
             report = fuzz(backend.url, token, Path(tmp), args.seconds, seed=args.seed, workers=args.workers)
             wall = time.perf_counter() - started
-            alive = httpx.get(f"{backend.url}/v1/capacity", headers={"Authorization": f"Bearer {token}"},
-                              timeout=30).status_code == 200
-            unhandled = backend.log().count("Uncaught exception") + backend.log().count("Exception in callback")
+            alive = (
+                httpx.get(
+                    f"{backend.url}/v1/capacity", headers={"Authorization": f"Bearer {token}"}, timeout=30
+                ).status_code
+                == 200
+            )
+            unhandled = backend.log().count("Uncaught exception") + backend.log().count(
+                "Exception in callback"
+            )
         finally:
             backend.stop()
     print(f"requests sent:        {report.requests} in {wall:.0f} s ({report.requests / wall:.0f}/s)")

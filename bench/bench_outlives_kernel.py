@@ -66,15 +66,23 @@ def measure_before(url: str, token: str, seconds: float) -> dict:
     from cortex_nb.train_spec import TrainSpec
     from cortex_nb.widgets.job_widget import JobWidget
 
-    TrainingRun = importlib.import_module("cortex_nb.train_loop").TrainingRun  # the kernel loop of that revision
+    TrainingRun = importlib.import_module(
+        "cortex_nb.train_loop"
+    ).TrainingRun  # the kernel loop of that revision
     client = Client(url, token)
     spec = TrainSpec(data=str(DEMO), **SPEC)
     data = tokenize_and_pack(client, "tiny", load_examples(str(DEMO), {}), spec.max_seq_len)
-    job = client.create_training_job("tiny", lora={"r": 16, "alpha": 32}, optimizer={"lr": 3e-3}, name="bench-before")
+    job = client.create_training_job(
+        "tiny", lora={"r": 16, "alpha": 32}, optimizer={"lr": 3e-3}, name="bench-before"
+    )
     run = TrainingRun(job, spec, data).start()
     while run.state.step < 3:
         time.sleep(0.1)
-    results = {"kernel_loop_widget": count_feed_requests(client, seconds, lambda: JobWidget(client, run.state, run).follow())}
+    results = {
+        "kernel_loop_widget": count_feed_requests(
+            client, seconds, lambda: JobWidget(client, run.state, run).follow()
+        )
+    }
 
     def reattached():
         state = JobState(job.job_id)
@@ -97,8 +105,16 @@ def measure_after(url: str, token: str, seconds: float) -> dict:
     from cortex_nb.widgets.job_widget import JobWidget
 
     client = Client(url, token)
-    job = client.train({"base_model": "tiny", "data": str(DEMO), "lora": {"r": 16, "alpha": 32},
-                        "optimizer": {"lr": 3e-3}, **SPEC}, name="bench-after")
+    job = client.train(
+        {
+            "base_model": "tiny",
+            "data": str(DEMO),
+            "lora": {"r": 16, "alpha": 32},
+            "optimizer": {"lr": 3e-3},
+            **SPEC,
+        },
+        name="bench-after",
+    )
     while (job.progress or {}).get("step", 0) < 3:
         time.sleep(0.1)
 
@@ -111,14 +127,18 @@ def measure_after(url: str, token: str, seconds: float) -> dict:
     first = job.progress
     time.sleep(2.0)
     last = job.progress
-    results["steps_per_s"] = (last["step"] - first["step"]) / max(last["updated_at"] - first["updated_at"], 1e-9)
+    results["steps_per_s"] = (last["step"] - first["step"]) / max(
+        last["updated_at"] - first["updated_at"], 1e-9
+    )
     job.cancel()
     return results
 
 
 def old_package(revision: str, into: Path) -> Path:
     """`cortex_nb` as it was at `revision`, unpacked into `into` (first on sys.path for the 'before' run)."""
-    archive = subprocess.run(["git", "archive", revision, "cortex_nb"], cwd=ROOT, capture_output=True, check=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", revision, "cortex_nb"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     return into
@@ -157,8 +177,11 @@ def reattach_after_restart() -> dict:
             found = find_local_backend(local)
             if found is not None:
                 found.stop()
-    return {"restart_to_live_step_s": done - restarted, "kernel_ready_to_live_step_s": done - ready,
-            "live_step": int(shown.split()[-1])}
+    return {
+        "restart_to_live_step_s": done - restarted,
+        "kernel_ready_to_live_step_s": done - ready,
+        "live_step": int(shown.split()[-1]),
+    }
 
 
 def main() -> None:
@@ -186,9 +209,24 @@ def main() -> None:
         try:
             for mode, extra in (("before", ["--old", str(old)]), ("after", [])):
                 out = subprocess.run(
-                    [sys.executable, __file__, "--measure", mode, "--url", backend.url, "--token", backend.token,
-                     "--seconds", str(args.seconds), *extra],
-                    capture_output=True, text=True, env={**os.environ, "CORTEX_DISABLE_TELEMETRY": "1"}, check=False)
+                    [
+                        sys.executable,
+                        __file__,
+                        "--measure",
+                        mode,
+                        "--url",
+                        backend.url,
+                        "--token",
+                        backend.token,
+                        "--seconds",
+                        str(args.seconds),
+                        *extra,
+                    ],
+                    capture_output=True,
+                    text=True,
+                    env={**os.environ, "CORTEX_DISABLE_TELEMETRY": "1"},
+                    check=False,
+                )
                 if out.returncode != 0:
                     raise SystemExit(f"{mode} failed:\n{out.stderr[-3000:]}")
                 results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -196,17 +234,29 @@ def main() -> None:
             backend.stop()
     reattach = reattach_after_restart()
     before, after = results["before"], results["after"]
-    print(f"tiny, {SPEC['batch_size']} x {SPEC['max_seq_len']} tokens a step, CPU; each view measured for {args.seconds:.0f} s")
-    print(f"before ({args.before}), a kernel loop's widget:   {before['kernel_loop_widget']['per_s']:6.2f} requests/s"
-          f"  ({before['steps_per_s']:.1f} steps/s) {before['kernel_loop_widget']['by_route']}")
-    print(f"before ({args.before}), a reattached widget:       {before['reattached_widget']['per_s']:6.2f} requests/s"
-          f"  {before['reattached_widget']['by_route']}")
-    print(f"after, a managed run's widget:                 {after['managed_run_widget']['per_s']:6.2f} requests/s"
-          f"  ({after['steps_per_s']:.1f} steps/s) {after['managed_run_widget']['by_route']}")
+    print(
+        f"tiny, {SPEC['batch_size']} x {SPEC['max_seq_len']} tokens a step, CPU; each view measured for {args.seconds:.0f} s"
+    )
+    print(
+        f"before ({args.before}), a kernel loop's widget:   {before['kernel_loop_widget']['per_s']:6.2f} requests/s"
+        f"  ({before['steps_per_s']:.1f} steps/s) {before['kernel_loop_widget']['by_route']}"
+    )
+    print(
+        f"before ({args.before}), a reattached widget:       {before['reattached_widget']['per_s']:6.2f} requests/s"
+        f"  {before['reattached_widget']['by_route']}"
+    )
+    print(
+        f"after, a managed run's widget:                 {after['managed_run_widget']['per_s']:6.2f} requests/s"
+        f"  ({after['steps_per_s']:.1f} steps/s) {after['managed_run_widget']['by_route']}"
+    )
     for name in ("kernel_loop_widget", "reattached_widget"):
-        print(f"  {name}: x{before[name]['per_s'] / max(after['managed_run_widget']['per_s'], 1e-9):.1f} fewer requests/s")
-    print(f"kernel restart -> reattached widget showing the live step: {reattach['restart_to_live_step_s']:.1f} s"
-          f" ({reattach['kernel_ready_to_live_step_s']:.1f} s after the kernel was ready; step {reattach['live_step']})")
+        print(
+            f"  {name}: x{before[name]['per_s'] / max(after['managed_run_widget']['per_s'], 1e-9):.1f} fewer requests/s"
+        )
+    print(
+        f"kernel restart -> reattached widget showing the live step: {reattach['restart_to_live_step_s']:.1f} s"
+        f" ({reattach['kernel_ready_to_live_step_s']:.1f} s after the kernel was ready; step {reattach['live_step']})"
+    )
 
 
 if __name__ == "__main__":

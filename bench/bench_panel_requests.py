@@ -33,8 +33,12 @@ def route_of(url: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="how long each phase counts")
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
-                        help="the checkout whose panel is measured (its tests/ helpers start the servers)")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=Path(__file__).resolve().parents[1],
+        help="the checkout whose panel is measured (its tests/ helpers start the servers)",
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(args.root))
     from playwright.sync_api import sync_playwright
@@ -48,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     lab = start_jupyter_for(backend, home, app="lab")
     client = Client(backend.url, backend.token)
     stop = threading.Event()
-    job_id = client.create_job([{"type": "training", "base_model": "tiny", "lora": {"r": 4}}], name="bench")["job_id"]
+    job_id = client.create_job([{"type": "training", "base_model": "tiny", "lora": {"r": 4}}], name="bench")[
+        "job_id"
+    ]
     client.wait_for_job(job_id, timeout_s=120)
 
     def train() -> None:
@@ -61,9 +67,16 @@ def main(argv: list[str] | None = None) -> int:
     counts: collections.Counter[str] = collections.Counter()
     try:
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+            browser = playwright.chromium.launch(
+                executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
+            )
             page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
-            page.on("request", lambda r: counts.update([f"{r.method} {route_of(r.url)}"]) if "cortex/api/" in r.url else None)
+            page.on(
+                "request",
+                lambda r: (
+                    counts.update([f"{r.method} {route_of(r.url)}"]) if "cortex/api/" in r.url else None
+                ),
+            )
             page.goto(f"{lab.url}lab?token={lab.token}")
             page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
             if not page.locator("#cortex-nb-sidebar").is_visible():

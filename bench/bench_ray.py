@@ -43,7 +43,11 @@ def elapsed(function) -> float:
 def batch(rows: int, length: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 256, size=(rows, length + 1))
-    return {"input_ids": tokens[:, :-1], "target_tokens": tokens[:, 1:], "weights": np.ones((rows, length), np.float32)}
+    return {
+        "input_ids": tokens[:, :-1],
+        "target_tokens": tokens[:, 1:],
+        "weights": np.ones((rows, length), np.float32),
+    }
 
 
 def row(label: str, value: float, digits: int = 2) -> None:
@@ -52,6 +56,7 @@ def row(label: str, value: float, digits: int = 2) -> None:
 
 def noop_rate(client: Client, job_id: str, count: int, in_flight: int = 64) -> float:
     """No-op requests per second with `in_flight` clients submitting and polling at once."""
+
     def one(_: int) -> None:
         client.poll_request(job_id, client.noop(job_id))
 
@@ -89,14 +94,18 @@ def sync_once(job, weight_format: str) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--rank", type=int, default=64, help="LoRA rank of the weight-sync jobs (bytes grow with it)")
+    parser.add_argument(
+        "--rank", type=int, default=64, help="LoRA rank of the weight-sync jobs (bytes grow with it)"
+    )
     args = parser.parse_args()
     data = batch(8, 128)
     median = statistics.median
     work = Path(tempfile.mkdtemp(prefix="cortex-bench-ray-"))
     # Like for like: a Ray actor that reserves one CPU runs with OMP_NUM_THREADS=1 (Ray sets it), so the
     # local workers get the same; both run torch with one thread (--worker-threads 1).
-    local = start_backend(work / "local", "--devices", "cpu:2", "--worker-threads", "1", env={"OMP_NUM_THREADS": "1"})
+    local = start_backend(
+        work / "local", "--devices", "cpu:2", "--worker-threads", "1", env={"OMP_NUM_THREADS": "1"}
+    )
     cluster = None
     try:
         cluster = start_ray_cluster(work / "ray")
@@ -120,19 +129,34 @@ def main() -> None:
                 ray_fb.append(elapsed(lambda: fb_step(ray_job)))
             local_noop, ray_noop = [], []
             for _ in range(args.repeats * 10):
-                local_noop.append(elapsed(lambda: local_client.poll_request(local_job.job_id, local_client.noop(local_job.job_id))))
-                ray_noop.append(elapsed(lambda: ray_client.poll_request(ray_job.job_id, ray_client.noop(ray_job.job_id))))
+                local_noop.append(
+                    elapsed(
+                        lambda: local_client.poll_request(
+                            local_job.job_id, local_client.noop(local_job.job_id)
+                        )
+                    )
+                )
+                ray_noop.append(
+                    elapsed(lambda: ray_client.poll_request(ray_job.job_id, ray_client.noop(ray_job.job_id)))
+                )
             local_rate = noop_rate(local_client, local_job.job_id, args.repeats * 50)
             ray_rate = noop_rate(ray_client, ray_job.job_id, args.repeats * 50)
             local_job.cancel()
             ray_job.cancel()
 
             # 2. weight sync: trainer and sampler on two Ray nodes (one slot each) vs two local workers.
-            ray_pair = ray_client.create_training_job("tiny", samplers=1, lora={"r": args.rank, "alpha": args.rank})
-            local_pair = local_client.create_training_job("tiny", samplers=1, lora={"r": args.rank, "alpha": args.rank})
+            ray_pair = ray_client.create_training_job(
+                "tiny", samplers=1, lora={"r": args.rank, "alpha": args.rank}
+            )
+            local_pair = local_client.create_training_job(
+                "tiny", samplers=1, lora={"r": args.rank, "alpha": args.rank}
+            )
             ray_pair.wait_ready(timeout_s=600)
             local_pair.wait_ready(timeout_s=600)
-            hosts = {sub["sub_job_id"]: sub["info"]["host"] for sub in ray_client.get_job(ray_pair.job_id)["sub_jobs"]}
+            hosts = {
+                sub["sub_job_id"]: sub["info"]["host"]
+                for sub in ray_client.get_job(ray_pair.job_id)["sub_jobs"]
+            }
             assert hosts["training-0"] != hosts["sampling-0"], hosts
             sync: dict[tuple[str, str], list[tuple[float, int]]] = {}
             for _ in range(max(3, args.repeats // 2)):

@@ -48,16 +48,26 @@ def main() -> None:
             spec = write_project(project, "print('hello')", name="bench")
 
             direct = median_seconds(
-                lambda: subprocess.run([sys.executable, "main.py"], cwd=project, check=True, capture_output=True), args.repeats)
+                lambda: subprocess.run(
+                    [sys.executable, "main.py"], cwd=project, check=True, capture_output=True
+                ),
+                args.repeats,
+            )
             trivial = median_seconds(lambda: client.run(spec).wait(120), args.repeats)
-            print(f"trivial run: python main.py directly {direct:.3f} s; as a source run (submit -> done) {trivial:.3f} s;"
-                  f" ratio {trivial / direct:.1f}x")
+            print(
+                f"trivial run: python main.py directly {direct:.3f} s; as a source run (submit -> done) {trivial:.3f} s;"
+                f" ratio {trivial / direct:.1f}x"
+            )
 
-            data = (project / "data.bin")
+            data = project / "data.bin"
             data.write_bytes(bytes(range(256)) * (args.input_mib * 4096))
-            copy_spec = write_project(project, "import shutil; shutil.copy('data.bin', 'copy.bin')", name="bench-io",
-                                      inputs={"data": {"path": "data.bin"}},
-                                      outputs={"copy": {"path": "copy.bin", "max_bytes": 128 * 2**20}})
+            copy_spec = write_project(
+                project,
+                "import shutil; shutil.copy('data.bin', 'copy.bin')",
+                name="bench-io",
+                inputs={"data": {"path": "data.bin"}},
+                outputs={"copy": {"path": "copy.bin", "max_bytes": 128 * 2**20}},
+            )
             local_hash = median_seconds(lambda: hashlib.sha256(data.read_bytes()).hexdigest(), args.repeats)
 
             def round_trip() -> None:
@@ -67,9 +77,11 @@ def main() -> None:
 
             io_seconds = median_seconds(round_trip, max(1, args.repeats // 2))
             mib_s = 2 * args.input_mib / io_seconds
-            print(f"{args.input_mib} MiB input up, copied, collected and downloaded (verified both ways): {io_seconds:.2f} s"
-                  f" ({mib_s:.0f} MiB/s moved); local SHA-256 of the same bytes {local_hash:.3f} s;"
-                  f" ratio {io_seconds / local_hash:.1f}x")
+            print(
+                f"{args.input_mib} MiB input up, copied, collected and downloaded (verified both ways): {io_seconds:.2f} s"
+                f" ({mib_s:.0f} MiB/s moved); local SHA-256 of the same bytes {local_hash:.3f} s;"
+                f" ratio {io_seconds / local_hash:.1f}x"
+            )
             client.close()
         finally:
             backend.stop()

@@ -56,8 +56,17 @@ def main() -> None:
     parser.add_argument("--body-timeout", type=float, default=3.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-slow-") as folder:
-        backend = start_backend(Path(folder) / "backend", "--devices", "cpu:1", "--warm-workers", "0",
-                                "--http-body-timeout", str(args.body_timeout), "--http-idle-timeout", str(args.body_timeout))
+        backend = start_backend(
+            Path(folder) / "backend",
+            "--devices",
+            "cpu:1",
+            "--warm-workers",
+            "0",
+            "--http-body-timeout",
+            str(args.body_timeout),
+            "--http-idle-timeout",
+            str(args.body_timeout),
+        )
         try:
             log_before = backend.log_path.stat().st_size if backend.log_path else 0
             idle, idle_failures = probe(backend.url, backend.token, min(args.seconds, 5.0))
@@ -90,11 +99,17 @@ def main() -> None:
                 sock.close()
             log_growth = (backend.log_path.stat().st_size if backend.log_path else 0) - log_before
             print(f"{'phase':<22} {'n':>5} {'failed':>6} {'p50 ms':>8} {'p99 ms':>8}")
-            for label, values, failures in (("idle", idle, idle_failures),
-                                            (f"{args.connections} slow bodies", busy, busy_failures)):
-                print(f"{label:<22} {len(values):>5} {failures:>6} {statistics.median(values) * 1000:>8.1f} {p99(values) * 1000:>8.1f}")
-            print(f"p99 ratio (slow / idle): {p99(busy) / p99(idle):.1f}x; slow connections the backend closed:"
-                  f" {len(closed)}/{args.connections} (body timeout {args.body_timeout:g} s); log grew {log_growth} bytes")
+            for label, values, failures in (
+                ("idle", idle, idle_failures),
+                (f"{args.connections} slow bodies", busy, busy_failures),
+            ):
+                print(
+                    f"{label:<22} {len(values):>5} {failures:>6} {statistics.median(values) * 1000:>8.1f} {p99(values) * 1000:>8.1f}"
+                )
+            print(
+                f"p99 ratio (slow / idle): {p99(busy) / p99(idle):.1f}x; slow connections the backend closed:"
+                f" {len(closed)}/{args.connections} (body timeout {args.body_timeout:g} s); log grew {log_growth} bytes"
+            )
         finally:
             backend.stop()
 

@@ -66,9 +66,18 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 256, size=(8, 129))
-    batch = {"input_ids": tokens[:, :-1], "target_tokens": tokens[:, 1:], "weights": np.ones((8, 128), np.float32)}
-    datums = [types.Datum(model_input=types.ModelInput.from_ints(t[:-1].tolist()),
-                          loss_fn_inputs={"target_tokens": t[1:].tolist(), "weights": [1.0] * 128}) for t in tokens]
+    batch = {
+        "input_ids": tokens[:, :-1],
+        "target_tokens": tokens[:, 1:],
+        "weights": np.ones((8, 128), np.float32),
+    }
+    datums = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(t[:-1].tolist()),
+            loss_fn_inputs={"target_tokens": t[1:].tolist(), "weights": [1.0] * 128},
+        )
+        for t in tokens
+    ]
     adam = types.AdamParams(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-8)
     median = statistics.median
     with tempfile.TemporaryDirectory() as data_dir:
@@ -78,12 +87,19 @@ def main() -> None:
             service = tinker.ServiceClient(base_url=backend.url, api_key=key)
             training = service.create_lora_training_client(base_model=MODEL, rank=RANK, seed=0).result()
             ours = Client(backend.url, key)
-            job = ours.create_training_job(MODEL, lora={"r": RANK, "alpha": 32, "target_modules": TARGETS},
-                                           optimizer={"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8}, seed=0)
+            job = ours.create_training_job(
+                MODEL,
+                lora={"r": RANK, "alpha": 32, "target_modules": TARGETS},
+                optimizer={"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8},
+                seed=0,
+            )
             job.wait_ready()
 
             def tinker_step() -> None:
-                forward_backward, optim = training.forward_backward(datums, "cross_entropy"), training.optim_step(adam)
+                forward_backward, optim = (
+                    training.forward_backward(datums, "cross_entropy"),
+                    training.optim_step(adam),
+                )
                 forward_backward.result()
                 optim.result()
 
@@ -99,7 +115,9 @@ def main() -> None:
             for _ in range(args.repeats):
                 via_tinker.append(elapsed(tinker_step))
                 via_ours.append(elapsed(our_step))
-            print(f"forward_backward + optim_step, {MODEL} 8x128, rank {RANK}, {args.repeats} alternating steps (median s):")
+            print(
+                f"forward_backward + optim_step, {MODEL} 8x128, rank {RANK}, {args.repeats} alternating steps (median s):"
+            )
             row("  through the tinker SDK (protobuf, numbered requests, retrieve_future)", median(via_tinker))
             row("  through cortex_nb.Client (frame, long-poll)", median(via_ours))
             row("  ratio tinker / ours (goal <= 1.05)", median(via_tinker) / median(via_ours))
@@ -132,21 +150,41 @@ def main() -> None:
             row("  save_weights_for_sampler + create_sampling_client(model_path)", median(to_client))
             row("  ... + its first sample (adapter read from the checkpoint)", median(to_sample))
             row("  save_weights_and_get_sampling_client + first sample", median(quick))
-            row("  trainer worker's resident memory per new sampling client (MiB)", grown / args.samplers / MIB, 2)
-            sizes = [c.size_bytes for c in tinker.RestClient(base_url=backend.url, api_key=key).list_checkpoints(
-                training.model_id).result().checkpoints if c.checkpoint_id.startswith("sampler_weights/bench-")]
+            row(
+                "  trainer worker's resident memory per new sampling client (MiB)",
+                grown / args.samplers / MIB,
+                2,
+            )
+            sizes = [
+                c.size_bytes
+                for c in tinker.RestClient(base_url=backend.url, api_key=key)
+                .list_checkpoints(training.model_id)
+                .result()
+                .checkpoints
+                if c.checkpoint_id.startswith("sampler_weights/bench-")
+            ]
             row("  one saved adapter (its checkpoint's size, MiB)", median(sizes) / MIB, 2)
             other = ours.create_sampler(MODEL, lora={"r": RANK, "alpha": 32, "target_modules": TARGETS})
             other.generate([[1, 2, 3]], max_tokens=2).result()
-            row("  for comparison: a sampler job's own worker, resident (MiB)", resident_bytes(worker_pid(ours, other.job_id)) / MIB, 1)
+            row(
+                "  for comparison: a sampler job's own worker, resident (MiB)",
+                resident_bytes(worker_pid(ours, other.job_id)) / MIB,
+                1,
+            )
             other.cancel()
 
             # User errors: one request, an answer the SDK does not retry.
-            bad_datum = types.Datum(model_input=types.ModelInput.from_ints([5, 6, 7, 8]),
-                                    loss_fn_inputs={"target_tokens": [6, 7, 8], "weights": [1.0] * 4})
+            bad_datum = types.Datum(
+                model_input=types.ModelInput.from_ints([5, 6, 7, 8]),
+                loss_fn_inputs={"target_tokens": [6, 7, 8], "weights": [1.0] * 4},
+            )
             cases = {
-                "unknown model": lambda: service.create_lora_training_client(base_model="Qwen/Qwen3-Nope").result(),
-                "a datum whose lengths disagree": lambda: training.forward_backward([bad_datum], "cross_entropy").result(),
+                "unknown model": lambda: service.create_lora_training_client(
+                    base_model="Qwen/Qwen3-Nope"
+                ).result(),
+                "a datum whose lengths disagree": lambda: training.forward_backward(
+                    [bad_datum], "cross_entropy"
+                ).result(),
                 "an unknown loss": lambda: training.forward_backward(datums[:1], "cispo").result(),
             }
             print(f"seconds until the SDK raises a user error (slowest of {args.repeats}):")

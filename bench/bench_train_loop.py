@@ -48,10 +48,21 @@ def client_loop(client: Client, steps: int, batch_size: int, seq_len: int) -> fl
     return elapsed / steps
 
 
-def managed_run(client: Client, steps: int, batch_size: int, seq_len: int, with_widget: bool) -> tuple[float, int]:
+def managed_run(
+    client: Client, steps: int, batch_size: int, seq_len: int, with_widget: bool
+) -> tuple[float, int]:
     """Seconds per step of a managed run, and the renders of a widget following it (if any)."""
-    job = client.train({"base_model": "tiny", "data": str(DEMO), "steps": steps, "batch_size": batch_size,
-                        "max_seq_len": seq_len, "lora": LORA, "optimizer": OPTIMIZER})
+    job = client.train(
+        {
+            "base_model": "tiny",
+            "data": str(DEMO),
+            "steps": steps,
+            "batch_size": batch_size,
+            "max_seq_len": seq_len,
+            "lora": LORA,
+            "optimizer": OPTIMIZER,
+        }
+    )
     widget = None
     if with_widget:
         from cortex_nb.job_state import JobState
@@ -92,8 +103,12 @@ def main() -> None:
             backend.stop()
     print(f"tiny, {args.steps} steps of {args.batch_size} x {args.seq_len} tokens, CPU")
     print(f"client-driven pipelined loop {baseline * 1000:7.1f} ms/step")
-    print(f"managed run                  {managed * 1000:7.1f} ms/step   x{baseline / managed:.2f} the client loop's speed")
-    print(f"managed run + live widget    {watched * 1000:7.1f} ms/step   cost x{watched / managed:.2f} ({renders} renders)")
+    print(
+        f"managed run                  {managed * 1000:7.1f} ms/step   x{baseline / managed:.2f} the client loop's speed"
+    )
+    print(
+        f"managed run + live widget    {watched * 1000:7.1f} ms/step   cost x{watched / managed:.2f} ({renders} renders)"
+    )
 
 
 if __name__ == "__main__":

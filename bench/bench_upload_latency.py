@@ -79,7 +79,9 @@ def big_frame(mib: int, vocab: int) -> bytes:
     targets = np.roll(ids, -1, axis=1)
     targets[-1, -1] = vocab + 7  # found only after reading everything
     weights = np.ones((rows, SEQ_LEN), np.float32)
-    return wire.encode_frame({"input_ids": ids, "target_tokens": targets, "weights": weights}, {"loss_fn": "cross_entropy"})
+    return wire.encode_frame(
+        {"input_ids": ids, "target_tokens": targets, "weights": weights}, {"loss_fn": "cross_entropy"}
+    )
 
 
 def main() -> None:
@@ -97,24 +99,36 @@ def main() -> None:
             chunks = wire.split_chunks(frame)
             upload_id = "up-" + uuid.uuid4().hex
             headers = {"Authorization": f"Bearer {backend.token}"}
-            with Prober(backend.url, backend.token, args.probe_interval) as prober, httpx.Client(timeout=300, headers=headers) as http:
+            with (
+                Prober(backend.url, backend.token, args.probe_interval) as prober,
+                httpx.Client(timeout=300, headers=headers) as http,
+            ):
                 time.sleep(args.idle_seconds)
                 prober.phase = "chunks"
                 for chunk in chunks:
-                    http.put(f"{backend.url}/v1/uploads/{upload_id}/chunks/{chunk.index}", content=chunk.data,
-                             headers={wire.CHUNK_SHA_HEADER: chunk.sha256, wire.CHUNK_COUNT_HEADER: str(len(chunks))}
-                             ).raise_for_status()
+                    http.put(
+                        f"{backend.url}/v1/uploads/{upload_id}/chunks/{chunk.index}",
+                        content=chunk.data,
+                        headers={
+                            wire.CHUNK_SHA_HEADER: chunk.sha256,
+                            wire.CHUNK_COUNT_HEADER: str(len(chunks)),
+                        },
+                    ).raise_for_status()
                 prober.phase = "assembly"
                 started = time.perf_counter()
-                answer = http.post(f"{backend.url}/v1/jobs/{job.job_id}/forward_backward",
-                                   headers={wire.UPLOAD_HEADER: upload_id, wire.UPLOAD_SHA_HEADER: wire.sha256_hex(frame)})
+                answer = http.post(
+                    f"{backend.url}/v1/jobs/{job.job_id}/forward_backward",
+                    headers={wire.UPLOAD_HEADER: upload_id, wire.UPLOAD_SHA_HEADER: wire.sha256_hex(frame)},
+                )
                 assembly_s = time.perf_counter() - started
                 prober.phase = "after"
                 time.sleep(0.5)
             job.cancel()
             code = answer.json().get("error", {}).get("code")
-            print(f"{len(frame) / 2**20:.0f} MiB frame in {len(chunks)} chunks; the backend answered {answer.status_code}"
-                  f" {code} after {assembly_s:.2f} s of assembly and checks; probe errors: {prober.errors}")
+            print(
+                f"{len(frame) / 2**20:.0f} MiB frame in {len(chunks)} chunks; the backend answered {answer.status_code}"
+                f" {code} after {assembly_s:.2f} s of assembly and checks; probe errors: {prober.errors}"
+            )
             idle = prober.samples.get("idle", [])
             base = percentile(idle, 0.99)
             print(f"{'phase':<10} {'n':>5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'p99 / idle p99':>15}")
@@ -123,8 +137,10 @@ def main() -> None:
                 if not values:
                     continue
                 p99 = percentile(values, 0.99)
-                print(f"{phase:<10} {len(values):>5} {statistics.median(values) * 1000:>8.1f} {p99 * 1000:>8.1f}"
-                      f" {max(values) * 1000:>8.1f} {p99 / base:>15.1f}")
+                print(
+                    f"{phase:<10} {len(values):>5} {statistics.median(values) * 1000:>8.1f} {p99 * 1000:>8.1f}"
+                    f" {max(values) * 1000:>8.1f} {p99 / base:>15.1f}"
+                )
             assembly = prober.samples.get("assembly", [])
             if assembly:
                 verdict = "meets" if percentile(assembly, 0.99) <= 0.050 else "misses"

@@ -30,11 +30,26 @@ _EXPORTS = {
     "Sampler": ".training",
     "TrainingJob": ".training",
     "RetryPolicy": ".transport",
-    **{name: ".errors" for name in (
-        "AuthError", "BackendError", "BadRequestError", "ConflictError", "ConnectionError", "CortexError",
-        "NotFoundError", "OutputVerificationError", "PermissionError", "RateLimitError", "RequestFailed", "RunFailed",
-        "SubmissionOutcomeUnknown", "TimeoutError", "VersionMismatchError",
-    )},
+    **{
+        name: ".errors"
+        for name in (
+            "AuthError",
+            "BackendError",
+            "BadRequestError",
+            "ConflictError",
+            "ConnectionError",
+            "CortexError",
+            "NotFoundError",
+            "OutputVerificationError",
+            "PermissionError",
+            "RateLimitError",
+            "RequestFailed",
+            "RunFailed",
+            "SubmissionOutcomeUnknown",
+            "TimeoutError",
+            "VersionMismatchError",
+        )
+    },
 }
 
 if TYPE_CHECKING:
@@ -91,9 +106,31 @@ def unload_ipython_extension(ipython) -> None:
 
 # Spelled out, so linters and type checkers see the lazy names (a test keeps it equal to _EXPORTS).
 __all__ = [
-    "API_VERSION", "__version__", "APIFuture", "AuthError", "BackendError", "BadRequestError", "Client",
-    "Comparison", "ConflictError", "ConnectionError", "CortexError", "GenerateResult", "NotFoundError",
-    "OutputVerificationError", "PermissionError", "PollPolicy", "RateLimitError", "RequestFailed", "RetryPolicy",
-    "RunFailed", "RunHandle", "Sampler", "SubmissionOutcomeUnknown", "TimeoutError", "TrainingJob",
-    "VersionMismatchError", "compare",
+    "API_VERSION",
+    "__version__",
+    "APIFuture",
+    "AuthError",
+    "BackendError",
+    "BadRequestError",
+    "Client",
+    "Comparison",
+    "ConflictError",
+    "ConnectionError",
+    "CortexError",
+    "GenerateResult",
+    "NotFoundError",
+    "OutputVerificationError",
+    "PermissionError",
+    "PollPolicy",
+    "RateLimitError",
+    "RequestFailed",
+    "RetryPolicy",
+    "RunFailed",
+    "RunHandle",
+    "Sampler",
+    "SubmissionOutcomeUnknown",
+    "TimeoutError",
+    "TrainingJob",
+    "VersionMismatchError",
+    "compare",
 ]

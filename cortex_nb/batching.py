@@ -36,10 +36,17 @@ def next_token_batch(
         attention[i, :n] = 1
         first_weighted = max((prompt_lengths[i] if prompt_lengths is not None else 1) - 1, 0)
         weights[i, first_weighted:n] = 1.0
-    return {"input_ids": input_ids, "target_tokens": target_tokens, "weights": weights, "attention_mask": attention}
+    return {
+        "input_ids": input_ids,
+        "target_tokens": target_tokens,
+        "weights": weights,
+        "attention_mask": attention,
+    }
 
 
-def pack_sequences(token_lists: Sequence[Sequence[int]], seq_len: int, weight_lists: Sequence[Sequence[float]] | None = None) -> list[tuple[list[int], list[float]]]:
+def pack_sequences(
+    token_lists: Sequence[Sequence[int]], seq_len: int, weight_lists: Sequence[Sequence[float]] | None = None
+) -> list[tuple[list[int], list[float]]]:
     """Concatenate documents and cut them into rows of `seq_len + 1` tokens (no padding wasted).
 
     Returns (tokens, weights) rows; weights say which target tokens count (e.g. completions only).
@@ -72,4 +79,9 @@ def rows_to_batch(rows: Sequence[tuple[list[int], list[float]]], pad_id: int = 0
         target_tokens[i, :n] = tokens[1:]
         weights[i, :n] = token_weights[1:]
         attention[i, :n] = 1
-    return {"input_ids": input_ids, "target_tokens": target_tokens, "weights": weights, "attention_mask": attention}
+    return {
+        "input_ids": input_ids,
+        "target_tokens": target_tokens,
+        "weights": weights,
+        "attention_mask": attention,
+    }

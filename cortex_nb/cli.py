@@ -8,7 +8,9 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cortex-nb", description="Fine-tune and sample language models from notebooks.")
+    parser = argparse.ArgumentParser(
+        prog="cortex-nb", description="Fine-tune and sample language models from notebooks."
+    )
     from .protocol.versions import __version__
 
     parser.add_argument("--version", action="version", version=f"cortex-nb {__version__}")
@@ -16,20 +18,44 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="fine-tune the built-in tiny model on a local backend")
     demo.add_argument("--steps", type=int, default=200)
     demo.add_argument("--lr", type=float, default=3e-3)
-    demo.add_argument("--notebook", nargs="?", metavar="PATH", default=None, const="cortex-nb-quickstart.ipynb",
-                      help="instead: run the 01-quickstart notebook headless and write the executed copy at PATH"
-                           " (default ./cortex-nb-quickstart.ipynb)")
-    demo.add_argument("--data-dir", default=None, help="the local backend's data dir (default: $CORTEX_LOCAL_DIR, else ~/.local/share/cortex-nb/local)")
+    demo.add_argument(
+        "--notebook",
+        nargs="?",
+        metavar="PATH",
+        default=None,
+        const="cortex-nb-quickstart.ipynb",
+        help="instead: run the 01-quickstart notebook headless and write the executed copy at PATH"
+        " (default ./cortex-nb-quickstart.ipynb)",
+    )
+    demo.add_argument(
+        "--data-dir",
+        default=None,
+        help="the local backend's data dir (default: $CORTEX_LOCAL_DIR, else ~/.local/share/cortex-nb/local)",
+    )
     run = commands.add_parser("run", help="run your own code on the backend host from a cortex.yaml run spec")
     run.add_argument("spec", help="the run spec (docs/run-spec.md)")
-    run.add_argument("--wait", action="store_true", help="follow the logs until the run ends; exit 0 only if it is done")
-    run.add_argument("--outputs", metavar="DIR", default=None, help="with --wait: download the outputs (verified) into DIR")
-    run.add_argument("--submission-id", default=None, help="a submission id of your own; submitting it again never runs twice")
-    run.add_argument("--profile", default=None, help="connection profile (default: CORTEX_URL/CORTEX_TOKEN, then the default profile)")
+    run.add_argument(
+        "--wait", action="store_true", help="follow the logs until the run ends; exit 0 only if it is done"
+    )
+    run.add_argument(
+        "--outputs", metavar="DIR", default=None, help="with --wait: download the outputs (verified) into DIR"
+    )
+    run.add_argument(
+        "--submission-id",
+        default=None,
+        help="a submission id of your own; submitting it again never runs twice",
+    )
+    run.add_argument(
+        "--profile",
+        default=None,
+        help="connection profile (default: CORTEX_URL/CORTEX_TOKEN, then the default profile)",
+    )
     runs = commands.add_parser("runs", help="list recent source runs")
     runs.add_argument("--limit", type=int, default=20)
     runs.add_argument("--profile", default=None)
-    backend = commands.add_parser("backend", help="run or administer the backend service (needs cortex-nb[backend])")
+    backend = commands.add_parser(
+        "backend", help="run or administer the backend service (needs cortex-nb[backend])"
+    )
     try:
         from cortex_backend.cli import add_backend_commands
     except ImportError:  # the kernel-side install has no backend
@@ -38,15 +64,23 @@ def build_parser() -> argparse.ArgumentParser:
         add_backend_commands(backend)
     host = commands.add_parser("host", help="the hosts of a Ray cluster serving one backend (docs/scale.md)")
     host_commands = host.add_subparsers(dest="host_command", required=True)
-    join = host_commands.add_parser("join", help="join this machine to the head's Ray cluster (needs cortex-nb[backend,ray])")
+    join = host_commands.add_parser(
+        "join", help="join this machine to the head's Ray cluster (needs cortex-nb[backend,ray])"
+    )
     try:
         from cortex_backend.cli import add_host_join_arguments
     except ImportError:
         join.set_defaults(backend_missing=True)
     else:
         add_host_join_arguments(join)
-    listing = host_commands.add_parser("list", help="the hosts serving the backend: devices, models, free slots")
-    listing.add_argument("--profile", default=None, help="connection profile (default: CORTEX_URL/CORTEX_TOKEN, then the default profile)")
+    listing = host_commands.add_parser(
+        "list", help="the hosts serving the backend: devices, models, free slots"
+    )
+    listing.add_argument(
+        "--profile",
+        default=None,
+        help="connection profile (default: CORTEX_URL/CORTEX_TOKEN, then the default profile)",
+    )
     return parser
 
 
@@ -65,7 +99,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(host_command(args))
     if args.command == "backend":
         if getattr(args, "backend_missing", False):
-            print("error: the backend is not installed here; pip install 'cortex-nb[backend]'", file=sys.stderr)
+            print(
+                "error: the backend is not installed here; pip install 'cortex-nb[backend]'", file=sys.stderr
+            )
             sys.exit(2)
         from cortex_backend.cli import run_backend_command
 
@@ -76,7 +112,10 @@ def host_command(args: argparse.Namespace) -> int:
     """`cortex-nb host join` (runs Ray here) and `cortex-nb host list` (asks the backend)."""
     if args.host_command == "join":
         if getattr(args, "backend_missing", False):
-            print("error: joining needs the backend and Ray here: pip install 'cortex-nb[backend,ray]'", file=sys.stderr)
+            print(
+                "error: joining needs the backend and Ray here: pip install 'cortex-nb[backend,ray]'",
+                file=sys.stderr,
+            )
             return 2
         from cortex_backend.cli import run_host_join
 
@@ -125,25 +164,40 @@ def run_command(args: argparse.Namespace) -> int:
                 print(frame.to_string(index=False) if len(frame) else "no runs yet")
                 return 0
             handle = client.run(args.spec, submission_id=args.submission_id)
-            print(f"run {handle.run_id} ({handle.info['name']}) {handle.info['status']}; submission {handle.submission_id}",
-                  flush=True)
+            print(
+                f"run {handle.run_id} ({handle.info['name']}) {handle.info['status']}; submission {handle.submission_id}",
+                flush=True,
+            )
             if not args.wait:
                 return 0
             for entry in handle.follow_logs():
                 stream = sys.stderr if entry["stream"] == "stderr" else sys.stdout
-                print(f"[{entry['stream']}] {entry['line']}" if entry["stream"] == "system" else entry["line"], file=stream, flush=True)
+                print(
+                    f"[{entry['stream']}] {entry['line']}" if entry["stream"] == "system" else entry["line"],
+                    file=stream,
+                    flush=True,
+                )
             final = handle.wait()
             report = handle.report()
-            print(f"run {handle.run_id} {final['status']}"
-                  + (f" ({final['failure_code']}: {final['failure_message']})" if final.get("failure_code") else "")
-                  + f"; exit code {report.get('exit_code')}, {report.get('device_seconds')} device-seconds,"
-                  f" peak memory {report.get('peak_memory_bytes')} bytes, isolation {report.get('isolation_tier')}")
+            print(
+                f"run {handle.run_id} {final['status']}"
+                + (
+                    f" ({final['failure_code']}: {final['failure_message']})"
+                    if final.get("failure_code")
+                    else ""
+                )
+                + f"; exit code {report.get('exit_code')}, {report.get('device_seconds')} device-seconds,"
+                f" peak memory {report.get('peak_memory_bytes')} bytes, isolation {report.get('isolation_tier')}"
+            )
             if args.outputs and final["status"] == JOB_DONE:
                 for name, path in sorted(handle.outputs(dest=args.outputs, keep_paths=True).items()):
                     print(f"output {name}: {path} (verified)")
             return 0 if final["status"] == JOB_DONE else 1
     except SubmissionOutcomeUnknown as exc:
-        print(f"error: {exc}\nresubmit with --submission-id {exc.submission_id} (it never runs twice)", file=sys.stderr)
+        print(
+            f"error: {exc}\nresubmit with --submission-id {exc.submission_id} (it never runs twice)",
+            file=sys.stderr,
+        )
         return 3
     except CortexError as exc:
         print(f"error: {exc}", file=sys.stderr)

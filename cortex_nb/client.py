@@ -75,15 +75,23 @@ class Client:
         self.url = url.rstrip("/")
         self.poll = poll or PollPolicy()
         self.transport = Transport(
-            self.url, token, auth_scheme=auth_scheme, timeout_s=timeout_s, retry=retry,
-            extra_headers=extra_headers, cookies=cookies, verify=verify if verify is not None else tls.verify_from_env(),
+            self.url,
+            token,
+            auth_scheme=auth_scheme,
+            timeout_s=timeout_s,
+            retry=retry,
+            extra_headers=extra_headers,
+            cookies=cookies,
+            verify=verify if verify is not None else tls.verify_from_env(),
         )
         # Frames above `max_body_bytes` travel as chunks of `chunk_bytes` (each with its SHA-256).
         self.max_body_bytes = wire.MAX_BODY_BYTES
         self.chunk_bytes = wire.CHUNK_BYTES
         self.backend_version: dict[str, Any] | None = None
         self.local_backend = None  # the LocalEndpoint of Client.local()
-        self.telemetry = Telemetry(self.url, self.transport.headers, self.transport.cookies, verify=self.transport.verify)
+        self.telemetry = Telemetry(
+            self.url, self.transport.headers, self.transport.cookies, verify=self.transport.verify
+        )
         if check_version:
             self.check_version()
 
@@ -177,8 +185,14 @@ class Client:
         name: str | None = None,
         idle_timeout_s: float | None = None,
     ) -> dict[str, Any]:
-        body = {"sub_jobs": sub_jobs, "job_id": job_id, "experiment": experiment_name, "hardware": hardware,
-                "name": name, "idle_timeout_s": idle_timeout_s}
+        body = {
+            "sub_jobs": sub_jobs,
+            "job_id": job_id,
+            "experiment": experiment_name,
+            "hardware": hardware,
+            "name": name,
+            "idle_timeout_s": idle_timeout_s,
+        }
         return self._call("create_job", json={key: value for key, value in body.items() if value is not None})
 
     @recorded("get_job")
@@ -190,7 +204,9 @@ class Client:
         jobs: list[dict[str, Any]] = []
         cursor = None
         while len(jobs) < limit:
-            page = self._call("list_jobs", params={"status": status, "limit": min(limit - len(jobs), 500), "cursor": cursor})
+            page = self._call(
+                "list_jobs", params={"status": status, "limit": min(limit - len(jobs), 500), "cursor": cursor}
+            )
             jobs.extend(page["jobs"])
             cursor = page.get("next_cursor")
             if not cursor:
@@ -201,12 +217,20 @@ class Client:
     def wait_for_progress(self, job_id: str, after: float | None, wait_s: float) -> dict[str, Any]:
         """The job once its progress record is newer than `after` (its `updated_at`), its status
         changes or its place in the queue moves, or after `wait_s`: one request per update."""
-        return self._call("get_job", path_params={"job_id": job_id},
-                          params={"wait": wait_s, "after_progress": after if after is not None else 0.0},
-                          timeout_s=wait_s + 30)
+        return self._call(
+            "get_job",
+            path_params={"job_id": job_id},
+            params={"wait": wait_s, "after_progress": after if after is not None else 0.0},
+            timeout_s=wait_s + 30,
+        )
 
     @recorded("wait_for_job")
-    def wait_for_job(self, job_id: str, until: tuple[str, ...] = (JOB_RUNNING, *JOB_TERMINAL), timeout_s: float | None = None) -> dict[str, Any]:
+    def wait_for_job(
+        self,
+        job_id: str,
+        until: tuple[str, ...] = (JOB_RUNNING, *JOB_TERMINAL),
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
         """Wait until the job reaches one of `until` (default: running or finished)."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.poll.timeout_s)
         intervals = self.poll.intervals()
@@ -214,11 +238,16 @@ class Client:
         while job["status"] not in until:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise errors.TimeoutError(f"job {job_id} is still {job['status']} after waiting; it keeps going", code="timeout")
+                raise errors.TimeoutError(
+                    f"job {job_id} is still {job['status']} after waiting; it keeps going", code="timeout"
+                )
             if self.poll.long_poll:
-                job = self._call("get_job", path_params={"job_id": job_id},
-                                 params={"wait": min(self.poll.long_poll_s, remaining), "while_status": job["status"]},
-                                 timeout_s=self.poll.long_poll_s + 30)
+                job = self._call(
+                    "get_job",
+                    path_params={"job_id": job_id},
+                    params={"wait": min(self.poll.long_poll_s, remaining), "while_status": job["status"]},
+                    timeout_s=self.poll.long_poll_s + 30,
+                )
             else:
                 time.sleep(min(next(intervals), remaining))
                 job = self.get_job(job_id)
@@ -242,15 +271,26 @@ class Client:
         try:
             self._call("get_dataset", path_params={"dataset_id": dataset_id})
         except errors.NotFoundError:
-            self.transport.json("PUT", route("put_dataset").url(dataset_id=dataset_id), content=data,
-                                headers={"Content-Type": "application/x-ndjson"})
+            self.transport.json(
+                "PUT",
+                route("put_dataset").url(dataset_id=dataset_id),
+                content=data,
+                headers={"Content-Type": "application/x-ndjson"},
+            )
         return dataset_id
 
     def get_dataset(self, dataset_id: str) -> dict[str, Any]:
         return self._call("get_dataset", path_params={"dataset_id": dataset_id})
 
-    def train(self, spec: Any, *, name: str | None = None, namespace: Mapping[str, Any] | None = None,
-              experiment: str | None = None, idle_timeout_s: float | None = None):
+    def train(
+        self,
+        spec: Any,
+        *,
+        name: str | None = None,
+        namespace: Mapping[str, Any] | None = None,
+        experiment: str | None = None,
+        idle_timeout_s: float | None = None,
+    ):
         """Start a managed training run and return its `TrainingJob` at once: the backend runs the loop
         (batching, eval, samples, checkpoints) in the training worker, so it outlives this process.
 
@@ -274,9 +314,16 @@ class Client:
         dataset_id = self.upload_dataset(examples_to_jsonl(load_examples(spec.data, namespace, "data")))
         eval_id = None
         if spec.eval is not None:
-            eval_id = self.upload_dataset(examples_to_jsonl(load_examples(spec.eval.data, namespace, "eval.data")))
-        body = {"sub_jobs": [spec.sub_job()], "training_loop": spec.training_loop(dataset_id, eval_id),
-                "name": name, "experiment": experiment, "idle_timeout_s": idle_timeout_s}
+            eval_id = self.upload_dataset(
+                examples_to_jsonl(load_examples(spec.eval.data, namespace, "eval.data"))
+            )
+        body = {
+            "sub_jobs": [spec.sub_job()],
+            "training_loop": spec.training_loop(dataset_id, eval_id),
+            "name": name,
+            "experiment": experiment,
+            "idle_timeout_s": idle_timeout_s,
+        }
         job = self._call("create_job", json={key: value for key, value in body.items() if value is not None})
         return TrainingJob(self, job)
 
@@ -286,19 +333,29 @@ class Client:
         path = spec.url(job_id=job_id)
         params = {"sub_job": sub_job}
         if len(frame) <= self.max_body_bytes:
-            response = self.transport.json(spec.method, path, content=frame, params=params,
-                                           headers={"Content-Type": wire.FRAME_CONTENT_TYPE})
+            response = self.transport.json(
+                spec.method,
+                path,
+                content=frame,
+                params=params,
+                headers={"Content-Type": wire.FRAME_CONTENT_TYPE},
+            )
             return response["request_id"]
         upload_id = "up-" + uuid.uuid4().hex
         chunks = wire.split_chunks(frame, self.chunk_bytes)
         for chunk in chunks:
             self.transport.request(
-                "PUT", route("upload_chunk").url(upload_id=upload_id, index=str(chunk.index)), content=chunk.data,
+                "PUT",
+                route("upload_chunk").url(upload_id=upload_id, index=str(chunk.index)),
+                content=chunk.data,
                 headers={wire.CHUNK_SHA_HEADER: chunk.sha256, wire.CHUNK_COUNT_HEADER: str(len(chunks))},
                 idempotency_key=f"{upload_id}-{chunk.index}",
             )
         response = self.transport.json(
-            spec.method, path, params=params, idempotency_key=upload_id,
+            spec.method,
+            path,
+            params=params,
+            idempotency_key=upload_id,
             headers={wire.UPLOAD_HEADER: upload_id, wire.UPLOAD_SHA_HEADER: wire.sha256_hex(frame)},
         )
         return response["request_id"]
@@ -315,8 +372,12 @@ class Client:
     ) -> str:
         """Queue a forward+backward pass; gradients accumulate until `step`. Returns the request id."""
         if loss_fn not in LOSSES:
-            raise errors.BadRequestError(f"loss_fn must be one of {sorted(LOSSES)}, got {loss_fn!r}", code="unknown_loss")
-        frame = wire.encode_frame(as_batch(batch), {"loss_fn": loss_fn, "loss_fn_config": loss_fn_config or {}})
+            raise errors.BadRequestError(
+                f"loss_fn must be one of {sorted(LOSSES)}, got {loss_fn!r}", code="unknown_loss"
+            )
+        frame = wire.encode_frame(
+            as_batch(batch), {"loss_fn": loss_fn, "loss_fn_config": loss_fn_config or {}}
+        )
         return self._submit_frame("forward_backward", job_id, frame, sub_job)
 
     @recorded("forward")
@@ -353,10 +414,17 @@ class Client:
         sub_job: str | None = None,
     ) -> str:
         """Queue an optimizer step. Hyperparameters given apply to this step only; the others are the job's."""
-        given = {"learning_rate": learning_rate, "betas": list(betas) if betas is not None else None, "eps": eps,
-                 "weight_decay": weight_decay, "grad_clip": grad_clip}
+        given = {
+            "learning_rate": learning_rate,
+            "betas": list(betas) if betas is not None else None,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "grad_clip": grad_clip,
+        }
         body = {key: value for key, value in given.items() if value is not None}
-        return self._call("step", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})["request_id"]
+        return self._call("step", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})[
+            "request_id"
+        ]
 
     @recorded("generate")
     def generate(
@@ -373,17 +441,25 @@ class Client:
         body: dict[str, Any] = {"prompts": list(prompts), "sampling_params": sampling_params or {}}
         if adapter is not None:
             body["adapter"] = adapter
-        return self._call("generate", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})["request_id"]
+        return self._call("generate", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})[
+            "request_id"
+        ]
 
     def noop(self, job_id: str, *, sub_job: str | None = None) -> str:
         """A request that does nothing in the worker: measures the round trip."""
-        return self._call("noop", path_params={"job_id": job_id}, json={}, params={"sub_job": sub_job})["request_id"]
+        return self._call("noop", path_params={"job_id": job_id}, json={}, params={"sub_job": sub_job})[
+            "request_id"
+        ]
 
     # requests ------------------------------------------------------------------------------------
-    def get_request_status(self, job_id: str, request_id: str, cursor: int = 0, wait_s: float = 0.0) -> dict[str, Any]:
+    def get_request_status(
+        self, job_id: str, request_id: str, cursor: int = 0, wait_s: float = 0.0
+    ) -> dict[str, Any]:
         return self._call(
-            "get_request", path_params={"job_id": job_id, "request_id": request_id},
-            params={"cursor": cursor, "wait": wait_s or None}, timeout_s=wait_s + 30 if wait_s else None,
+            "get_request",
+            path_params={"job_id": job_id, "request_id": request_id},
+            params={"cursor": cursor, "wait": wait_s or None},
+            timeout_s=wait_s + 30 if wait_s else None,
         )
 
     @recorded("poll_request")
@@ -427,7 +503,10 @@ class Client:
             data = response.content
             expected = response.headers.get("X-Cortex-Sha256")
             if expected and wire.sha256_hex(data) != expected:
-                raise errors.BackendError("the result tensors arrived corrupted (SHA-256 mismatch); retry the poll", code="chunk_mismatch")
+                raise errors.BackendError(
+                    "the result tensors arrived corrupted (SHA-256 mismatch); retry the poll",
+                    code="chunk_mismatch",
+                )
             result["tensors"], _ = wire.decode_frame(data)
         return result
 
@@ -436,18 +515,27 @@ class Client:
         return self._call("cancel_request", path_params={"job_id": job_id, "request_id": request_id})
 
     def list_requests(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
-        return self._call("list_requests", path_params={"job_id": job_id}, params={"limit": limit})["requests"]
+        return self._call("list_requests", path_params={"job_id": job_id}, params={"limit": limit})[
+            "requests"
+        ]
 
     # checkpoints and weight sync -----------------------------------------------------------------
     def save(
-        self, job_id: str, checkpoint_id: str | None = None, checkpoint_type: str = "resumable", *, sub_job: str | None = None
+        self,
+        job_id: str,
+        checkpoint_id: str | None = None,
+        checkpoint_type: str = "resumable",
+        *,
+        sub_job: str | None = None,
     ) -> str:
         """Queue a save of the trainer's adapter ("weights-only") or adapter + optimizer + step + RNG
         ("resumable"). The result names the checkpoint (`step-N` unless `checkpoint_id` is given)."""
         body: dict[str, Any] = {"type": checkpoint_type}
         if checkpoint_id is not None:
             body["checkpoint_id"] = checkpoint_id
-        return self._call("save", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})["request_id"]
+        return self._call("save", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})[
+            "request_id"
+        ]
 
     def load(
         self,
@@ -496,7 +584,9 @@ class Client:
         """Delete a checkpoint; refused (ConflictError, `checkpoint_in_use`) while a load or export reads it."""
         return self._call("delete_checkpoint", path_params={"job_id": job_id, "checkpoint_id": checkpoint_id})
 
-    def export_checkpoint(self, job_id: str, checkpoint_id: str, dest: str | Path, *, contents: str = "adapter") -> Path:
+    def export_checkpoint(
+        self, job_id: str, checkpoint_id: str, dest: str | Path, *, contents: str = "adapter"
+    ) -> Path:
         """Download a checkpoint into `dest` (a new or empty directory): a PEFT adapter directory
         (`adapter_config.json` + `adapter_model.safetensors` + `manifest.json`), or with
         `contents="all"` every file of the checkpoint. Every file's SHA-256 is checked on arrival;
@@ -514,21 +604,36 @@ class Client:
     # logs ----------------------------------------------------------------------------------------
     @recorded("tail_logs")
     def tail_logs(
-        self, job_id: str, cursor: int | None = None, limit: int = 1000, sub_job: str | None = None, wait_s: float = 0.0
+        self,
+        job_id: str,
+        cursor: int | None = None,
+        limit: int = 1000,
+        sub_job: str | None = None,
+        wait_s: float = 0.0,
     ) -> dict[str, Any]:
         """One page of log lines after `cursor`: {lines, cursor, dropped, job_status}. With `wait_s`,
         the backend holds the call until the first new line arrives (or that many seconds pass)."""
-        return self._call("job_logs", path_params={"job_id": job_id},
-                          params={"cursor": cursor or 0, "limit": limit, "sub_job": sub_job, "wait": wait_s or None},
-                          timeout_s=wait_s + 30 if wait_s else None)
+        return self._call(
+            "job_logs",
+            path_params={"job_id": job_id},
+            params={"cursor": cursor or 0, "limit": limit, "sub_job": sub_job, "wait": wait_s or None},
+            timeout_s=wait_s + 30 if wait_s else None,
+        )
 
     def stream_logs(
-        self, job_id: str, follow: bool = True, *, cursor: int | None = None, sub_job: str | None = None,
+        self,
+        job_id: str,
+        follow: bool = True,
+        *,
+        cursor: int | None = None,
+        sub_job: str | None = None,
         heartbeat_s: float = 10.0,
     ) -> LogStream:
         """Iterate over log lines after `cursor`. With `follow`, keep going until the job ends,
         resuming from the last line received if the connection drops; without, stop at the end."""
-        return LogStream(self, job_id, follow=follow, cursor=cursor or 0, sub_job=sub_job, heartbeat_s=heartbeat_s)
+        return LogStream(
+            self, job_id, follow=follow, cursor=cursor or 0, sub_job=sub_job, heartbeat_s=heartbeat_s
+        )
 
     @recorded("download_stdout_logs")
     def download_stdout_logs(self, job_id: str, out_dir: str | Path) -> dict[str, Path]:
@@ -555,15 +660,20 @@ class Client:
             for handle in handles.values():
                 handle.close()
         if stream.dropped:
-            warnings.warn(f"job {job_id}: {stream.dropped} older log line(s) were dropped by the backend's retention"
-                          " before they could be downloaded", stacklevel=2)
+            warnings.warn(
+                f"job {job_id}: {stream.dropped} older log line(s) were dropped by the backend's retention"
+                " before they could be downloaded",
+                stacklevel=2,
+            )
         return paths
 
     # metrics and events ----------------------------------------------------------------------------
     @recorded("get_job_metrics")
     def get_job_metrics(self, job_id: str, since: float | None = None, limit: int = 1000) -> dict[str, Any]:
         """One page of device samples of a job: {samples, next_since, gpu_unavailable_reason, ...}."""
-        return self._call("job_metrics", path_params={"job_id": job_id}, params={"since": since, "limit": limit})
+        return self._call(
+            "job_metrics", path_params={"job_id": job_id}, params={"since": since, "limit": limit}
+        )
 
     def job_metric_samples(self, job_id: str, since: float | None = None) -> list[dict[str, Any]]:
         """Every device sample of a job after `since` (all pages)."""
@@ -601,8 +711,11 @@ class Client:
     def list_events(self, after: int = 0, limit: int = 100, wait_s: float = 0.0) -> dict[str, Any]:
         """Job and request state changes after `after`: {events, cursor}. With `wait_s`, wait up to
         that long for the first one. Reading removes nothing: ask again from the same cursor at will."""
-        return self._call("list_events", params={"after": after, "limit": limit, "wait": wait_s or None},
-                          timeout_s=wait_s + 30 if wait_s else None)
+        return self._call(
+            "list_events",
+            params={"after": after, "limit": limit, "wait": wait_s or None},
+            timeout_s=wait_s + 30 if wait_s else None,
+        )
 
     # source runs ---------------------------------------------------------------------------------
     def run(
@@ -636,7 +749,10 @@ class Client:
         if not runs:
             raise errors.NotFoundError(
                 f"the backend has no run for submission {submission_id!r}: the submission never arrived."
-                " Submit again with the same submission_id", code="run_not_found", status=404)
+                " Submit again with the same submission_id",
+                code="run_not_found",
+                status=404,
+            )
         return RunHandle(self, runs[0])
 
     def run_handle(self, run_id: str):
@@ -652,16 +768,28 @@ class Client:
         return runs_frame(self.list_runs(limit=limit))
 
     def get_run(self, run_id: str, wait_s: float = 0.0, while_status: str | None = None) -> dict[str, Any]:
-        return self._call("get_run", path_params={"run_id": run_id},
-                          params={"wait": wait_s or None, "while_status": while_status if wait_s else None},
-                          timeout_s=wait_s + 30 if wait_s else None)
+        return self._call(
+            "get_run",
+            path_params={"run_id": run_id},
+            params={"wait": wait_s or None, "while_status": while_status if wait_s else None},
+            timeout_s=wait_s + 30 if wait_s else None,
+        )
 
-    def list_runs(self, status: str | None = None, limit: int = 50, submission_id: str | None = None) -> list[dict[str, Any]]:
+    def list_runs(
+        self, status: str | None = None, limit: int = 50, submission_id: str | None = None
+    ) -> list[dict[str, Any]]:
         runs: list[dict[str, Any]] = []
         cursor = None
         while len(runs) < limit:
-            page = self._call("list_runs", params={"status": status, "limit": min(limit - len(runs), 500), "cursor": cursor,
-                                                   "submission_id": submission_id})
+            page = self._call(
+                "list_runs",
+                params={
+                    "status": status,
+                    "limit": min(limit - len(runs), 500),
+                    "cursor": cursor,
+                    "submission_id": submission_id,
+                },
+            )
             runs.extend(page["runs"])
             cursor = page.get("next_cursor")
             if not cursor:
@@ -671,10 +799,15 @@ class Client:
     def cancel_run(self, run_id: str) -> dict[str, Any]:
         return self._call("cancel_run", path_params={"run_id": run_id})
 
-    def run_logs(self, run_id: str, cursor: int = 0, limit: int = 1000, wait_s: float = 0.0) -> dict[str, Any]:
-        return self._call("run_logs", path_params={"run_id": run_id},
-                          params={"cursor": cursor, "limit": limit, "wait": wait_s or None},
-                          timeout_s=wait_s + 30 if wait_s else None)
+    def run_logs(
+        self, run_id: str, cursor: int = 0, limit: int = 1000, wait_s: float = 0.0
+    ) -> dict[str, Any]:
+        return self._call(
+            "run_logs",
+            path_params={"run_id": run_id},
+            params={"cursor": cursor, "limit": limit, "wait": wait_s or None},
+            timeout_s=wait_s + 30 if wait_s else None,
+        )
 
     def run_report(self, run_id: str) -> dict[str, Any]:
         return self._call("run_report", path_params={"run_id": run_id})
@@ -682,14 +815,18 @@ class Client:
     def list_run_outputs(self, run_id: str) -> dict[str, Any]:
         return self._call("list_run_outputs", path_params={"run_id": run_id})
 
-    def download_run_output(self, run_id: str, name: str, dest: str | Path, expected: dict[str, Any] | None = None) -> Path:
+    def download_run_output(
+        self, run_id: str, name: str, dest: str | Path, expected: dict[str, Any] | None = None
+    ) -> Path:
         """Save one output at `dest` after checking its length and SHA-256 against the backend's record."""
         from .runs import verify_output_bytes
 
         if expected is None:
             rows = {row["name"]: row for row in self.list_run_outputs(run_id)["outputs"]}
             if name not in rows:
-                raise errors.NotFoundError(f"run {run_id} declares no output {name!r}", code="output_not_declared", status=404)
+                raise errors.NotFoundError(
+                    f"run {run_id} declares no output {name!r}", code="output_not_declared", status=404
+                )
             expected = rows[name]
         response = self.transport.request("GET", route("get_run_output").url(run_id=run_id, name=name))
         verify_output_bytes(response.content, expected, f"output {name!r} of run {run_id}")

@@ -110,7 +110,9 @@ def compare(
 
     if len(jobs) < 2:
         raise ValueError("compare needs two or more jobs")
-    client = client or next((getattr(job, "client", None) for job in jobs if getattr(job, "client", None)), None)
+    client = client or next(
+        (getattr(job, "client", None) for job in jobs if getattr(job, "client", None)), None
+    )
     if client is None:
         raise ValueError("give TrainingJobs, or job ids and client=")
     infos = [client.get_job(job if isinstance(job, str) else job.job_id) for job in jobs]
@@ -140,7 +142,9 @@ def _checkpoint_of(client: Client, job: dict[str, Any]) -> str:
     if not ids:
         raise errors.CortexError(
             f"job {job['job_id']} has no checkpoint to sample from; free its device with job.complete() (it saves"
-            " 'final'), or pass samples=False", code="checkpoint_not_found")
+            " 'final'), or pass samples=False",
+            code="checkpoint_not_found",
+        )
     return ids[-1]
 
 
@@ -150,43 +154,75 @@ def _sample(client: Client, comparison: Comparison, prompts: list[str], max_toke
 
     jobs = comparison.jobs
     if len(jobs) > MAX_SAMPLED_RUNS:
-        raise ValueError(f"compare samples at most {MAX_SAMPLED_RUNS} runs at once; pass samples=False for more")
+        raise ValueError(
+            f"compare samples at most {MAX_SAMPLED_RUNS} runs at once; pass samples=False for more"
+        )
     models = {sub["base_model"] for job in jobs for sub in job["sub_jobs"] if sub["type"] == TRAINING}
     if len(models) != 1:
-        raise ValueError(f"the runs fine-tune different base models ({', '.join(sorted(models))}): their samples cannot"
-                         " be scored against each other; pass samples=False to compare curves and metrics")
+        raise ValueError(
+            f"the runs fine-tune different base models ({', '.join(sorted(models))}): their samples cannot"
+            " be scored against each other; pass samples=False to compare curves and metrics"
+        )
     comparison.checkpoints = {job["job_id"]: _checkpoint_of(client, job) for job in jobs}
     subs = []
     for job in jobs:
         trainer = next(sub for sub in job["sub_jobs"] if sub["type"] == TRAINING)
-        subs.append({"type": SAMPLING, "base_model": trainer["base_model"], "lora": trainer.get("lora") or {},
-                     "seed": 0})
+        subs.append(
+            {
+                "type": SAMPLING,
+                "base_model": trainer["base_model"],
+                "lora": trainer.get("lora") or {},
+                "seed": 0,
+            }
+        )
     sampler = Sampler(client, client.create_job(subs, name="%cortex compare"))
     try:
         sampler.wait_ready()
         targets = sampler.sub_jobs(SAMPLING)
-        loads = [sampler.load(comparison.checkpoints[job["job_id"]], job["job_id"], target)
-                 for job, target in zip(jobs, targets, strict=True)]
+        loads = [
+            sampler.load(comparison.checkpoints[job["job_id"]], job["job_id"], target)
+            for job, target in zip(jobs, targets, strict=True)
+        ]
         for future in loads:
             future.result()
         model = subs[0]["base_model"]
         prompt_tokens = client.tokenize(model, prompts)
-        answers = {job["job_id"]: sampler.generate(prompts, sub_job=target, max_tokens=max_tokens, temperature=0.0)
-                   for job, target in zip(jobs, targets, strict=True)}
-        drawn = [(job_id, sample) for job_id, future in answers.items() for sample in future.result().samples
-                 if sample["tokens"]]
-        sequences = [list(prompt_tokens[sample["prompt_index"]]) + list(sample["tokens"]) for _, sample in drawn]
+        answers = {
+            job["job_id"]: sampler.generate(prompts, sub_job=target, max_tokens=max_tokens, temperature=0.0)
+            for job, target in zip(jobs, targets, strict=True)
+        }
+        drawn = [
+            (job_id, sample)
+            for job_id, future in answers.items()
+            for sample in future.result().samples
+            if sample["tokens"]
+        ]
+        sequences = [
+            list(prompt_tokens[sample["prompt_index"]]) + list(sample["tokens"]) for _, sample in drawn
+        ]
         # Every answer scored under every run: one batched forward per run.
-        scored = {job["job_id"]: sampler.compute_logprobs(sequences, sub_job=target)
-                  for job, target in zip(jobs, targets, strict=True)} if sequences else {}
+        scored = (
+            {
+                job["job_id"]: sampler.compute_logprobs(sequences, sub_job=target)
+                for job, target in zip(jobs, targets, strict=True)
+            }
+            if sequences
+            else {}
+        )
         scores = {job_id: future.result() for job_id, future in scored.items()}
         for index, (job_id, sample) in enumerate(drawn):
             start = len(prompt_tokens[sample["prompt_index"]]) - 1
-            comparison.ab.append(ABSample(
-                prompt=prompts[sample["prompt_index"]], job_id=job_id, text=sample["text"] or "",
-                tokens=client.detokenize(model, [[token] for token in sample["tokens"]]),
-                logprobs={other: [float(x) for x in rows[index][start:]] for other, rows in scores.items()},
-            ))
+            comparison.ab.append(
+                ABSample(
+                    prompt=prompts[sample["prompt_index"]],
+                    job_id=job_id,
+                    text=sample["text"] or "",
+                    tokens=client.detokenize(model, [[token] for token in sample["tokens"]]),
+                    logprobs={
+                        other: [float(x) for x in rows[index][start:]] for other, rows in scores.items()
+                    },
+                )
+            )
     finally:
         sampler.complete()
     comparison.samples = ab_frame(comparison)

@@ -25,8 +25,11 @@ def addition_problems(max_operand: int = 9, seed: int | None = None) -> list[dic
     """
     if max_operand < 0:
         raise ValueError(f"max_operand must be >= 0, not {max_operand}")
-    rows = [{"prompt": f"{a}+{b}=", "completion": str(a + b)}
-            for a in range(max_operand + 1) for b in range(max_operand + 1)]
+    rows = [
+        {"prompt": f"{a}+{b}=", "completion": str(a + b)}
+        for a in range(max_operand + 1)
+        for b in range(max_operand + 1)
+    ]
     if seed is not None:
         random.Random(seed).shuffle(rows)
     return rows

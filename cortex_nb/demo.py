@@ -21,19 +21,27 @@ def demo_text() -> str:
     return resources.files("cortex_nb").joinpath("data/demo.txt").read_text()
 
 
-def run_demo(steps: int = 200, learning_rate: float = 3e-3, data_dir: str | Path | None = None, seq_len: int = 256) -> dict:
+def run_demo(
+    steps: int = 200, learning_rate: float = 3e-3, data_dir: str | Path | None = None, seq_len: int = 256
+) -> dict:
     started = time.monotonic()
-    print("cortex-nb demo: LoRA fine-tuning of the built-in 'tiny' model (random weights, byte tokens) on CPU or GPU")
+    print(
+        "cortex-nb demo: LoRA fine-tuning of the built-in 'tiny' model (random weights, byte tokens) on CPU or GPU"
+    )
     client = Client.local(data_dir)
     backend = client.local_backend
     print(f"backend: {client.url} (local), devices: {[d['name'] for d in client.get_capacity()['devices']]}")
     text = demo_text()
-    with client.create_training_job("tiny", lora={"r": 16, "alpha": 32}, optimizer={"lr": learning_rate}, name="demo") as job:
+    with client.create_training_job(
+        "tiny", lora={"r": 16, "alpha": 32}, optimizer={"lr": learning_rate}, name="demo"
+    ) as job:
         before = job.generate([PROMPT], max_tokens=96, temperature=0.0).result()
         tokens = client.tokenize("tiny", [text])[0]
         batch = rows_to_batch(pack_sequences([tokens], seq_len))
         targets = float(batch["weights"].sum())
-        print(f"job {job.job_id}: {len(tokens)} tokens in {len(batch['input_ids'])} rows of {seq_len}; {steps} steps at lr {learning_rate}")
+        print(
+            f"job {job.job_id}: {len(tokens)} tokens in {len(batch['input_ids'])} rows of {seq_len}; {steps} steps at lr {learning_rate}"
+        )
         print(f"greedy sample before: {before.texts[0]!r}")
         losses = []
         pending = (job.forward_backward(batch), job.step())
@@ -87,8 +95,10 @@ def run_notebook_demo(dest: str | Path = DEFAULT_EXECUTED_COPY, data_dir: str | 
     already_running = _backend_pid(backend_dir)
     notebook = read_notebook(source)
     started = time.monotonic()
-    print(f"cortex-nb demo: running {source.name} headless (CORTEX_NONINTERACTIVE=1: text progress instead of widgets)",
-          flush=True)
+    print(
+        f"cortex-nb demo: running {source.name} headless (CORTEX_NONINTERACTIVE=1: text progress instead of widgets)",
+        flush=True,
+    )
 
     def show(index: int, cell, seconds: float) -> None:
         # The first line that says what the cell does (nbval's markers say nothing to a reader).
@@ -105,8 +115,10 @@ def run_notebook_demo(dest: str | Path = DEFAULT_EXECUTED_COPY, data_dir: str | 
         import nbformat
 
         dest.write_text(nbformat.writes(notebook) + "\n")
-        print(f"\nwrote the executed notebook to {dest} ({time.monotonic() - started:.0f}s); open it in JupyterLab",
-              flush=True)
+        print(
+            f"\nwrote the executed notebook to {dest} ({time.monotonic() - started:.0f}s); open it in JupyterLab",
+            flush=True,
+        )
         started_by_kernel = _backend_pid(backend_dir)
         if started_by_kernel is not None and started_by_kernel != already_running:
             # The notebook's `%cortex connect --local` started the local backend; a one-shot command

@@ -112,5 +112,9 @@ def error_from_response(status: int, body: Any) -> CortexError:
         message = str(error.get("message", ""))
         detail = error.get("detail") if isinstance(error.get("detail"), dict) else {}
     else:
-        code, message, detail = ("internal_error" if status >= 500 else "invalid_request"), str(body)[:500], {}
+        code, message, detail = (
+            ("internal_error" if status >= 500 else "invalid_request"),
+            str(body)[:500],
+            {},
+        )
     return error_class_for_status(status)(message, code=code, status=status, detail=detail)

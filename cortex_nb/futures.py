@@ -19,7 +19,14 @@ _UNSET = object()
 
 
 class APIFuture(Generic[T]):
-    def __init__(self, client: Client, job_id: str, request_id: str, op: str, transform: Callable[[dict[str, Any]], T] | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        job_id: str,
+        request_id: str,
+        op: str,
+        transform: Callable[[dict[str, Any]], T] | None = None,
+    ) -> None:
         self.client = client
         self.job_id = job_id
         self.request_id = request_id

@@ -23,8 +23,11 @@ def _require_nbclient() -> None:
         import ipykernel  # noqa: F401
         import nbclient  # noqa: F401
     except ImportError as exc:
-        raise CortexError(f"running a notebook headless needs nbclient and ipykernel ({exc.name} is missing);"
-                          " pip install 'cortex-nb[lab]'", code="invalid_request") from None
+        raise CortexError(
+            f"running a notebook headless needs nbclient and ipykernel ({exc.name} is missing);"
+            " pip install 'cortex-nb[lab]'",
+            code="invalid_request",
+        ) from None
 
 
 def _this_python_kernel_manager():
@@ -91,9 +94,12 @@ def execute_notebook(
 
     kernel = _this_python_kernel_manager()
     client = NotebookClient(
-        notebook, km=kernel, timeout=int(cell_timeout_s),
+        notebook,
+        km=kernel,
+        timeout=int(cell_timeout_s),
         resources={"metadata": {"path": str(Path(workdir))}},
-        on_cell_start=cell_started, on_cell_executed=cell_done,
+        on_cell_start=cell_started,
+        on_cell_executed=cell_done,
     )
     try:
         client.execute(env=kernel_env, stderr=kernel_stderr)

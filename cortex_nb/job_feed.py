@@ -67,16 +67,22 @@ class JobFeed(BackgroundLoop):
             except errors.CortexError as exc:
                 failures += 1
                 if unreachable(exc):
-                    self.state.set_backend_gone(f"{self.client.url} does not answer; %cortex connect --local starts"
-                                                " a new local backend")
+                    self.state.set_backend_gone(
+                        f"{self.client.url} does not answer; %cortex connect --local starts"
+                        " a new local backend"
+                    )
                 if failures >= self.MAX_FAILURES:
-                    self.state.note(f"stopped following: {exc.message} (%cortex job {self.state.job_id} follows again)")
+                    self.state.note(
+                        f"stopped following: {exc.message} (%cortex job {self.state.job_id} follows again)"
+                    )
                     return
                 self.state.add_log_lines([f"[cortex] lost touch with the backend, retrying: {exc.message}"])
                 self._closed.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
                 continue
-            except Exception as exc:  # e.g. the client was closed under us: stop, visibly, never crash a thread
+            except (
+                Exception
+            ) as exc:  # e.g. the client was closed under us: stop, visibly, never crash a thread
                 if not self._closed.is_set():
                     self.state.note(f"stopped following: {type(exc).__name__}: {exc}")
                 return
@@ -95,7 +101,10 @@ class JobFeed(BackgroundLoop):
             job = self.client.get_job(self.state.job_id)
         self.state.set_job(job)
         ended = job["status"] in JOB_TERMINAL
-        if self._is_due("logs", self.LOGS_EVERY_S if self.state.logs_open else self.LOGS_CLOSED_EVERY_S) or ended:
+        if (
+            self._is_due("logs", self.LOGS_EVERY_S if self.state.logs_open else self.LOGS_CLOSED_EVERY_S)
+            or ended
+        ):
             self._poll_logs()
         if self.metrics_available and (self._is_due("metrics", self.METRICS_EVERY_S) or ended):
             self._poll_metrics()

@@ -142,8 +142,10 @@ class JobState:
         samples = progress.get("samples")
         if samples:
             self.samples_step = samples.get("step")
-            self.samples = [(item["prompt"][:SAMPLE_CHARS], (item.get("text") or "")[:SAMPLE_CHARS])
-                            for item in samples.get("items", [])[:MAX_SAMPLES]]
+            self.samples = [
+                (item["prompt"][:SAMPLE_CHARS], (item.get("text") or "")[:SAMPLE_CHARS])
+                for item in samples.get("items", [])[:MAX_SAMPLES]
+            ]
         checkpoint = progress.get("last_checkpoint")
         if checkpoint and (not self.checkpoints or self.checkpoints[-1] != checkpoint):
             self.checkpoints.append(checkpoint)
@@ -170,7 +172,9 @@ class JobState:
     def add_log_lines(self, lines: Iterable[str], dropped: int = 0) -> None:
         with self._lock:
             for line in lines:
-                self.log_tail.append(line if len(line) <= LOG_LINE_CHARS else line[: LOG_LINE_CHARS - 1] + "…")
+                self.log_tail.append(
+                    line if len(line) <= LOG_LINE_CHARS else line[: LOG_LINE_CHARS - 1] + "…"
+                )
             self.logs_dropped += dropped
         self._changed()
 
@@ -190,7 +194,9 @@ class JobState:
                 x = at - self.metrics_origin
                 if sample.get("gpu_utilization_percent") is not None:
                     self.metric_kind = "gpu"
-                    self._metric("gpu_utilization_percent").append(x, float(sample["gpu_utilization_percent"]))
+                    self._metric("gpu_utilization_percent").append(
+                        x, float(sample["gpu_utilization_percent"])
+                    )
                     used, total = sample.get("gpu_memory_used_bytes"), sample.get("gpu_memory_total_bytes")
                     if used is not None and total:
                         self._metric("gpu_memory_percent").append(x, 100.0 * used / total)
@@ -237,27 +243,50 @@ class JobState:
             progress = self.progress
             word, detail = display_state(self.job) if self.job.get("status") else ("starting", None)
             return Snapshot(
-                job_id=self.job_id, name=self.name, model=self.model, devices=list(self.devices),
-                status=word, detail=detail, job_status=self.job_status, message=self.message,
-                backend_gone=self.backend_gone, step=self.step, total_steps=self.total_steps,
-                steps_per_s=progress.get("steps_per_s"), tokens_per_s=progress.get("tokens_per_s"),
-                eta_s=progress.get("eta_s"), elapsed_s=progress.get("elapsed_s"),
+                job_id=self.job_id,
+                name=self.name,
+                model=self.model,
+                devices=list(self.devices),
+                status=word,
+                detail=detail,
+                job_status=self.job_status,
+                message=self.message,
+                backend_gone=self.backend_gone,
+                step=self.step,
+                total_steps=self.total_steps,
+                steps_per_s=progress.get("steps_per_s"),
+                tokens_per_s=progress.get("tokens_per_s"),
+                eta_s=progress.get("eta_s"),
+                elapsed_s=progress.get("elapsed_s"),
                 last_loss=progress.get("loss_per_token"),
                 first_loss=self.loss.first[1] if self.loss.first else None,
                 last_eval=progress.get("eval_loss_per_token"),
-                loss=self.loss.points(), eval_loss=self.eval_loss.points(), metric_kind=self.metric_kind,
+                loss=self.loss.points(),
+                eval_loss=self.eval_loss.points(),
+                metric_kind=self.metric_kind,
                 metrics={name: series.points() for name, series in self.metrics.items()},
-                metrics_note=self.metrics_note, metrics_device=self.metrics_device, log_tail=list(self.log_tail),
-                logs_dropped=self.logs_dropped, samples_step=self.samples_step, samples=list(self.samples),
-                checkpoints=list(self.checkpoints), queue=self.job.get("queue"), idle=self.job.get("idle"),
+                metrics_note=self.metrics_note,
+                metrics_device=self.metrics_device,
+                log_tail=list(self.log_tail),
+                logs_dropped=self.logs_dropped,
+                samples_step=self.samples_step,
+                samples=list(self.samples),
+                checkpoints=list(self.checkpoints),
+                queue=self.job.get("queue"),
+                idle=self.job.get("idle"),
                 job=dict(self.job),
             )
 
     def retained_sizes(self) -> dict[str, int]:
         """How much this state holds (bounded whatever the run length)."""
         with self._lock:
-            sizes = {"loss_points": len(self.loss), "eval_points": len(self.eval_loss), "log_lines": len(self.log_tail),
-                     "samples": len(self.samples), "checkpoints": len(self.checkpoints)}
+            sizes = {
+                "loss_points": len(self.loss),
+                "eval_points": len(self.eval_loss),
+                "log_lines": len(self.log_tail),
+                "samples": len(self.samples),
+                "checkpoints": len(self.checkpoints),
+            }
             sizes["metric_points"] = sum(len(series) for series in self.metrics.values())
             return sizes
 

@@ -44,7 +44,11 @@ class ProxyEndpoint:
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `Client(endpoint.url, endpoint.token, **endpoint.client_kwargs())`."""
-        return {"auth_scheme": self.auth_scheme, "extra_headers": dict(self.extra_headers), "cookies": dict(self.cookies)}
+        return {
+            "auth_scheme": self.auth_scheme,
+            "extra_headers": dict(self.extra_headers),
+            "cookies": dict(self.cookies),
+        }
 
 
 def runtime_dir() -> Path:
@@ -58,7 +62,9 @@ def runtime_dir() -> Path:
         if explicit:
             return Path(explicit)
         data = os.environ.get("JUPYTER_DATA_DIR") or os.path.join(
-            os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share"), "jupyter")
+            os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share"),
+            "jupyter",
+        )
         return Path(data) / "runtime"
 
 
@@ -70,7 +76,12 @@ def running_servers(directory: Path | None = None) -> list[dict[str, Any]]:
             info = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(info, dict) and isinstance(info.get("pid"), int) and _alive(info["pid"]) and info.get("url"):
+        if (
+            isinstance(info, dict)
+            and isinstance(info.get("pid"), int)
+            and _alive(info["pid"])
+            and info.get("url")
+        ):
             servers.append(info)
     return servers
 
@@ -136,32 +147,44 @@ def check_proxy(endpoint: ProxyEndpoint, timeout_s: float = 10.0) -> dict[str, A
     """The proxy's status report; raises `ConnectionError` saying why the proxy cannot serve."""
     headers = {"Authorization": f"{endpoint.auth_scheme} {endpoint.token}"} if endpoint.token else {}
     try:
-        response = httpx.get(endpoint.url + "/status", headers={**headers, **endpoint.extra_headers},
-                             cookies=endpoint.cookies, timeout=timeout_s)
+        response = httpx.get(
+            endpoint.url + "/status",
+            headers={**headers, **endpoint.extra_headers},
+            cookies=endpoint.cookies,
+            timeout=timeout_s,
+        )
     except httpx.HTTPError as exc:
         raise errors.ConnectionError(
-            f"cannot reach the Jupyter server at {endpoint.server_url}: {exc}", code="backend_unavailable") from exc
+            f"cannot reach the Jupyter server at {endpoint.server_url}: {exc}", code="backend_unavailable"
+        ) from exc
     if response.status_code == 404:
         raise errors.ConnectionError(
             f"the Jupyter server at {endpoint.server_url} has no cortex-nb proxy; install cortex-nb[lab] in the"
             " server's environment (it enables the cortex_server extension) and restart it",
-            code="proxy_not_configured")
+            code="proxy_not_configured",
+        )
     if response.status_code in (401, 403):
         raise errors.ConnectionError(
             f"the Jupyter server at {endpoint.server_url} refused this kernel's credentials (HTTP"
-            f" {response.status_code}); connect with a URL and token instead", code="unauthenticated")
+            f" {response.status_code}); connect with a URL and token instead",
+            code="unauthenticated",
+        )
     try:
         status = response.json()
     except ValueError:
         status = None
     if response.status_code != 200 or not isinstance(status, dict):
         raise errors.ConnectionError(
-            f"the cortex-nb proxy at {endpoint.url} answered HTTP {response.status_code}", code="backend_unavailable")
+            f"the cortex-nb proxy at {endpoint.url} answered HTTP {response.status_code}",
+            code="backend_unavailable",
+        )
     if not status.get("reachable") or not status.get("authenticated"):
         error = status.get("error") or {}
         raise errors.ConnectionError(
             f"the Jupyter server's cortex-nb proxy cannot use its backend ({status.get('backend_url')}):"
-            f" {error.get('message', 'unknown reason')}", code=error.get("code") or "backend_unavailable")
+            f" {error.get('message', 'unknown reason')}",
+            code=error.get("code") or "backend_unavailable",
+        )
     return status
 
 

@@ -91,11 +91,19 @@ def find_local_backend(data_dir: str | Path | None = None) -> LocalEndpoint | No
         return None
     try:
         fingerprint = endpoint.get("tls_fingerprint")
-        version = httpx.get(endpoint["url"] + "/version", timeout=2.0, verify=tls.httpx_verify(fingerprint or True))
+        version = httpx.get(
+            endpoint["url"] + "/version", timeout=2.0, verify=tls.httpx_verify(fingerprint or True)
+        )
         version.raise_for_status()
         token = Path(endpoint["token_file"]).read_text().strip()
-        return LocalEndpoint(endpoint["url"], token, int(endpoint["pid"]), data_dir, version.json().get("version", "?"),
-                             fingerprint)
+        return LocalEndpoint(
+            endpoint["url"],
+            token,
+            int(endpoint["pid"]),
+            data_dir,
+            version.json().get("version", "?"),
+            fingerprint,
+        )
     except (KeyError, ValueError, OSError, httpx.HTTPError):
         return None
 
@@ -122,39 +130,71 @@ def ensure_local_backend(
         return _start(data_dir, models or {}, devices, warm_workers, idle_exit_s, start_timeout_s)
 
 
-def _start(data_dir: Path, models: dict[str, str], devices: str, warm_workers: int, idle_exit_s: float,
-           start_timeout_s: float) -> LocalEndpoint:
+def _start(
+    data_dir: Path,
+    models: dict[str, str],
+    devices: str,
+    warm_workers: int,
+    idle_exit_s: float,
+    start_timeout_s: float,
+) -> LocalEndpoint:
     state = data_dir / STATE_FILE
     previous = running_endpoint(state)
     if previous is not None:  # alive but not answering: a hung backend holds the data dir
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(int(previous["pid"]), signal.SIGKILL)
     state.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(data_dir),
-               "--devices", devices, "--warm-workers", str(warm_workers), "--idle-exit", str(idle_exit_s),
-               # The built-in sampler: the local backend shares the notebook's machine, where vLLM's start-up
-               # time and memory reservation cost more than they bring.
-               "--sampler", "transformers"]
+    command = [
+        sys.executable,
+        "-m",
+        "cortex_backend",
+        "serve",
+        "--port",
+        "0",
+        "--data-dir",
+        str(data_dir),
+        "--devices",
+        devices,
+        "--warm-workers",
+        str(warm_workers),
+        "--idle-exit",
+        str(idle_exit_s),
+        # The built-in sampler: the local backend shares the notebook's machine, where vLLM's start-up
+        # time and memory reservation cost more than they bring.
+        "--sampler",
+        "transformers",
+    ]
     for name, path in models.items():
         command += ["--model", f"{name}={path}"]
     log_path = data_dir / "backend.log"
     with open(log_path, "ab") as log_file:
         # Its own session, stdin closed, output to its log: no kernel, terminal or Jupyter server owns it.
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, close_fds=True)
+        process = subprocess.Popen(
+            command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
     deadline = time.monotonic() + start_timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:]
-            raise CortexError(f"the local backend exited with code {process.returncode}:\n{tail}", code="backend_unavailable")
+            raise CortexError(
+                f"the local backend exited with code {process.returncode}:\n{tail}",
+                code="backend_unavailable",
+            )
         found = find_local_backend(data_dir)
         if found is not None and found.pid == process.pid:
             found.started = True
             return found
         time.sleep(0.1)
     process.kill()
-    raise CortexError(f"the local backend did not start within {start_timeout_s:.0f}s; see {log_path}",
-                      code="backend_unavailable")
+    raise CortexError(
+        f"the local backend did not start within {start_timeout_s:.0f}s; see {log_path}",
+        code="backend_unavailable",
+    )
 
 
 @contextlib.contextmanager

@@ -52,7 +52,9 @@ class LogStream:
         return self._follow() if self.follow else self._pages()
 
     def __repr__(self) -> str:
-        return f"<LogStream {self.job_id} cursor={self.cursor} dropped={self.dropped} status={self.job_status}>"
+        return (
+            f"<LogStream {self.job_id} cursor={self.cursor} dropped={self.dropped} status={self.job_status}>"
+        )
 
     def _pages(self) -> Iterator[dict[str, Any]]:
         while True:
@@ -72,10 +74,17 @@ class LogStream:
         retry = self.client.transport.retry
         failures = 0
         while True:
-            params = {"cursor": self.cursor, "follow": 1, "sub_job": self.sub_job, "heartbeat": self.heartbeat_s}
+            params = {
+                "cursor": self.cursor,
+                "follow": 1,
+                "sub_job": self.sub_job,
+                "heartbeat": self.heartbeat_s,
+            }
             try:
                 # A read timeout of a few heartbeats: a silent, dead connection is noticed and resumed.
-                with self.client.transport.stream("GET", path, params=params, timeout_s=self.heartbeat_s * 3 + 5) as response:
+                with self.client.transport.stream(
+                    "GET", path, params=params, timeout_s=self.heartbeat_s * 3 + 5
+                ) as response:
                     for raw in response.iter_lines():
                         if not raw:
                             continue
@@ -94,11 +103,18 @@ class LogStream:
                         elif kind == "end":
                             self.job_status = record.get("job_status")
                             return
-            except (errors.ConnectionError, errors.BackendError, errors.RateLimitError, json.JSONDecodeError) as exc:
+            except (
+                errors.ConnectionError,
+                errors.BackendError,
+                errors.RateLimitError,
+                json.JSONDecodeError,
+            ) as exc:
                 # A dropped connection, a backend restarting, or a line cut in half: resume from the cursor.
                 last_error: Exception = exc
             else:
-                last_error = errors.ConnectionError("the log stream closed before the job ended", code="backend_unavailable")
+                last_error = errors.ConnectionError(
+                    "the log stream closed before the job ended", code="backend_unavailable"
+                )
             failures += 1
             if failures >= retry.max_attempts:
                 raise errors.ConnectionError(

@@ -82,18 +82,29 @@ def from_profile(name: str | None = None) -> Endpoint | None:
     if not token and profile.get("token_env"):
         token = os.environ.get(profile["token_env"])
         if not token:
-            raise CortexError(f"profile {chosen!r} reads its token from ${profile['token_env']}, which is not set", code="invalid_request")
+            raise CortexError(
+                f"profile {chosen!r} reads its token from ${profile['token_env']}, which is not set",
+                code="invalid_request",
+            )
     if not token and profile.get("token_file"):
         token = read_token_file(profile["token_file"])
     verify = profile.get("verify")
     if verify is not None and not isinstance(verify, (bool, str)):
-        raise CortexError(f"profile {chosen!r} in {config_path()}: verify must be true, false, a sha256: pin or a CA file path",
-                          code="invalid_request")
+        raise CortexError(
+            f"profile {chosen!r} in {config_path()}: verify must be true, false, a sha256: pin or a CA file path",
+            code="invalid_request",
+        )
     return Endpoint(profile["url"], token, f"profile {chosen!r} in {config_path()}", verify)
 
 
-def save_profile(name: str, url: str, token: str | None = None, token_env: str | None = None, make_default: bool = False,
-                 verify: str | None = None) -> Path:
+def save_profile(
+    name: str,
+    url: str,
+    token: str | None = None,
+    token_env: str | None = None,
+    make_default: bool = False,
+    verify: str | None = None,
+) -> Path:
     """Write (or replace) a profile; the file is created with mode 0600 as it may hold a token."""
     default, profiles = load_profiles()
     values = {"url": url, "token": token, "token_env": token_env, "verify": verify}

@@ -31,7 +31,9 @@ def render_output(name: str, path: Path) -> Any:
         except (UnicodeDecodeError, ValueError):
             pass
         else:
-            return Pretty(f"{name} ({path}):\n{json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)}")
+            return Pretty(
+                f"{name} ({path}):\n{json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)}"
+            )
     if suffix in (".csv", ".tsv"):
         import pandas as pd
 

@@ -41,7 +41,18 @@ MODELS_DIR = "models"
 # \Z, not $: "$" also matches before a trailing newline.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
-TOP_KEYS = {"version", "name", "source", "command", "models", "inputs", "outputs", "resources", "timeout_seconds", "isolation"}
+TOP_KEYS = {
+    "version",
+    "name",
+    "source",
+    "command",
+    "models",
+    "inputs",
+    "outputs",
+    "resources",
+    "timeout_seconds",
+    "isolation",
+}
 SOURCE_KEYS = {"include"}
 INPUT_KEYS = {"path"}
 OUTPUT_KEYS = {"path", "max_bytes", "required"}
@@ -137,7 +148,9 @@ def validate_spec(raw: Any) -> dict[str, Any]:
         raise spec_error("version", f"must be {SPEC_VERSION}, got {top['version']!r}")
     name = top.get("name")
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
-        raise spec_error("name", "is required: 1-64 letters, digits, '_', '.', '-', starting with a letter or digit")
+        raise spec_error(
+            "name", "is required: 1-64 letters, digits, '_', '.', '-', starting with a letter or digit"
+        )
     if "command" not in top:
         raise spec_error("command", "is required, e.g. ['python', 'main.py']")
     spec: dict[str, Any] = {"version": SPEC_VERSION, "name": name, "command": _command(top["command"])}
@@ -157,7 +170,9 @@ def validate_spec(raw: Any) -> dict[str, Any]:
         raise spec_error("models", f"at most {MAX_MODELS} models")
     for index, model in enumerate(models):
         if not is_model_name(model):
-            raise spec_error(f"models[{index}]", f"must be the name of a registered model (GET /v1/models), got {model!r}")
+            raise spec_error(
+                f"models[{index}]", f"must be the name of a registered model (GET /v1/models), got {model!r}"
+            )
         if model in models[:index]:
             raise spec_error(f"models[{index}]", f"{model!r} is listed twice")
     spec["models"] = list(models)
@@ -187,7 +202,10 @@ def validate_spec(raw: Any) -> dict[str, Any]:
         total += max_bytes
         spec["outputs"][output_name] = {"path": path, "max_bytes": max_bytes, "required": required}
     if total > MAX_OUTPUTS_TOTAL_BYTES:
-        raise spec_error("outputs", f"max_bytes add up to {total} bytes; all outputs together may be at most {MAX_OUTPUTS_TOTAL_BYTES}")
+        raise spec_error(
+            "outputs",
+            f"max_bytes add up to {total} bytes; all outputs together may be at most {MAX_OUTPUTS_TOTAL_BYTES}",
+        )
     _no_duplicate_paths(spec["outputs"], "outputs")
 
     resources = _mapping(top.get("resources"), "resources", RESOURCE_KEYS)
@@ -198,7 +216,9 @@ def validate_spec(raw: Any) -> dict[str, Any]:
             "min_vram_gib": _number(gpu.get("min_vram_gib", 0), "resources.gpu.min_vram_gib", 0, 4096),
         }
     }
-    spec["timeout_seconds"] = _number(top.get("timeout_seconds", DEFAULT_TIMEOUT_S), "timeout_seconds", 1, MAX_TIMEOUT_S)
+    spec["timeout_seconds"] = _number(
+        top.get("timeout_seconds", DEFAULT_TIMEOUT_S), "timeout_seconds", 1, MAX_TIMEOUT_S
+    )
     isolation = top.get("isolation", ISOLATION_BEST_EFFORT)
     if isolation not in ISOLATION_MODES:
         raise spec_error("isolation", f"must be one of {list(ISOLATION_MODES)}, got {isolation!r}")
@@ -244,5 +264,7 @@ def parse_spec_text(text: str) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise BadRequestError(f"the spec is not valid YAML: {exc}", code="spec_invalid", status=400, detail={"field": ""}) from None
+        raise BadRequestError(
+            f"the spec is not valid YAML: {exc}", code="spec_invalid", status=400, detail={"field": ""}
+        ) from None
     return validate_spec(raw)

@@ -49,13 +49,17 @@ class Submission:
         self.archive.close()
 
 
-def load_spec(spec: str | os.PathLike | Mapping[str, Any], base_dir: str | os.PathLike | None = None) -> tuple[dict[str, Any], Path]:
+def load_spec(
+    spec: str | os.PathLike | Mapping[str, Any], base_dir: str | os.PathLike | None = None
+) -> tuple[dict[str, Any], Path]:
     """A spec file (YAML) or a mapping, validated; returns (spec, the folder its paths are relative to)."""
     if isinstance(spec, Mapping):
         return run_spec.validate_spec(dict(spec)), Path(base_dir or ".").resolve()
     path = Path(spec)
     if not path.is_file():
-        raise errors.BadRequestError(f"no spec file at {path}", code="spec_invalid", status=400, detail={"field": ""})
+        raise errors.BadRequestError(
+            f"no spec file at {path}", code="spec_invalid", status=400, detail={"field": ""}
+        )
     return run_spec.parse_spec_text(path.read_text()), Path(base_dir or path.parent).resolve()
 
 
@@ -73,12 +77,18 @@ def _included_files(spec: dict[str, Any], base_dir: Path) -> dict[str, Path]:
     for index, pattern in enumerate(spec["source"]["include"]):
         matches = sorted(path for path in base_dir.glob(pattern) if path.is_file())
         if not matches:
-            raise run_spec.spec_error(f"source.include[{index}]", f"{pattern!r} matches no file under {base_dir}")
+            raise run_spec.spec_error(
+                f"source.include[{index}]", f"{pattern!r} matches no file under {base_dir}"
+            )
         for path in matches:
             resolved = path.resolve()
             if base_dir not in resolved.parents:
-                raise run_spec.spec_error(f"source.include[{index}]", f"{path} leads outside {base_dir} (a symlink?)")
-            relative = run_spec.relative_path(path.relative_to(base_dir).as_posix(), f"source.include[{index}]")
+                raise run_spec.spec_error(
+                    f"source.include[{index}]", f"{path} leads outside {base_dir} (a symlink?)"
+                )
+            relative = run_spec.relative_path(
+                path.relative_to(base_dir).as_posix(), f"source.include[{index}]"
+            )
             found[relative] = resolved
     return found
 
@@ -91,8 +101,12 @@ def build_submission(
     In-memory files (the `%%cortex run` cell's main.py) replace included files of the same path.
     """
     sources = _included_files(spec, base_dir)
-    inline = {run_spec.relative_path(path, f"files[{path!r}]"): (data.encode() if isinstance(data, str) else bytes(data))
-              for path, data in (files or {}).items()}
+    inline = {
+        run_spec.relative_path(path, f"files[{path!r}]"): (
+            data.encode() if isinstance(data, str) else bytes(data)
+        )
+        for path, data in (files or {}).items()
+    }
     for path in inline:
         sources.pop(path, None)
     inputs: dict[str, Path] = {}
@@ -102,7 +116,10 @@ def build_submission(
             raise run_spec.spec_error(f"inputs.{name}.path", f"no file at {path}")
         size = path.stat().st_size
         if size > run_spec.MAX_INPUT_BYTES:
-            raise run_spec.spec_error(f"inputs.{name}.path", f"{path} is {size} bytes; an input may be at most {run_spec.MAX_INPUT_BYTES}")
+            raise run_spec.spec_error(
+                f"inputs.{name}.path",
+                f"{path} is {size} bytes; an input may be at most {run_spec.MAX_INPUT_BYTES}",
+            )
         inputs[entry["path"]] = path
         sources.pop(entry["path"], None)
     manifest: list[dict[str, Any]] = []
@@ -110,25 +127,43 @@ def build_submission(
     try:
         with tarfile.open(fileobj=archive, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for relative, data in sorted(inline.items()):
-                manifest.append({"path": relative, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "kind": "source"})
+                manifest.append(
+                    {
+                        "path": relative,
+                        "bytes": len(data),
+                        "sha256": hashlib.sha256(data).hexdigest(),
+                        "kind": "source",
+                    }
+                )
                 info = tarfile.TarInfo(relative)
                 info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
                 tar.addfile(info, fileobj=_BytesReader(data))
             for kind, group in (("source", sources), ("input", inputs)):
                 for relative, path in sorted(group.items()):
                     size = path.stat().st_size
-                    manifest.append({"path": relative, "bytes": size, "sha256": _sha256_file(path), "kind": kind})
+                    manifest.append(
+                        {"path": relative, "bytes": size, "sha256": _sha256_file(path), "kind": kind}
+                    )
                     info = tarfile.TarInfo(relative)
                     info.size, info.mode, info.mtime = size, 0o644, int(path.stat().st_mtime)
                     with open(path, "rb") as handle:
                         tar.addfile(info, fileobj=handle)
         source_bytes = sum(entry["bytes"] for entry in manifest if entry["kind"] == "source")
-        if source_bytes > run_spec.MAX_SOURCE_BYTES or len(manifest) > run_spec.MAX_SOURCE_FILES + run_spec.MAX_INPUTS:
-            raise run_spec.spec_error("source.include", f"{len(manifest)} files, {source_bytes} bytes of source; the limits are"
-                                      f" {run_spec.MAX_SOURCE_FILES} files and {run_spec.MAX_SOURCE_BYTES} bytes")
+        if (
+            source_bytes > run_spec.MAX_SOURCE_BYTES
+            or len(manifest) > run_spec.MAX_SOURCE_FILES + run_spec.MAX_INPUTS
+        ):
+            raise run_spec.spec_error(
+                "source.include",
+                f"{len(manifest)} files, {source_bytes} bytes of source; the limits are"
+                f" {run_spec.MAX_SOURCE_FILES} files and {run_spec.MAX_SOURCE_BYTES} bytes",
+            )
         size = archive.tell()
         if size > MAX_ARCHIVE_BYTES:
-            raise run_spec.spec_error("inputs", f"the files come to {size} bytes; one submission may carry at most {MAX_ARCHIVE_BYTES}")
+            raise run_spec.spec_error(
+                "inputs",
+                f"the files come to {size} bytes; one submission may carry at most {MAX_ARCHIVE_BYTES}",
+            )
         archive.seek(0)
         digest = hashlib.sha256()
         while block := archive.read(READ_BLOCK):
@@ -158,7 +193,9 @@ def upload_archive(client: Client, submission: Submission) -> str:
     for index in range(count):
         data = submission.archive.read(wire.CHUNK_BYTES)
         client.transport.request(
-            "PUT", route("upload_run_chunk").url(upload_id=upload_id, index=str(index)), content=data,
+            "PUT",
+            route("upload_run_chunk").url(upload_id=upload_id, index=str(index)),
+            content=data,
             headers={wire.CHUNK_SHA_HEADER: wire.sha256_hex(data), wire.CHUNK_COUNT_HEADER: str(count)},
             idempotency_key=f"{upload_id}-{index}",
         )
@@ -168,13 +205,27 @@ def upload_archive(client: Client, submission: Submission) -> str:
 def submit(client: Client, submission: Submission, submission_id: str | None = None) -> dict[str, Any]:
     """Upload and submit; the run's JSON. A lost answer raises `SubmissionOutcomeUnknown`."""
     submission_id = submission_id or f"{submission.spec['name'][:40]}-{uuid.uuid4().hex[:16]}"
-    body: dict[str, Any] = {"submission_id": submission_id, "spec": submission.spec, "manifest": submission.manifest}
+    body: dict[str, Any] = {
+        "submission_id": submission_id,
+        "spec": submission.spec,
+        "manifest": submission.manifest,
+    }
     if submission.manifest:
-        body["archive"] = {"upload_id": upload_archive(client, submission), "sha256": submission.archive_sha256}
-    timeout_s = 60.0 + submission.archive_bytes / (20 * 2**20)  # the backend re-hashes the archive before answering
+        body["archive"] = {
+            "upload_id": upload_archive(client, submission),
+            "sha256": submission.archive_sha256,
+        }
+    timeout_s = 60.0 + submission.archive_bytes / (
+        20 * 2**20
+    )  # the backend re-hashes the archive before answering
     try:
-        return client.transport.json("POST", route("create_run").url(), json=body,
-                                     idempotency_key=f"run-{submission_id}", timeout_s=timeout_s)
+        return client.transport.json(
+            "POST",
+            route("create_run").url(),
+            json=body,
+            idempotency_key=f"run-{submission_id}",
+            timeout_s=timeout_s,
+        )
     except (errors.ConnectionError, errors.BackendError) as exc:
         raise errors.SubmissionOutcomeUnknown(submission_id, exc) from exc
 
@@ -214,16 +265,22 @@ class RunHandle:
             if remaining <= 0:
                 raise errors.TimeoutError(
                     f"run {self.run_id} is still {info['status']} after waiting; it keeps running. Wait again, or cancel()",
-                    code="timeout")
-            info = self.client.get_run(self.run_id, wait_s=min(poll.long_poll_s, remaining), while_status=info["status"])
+                    code="timeout",
+                )
+            info = self.client.get_run(
+                self.run_id, wait_s=min(poll.long_poll_s, remaining), while_status=info["status"]
+            )
         self.info = info
         return info
 
     def raise_for_status(self) -> None:
         """Raise `RunFailed` (with the run's failure code) unless the run ended done."""
         if self.info["status"] in JOB_TERMINAL and self.info["status"] != JOB_DONE:
-            raise errors.RunFailed(f"run {self.run_id} {self.info['status']}: {self.info.get('failure_message')}",
-                                   code=self.info.get("failure_code") or self.info["status"], detail={"run": self.info})
+            raise errors.RunFailed(
+                f"run {self.run_id} {self.info['status']}: {self.info.get('failure_message')}",
+                code=self.info.get("failure_code") or self.info["status"],
+                detail={"run": self.info},
+            )
 
     def cancel(self) -> dict[str, Any]:
         """Stop the run (its processes get the backend's grace period, then are killed). Idempotent."""
@@ -261,7 +318,9 @@ class RunHandle:
     def output_list(self) -> list[dict[str, Any]]:
         return self.client.list_run_outputs(self.run_id)["outputs"]
 
-    def outputs(self, name: str | None = None, dest: str | os.PathLike = ".", keep_paths: bool = False) -> Path | dict[str, Path]:
+    def outputs(
+        self, name: str | None = None, dest: str | os.PathLike = ".", keep_paths: bool = False
+    ) -> Path | dict[str, Path]:
         """Download one output (or, with no name, every collected output) into `dest`, verified.
 
         `dest` may be a folder (the file keeps its declared name, or its whole declared path with
@@ -271,11 +330,18 @@ class RunHandle:
         listing = {row["name"]: row for row in self.output_list()}
         if name is not None:
             if name not in listing:
-                raise errors.NotFoundError(f"run {self.run_id} declares no output {name!r}; it declares {sorted(listing)}",
-                                           code="output_not_declared", status=404)
+                raise errors.NotFoundError(
+                    f"run {self.run_id} declares no output {name!r}; it declares {sorted(listing)}",
+                    code="output_not_declared",
+                    status=404,
+                )
             into_folder = keep_paths or Path(dest).is_dir() or str(dest).endswith(("/", os.sep))
             return self._download(listing[name], Path(dest), keep_paths, into_folder)
-        return {row["name"]: self._download(row, Path(dest), keep_paths, True) for row in listing.values() if row["collected"]}
+        return {
+            row["name"]: self._download(row, Path(dest), keep_paths, True)
+            for row in listing.values()
+            if row["collected"]
+        }
 
     def _download(self, row: dict[str, Any], dest: Path, keep_paths: bool, into_folder: bool) -> Path:
         if into_folder:
@@ -294,12 +360,16 @@ def verify_output_bytes(data: bytes, expected: dict[str, Any], what: str) -> Non
     if len(data) != expected["bytes"]:
         raise errors.OutputVerificationError(
             f"{what} arrived with {len(data)} bytes but was collected with {expected['bytes']}; it was not saved",
-            code="output_corrupted", detail={"expected_bytes": expected["bytes"], "received_bytes": len(data)})
+            code="output_corrupted",
+            detail={"expected_bytes": expected["bytes"], "received_bytes": len(data)},
+        )
     digest = hashlib.sha256(data).hexdigest()
     if digest != expected["sha256"]:
         raise errors.OutputVerificationError(
             f"{what} does not match the SHA-256 recorded at collection; it was not saved",
-            code="output_corrupted", detail={"expected_sha256": expected["sha256"], "received_sha256": digest})
+            code="output_corrupted",
+            detail={"expected_sha256": expected["sha256"], "received_sha256": digest},
+        )
 
 
 def run_cell_source(
@@ -334,4 +404,6 @@ def run_cell_source(
         "timeout_seconds": timeout_s,
         "isolation": isolation,
     }
-    return client.run(spec, base_dir=workdir or Path.cwd(), files={"main.py": code}, submission_id=submission_id)
+    return client.run(
+        spec, base_dir=workdir or Path.cwd(), files={"main.py": code}, submission_id=submission_id
+    )

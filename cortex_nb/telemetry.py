@@ -130,8 +130,13 @@ class Telemetry:
 
     # sending ----------------------------------------------------------------------------------
     def _send_loop(self) -> None:
-        http = httpx.Client(base_url=self.url, headers=self._headers, cookies=self._cookies, timeout=SEND_TIMEOUT_S,
-                            verify=self._verify)
+        http = httpx.Client(
+            base_url=self.url,
+            headers=self._headers,
+            cookies=self._cookies,
+            timeout=SEND_TIMEOUT_S,
+            verify=self._verify,
+        )
         try:
             while True:
                 first = self._queue.get()
@@ -151,7 +156,7 @@ class Telemetry:
                         break
                     batch.append(item)
                 for start in range(0, len(batch), MAX_RECORDS_PER_POST):
-                    self._deliver(http, batch[start:start + MAX_RECORDS_PER_POST])
+                    self._deliver(http, batch[start : start + MAX_RECORDS_PER_POST])
                 if stop:
                     return
         finally:
@@ -232,14 +237,23 @@ def _attempt_counts(client: Any) -> tuple[int, int]:
 
 
 def _safe_record(
-    telemetry: Telemetry, operation: str, client: Any, started: float, before: tuple[int, int], error: BaseException | None
+    telemetry: Telemetry,
+    operation: str,
+    client: Any,
+    started: float,
+    before: tuple[int, int],
+    error: BaseException | None,
 ) -> None:
     try:
         calls, attempts = _attempt_counts(client)
         calls, attempts = calls - before[0], attempts - before[1]
         telemetry.record(
-            operation, success=error is None, duration_ms=(time.perf_counter() - started) * 1000.0,
-            attempts=attempts, retries=max(0, attempts - calls), error=error,
+            operation,
+            success=error is None,
+            duration_ms=(time.perf_counter() - started) * 1000.0,
+            attempts=attempts,
+            retries=max(0, attempts - calls),
+            error=error,
         )
     except Exception:  # telemetry must never change what the caller sees
         log.debug("telemetry record failed", exc_info=True)

@@ -40,10 +40,12 @@ def normalize_pin(value: str) -> str | None:
     text = value.strip().lower()
     if not text.startswith(PIN_PREFIX):
         return None
-    digits = text[len(PIN_PREFIX):].replace(":", "")
+    digits = text[len(PIN_PREFIX) :].replace(":", "")
     pin = PIN_PREFIX + digits
     if not _PIN.match(pin):
-        raise CortexError(f"verify: {value!r} is not a SHA-256 pin; write sha256: and 64 hex digits", code="invalid_request")
+        raise CortexError(
+            f"verify: {value!r} is not a SHA-256 pin; write sha256: and 64 hex digits", code="invalid_request"
+        )
     return pin
 
 
@@ -63,7 +65,9 @@ def parse_verify(value: Verify | None) -> Verify:
         return pin
     path = Path(text).expanduser()
     if not path.is_file():
-        raise CortexError(f"verify: {text!r} is neither a sha256: pin nor a readable CA file", code="invalid_request")
+        raise CortexError(
+            f"verify: {text!r} is neither a sha256: pin nor a readable CA file", code="invalid_request"
+        )
     return str(path)
 
 

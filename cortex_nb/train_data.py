@@ -66,7 +66,9 @@ def load_examples(ref: str, namespace: Mapping[str, Any], key: str = "data") -> 
         return _examples_from_variable(ref[1:], namespace, key)
     path = Path(ref).expanduser()
     if not path.is_file():
-        raise SpecError(f"{key}: no file {ref!r} (looked for {path.resolve()}); give a JSONL path or a $variable")
+        raise SpecError(
+            f"{key}: no file {ref!r} (looked for {path.resolve()}); give a JSONL path or a $variable"
+        )
     if path.suffix == ".txt":
         text = path.read_text(encoding="utf-8")
         if not text.strip():
@@ -94,7 +96,9 @@ def examples_from_jsonl(lines: Iterable[str], where: str, key: str = "data") -> 
 
 def examples_to_jsonl(examples: Sequence[Example]) -> bytes:
     """The canonical JSONL of examples (what a dataset upload carries; its SHA-256 is the dataset id)."""
-    rows = [{"text": e.text} if e.prompt is None else {"prompt": e.prompt, "completion": e.text} for e in examples]
+    rows = [
+        {"text": e.text} if e.prompt is None else {"prompt": e.prompt, "completion": e.text} for e in examples
+    ]
     return "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows).encode("utf-8")
 
 
@@ -117,12 +121,14 @@ def _example(record: Any, where: str, key: str) -> Example:
     if isinstance(record, str):
         return Example(None, record)
     if not isinstance(record, Mapping):
-        raise SpecError(f"{key}: {where} is a {type(record).__name__}; each row needs \"text\" or \"prompt\"/\"completion\"")
+        raise SpecError(
+            f'{key}: {where} is a {type(record).__name__}; each row needs "text" or "prompt"/"completion"'
+        )
     if isinstance(record.get("prompt"), str) and isinstance(record.get("completion"), str):
         return Example(record["prompt"], record["completion"])
     if isinstance(record.get("text"), str):
         return Example(None, record["text"])
-    raise SpecError(f"{key}: {where} has neither a \"text\" string nor \"prompt\" and \"completion\" strings")
+    raise SpecError(f'{key}: {where} has neither a "text" string nor "prompt" and "completion" strings')
 
 
 def tokenize_and_pack(
@@ -134,7 +140,9 @@ def tokenize_and_pack(
     def tokenize(texts: list[str], add_special_tokens: bool) -> list[list[int]]:
         return _tokenize(client, model, texts, add_special_tokens)
 
-    return pack_examples(examples, tokenize, info.get("eos_token_id"), info.get("pad_token_id"), seq_len, packing)
+    return pack_examples(
+        examples, tokenize, info.get("eos_token_id"), info.get("pad_token_id"), seq_len, packing
+    )
 
 
 def pack_examples(
@@ -182,8 +190,11 @@ def pack_examples(
     if packing:
         cut = pack_sequences(token_lists, seq_len, weight_lists)
     else:
-        cut = [row for tokens, weights in zip(token_lists, weight_lists, strict=True)
-               for row in pack_sequences([tokens], seq_len, [weights])]
+        cut = [
+            row
+            for tokens, weights in zip(token_lists, weight_lists, strict=True)
+            for row in pack_sequences([tokens], seq_len, [weights])
+        ]
     # Rows whose targets all have weight 0 (a long prompt's middle) would add nothing but cost.
     rows = [row for row in cut if sum(row[1][1:]) > 0]
     if not rows:
@@ -194,5 +205,9 @@ def pack_examples(
 def _tokenize(client: Client, model: str, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
     tokens: list[list[int]] = []
     for start in range(0, len(texts), TOKENIZE_CHUNK):
-        tokens.extend(client.tokenize(model, texts[start : start + TOKENIZE_CHUNK], add_special_tokens=add_special_tokens))
+        tokens.extend(
+            client.tokenize(
+                model, texts[start : start + TOKENIZE_CHUNK], add_special_tokens=add_special_tokens
+            )
+        )
     return tokens

@@ -25,12 +25,34 @@ EVAL_KEYS = ("every", "data", "max_rows")
 SAMPLE_KEYS = ("every", "prompts", "max_tokens", "temperature")
 SAVE_KEYS = ("every", "type")
 TOP_LEVEL_KEYS = (
-    "base_model", "lora", "optimizer", "data", "batch_size", "max_seq_len", "packing", "steps", "epochs",
-    "eval", "sample", "save", "seed", "keep_alive",
+    "base_model",
+    "lora",
+    "optimizer",
+    "data",
+    "batch_size",
+    "max_seq_len",
+    "packing",
+    "steps",
+    "epochs",
+    "eval",
+    "sample",
+    "save",
+    "seed",
+    "keep_alive",
 )
 # The JSON form: what the training worker's loop needs (the model, LoRA and optimizer go in the sub-job).
 LOOP_KEYS = (
-    "data", "eval", "batch_size", "max_seq_len", "packing", "steps", "epochs", "sample", "save", "seed", "keep_alive_s",
+    "data",
+    "eval",
+    "batch_size",
+    "max_seq_len",
+    "packing",
+    "steps",
+    "epochs",
+    "sample",
+    "save",
+    "seed",
+    "keep_alive_s",
 )
 LOOP_EVAL_KEYS = ("every", "dataset_id", "max_rows")
 # The checkpoint the end of a training is saved as (a managed run's last step, or "Free device" on a job
@@ -39,7 +61,9 @@ FINAL_CHECKPOINT = "final"
 DATASET_ID = re.compile(r"^[0-9a-f]{64}\Z")
 # The longest keep-alive a spec may ask for: a week, like a job's idle timeout.
 MAX_KEEP_ALIVE_S = 7 * 24 * 3600
-_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$")
+_DURATION = re.compile(
+    r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$"
+)
 
 
 def save_supported() -> bool:
@@ -103,23 +127,41 @@ class TrainSpec:
 
     def sub_job(self) -> dict[str, Any]:
         """The training sub-job of `POST /v1/jobs` for this spec."""
-        return {"type": "training", "base_model": self.base_model, "lora": dict(self.lora),
-                "optimizer": dict(self.optimizer), "seed": self.seed}
+        return {
+            "type": "training",
+            "base_model": self.base_model,
+            "lora": dict(self.lora),
+            "optimizer": dict(self.optimizer),
+            "seed": self.seed,
+        }
 
     def training_loop(self, dataset_id: str, eval_dataset_id: str | None = None) -> dict[str, Any]:
         """The JSON form (`training_loop` of `POST /v1/jobs`), data named by uploaded dataset ids."""
         loop: dict[str, Any] = {
-            "data": {"dataset_id": dataset_id}, "batch_size": self.batch_size, "max_seq_len": self.max_seq_len,
-            "packing": self.packing, "steps": self.steps, "epochs": self.epochs, "seed": self.seed,
+            "data": {"dataset_id": dataset_id},
+            "batch_size": self.batch_size,
+            "max_seq_len": self.max_seq_len,
+            "packing": self.packing,
+            "steps": self.steps,
+            "epochs": self.epochs,
+            "seed": self.seed,
             "keep_alive_s": self.keep_alive_s,
         }
         if self.eval is not None:
             if eval_dataset_id is None:
                 raise ValueError("the spec has eval: give the eval dataset's id")
-            loop["eval"] = {"dataset_id": eval_dataset_id, "every": self.eval.every, "max_rows": self.eval.max_rows}
+            loop["eval"] = {
+                "dataset_id": eval_dataset_id,
+                "every": self.eval.every,
+                "max_rows": self.eval.max_rows,
+            }
         if self.sample is not None:
-            loop["sample"] = {"every": self.sample.every, "prompts": list(self.sample.prompts),
-                              "max_tokens": self.sample.max_tokens, "temperature": self.sample.temperature}
+            loop["sample"] = {
+                "every": self.sample.every,
+                "prompts": list(self.sample.prompts),
+                "max_tokens": self.sample.max_tokens,
+                "temperature": self.sample.temperature,
+            }
         if self.save is not None:
             loop["save"] = {"every": self.save.every, "type": self.save.type}
         return loop
@@ -143,9 +185,13 @@ def parse_train_spec(text: str) -> TrainSpec:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SpecError(f"the train spec is not valid YAML{where}: {problem}") from None
     if raw is None:
-        raise SpecError("the train spec is empty; give at least `data:` and `steps:` (see %cortex? for the keys)")
+        raise SpecError(
+            "the train spec is empty; give at least `data:` and `steps:` (see %cortex? for the keys)"
+        )
     if not isinstance(raw, dict):
-        raise SpecError(f"the train spec must be a YAML mapping of keys (base_model, data, steps, ...), not a {type(raw).__name__}")
+        raise SpecError(
+            f"the train spec must be a YAML mapping of keys (base_model, data, steps, ...), not a {type(raw).__name__}"
+        )
     _reject_unknown(raw, accepted_keys(), "")
     if "data" not in raw:
         raise SpecError("data: missing; give a JSONL path or $variable holding the training rows", "data")
@@ -184,7 +230,9 @@ def parse_training_loop(raw: Any) -> TrainSpec:
     # null is "not given" in JSON: the YAML form leaves such keys out.
     present = {key: value for key, value in raw.items() if value is not None}
     if "keep_alive_s" in present:
-        spec.keep_alive_s = float(_number(present["keep_alive_s"], "keep_alive_s", minimum=0, maximum=MAX_KEEP_ALIVE_S))
+        spec.keep_alive_s = float(
+            _number(present["keep_alive_s"], "keep_alive_s", minimum=0, maximum=MAX_KEEP_ALIVE_S)
+        )
     _parse_loop(present, spec, "dataset_id", _dataset_id)
     return spec
 
@@ -221,7 +269,9 @@ def parse_duration(value: Any, name: str) -> float:
     if isinstance(value, str):
         match = _DURATION.match(value)
         if not value.strip() or match is None or not any(match.groups()):
-            raise SpecError(f"{name}: {value!r} is not a duration; write seconds or e.g. 90s, 10m, 1h30m", name)
+            raise SpecError(
+                f"{name}: {value!r} is not a duration; write seconds or e.g. 90s, 10m, 1h30m", name
+            )
         hours, minutes, seconds = (float(part or 0) for part in match.groups())
         value = hours * 3600 + minutes * 60 + seconds
     return float(_number(value, name, minimum=0, maximum=MAX_KEEP_ALIVE_S))
@@ -241,7 +291,9 @@ def _parse_loop(raw: dict[str, Any], spec: TrainSpec, eval_data_key: str, data_r
         spec.packing = raw["packing"]
     has_steps, has_epochs = "steps" in raw, "epochs" in raw
     if has_steps == has_epochs:
-        raise SpecError("give exactly one of steps: (optimizer steps) or epochs: (passes over the data)", "steps")
+        raise SpecError(
+            "give exactly one of steps: (optimizer steps) or epochs: (passes over the data)", "steps"
+        )
     if has_steps:
         spec.steps = _integer(raw["steps"], "steps", minimum=1)
     else:
@@ -282,10 +334,14 @@ def _reject_unknown(mapping: dict[str, Any], allowed: tuple[str, ...], prefix: s
         names = ", ".join(prefix + key for key in unknown)
         plural = "s" if len(unknown) > 1 else ""
         where = f"in {prefix[:-1]} " if prefix else ""
-        raise SpecError(f"unknown key{plural} {where}{names}; allowed: {', '.join(allowed)}", prefix + unknown[0])
+        raise SpecError(
+            f"unknown key{plural} {where}{names}; allowed: {', '.join(allowed)}", prefix + unknown[0]
+        )
 
 
-def _section(value: Any, name: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict[str, Any]:
+def _section(
+    value: Any, name: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()
+) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise SpecError(f"{name}: must be a mapping with keys {', '.join(allowed)}", name)
     _reject_unknown(value, allowed, name + ".")
@@ -309,11 +365,15 @@ def _data_ref(value: Any, name: str) -> str:
 
 def _dataset_id(value: Any, name: str) -> str:
     if not isinstance(value, str) or not DATASET_ID.match(value):
-        raise SpecError(f"{name}: must be the SHA-256 hex of an uploaded dataset (PUT /v1/datasets/{{dataset_id}})", name)
+        raise SpecError(
+            f"{name}: must be the SHA-256 hex of an uploaded dataset (PUT /v1/datasets/{{dataset_id}})", name
+        )
     return value
 
 
-def _number(value: Any, name: str, minimum: float | None = None, maximum: float | None = None, strict: bool = False) -> float:
+def _number(
+    value: Any, name: str, minimum: float | None = None, maximum: float | None = None, strict: bool = False
+) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise SpecError(f"{name}: must be a finite number, not {value!r}", name)
     if minimum is not None and (value < minimum or (strict and value == minimum)):

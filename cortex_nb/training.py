@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from .client import Client
 
 
-
 class GenerateResult:
     """The samples of one generate call, in prompt order (`n` samples per prompt)."""
 
@@ -134,17 +133,25 @@ class _JobHandle:
             raise TypeError(f"unknown sampling parameter(s) {unknown}; allowed: {list(SAMPLING_KEYS)}")
         prompts = [p if isinstance(p, str) else list(p) for p in prompts]
         request_id = self.client.generate(self.job_id, prompts, sampling, adapter=adapter, sub_job=sub_job)
-        return APIFuture(self.client, self.job_id, request_id, "generate", lambda raw: GenerateResult(raw, prompts))
+        return APIFuture(
+            self.client, self.job_id, request_id, "generate", lambda raw: GenerateResult(raw, prompts)
+        )
 
     def forward(
-        self, batch: Mapping[str, Any], *, adapter: str | dict[str, str] | None = None, sub_job: str | None = None,
+        self,
+        batch: Mapping[str, Any],
+        *,
+        adapter: str | dict[str, str] | None = None,
+        sub_job: str | None = None,
         **loss: Any,
     ) -> APIFuture[dict[str, Any]]:
         """Score a batch without gradients (`loss_fn=...` adds that loss's value and metrics)."""
         request_id = self.client.forward(self.job_id, batch, adapter=adapter, sub_job=sub_job, **loss)
         return APIFuture(self.client, self.job_id, request_id, "forward")
 
-    def compute_logprobs(self, sequences: Sequence[Sequence[int]], *, sub_job: str | None = None) -> APIFuture[list[np.ndarray]]:
+    def compute_logprobs(
+        self, sequences: Sequence[Sequence[int]], *, sub_job: str | None = None
+    ) -> APIFuture[list[np.ndarray]]:
         """log p(token t | tokens < t) for t >= 1 of each sequence (one array per sequence, length len-1)."""
         lengths = [len(seq) - 1 for seq in sequences]
         batch = next_token_batch(sequences)
@@ -166,8 +173,9 @@ class _JobHandle:
         restore_optimizer: bool = True,
     ) -> APIFuture[dict[str, Any]]:
         """Load a checkpoint of this job (or of `source_job_id`, another job of yours) into a sub-job."""
-        request_id = self.client.load(self.job_id, checkpoint_id, source_job_id, target_sub_job_id,
-                                      restore_optimizer=restore_optimizer)
+        request_id = self.client.load(
+            self.job_id, checkpoint_id, source_job_id, target_sub_job_id, restore_optimizer=restore_optimizer
+        )
         return APIFuture(self.client, self.job_id, request_id, "load")
 
     def checkpoints(self) -> pd.DataFrame:
@@ -197,46 +205,75 @@ class TrainingJob(_JobHandle):
         idle_timeout_s: float | None = None,
         wait: bool = True,
     ) -> TrainingJob:
-        trainer = {"type": TRAINING, "base_model": base_model, "lora": lora or {}, "optimizer": optimizer or {}, "seed": seed}
+        trainer = {
+            "type": TRAINING,
+            "base_model": base_model,
+            "lora": lora or {},
+            "optimizer": optimizer or {},
+            "seed": seed,
+        }
         if max_seq_len:
             trainer["max_seq_len"] = max_seq_len
         subs = [trainer] + [
-            {"type": SAMPLING, "base_model": base_model, "seed": seed, **({"max_seq_len": max_seq_len} if max_seq_len else {})}
+            {
+                "type": SAMPLING,
+                "base_model": base_model,
+                "seed": seed,
+                **({"max_seq_len": max_seq_len} if max_seq_len else {}),
+            }
             for _ in range(samplers)
         ]
-        job = cls(client, client.create_job(subs, job_id=job_id, experiment_name=experiment, name=name, idle_timeout_s=idle_timeout_s))
+        job = cls(
+            client,
+            client.create_job(
+                subs, job_id=job_id, experiment_name=experiment, name=name, idle_timeout_s=idle_timeout_s
+            ),
+        )
         if wait:
             job.wait_ready()
         return job
 
     def forward_backward(
-        self, batch: Mapping[str, Any], loss_fn: str = "cross_entropy", loss_fn_config: dict[str, float] | None = None
+        self,
+        batch: Mapping[str, Any],
+        loss_fn: str = "cross_entropy",
+        loss_fn_config: dict[str, float] | None = None,
     ) -> APIFuture[dict[str, Any]]:
         request_id = self.client.forward_backward(self.job_id, batch, loss_fn, loss_fn_config)
         return APIFuture(self.client, self.job_id, request_id, "forward_backward")
 
     def step(self, learning_rate: float | None = None, **hyperparameters: Any) -> APIFuture[dict[str, Any]]:
         """Apply the accumulated gradients. `betas`, `eps`, `weight_decay`, `grad_clip` may be given per step."""
-        return APIFuture(self.client, self.job_id, self.client.step(self.job_id, learning_rate, **hyperparameters), "step")
+        return APIFuture(
+            self.client, self.job_id, self.client.step(self.job_id, learning_rate, **hyperparameters), "step"
+        )
 
     # checkpoints and weight sync -------------------------------------------------------------------
-    def save(self, checkpoint_id: str | None = None, checkpoint_type: str = "resumable") -> APIFuture[dict[str, Any]]:
+    def save(
+        self, checkpoint_id: str | None = None, checkpoint_type: str = "resumable"
+    ) -> APIFuture[dict[str, Any]]:
         """Save the trainer: "resumable" (adapter, optimizer, step, RNG) or "weights-only" (the adapter).
         The result's `checkpoint_id` names it (`step-N` unless given)."""
         request_id = self.client.save(self.job_id, checkpoint_id, checkpoint_type)
         return APIFuture(self.client, self.job_id, request_id, "save")
 
-    def export(self, dest: str | Path, checkpoint_id: str | None = None, *, contents: str = "adapter") -> Path:
+    def export(
+        self, dest: str | Path, checkpoint_id: str | None = None, *, contents: str = "adapter"
+    ) -> Path:
         """Download a PEFT adapter directory into `dest` (hashes checked). Without `checkpoint_id`, the
         trainer's current adapter is saved first (weights-only) and that checkpoint is exported."""
         if checkpoint_id is None:
             checkpoint_id = self.save(checkpoint_type="weights-only").result()["checkpoint_id"]
         return self.client.export_checkpoint(self.job_id, checkpoint_id, dest, contents=contents)
 
-    def sync_sampler(self, targets: Sequence[str] | None = None, weight_format: str = "lora") -> APIFuture[dict[str, Any]]:
+    def sync_sampler(
+        self, targets: Sequence[str] | None = None, weight_format: str = "lora"
+    ) -> APIFuture[dict[str, Any]]:
         """Send the trainer's current weights to this job's sampling sub-jobs (or `targets`). Requests
         queued before the sync see the old weights; those queued after it see the new ones."""
-        request_id = self.client.weight_sync(self.job_id, None, list(targets) if targets is not None else None, weight_format)
+        request_id = self.client.weight_sync(
+            self.job_id, None, list(targets) if targets is not None else None, weight_format
+        )
         return APIFuture(self.client, self.job_id, request_id, "weight_sync")
 
     # managed runs (Client.train) and any training's progress ----------------------------------------
@@ -254,7 +291,9 @@ class TrainingJob(_JobHandle):
 
         return history_frame(self.refresh().get("progress"))
 
-    def wait(self, timeout_s: float | None = None, on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    def wait(
+        self, timeout_s: float | None = None, on_update: Callable[[dict[str, Any]], None] | None = None
+    ) -> dict[str, Any]:
         """Block until training ends: the job done, failed or cancelled, or sampling in its keep-alive.
         Returns the job; raises `RequestFailed` (with the failure code) if it failed, `TimeoutError` if
         `timeout_s` passes first (the run goes on). `on_update(job)` sees each update."""
@@ -267,15 +306,21 @@ class TrainingJob(_JobHandle):
                 on_update(job)
             remaining = self.client.poll.long_poll_s if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
-                raise errors.TimeoutError(f"job {self.job_id} is still training after waiting; it keeps going",
-                                          code="timeout")
+                raise errors.TimeoutError(
+                    f"job {self.job_id} is still training after waiting; it keeps going", code="timeout"
+                )
             updated = (job.get("progress") or {}).get("updated_at")
-            job = self.info = self.client.wait_for_progress(self.job_id, updated, min(remaining, self.client.poll.long_poll_s))
+            job = self.info = self.client.wait_for_progress(
+                self.job_id, updated, min(remaining, self.client.poll.long_poll_s)
+            )
         if on_update is not None:
             on_update(job)
         if job["status"] == JOB_FAILED:
-            raise errors.RequestFailed(f"job {self.job_id} failed: {job.get('failure_message') or job.get('failure_code')}",
-                                       code=job.get("failure_code") or JOB_FAILED, detail={"job": job})
+            raise errors.RequestFailed(
+                f"job {self.job_id} failed: {job.get('failure_message') or job.get('failure_code')}",
+                code=job.get("failure_code") or JOB_FAILED,
+                detail={"job": job},
+            )
         return job
 
     def __repr__(self) -> str:

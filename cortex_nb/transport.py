@@ -66,7 +66,9 @@ class Transport:
         headers = {"User-Agent": f"cortex-nb/{__version__}", **(extra_headers or {})}
         if token:
             headers["Authorization"] = f"{auth_scheme} {token}"
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, cookies=cookies, verify=self.verify)
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout_s, cookies=cookies, verify=self.verify
+        )
         # What a side channel to the same backend (telemetry) needs to authenticate like this transport.
         self.headers = dict(headers)
         self.cookies = dict(cookies or {})
@@ -98,7 +100,9 @@ class Transport:
         timeout = timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
 
         def send() -> tuple[httpx.Response, httpx.Response]:
-            response = self._http.request(method, path, json=json, content=content, params=params, headers=headers, timeout=timeout)
+            response = self._http.request(
+                method, path, json=json, content=content, params=params, headers=headers, timeout=timeout
+            )
             return response, response
 
         return self._with_retries(f"{method} {path}", send)
@@ -133,8 +137,14 @@ class Transport:
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.request(method, path, **kwargs).json()
 
-    def download(self, path: str, sink: BinaryIO, *, params: dict[str, Any] | None = None,
-                 timeout_s: float | None = None) -> httpx.Headers:
+    def download(
+        self,
+        path: str,
+        sink: BinaryIO,
+        *,
+        params: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> httpx.Headers:
         """GET a (possibly large) body into `sink` without holding it in memory; returns the headers.
         Retried like `request`; the sink is truncated before each attempt."""
         params = {key: value for key, value in (params or {}).items() if value is not None}
@@ -162,7 +172,11 @@ class Transport:
         params = {key: value for key, value in (params or {}).items() if value is not None}
         self._count("calls")
         self._count("attempts")
-        timeout = httpx.Timeout(self._http.timeout.connect, read=timeout_s) if timeout_s else httpx.USE_CLIENT_DEFAULT
+        timeout = (
+            httpx.Timeout(self._http.timeout.connect, read=timeout_s)
+            if timeout_s
+            else httpx.USE_CLIENT_DEFAULT
+        )
         try:
             with self._http.stream(method, path, params=params, timeout=timeout) as response:
                 if response.status_code >= 400:
@@ -171,7 +185,8 @@ class Transport:
                 yield response
         except httpx.TransportError as exc:
             raise errors.ConnectionError(
-                f"the stream from {self.url} was interrupted: {type(exc).__name__}: {exc}", code="backend_unavailable"
+                f"the stream from {self.url} was interrupted: {type(exc).__name__}: {exc}",
+                code="backend_unavailable",
             ) from exc
 
     def counters(self) -> tuple[int, int]:

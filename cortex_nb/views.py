@@ -18,9 +18,27 @@ def _time(value: float | None):
     return datetime.fromtimestamp(value, tz=timezone.utc) if value else None
 
 
-JOB_COLUMNS = ["job_id", "name", "labels", "status", "detail", "base_model", "step", "total_steps", "loss_per_token",
-               "eval_loss_per_token", "duration", "lr", "lora_r", "batch_size", "steps", "devices", "failure_code",
-               "created_at", "finished_at"]
+JOB_COLUMNS = [
+    "job_id",
+    "name",
+    "labels",
+    "status",
+    "detail",
+    "base_model",
+    "step",
+    "total_steps",
+    "loss_per_token",
+    "eval_loss_per_token",
+    "duration",
+    "lr",
+    "lora_r",
+    "batch_size",
+    "steps",
+    "devices",
+    "failure_code",
+    "created_at",
+    "finished_at",
+]
 
 
 def jobs_frame(jobs: Sequence[dict[str, Any]], now: float | None = None) -> pd.DataFrame:
@@ -38,27 +56,31 @@ def jobs_frame(jobs: Sequence[dict[str, Any]], now: float | None = None) -> pd.D
         trainer = next((sub for sub in job["sub_jobs"] if sub["type"] == "training"), None)
         loop = job.get("training_loop") or {}
         duration = job_duration(job)
-        rows.append({
-            "job_id": job["job_id"],
-            "name": job.get("name"),
-            "labels": ", ".join(f"{key}={value}" for key, value in sorted((job.get("labels") or {}).items())),
-            "status": word,
-            "detail": detail,
-            "base_model": job["sub_jobs"][0]["base_model"] if job["sub_jobs"] else None,
-            "step": progress.get("step"),
-            "total_steps": progress.get("total_steps"),
-            "loss_per_token": progress.get("loss_per_token"),
-            "eval_loss_per_token": progress.get("eval_loss_per_token"),
-            "duration": clock(duration) if duration is not None else None,
-            "lr": ((trainer or {}).get("optimizer") or {}).get("lr"),
-            "lora_r": ((trainer or {}).get("lora") or {}).get("r"),
-            "batch_size": loop.get("batch_size"),
-            "steps": loop.get("steps"),
-            "devices": ", ".join(sorted({sub["device"] for sub in job["sub_jobs"] if sub.get("device")})),
-            "failure_code": job.get("failure_code"),
-            "created_at": _time(job.get("created_at")),
-            "finished_at": _time(job.get("finished_at")),
-        })
+        rows.append(
+            {
+                "job_id": job["job_id"],
+                "name": job.get("name"),
+                "labels": ", ".join(
+                    f"{key}={value}" for key, value in sorted((job.get("labels") or {}).items())
+                ),
+                "status": word,
+                "detail": detail,
+                "base_model": job["sub_jobs"][0]["base_model"] if job["sub_jobs"] else None,
+                "step": progress.get("step"),
+                "total_steps": progress.get("total_steps"),
+                "loss_per_token": progress.get("loss_per_token"),
+                "eval_loss_per_token": progress.get("eval_loss_per_token"),
+                "duration": clock(duration) if duration is not None else None,
+                "lr": ((trainer or {}).get("optimizer") or {}).get("lr"),
+                "lora_r": ((trainer or {}).get("lora") or {}).get("r"),
+                "batch_size": loop.get("batch_size"),
+                "steps": loop.get("steps"),
+                "devices": ", ".join(sorted({sub["device"] for sub in job["sub_jobs"] if sub.get("device")})),
+                "failure_code": job.get("failure_code"),
+                "created_at": _time(job.get("created_at")),
+                "finished_at": _time(job.get("finished_at")),
+            }
+        )
     return pd.DataFrame(rows, columns=JOB_COLUMNS)
 
 
@@ -90,14 +112,28 @@ def samples_frame(result: GenerateResult) -> pd.DataFrame:
                 "finish_reason": sample["finish_reason"],
             }
         )
-    return pd.DataFrame(rows, columns=["prompt", "sample_index", "sample", "logprob", "num_tokens", "finish_reason"])
+    return pd.DataFrame(
+        rows, columns=["prompt", "sample_index", "sample", "logprob", "num_tokens", "finish_reason"]
+    )
 
 
 def capacity_frame(capacity: dict[str, Any]) -> pd.DataFrame:
     import pandas as pd
 
-    columns = ["host", "id", "kind", "name", "memory_bytes", "slots", "slots_in_use", "slots_available", "sampler"]
-    return pd.DataFrame([{key: device.get(key) for key in columns} for device in capacity["devices"]], columns=columns)
+    columns = [
+        "host",
+        "id",
+        "kind",
+        "name",
+        "memory_bytes",
+        "slots",
+        "slots_in_use",
+        "slots_available",
+        "sampler",
+    ]
+    return pd.DataFrame(
+        [{key: device.get(key) for key in columns} for device in capacity["devices"]], columns=columns
+    )
 
 
 def hosts_text(capacity: dict[str, Any]) -> str:
@@ -109,16 +145,23 @@ def hosts_text(capacity: dict[str, Any]) -> str:
     rows = [("HOST", "DEVICES", "MODELS", "FREE SLOTS")]
     for host in hosts:
         models = host.get("models")
-        rows.append((
-            host["host"],
-            ", ".join(f"{device_id} ({kinds.get(device_id, '?')})" for device_id in host["devices"]),
-            ", ".join(models) if models is not None else "all registered",
-            f"{host['slots_available']}/{host['slots_total']}",
-        ))
+        rows.append(
+            (
+                host["host"],
+                ", ".join(f"{device_id} ({kinds.get(device_id, '?')})" for device_id in host["devices"]),
+                ", ".join(models) if models is not None else "all registered",
+                f"{host['slots_available']}/{host['slots_total']}",
+            )
+        )
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + "  " + row[3] for row in rows]
-    lines.append(f"{len(hosts)} host(s), {capacity['slots_available']}/{capacity['slots_total']} slots free,"
-                 f" {capacity.get('pending', 0)} job(s) queued")
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + "  " + row[3]
+        for row in rows
+    ]
+    lines.append(
+        f"{len(hosts)} host(s), {capacity['slots_available']}/{capacity['slots_total']} slots free,"
+        f" {capacity.get('pending', 0)} job(s) queued"
+    )
     return "\n".join(lines)
 
 
@@ -129,8 +172,18 @@ def models_frame(models: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame([{key: model.get(key) for key in columns} for model in models], columns=columns)
 
 
-RUN_COLUMNS = ["run_id", "name", "status", "failure_code", "exit_code", "isolation_tier", "devices", "created_at",
-               "finished_at", "submission_id"]
+RUN_COLUMNS = [
+    "run_id",
+    "name",
+    "status",
+    "failure_code",
+    "exit_code",
+    "isolation_tier",
+    "devices",
+    "created_at",
+    "finished_at",
+    "submission_id",
+]
 
 
 def runs_frame(runs: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -157,8 +210,16 @@ def runs_frame(runs: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
 # observability ---------------------------------------------------------------------------------------
 METRIC_COLUMNS = (
-    "gpu_utilization_percent", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_temperature_c", "gpu_power_watts",
-    "cpu_percent", "ram_used_bytes", "ram_total_bytes", "job_cpu_percent", "job_ram_bytes",
+    "gpu_utilization_percent",
+    "gpu_memory_used_bytes",
+    "gpu_memory_total_bytes",
+    "gpu_temperature_c",
+    "gpu_power_watts",
+    "cpu_percent",
+    "ram_used_bytes",
+    "ram_total_bytes",
+    "job_cpu_percent",
+    "job_ram_bytes",
 )
 
 
@@ -169,8 +230,12 @@ def metrics_frame(samples: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
     present = [name for name in METRIC_COLUMNS if any(name in sample for sample in samples)]
     rows = [
-        {"at": _time(sample["at"]), "device": sample["device"], **{name: sample.get(name) for name in present},
-         "sub_job_ids": ", ".join(sample.get("sub_job_ids", []))}
+        {
+            "at": _time(sample["at"]),
+            "device": sample["device"],
+            **{name: sample.get(name) for name in present},
+            "sub_job_ids": ", ".join(sample.get("sub_job_ids", [])),
+        }
         for sample in samples
     ]
     return pd.DataFrame(rows, columns=["at", "device", *present, "sub_job_ids"])
@@ -179,7 +244,16 @@ def metrics_frame(samples: Sequence[dict[str, Any]]) -> pd.DataFrame:
 def checkpoints_frame(checkpoints: Sequence[dict[str, Any]]) -> pd.DataFrame:
     import pandas as pd
 
-    columns = ["checkpoint_id", "type", "step", "created_at", "size_bytes", "sub_job_id", "base_model", "state_hash"]
+    columns = [
+        "checkpoint_id",
+        "type",
+        "step",
+        "created_at",
+        "size_bytes",
+        "sub_job_id",
+        "base_model",
+        "state_hash",
+    ]
     rows = [
         {**{key: checkpoint.get(key) for key in columns}, "created_at": _time(checkpoint.get("created_at"))}
         for checkpoint in checkpoints
@@ -214,9 +288,25 @@ def curves_frame(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
 
 
-RUN_TABLE_COLUMNS = ["job_id", "name", "status", "base_model", "lr", "lora_r", "lora_alpha", "batch_size", "max_seq_len",
-                     "steps", "seed", "step", "loss_per_token", "eval_loss_per_token", "tokens", "duration_s",
-                     "last_checkpoint"]
+RUN_TABLE_COLUMNS = [
+    "job_id",
+    "name",
+    "status",
+    "base_model",
+    "lr",
+    "lora_r",
+    "lora_alpha",
+    "batch_size",
+    "max_seq_len",
+    "steps",
+    "seed",
+    "step",
+    "loss_per_token",
+    "eval_loss_per_token",
+    "tokens",
+    "duration_s",
+    "last_checkpoint",
+]
 
 
 def runs_table(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -231,15 +321,27 @@ def runs_table(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
         loop = job.get("training_loop") or {}
         progress = job.get("progress") or {}
         lora = trainer.get("lora") or {}
-        rows.append({
-            "job_id": job["job_id"], "name": job.get("name"), "status": display_state(job)[0],
-            "base_model": trainer["base_model"], "lr": (trainer.get("optimizer") or {}).get("lr"),
-            "lora_r": lora.get("r"), "lora_alpha": lora.get("alpha"), "batch_size": loop.get("batch_size"),
-            "max_seq_len": loop.get("max_seq_len"), "steps": loop.get("steps"), "seed": loop.get("seed", trainer.get("seed")),
-            "step": progress.get("step"), "loss_per_token": progress.get("loss_per_token"),
-            "eval_loss_per_token": progress.get("eval_loss_per_token"), "tokens": progress.get("tokens"),
-            "duration_s": job_duration(job), "last_checkpoint": progress.get("last_checkpoint"),
-        })
+        rows.append(
+            {
+                "job_id": job["job_id"],
+                "name": job.get("name"),
+                "status": display_state(job)[0],
+                "base_model": trainer["base_model"],
+                "lr": (trainer.get("optimizer") or {}).get("lr"),
+                "lora_r": lora.get("r"),
+                "lora_alpha": lora.get("alpha"),
+                "batch_size": loop.get("batch_size"),
+                "max_seq_len": loop.get("max_seq_len"),
+                "steps": loop.get("steps"),
+                "seed": loop.get("seed", trainer.get("seed")),
+                "step": progress.get("step"),
+                "loss_per_token": progress.get("loss_per_token"),
+                "eval_loss_per_token": progress.get("eval_loss_per_token"),
+                "tokens": progress.get("tokens"),
+                "duration_s": job_duration(job),
+                "last_checkpoint": progress.get("last_checkpoint"),
+            }
+        )
     return pd.DataFrame(rows, columns=RUN_TABLE_COLUMNS)
 
 
@@ -251,13 +353,19 @@ def ab_frame(comparison: Comparison) -> pd.DataFrame:
     job_ids = [job["job_id"] for job in comparison.jobs]
     rows = []
     for sample in comparison.ab:
-        row = {"prompt": sample.prompt, "job_id": sample.job_id, "run": comparison.label(sample.job_id),
-               "sample": sample.text, "num_tokens": len(sample.tokens),
-               "logprob": sum(sample.logprobs[sample.job_id])}
+        row = {
+            "prompt": sample.prompt,
+            "job_id": sample.job_id,
+            "run": comparison.label(sample.job_id),
+            "sample": sample.text,
+            "num_tokens": len(sample.tokens),
+            "logprob": sum(sample.logprobs[sample.job_id]),
+        }
         for other in job_ids:
             if other != sample.job_id:
                 differences = sample.difference(other)
                 row[f"mean_logprob_diff_under_{other}"] = (
-                    sum(differences) / len(differences) if differences else None)
+                    sum(differences) / len(differences) if differences else None
+                )
         rows.append(row)
     return pd.DataFrame(rows)

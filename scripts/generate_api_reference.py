@@ -43,7 +43,7 @@ def render() -> str:
         f"API version {document['info']['version']}. The backend serves this API as an OpenAPI 3.1 document at",
         "`GET /v1/openapi.json` (no token needed); every body named below is a schema of that document",
         "(`components.schemas`), defined once in `cortex_nb/protocol/schemas/`. [api.md](api.md) explains the API;",
-        "this page lists it. Every error answer is `{\"error\": {\"code\", \"message\", \"detail\"}}`.",
+        'this page lists it. Every error answer is `{"error": {"code", "message", "detail"}}`.',
         "",
         "## Operations",
         "",
@@ -59,12 +59,15 @@ def render() -> str:
             errors = []
             for status, response in op["responses"].items():
                 if int(status) >= 400:
-                    codes = response["content"]["application/json"]["schema"]["properties"]["error"]["allOf"][1]
+                    codes = response["content"]["application/json"]["schema"]["properties"]["error"]["allOf"][
+                        1
+                    ]
                     errors += [f"`{code}`" for code in codes["properties"]["code"]["enum"]]
                     errors[-1] += f" ({status})"
             lines.append(
                 f"| `{op['operationId']}` | {method.upper()} `{path}` | {op.get('x-scope') or 'none'} | {body} |"
-                f" {success_status} {reply} | {', '.join(errors)} |")
+                f" {success_status} {reply} | {', '.join(errors)} |"
+            )
     lines += [
         "",
         "## Error codes",
@@ -92,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = TARGET.read_text() if TARGET.exists() else ""
         if current != expected:
-            print(f"{TARGET.relative_to(ROOT)} is out of date: run python scripts/generate_api_reference.py", file=sys.stderr)
+            print(
+                f"{TARGET.relative_to(ROOT)} is out of date: run python scripts/generate_api_reference.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     TARGET.write_text(expected)

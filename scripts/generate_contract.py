@@ -108,30 +108,79 @@ def display_state_cases() -> list[dict]:
     sampling = [{"type": "sampling"}]
     managed = {"source": "managed", "phase": "training", "step": 42, "total_steps": 80}
     return [
-        {"status": "pending", "queue": {"position": 2, "reason": "waiting for a cpu slot: 4/4 held by jobs q0, q1, q2",
-                                        "estimate_s": 35.0}, "sub_jobs": training},
-        {"status": "pending", "queue": {"position": 1, "reason": "waiting for a cpu slot", "estimate_s": None},
-         "sub_jobs": training},
-        {"status": "pending", "queue": {"position": 1, "reason": "waiting", "estimate_s": 3725.5}, "sub_jobs": training},
+        {
+            "status": "pending",
+            "queue": {
+                "position": 2,
+                "reason": "waiting for a cpu slot: 4/4 held by jobs q0, q1, q2",
+                "estimate_s": 35.0,
+            },
+            "sub_jobs": training,
+        },
+        {
+            "status": "pending",
+            "queue": {"position": 1, "reason": "waiting for a cpu slot", "estimate_s": None},
+            "sub_jobs": training,
+        },
+        {
+            "status": "pending",
+            "queue": {"position": 1, "reason": "waiting", "estimate_s": 3725.5},
+            "sub_jobs": training,
+        },
         {"status": "pending", "queue": None, "sub_jobs": training},
         {"status": "starting", "sub_jobs": training},
         {"status": "running", "progress": managed, "sub_jobs": training},
         {"status": "running", "progress": {**managed, "total_steps": None}, "sub_jobs": training},
-        {"status": "running", "progress": {**managed, "phase": "keep_alive"}, "keep_alive_until": NOW + 272.5,
-         "sub_jobs": training},
-        {"status": "running", "progress": {**managed, "phase": "keep_alive"}, "keep_alive_until": None,
-         "sub_jobs": training},
-        {"status": "running", "progress": {**managed, "phase": "finished"}, "idle": {"timeout_s": 300.0, "frees_at": NOW + 3.5},
-         "sub_jobs": training},
-        {"status": "running", "progress": None, "idle": {"timeout_s": 300.0, "frees_at": NOW - 2.0}, "sub_jobs": sampling},
-        {"status": "running", "progress": {"source": "primitive", "phase": "training", "step": 5, "total_steps": None},
-         "sub_jobs": training},
+        {
+            "status": "running",
+            "progress": {**managed, "phase": "keep_alive"},
+            "keep_alive_until": NOW + 272.5,
+            "sub_jobs": training,
+        },
+        {
+            "status": "running",
+            "progress": {**managed, "phase": "keep_alive"},
+            "keep_alive_until": None,
+            "sub_jobs": training,
+        },
+        {
+            "status": "running",
+            "progress": {**managed, "phase": "finished"},
+            "idle": {"timeout_s": 300.0, "frees_at": NOW + 3.5},
+            "sub_jobs": training,
+        },
+        {
+            "status": "running",
+            "progress": None,
+            "idle": {"timeout_s": 300.0, "frees_at": NOW - 2.0},
+            "sub_jobs": sampling,
+        },
+        {
+            "status": "running",
+            "progress": {"source": "primitive", "phase": "training", "step": 5, "total_steps": None},
+            "sub_jobs": training,
+        },
         {"status": "running", "progress": None, "sub_jobs": training},
         {"status": "running", "progress": None, "sub_jobs": sampling},
-        {"status": "failed", "failure_code": "worker_crashed", "failure_message": "the worker died", "sub_jobs": training},
-        {"status": "failed", "failure_code": "backend_restarted", "failure_message": None, "sub_jobs": training},
+        {
+            "status": "failed",
+            "failure_code": "worker_crashed",
+            "failure_message": "the worker died",
+            "sub_jobs": training,
+        },
+        {
+            "status": "failed",
+            "failure_code": "backend_restarted",
+            "failure_message": None,
+            "sub_jobs": training,
+        },
         {"status": "failed", "failure_code": None, "failure_message": None, "sub_jobs": training},
-        {"status": "cancelled", "failure_code": "cancelled", "failure_message": "cancelled by the user", "sub_jobs": training},
+        {
+            "status": "cancelled",
+            "failure_code": "cancelled",
+            "failure_message": "cancelled by the user",
+            "sub_jobs": training,
+        },
         {"status": "done", "progress": {**managed, "phase": "finished", "step": 80}, "sub_jobs": training},
     ]
 
@@ -140,7 +189,10 @@ def render_fixture() -> str:
     sys.path.insert(0, str(ROOT))
     from cortex_nb.protocol import states
 
-    cases = [{"job": job, "now": NOW, "expected": list(states.display_state(job, NOW))} for job in display_state_cases()]
+    cases = [
+        {"job": job, "now": NOW, "expected": list(states.display_state(job, NOW))}
+        for job in display_state_cases()
+    ]
     return json.dumps({"generated_by": "scripts/generate_contract.py", "cases": cases}, indent=1) + "\n"
 
 
@@ -211,9 +263,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     outputs = {TARGET: render(), FIXTURE: render_fixture()}
     if args.check:
-        stale = [path for path, text in outputs.items() if (path.read_text() if path.exists() else "") != text]
+        stale = [
+            path for path, text in outputs.items() if (path.read_text() if path.exists() else "") != text
+        ]
         for path in stale:
-            print(f"{path.relative_to(ROOT)} is out of date: run python scripts/generate_contract.py", file=sys.stderr)
+            print(
+                f"{path.relative_to(ROOT)} is out of date: run python scripts/generate_contract.py",
+                file=sys.stderr,
+            )
         return 1 if stale else 0
     for path, text in outputs.items():
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,10 @@ KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "nam
 def checked(cell) -> bool:
     """A cell nbval compares: a code cell with a `# NBVAL_CHECK_OUTPUT` comment line."""
     return cell.cell_type == "code" and any(
-        line.strip().lstrip("#").strip() == CHECK_MARKER for line in cell.source.splitlines() if line.strip().startswith("#"))
+        line.strip().lstrip("#").strip() == CHECK_MARKER
+        for line in cell.source.splitlines()
+        if line.strip().startswith("#")
+    )
 
 
 def strip(notebook) -> None:
@@ -56,7 +59,9 @@ def problems(notebook) -> list[str]:
             # nbval compares only cells with outputs and an execution count (it skips "unrun" ones).
             found.append(f"cell {index}: marked {CHECK_MARKER} but holds no reference output (run refresh)")
         if not checked(cell) and (cell.outputs or cell.execution_count is not None):
-            found.append(f"cell {index}: holds outputs or an execution count but is not marked {CHECK_MARKER}")
+            found.append(
+                f"cell {index}: holds outputs or an execution count but is not marked {CHECK_MARKER}"
+            )
         if "execution" in cell.metadata:
             found.append(f"cell {index}: timing metadata")
     return found
@@ -76,7 +81,12 @@ def refresh(path: Path) -> float:
     with tempfile.TemporaryDirectory(prefix="cortex-nb-refresh-") as scratch:
         print(f"{path.name}:", flush=True)
         started = time.monotonic()
-        executed = execute_notebook(read_notebook(path), path.parent, env={"CORTEX_LOCAL_DIR": str(Path(scratch) / "local")}, on_cell=show)
+        executed = execute_notebook(
+            read_notebook(path),
+            path.parent,
+            env={"CORTEX_LOCAL_DIR": str(Path(scratch) / "local")},
+            on_cell=show,
+        )
         elapsed = time.monotonic() - started
     strip(executed)
     write(executed, path)

@@ -60,8 +60,13 @@ class BackendProcess:
 
 
 def start_backend(
-    data_dir: Path, *args: str, timeout_s: float = 60.0, env: dict[str, str] | None = None, python: str | None = None,
-    prefix: list[str] | None = None, clean_env: dict[str, str] | None = None,
+    data_dir: Path,
+    *args: str,
+    timeout_s: float = 60.0,
+    env: dict[str, str] | None = None,
+    python: str | None = None,
+    prefix: list[str] | None = None,
+    clean_env: dict[str, str] | None = None,
 ) -> BackendProcess:
     """Start `cortex_backend serve` on an ephemeral port. `prefix` wraps the command (e.g. setpriv to run it
     as another user); `clean_env` replaces the environment instead of extending ours."""
@@ -74,9 +79,22 @@ def start_backend(
     else:
         environment = {**os.environ, **env} if env else None
     process = subprocess.Popen(
-        [*(prefix or []), python or sys.executable, "-m", "cortex_backend", "serve", "--port", "0",
-         "--data-dir", str(data_dir), *args],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        [
+            *(prefix or []),
+            python or sys.executable,
+            "-m",
+            "cortex_backend",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            str(data_dir),
+            *args,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
         env=environment,
     )
     log.close()
@@ -88,7 +106,9 @@ def start_backend(
             info = json.loads(endpoint.read_text())
             if info["pid"] == process.pid:
                 token = Path(info["admin_token_file"]).read_text().strip()
-                return BackendProcess(info["url"], token, data_dir, process, info.get("tls_fingerprint"), Path(log.name))
+                return BackendProcess(
+                    info["url"], token, data_dir, process, info.get("tls_fingerprint"), Path(log.name)
+                )
         time.sleep(0.05)
     process.kill()
     raise RuntimeError("backend did not start in time")

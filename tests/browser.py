@@ -13,8 +13,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = Path(os.environ.get("CORTEX_SCREENSHOT_DIR", ROOT / "artifacts" / "screenshots"))
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run", "--disable-quic",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
 ]
 
 

@@ -32,8 +32,15 @@ def backend(tmp_path_factory, gpt2_dir, llama_dir) -> BackendProcess:
     """One backend for the session, 8 CPU slots: `tiny`, the registered `small-gpt2`, and a small Llama with a
     Hugging Face tokenizer registered under a Hugging Face style name (`cortex-test/tiny-llama`)."""
     process = start_backend(
-        tmp_path_factory.mktemp("backend"), "--model", f"small-gpt2={gpt2_dir}", "--model", f"cortex-test/tiny-llama={llama_dir}",
-        "--devices", "cpu:8", "--worker-threads", "1"
+        tmp_path_factory.mktemp("backend"),
+        "--model",
+        f"small-gpt2={gpt2_dir}",
+        "--model",
+        f"cortex-test/tiny-llama={llama_dir}",
+        "--devices",
+        "cpu:8",
+        "--worker-threads",
+        "1",
     )
     yield process
     process.stop()
@@ -50,8 +57,15 @@ def tls_backend(tmp_path_factory) -> BackendProcess:
     """A backend serving HTTPS with the certificate `--tls self-signed` makes: `tiny`, 4 CPU slots.
     Its `fingerprint` is what clients pin (tests/test_tls.py, the Cortex SDK tests, the proxy test)."""
     process = start_backend(
-        tmp_path_factory.mktemp("tls-backend"), "--tls", "self-signed", "--devices", "cpu:4", "--worker-threads", "1",
-        "--warm-workers", "2",
+        tmp_path_factory.mktemp("tls-backend"),
+        "--tls",
+        "self-signed",
+        "--devices",
+        "cpu:4",
+        "--worker-threads",
+        "1",
+        "--warm-workers",
+        "2",
     )
     yield process
     process.stop()
@@ -59,7 +73,11 @@ def tls_backend(tmp_path_factory) -> BackendProcess:
 
 # source runs -----------------------------------------------------------------------------------
 # Planted in the runs backend's environment: a run must never see them (tests/test_runs_sandbox.py).
-RUNS_BACKEND_SECRETS = {"CORTEX_TOKEN": "ctx_planted-secret-token", "HF_TOKEN": "hf_planted-secret", "RUNS_TEST_CANARY": "canary-4711"}
+RUNS_BACKEND_SECRETS = {
+    "CORTEX_TOKEN": "ctx_planted-secret-token",
+    "HF_TOKEN": "hf_planted-secret",
+    "RUNS_TEST_CANARY": "canary-4711",
+}
 
 
 @pytest.fixture(scope="session")
@@ -67,8 +85,17 @@ def runs_backend(tmp_path_factory, gpt2_dir) -> BackendProcess:
     """A backend for source runs: 4 CPU slots, a 1 GiB address-space limit (so a memory hog fails
     fast), a 1 s kill grace, and planted secrets in its environment."""
     process = start_backend(
-        tmp_path_factory.mktemp("runs-backend"), "--model", f"small-gpt2={gpt2_dir}", "--devices", "cpu:4",
-        "--warm-workers", "0", "--run-address-space-mib", "1024", "--run-kill-grace", "1",
+        tmp_path_factory.mktemp("runs-backend"),
+        "--model",
+        f"small-gpt2={gpt2_dir}",
+        "--devices",
+        "cpu:4",
+        "--warm-workers",
+        "0",
+        "--run-address-space-mib",
+        "1024",
+        "--run-kill-grace",
+        "1",
         env=RUNS_BACKEND_SECRETS,
     )
     yield process

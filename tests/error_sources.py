@@ -15,8 +15,16 @@ import re
 
 from .import_graph import PACKAGES
 
-CODE_CALLS = {"ApiError": 0, "OperationError": 0, "CollectionFailure": 0, "PydanticCustomError": 0, "_field_error": 2, "end": 2, "sub_job_failed": 2,
-              "_finish": 2}
+CODE_CALLS = {
+    "ApiError": 0,
+    "OperationError": 0,
+    "CollectionFailure": 0,
+    "PydanticCustomError": 0,
+    "_field_error": 2,
+    "end": 2,
+    "sub_job_failed": 2,
+    "_finish": 2,
+}
 CODE_KEYWORDS = {"code", "failure_code", "error_code"}
 CODE_KEYS = {"code", "failure_code", "error_code"}
 ENDED_STATES = {"JOB_FAILED", "JOB_CANCELLED", "REQUEST_FAILED", "REQUEST_CANCELLED"}
@@ -34,7 +42,9 @@ def _literals(node: ast.AST) -> list[str]:
 
 
 def _names_code(target: ast.AST) -> bool:
-    return (isinstance(target, ast.Name) and target.id == "code") or (isinstance(target, ast.Attribute) and target.attr == "code")
+    return (isinstance(target, ast.Name) and target.id == "code") or (
+        isinstance(target, ast.Attribute) and target.attr == "code"
+    )
 
 
 def _is_message(node: ast.AST) -> bool:
@@ -66,7 +76,9 @@ def codes_in(tree: ast.AST) -> set[str]:
             found.update(_literals(node.value))
         elif isinstance(node, ast.Tuple) and len(node.elts) == 3 and _is_message(node.elts[2]):
             first = node.elts[0]
-            if isinstance(first, ast.Name) or (isinstance(first, ast.Attribute) and first.attr in ENDED_STATES):
+            if isinstance(first, ast.Name) or (
+                isinstance(first, ast.Attribute) and first.attr in ENDED_STATES
+            ):
                 found.update(_literals(node.elts[1]))
     return found
 

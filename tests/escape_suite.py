@@ -35,9 +35,22 @@ RUN_MEMORY_MIB = 256
 RUN_PROCESSES = 64
 RUN_DISK_MIB = 64
 RUN_TMP_MIB = 32
-BACKEND_ARGS = ("--devices", "cpu:2", "--warm-workers", "0", "--run-kill-grace", "1",
-                "--run-memory-mib", str(RUN_MEMORY_MIB), "--run-max-processes", str(RUN_PROCESSES),
-                "--run-disk-mib", str(RUN_DISK_MIB), "--run-tmp-mib", str(RUN_TMP_MIB))
+BACKEND_ARGS = (
+    "--devices",
+    "cpu:2",
+    "--warm-workers",
+    "0",
+    "--run-kill-grace",
+    "1",
+    "--run-memory-mib",
+    str(RUN_MEMORY_MIB),
+    "--run-max-processes",
+    str(RUN_PROCESSES),
+    "--run-disk-mib",
+    str(RUN_DISK_MIB),
+    "--run-tmp-mib",
+    str(RUN_TMP_MIB),
+)
 TIERS = ("root", "unprivileged")
 # What the last cases measured, per (tier, case): for the bench's table.
 OBSERVED: dict[tuple[str, str], str] = {}
@@ -91,7 +104,9 @@ def start_tier(name: str, root: Path) -> Tier:
         data_dir = root / "root-backend"
         data_dir.mkdir(parents=True)
         store = Store(data_dir / "cortex.sqlite3")
-        tokens = {owner: create_token(store, owner, ["jobs:read", "runs:write"]) for owner in ("alice", "bob")}
+        tokens = {
+            owner: create_token(store, owner, ["jobs:read", "runs:write"]) for owner in ("alice", "bob")
+        }
         store.close()
         # A run-uid pool of its own: on a shared machine the default one may be in use by other backends.
         base = 1_600_000_000 + secrets.randbelow(10**6) * 16
@@ -105,8 +120,15 @@ def start_tier(name: str, root: Path) -> Tier:
     except BaseException:
         user.remove()
         raise
-    return Tier(name, backend, user.home, [str(user.site_packages), str(Path(user.python).parent.parent)],
-                user.data_dir / "workspace", tokens, user)
+    return Tier(
+        name,
+        backend,
+        user.home,
+        [str(user.site_packages), str(Path(user.python).parent.parent)],
+        user.data_dir / "workspace",
+        tokens,
+        user,
+    )
 
 
 # listeners on the host ------------------------------------------------------------------------------
@@ -257,19 +279,30 @@ def case_filesystem_and_network(tier: Tier, work: Path) -> list[Escape]:
     canaries = _plant_canaries(places, owner_uid, secret)
     token = (tier.backend.data_dir / "admin.token").read_text().strip()
     args = {
-        "runtime": tier.runtime, "home": str(tier.home), "planted": planted, "canaries": [str(path) for path in canaries],
-        "token_file": str(tier.backend.data_dir / "admin.token"), "db_file": str(tier.backend.data_dir / "cortex.sqlite3"),
-        "workspace": str(tier.workspace), "tcp_port": listeners.tcp_port,
-        "backend_port": int(tier.backend.url.rsplit(":", 1)[1]), "unix_sockets": listeners.unix_paths,
-        "abstract": listeners.abstract, "append_bashrc": tier.user is not None,
+        "runtime": tier.runtime,
+        "home": str(tier.home),
+        "planted": planted,
+        "canaries": [str(path) for path in canaries],
+        "token_file": str(tier.backend.data_dir / "admin.token"),
+        "db_file": str(tier.backend.data_dir / "cortex.sqlite3"),
+        "workspace": str(tier.workspace),
+        "tcp_port": listeners.tcp_port,
+        "backend_port": int(tier.backend.url.rsplit(":", 1)[1]),
+        "unix_sockets": listeners.unix_paths,
+        "abstract": listeners.abstract,
+        "append_bashrc": tier.user is not None,
     }
     escapes: list[Escape] = []
     bashrc = tier.home / ".bashrc"
     bashrc_before = bashrc.stat().st_mtime_ns if bashrc.exists() else None
     try:
         with tier.client() as client:
-            spec = write_project(work, PROBE_MAIN % {"args": json.dumps(args)}, name="escape-probe",
-                                 outputs={"escapes": {"path": "escapes.json", "max_bytes": 1 << 20}})
+            spec = write_project(
+                work,
+                PROBE_MAIN % {"args": json.dumps(args)},
+                name="escape-probe",
+                outputs={"escapes": {"path": "escapes.json", "max_bytes": 1 << 20}},
+            )
             handle = client.run(spec)
             final = _finish(handle)
             if final["status"] != "done":
@@ -280,7 +313,8 @@ def case_filesystem_and_network(tier: Tier, work: Path) -> list[Escape]:
         for path in canaries:
             path.unlink(missing_ok=True)
     OBSERVED[(tier.name, "filesystem_and_network")] = (
-        f"{len(results)} probes; the host saw {len(listeners.accepted)} connection(s) and no planted file")
+        f"{len(results)} probes; the host saw {len(listeners.accepted)} connection(s) and no planted file"
+    )
     # Judged by what is really the host's: a write into a private tmpfs, or a listing of one, is no escape.
     for name, result in results.items():
         text = json.dumps(result["value"])
@@ -289,12 +323,25 @@ def case_filesystem_and_network(tier: Tier, work: Path) -> list[Escape]:
             escapes.append(Escape(name, text[:200]))
         elif name.startswith(("tcp:", "unix:", "new_user_namespace")) and result["ok"]:
             escapes.append(Escape(name, "connected" if name != "new_user_namespace" else "created"))
-    for folder in [*tier.runtime, str(tier.home), "/", "/usr", "/etc", "/var", "/opt", "/srv", "/root", "/home"]:
+    for folder in [
+        *tier.runtime,
+        str(tier.home),
+        "/",
+        "/usr",
+        "/etc",
+        "/var",
+        "/opt",
+        "/srv",
+        "/root",
+        "/home",
+    ]:
         path = Path(folder) / planted
         if path.exists():
             escapes.append(Escape("host_file_planted", str(path)))
             path.unlink()
-    if bashrc.exists() and (bashrc.stat().st_mtime_ns != bashrc_before or planted in bashrc.read_text(errors="replace")):
+    if bashrc.exists() and (
+        bashrc.stat().st_mtime_ns != bashrc_before or planted in bashrc.read_text(errors="replace")
+    ):
         escapes.append(Escape("host_bashrc_changed", str(bashrc)))
     for name in listeners.accepted:
         escapes.append(Escape("host_connection_arrived", name))
@@ -303,7 +350,7 @@ def case_filesystem_and_network(tier: Tier, work: Path) -> list[Escape]:
 
 LEFTOVER_PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/run", "/tmp/cortex-run/..")
 
-LEAVE_MAIN = r'''
+LEAVE_MAIN = r"""
 import json, os
 secret, places = %(secret)r, %(places)r
 left = []
@@ -317,9 +364,9 @@ for folder in places:
     except OSError:
         pass
 print("left", left)
-'''
+"""
 
-FIND_MAIN = r'''
+FIND_MAIN = r"""
 import json, os
 secret, places = %(secret)r, %(places)r
 found = []
@@ -336,7 +383,7 @@ for folder in places:
         except OSError:
             continue
 json.dump({"found": found}, open("found.json", "w"))
-'''
+"""
 
 
 def case_other_runs_leftovers(tier: Tier, work: Path) -> list[Escape]:
@@ -344,13 +391,22 @@ def case_other_runs_leftovers(tier: Tier, work: Path) -> list[Escape]:
     secret = secrets.token_hex(8)
     escapes: list[Escape] = []
     with tier.client("alice") as alice:
-        handle = alice.run(write_project(work / "leave", LEAVE_MAIN % {"secret": secret, "places": LEFTOVER_PLACES},
-                                         name="leave-files"))
+        handle = alice.run(
+            write_project(
+                work / "leave", LEAVE_MAIN % {"secret": secret, "places": LEFTOVER_PLACES}, name="leave-files"
+            )
+        )
         if _finish(handle)["status"] != "done":
             return [Escape("other_runs_leftovers", f"the leaving run failed: {handle.info}")]
     with tier.client("bob") as bob:
-        handle = bob.run(write_project(work / "find", FIND_MAIN % {"secret": secret, "places": LEFTOVER_PLACES},
-                                       name="find-files", outputs={"found": {"path": "found.json"}}))
+        handle = bob.run(
+            write_project(
+                work / "find",
+                FIND_MAIN % {"secret": secret, "places": LEFTOVER_PLACES},
+                name="find-files",
+                outputs={"found": {"path": "found.json"}},
+            )
+        )
         if _finish(handle)["status"] != "done":
             return [Escape("other_runs_leftovers", f"the finding run failed: {handle.info}")]
         found = json.loads(handle.outputs("found", work / "found.json").read_text())["found"]
@@ -365,7 +421,7 @@ def case_other_runs_leftovers(tier: Tier, work: Path) -> list[Escape]:
     return escapes
 
 
-FORK_BOMB_MAIN = r'''
+FORK_BOMB_MAIN = r"""
 import json, os, sys, time
 marker = sys.argv[1]
 forked, error = 0, None
@@ -379,33 +435,46 @@ while forked < 4096:
         os.execv("/bin/sleep", ["sleep", marker])
     forked += 1
 json.dump({"forked": forked, "error": error}, open("fork.json", "w"))
-'''
+"""
 
 
 def case_fork_bomb(tier: Tier, work: Path) -> list[Escape]:
     """Fork until refused: the run's process limit must hold, and nothing may be left after it ends."""
     marker = str(1_000_000 + secrets.randbelow(10**6))
     with tier.client() as client:
-        handle = client.run(write_project(work, FORK_BOMB_MAIN, name="fork-bomb", command=["python", "main.py", marker],
-                                          outputs={"fork": {"path": "fork.json"}}))
+        handle = client.run(
+            write_project(
+                work,
+                FORK_BOMB_MAIN,
+                name="fork-bomb",
+                command=["python", "main.py", marker],
+                outputs={"fork": {"path": "fork.json"}},
+            )
+        )
         final = _finish(handle)
         if final["status"] != "done":
             return [Escape("fork_bomb", f"the fork bomb did not finish: {final}")]
         result = json.loads(handle.outputs("fork", work / "fork.json").read_text())
         limit = handle.report()["limits"]["processes"]
     escapes = []
-    OBSERVED[(tier.name, "fork_bomb")] = f"forked {result['forked']} with a limit of {limit}, then: {result['error']}"
+    OBSERVED[(tier.name, "fork_bomb")] = (
+        f"forked {result['forked']} with a limit of {limit}, then: {result['error']}"
+    )
     if result["forked"] > limit:
         escapes.append(Escape("fork_bomb", f"forked {result['forked']} processes past a limit of {limit}"))
     deadline = time.monotonic() + 10
     while processes_with(f"sleep {marker}") and time.monotonic() < deadline:
         time.sleep(0.1)
     if processes_with(f"sleep {marker}"):
-        escapes.append(Escape("fork_bomb_leftovers", f"{len(processes_with(f'sleep {marker}'))} processes outlived the run"))
+        escapes.append(
+            Escape(
+                "fork_bomb_leftovers", f"{len(processes_with(f'sleep {marker}'))} processes outlived the run"
+            )
+        )
     return escapes
 
 
-MEMORY_MAIN = r'''
+MEMORY_MAIN = r"""
 import os, sys, time
 marker = sys.argv[1]
 for _ in range(4):
@@ -415,7 +484,7 @@ blocks = []
 while True:
     blocks.append(b"\1" * (16 * 1024 * 1024))  # touched, so it is really resident
     time.sleep(0.01)
-'''
+"""
 
 
 @contextmanager
@@ -451,28 +520,47 @@ def case_memory_fill(tier: Tier, work: Path) -> list[Escape]:
     """Five processes fill memory together (each alone stays under the limit only for a while)."""
     marker = f"memory-fill-{secrets.token_hex(4)}"
     with tier.client() as client, sampled_memory(marker) as peak:
-        handle = client.run(write_project(work, MEMORY_MAIN, name="memory-fill", command=["python", "main.py", marker],
-                                          timeout_seconds=60))
+        handle = client.run(
+            write_project(
+                work,
+                MEMORY_MAIN,
+                name="memory-fill",
+                command=["python", "main.py", marker],
+                timeout_seconds=60,
+            )
+        )
         final = _finish(handle)
         report = handle.report()
     escapes = []
     if final["status"] == "done" or final["failure_code"] not in ("workload_out_of_memory",):
-        escapes.append(Escape("memory_fill", f"the run was not stopped for memory: {final['status']} {final['failure_code']}"
-                                             f" {final['failure_message']}"))
+        escapes.append(
+            Escape(
+                "memory_fill",
+                f"the run was not stopped for memory: {final['status']} {final['failure_code']}"
+                f" {final['failure_message']}",
+            )
+        )
     mechanism = report["isolation"].get("memory", "")
-    OBSERVED[(tier.name, "memory_fill")] = f"peak {peak() / MIB:.0f} MiB of {RUN_MEMORY_MIB} MiB ({mechanism})"
+    OBSERVED[(tier.name, "memory_fill")] = (
+        f"peak {peak() / MIB:.0f} MiB of {RUN_MEMORY_MIB} MiB ({mechanism})"
+    )
     # A cgroup is a hard limit. A watched limit is not: it promises only that the run is stopped once its
     # total passes the limit (tested above); how far past depends on how fast it allocates.
     # The sampler's view and the cgroup's differ a little: file pages of the interpreter may be charged to
     # whoever read them first, outside the run's cgroup.
     allowance = RUN_MEMORY_MIB * MIB + 48 * MIB
     if mechanism != "watched" and peak() > allowance:
-        escapes.append(Escape("memory_fill", f"the host saw {peak() / MIB:.0f} MiB resident under a {mechanism or 'per-process'}"
-                                             f" limit of {RUN_MEMORY_MIB} MiB"))
+        escapes.append(
+            Escape(
+                "memory_fill",
+                f"the host saw {peak() / MIB:.0f} MiB resident under a {mechanism or 'per-process'}"
+                f" limit of {RUN_MEMORY_MIB} MiB",
+            )
+        )
     return escapes
 
 
-DISK_MAIN = r'''
+DISK_MAIN = r"""
 import os
 block = os.urandom(1024 * 1024)
 index = 0
@@ -481,7 +569,7 @@ while True:
         for _ in range(8):
             handle.write(block)
     index += 1
-'''
+"""
 
 
 def _allocated(root: Path) -> int:
@@ -511,11 +599,18 @@ def case_disk_fill(tier: Tier, work: Path) -> list[Escape]:
         mechanism = handle.report()["isolation"].get("disk", "")
     escapes = []
     if final["failure_code"] != "disk_quota_exceeded":
-        escapes.append(Escape("disk_fill", f"the run was not stopped by its quota: {final['status']} {final['failure_code']}"))
+        escapes.append(
+            Escape(
+                "disk_fill",
+                f"the run was not stopped by its quota: {final['status']} {final['failure_code']}",
+            )
+        )
     OBSERVED[(tier.name, "disk_fill")] = f"peak {peak / MIB:.0f} MiB of {RUN_DISK_MIB} MiB ({mechanism})"
     # A capped filesystem is a hard limit; a watched quota stops the run once passed (tested above).
     if mechanism == "capped" and peak > RUN_DISK_MIB * MIB:
-        escapes.append(Escape("disk_fill", f"the work dir reached {peak / MIB:.0f} MiB past a capped {RUN_DISK_MIB} MiB"))
+        escapes.append(
+            Escape("disk_fill", f"the work dir reached {peak / MIB:.0f} MiB past a capped {RUN_DISK_MIB} MiB")
+        )
     return escapes
 
 
@@ -531,7 +626,9 @@ DAEMONS = """
 def case_leftover_processes_after_cancel(tier: Tier, work: Path) -> list[Escape]:
     n = 1_000_000 + secrets.randbelow(10**6)
     with tier.client() as client:
-        handle = client.run(write_project(work, "", name="daemons", command=DAEMONS.format(n=n, n1=n + 1, n2=n + 2)))
+        handle = client.run(
+            write_project(work, "", name="daemons", command=DAEMONS.format(n=n, n1=n + 1, n2=n + 2))
+        )
         wait_for_log(handle, "daemons started")
         deadline = time.monotonic() + 10
         while len(processes_with(f"sleep {n}")) < 2 and time.monotonic() < deadline:
@@ -543,7 +640,9 @@ def case_leftover_processes_after_cancel(tier: Tier, work: Path) -> list[Escape]
         escapes.append(Escape("leftover_processes_after_cancel", f"the run ended {final['status']}"))
     left = processes_with(f"sleep {n}") + processes_with(f"time.sleep({n + 2})")
     if left:
-        escapes.append(Escape("leftover_processes_after_cancel", f"{len(left)} process(es) outlived the cancel"))
+        escapes.append(
+            Escape("leftover_processes_after_cancel", f"{len(left)} process(es) outlived the cancel")
+        )
     return escapes
 
 

@@ -23,7 +23,9 @@ class FuzzReport:
     statuses: collections.Counter = field(default_factory=collections.Counter)
     operations: set[str] = field(default_factory=set)
     failures: collections.Counter = field(default_factory=collections.Counter)  # check name -> count
-    errors: list[str] = field(default_factory=list)  # what schemathesis could not do (hung requests among them)
+    errors: list[str] = field(
+        default_factory=list
+    )  # what schemathesis could not do (hung requests among them)
 
     @property
     def server_errors(self) -> int:
@@ -36,18 +38,38 @@ def _failures_section(stdout: str) -> str:
     if start < 0:
         return stdout[-4000:]
     end = stdout.find("= WARNINGS =", start)
-    return stdout[start:end if end > 0 else None][:12000]
+    return stdout[start : end if end > 0 else None][:12000]
 
 
 def fuzz(url: str, token: str, report_dir: Path, seconds: int, seed: int = 1, workers: int = 1) -> FuzzReport:
     """`schemathesis run` for `seconds` against `url`'s own document, every request with `token`."""
-    command = [str(Path(sys.executable).with_name("schemathesis")), "run", f"{url}/v1/openapi.json",
-               "-H", f"Authorization: Bearer {token}", "--checks", CHECKS, "--max-time", str(seconds),
-               "--request-timeout", "30", "--workers", str(workers), "--seed", str(seed), "--no-color",
-               "--report", "ndjson", "--report-dir", str(report_dir)]
+    command = [
+        str(Path(sys.executable).with_name("schemathesis")),
+        "run",
+        f"{url}/v1/openapi.json",
+        "-H",
+        f"Authorization: Bearer {token}",
+        "--checks",
+        CHECKS,
+        "--max-time",
+        str(seconds),
+        "--request-timeout",
+        "30",
+        "--workers",
+        str(workers),
+        "--seed",
+        str(seed),
+        "--no-color",
+        "--report",
+        "ndjson",
+        "--report-dir",
+        str(report_dir),
+    ]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks", "PYTHONPATH": str(ROOT)}
     # From the report dir: schemathesis keeps a cache (.schemathesis/) in its working directory.
-    result = subprocess.run(command, cwd=report_dir, env=env, capture_output=True, text=True, timeout=seconds + 240)
+    result = subprocess.run(
+        command, cwd=report_dir, env=env, capture_output=True, text=True, timeout=seconds + 240
+    )
     report = FuzzReport(result.returncode, _failures_section(result.stdout) + result.stderr[-2000:])
     for path in report_dir.glob("*.ndjson"):
         for line in path.read_text().splitlines():

@@ -10,8 +10,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"cortex_nb": ROOT / "cortex_nb", "cortex_backend": ROOT / "backend" / "cortex_backend",
-            "cortex_server": ROOT / "server_extension" / "cortex_server"}
+PACKAGES = {
+    "cortex_nb": ROOT / "cortex_nb",
+    "cortex_backend": ROOT / "backend" / "cortex_backend",
+    "cortex_server": ROOT / "server_extension" / "cortex_server",
+}
 
 
 def module_files() -> dict[str, Path]:

@@ -56,13 +56,15 @@ def jupyter_env(home: Path, fresh_home: bool = False) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith(dropped)}
     if fresh_home:
         env["HOME"] = str(home)
-    env.update({
-        "JUPYTER_CONFIG_DIR": str(home / "config"),
-        "JUPYTER_DATA_DIR": str(home / "data"),
-        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
-        "IPYTHONDIR": str(home / "ipython"),
-        "JUPYTER_PLATFORM_DIRS": "1",
-    })
+    env.update(
+        {
+            "JUPYTER_CONFIG_DIR": str(home / "config"),
+            "JUPYTER_DATA_DIR": str(home / "data"),
+            "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+            "IPYTHONDIR": str(home / "ipython"),
+            "JUPYTER_PLATFORM_DIRS": "1",
+        }
+    )
     return env
 
 
@@ -122,8 +124,16 @@ def start_jupyter(
     if app == "lab":
         # No news or update toasts: nothing outside loopback is reachable, and a toast steals focus.
         (home / "config").mkdir(exist_ok=True)
-        (home / "config" / "jupyter_server_config.json").write_text(json.dumps({"LabApp": {
-            "news_url": None, "check_for_updates_class": "jupyterlab.handlers.announcements.NeverCheckForUpdate"}}))
+        (home / "config" / "jupyter_server_config.json").write_text(
+            json.dumps(
+                {
+                    "LabApp": {
+                        "news_url": None,
+                        "check_for_updates_class": "jupyterlab.handlers.announcements.NeverCheckForUpdate",
+                    }
+                }
+            )
+        )
         settings = home / "config" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
         settings.mkdir(parents=True, exist_ok=True)
         (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
@@ -135,13 +145,30 @@ def start_jupyter(
     log_path = home / f"jupyter-{app}.log"
     log = open(log_path, "ab")  # noqa: SIM115
     process = subprocess.Popen(
-        [sys.executable, "-m", module, "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
-         f"--IdentityProvider.token={token}", *(["--allow-root"] if os.geteuid() == 0 else []), f"--ServerApp.base_url={base_url}", f"--ServerApp.root_dir={home / 'root'}",
-         "--ServerApp.jpserver_extensions={'cortex_server': True}",
-         *([f"--CortexServerApp.backend_url={backend_url}", f"--CortexServerApp.token_file={token_file}"]
-           if backend_url is not None else []),
-         *extra_args],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=jupyter_env(home, fresh_home),
+        [
+            sys.executable,
+            "-m",
+            module,
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            "--port-retries=0",
+            f"--IdentityProvider.token={token}",
+            *(["--allow-root"] if os.geteuid() == 0 else []),
+            f"--ServerApp.base_url={base_url}",
+            f"--ServerApp.root_dir={home / 'root'}",
+            "--ServerApp.jpserver_extensions={'cortex_server': True}",
+            *(
+                [f"--CortexServerApp.backend_url={backend_url}", f"--CortexServerApp.token_file={token_file}"]
+                if backend_url is not None
+                else []
+            ),
+            *extra_args,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=jupyter_env(home, fresh_home),
         start_new_session=True,
     )
     log.close()
@@ -158,7 +185,12 @@ def start_jupyter(
             if info:
                 jupyter = JupyterProcess(info["url"], token, home / "runtime", process, log_path)
                 try:
-                    if httpx.get(jupyter.url + "api/status", headers=jupyter.headers(), timeout=5).status_code == 200:
+                    if (
+                        httpx.get(
+                            jupyter.url + "api/status", headers=jupyter.headers(), timeout=5
+                        ).status_code
+                        == 200
+                    ):
                         return jupyter
                 except httpx.HTTPError:
                     pass

@@ -28,7 +28,9 @@ class Kernel:
         def collect(message: dict) -> None:
             kind, content = message["msg_type"], message["content"]
             if kind == "stream":
-                (errors if content["name"] == "stderr" and "Error" in content["text"] else printed).append(content["text"])
+                (errors if content["name"] == "stderr" and "Error" in content["text"] else printed).append(
+                    content["text"]
+                )
             elif kind in ("execute_result", "display_data"):
                 printed.append(content["data"].get("text/plain", "") + "\n")
             elif kind == "error":

@@ -29,12 +29,24 @@ def build_gpt2_dir(path: Path, seed: int = 7) -> Path:
     tokenizer.train_from_iterator(CORPUS * 20, trainer)
     tokenizer.save(str(path / "tokenizer.json"))
     eos = tokenizer.token_to_id("<|endoftext|>")
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "model_max_length": 256, "tokenizer_class": "GPT2Tokenizer"}
-    ))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|endoftext|>",
+                "model_max_length": 256,
+                "tokenizer_class": "GPT2Tokenizer",
+            }
+        )
+    )
     config = GPT2Config(
-        vocab_size=tokenizer.get_vocab_size(), n_positions=256, n_embd=64, n_layer=2, n_head=4,
-        bos_token_id=eos, eos_token_id=eos,
+        vocab_size=tokenizer.get_vocab_size(),
+        n_positions=256,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=eos,
+        eos_token_id=eos,
     )
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(config)
@@ -59,14 +71,28 @@ def build_llama_dir(path: Path, seed: int = 11) -> Path:
     tokenizer.train_from_iterator(CORPUS * 20, trainer)
     tokenizer.save(str(path / "tokenizer.json"))
     eos = tokenizer.token_to_id("<|endoftext|>")
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "model_max_length": 512,
-         "tokenizer_class": "PreTrainedTokenizerFast"}
-    ))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|endoftext|>",
+                "model_max_length": 512,
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            }
+        )
+    )
     config = LlamaConfig(
-        vocab_size=tokenizer.get_vocab_size(), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=eos,
-        eos_token_id=eos, tie_word_embeddings=False, rms_norm_eps=1e-5,
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-5,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
@@ -98,19 +124,39 @@ def build_char_llama_dir(path: Path, seed: int = 11) -> Path:
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
     tokenizer.decoder = decoders.Metaspace(prepend_scheme="never")
-    alphabet = sorted(set("".join(LLAMA_CORPUS)) | set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+    alphabet = sorted(
+        set("".join(LLAMA_CORPUS)) | set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    )
     special = ["<s>", "</s>", "<unk>"]
-    trainer = trainers.BpeTrainer(vocab_size=len(alphabet) + len(special), special_tokens=special, initial_alphabet=alphabet)
+    trainer = trainers.BpeTrainer(
+        vocab_size=len(alphabet) + len(special), special_tokens=special, initial_alphabet=alphabet
+    )
     tokenizer.train_from_iterator(LLAMA_CORPUS * 20, trainer)
     tokenizer.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "model_max_length": 512, "add_bos_token": False,
-    }))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "model_max_length": 512,
+                "add_bos_token": False,
+            }
+        )
+    )
     config = LlamaConfig(
-        vocab_size=tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
-        bos_token_id=tokenizer.token_to_id("<s>"), eos_token_id=tokenizer.token_to_id("</s>"), tie_word_embeddings=False,
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        bos_token_id=tokenizer.token_to_id("<s>"),
+        eos_token_id=tokenizer.token_to_id("</s>"),
+        tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

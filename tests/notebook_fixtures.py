@@ -64,7 +64,14 @@ def cortex_shell(backend):
 
 def train_spec(steps: int = 20, **extra: Any) -> str:
     """A YAML body for `%%cortex train` on the shipped demo text."""
-    lines = ["base_model: tiny", f"data: {DEMO_TEXT}", f"steps: {steps}", "batch_size: 4", "max_seq_len: 64",
-             "optimizer: {lr: 0.003}", "lora: {r: 16, alpha: 32}"]
+    lines = [
+        "base_model: tiny",
+        f"data: {DEMO_TEXT}",
+        f"steps: {steps}",
+        "batch_size: 4",
+        "max_seq_len: 64",
+        "optimizer: {lr: 0.003}",
+        "lora: {r: 16, alpha: 32}",
+    ]
     lines += [f"{key}: {value}" for key, value in extra.items()]
     return "\n".join(lines) + "\n"

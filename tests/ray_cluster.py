@@ -27,7 +27,11 @@ from .backend_process import BackendProcess, start_backend
 
 OBJECT_STORE = "100M"
 # Ray notices a host gone after `period x threshold` of missed health checks (Ray's default is ~15 s).
-RAY_ENV = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4", "RAY_health_check_timeout_ms": "1000"}
+RAY_ENV = {
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_failure_threshold": "4",
+    "RAY_health_check_timeout_ms": "1000",
+}
 START_TIMEOUT_S = 420.0
 
 
@@ -38,7 +42,11 @@ class JoinedHost:
     log_path: Path
 
     def raylet(self) -> psutil.Process:
-        return next(child for child in psutil.Process(self.process.pid).children(recursive=True) if child.name() == "raylet")
+        return next(
+            child
+            for child in psutil.Process(self.process.pid).children(recursive=True)
+            if child.name() == "raylet"
+        )
 
     def kill(self) -> None:
         """The test is over: the host's whole process group (Ray's processes and actors on it) goes at once."""
@@ -63,9 +71,26 @@ class RayCluster:
         log_path = self.backend.data_dir / f"host-{name}.log"
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "cortex_nb.cli", "host", "join", self.ray_address, "--name", name, "--devices", "cpu:1",
-                 "--object-store", OBJECT_STORE, "--block", *args],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "cortex_nb.cli",
+                    "host",
+                    "join",
+                    self.ray_address,
+                    "--name",
+                    name,
+                    "--devices",
+                    "cpu:1",
+                    "--object-store",
+                    OBJECT_STORE,
+                    "--block",
+                    *args,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
                 env={**os.environ, **RAY_ENV},
             )
         host = JoinedHost(name, process, log_path)
@@ -86,7 +111,9 @@ class RayCluster:
                 return names
             for host in self.hosts.values():
                 if host.process.poll() is not None and host.name not in names and "left" not in what:
-                    raise RuntimeError(f"host {host.name} exited {host.process.returncode}:\n{host.log_path.read_text()[-3000:]}")
+                    raise RuntimeError(
+                        f"host {host.name} exited {host.process.returncode}:\n{host.log_path.read_text()[-3000:]}"
+                    )
             time.sleep(0.5)
         raise TimeoutError(f"waited {timeout_s:.0f} s for {what}; hosts now {sorted(self.host_names())}")
 
@@ -103,9 +130,24 @@ def start_ray_cluster(data_dir: Path, *backend_args: str) -> RayCluster:
     temp_dir = Path(tempfile.mkdtemp(prefix="crt", dir="/tmp"))
     try:
         backend = start_backend(
-            data_dir, "--executor", "ray", "--devices", "cpu:1", "--host-name", "a", "--ray-port", "0",
-            "--ray-temp-dir", str(temp_dir), "--ray-object-store", OBJECT_STORE, "--worker-threads", "1", *backend_args,
-            timeout_s=START_TIMEOUT_S, env=RAY_ENV,
+            data_dir,
+            "--executor",
+            "ray",
+            "--devices",
+            "cpu:1",
+            "--host-name",
+            "a",
+            "--ray-port",
+            "0",
+            "--ray-temp-dir",
+            str(temp_dir),
+            "--ray-object-store",
+            OBJECT_STORE,
+            "--worker-threads",
+            "1",
+            *backend_args,
+            timeout_s=START_TIMEOUT_S,
+            env=RAY_ENV,
         )
     except BaseException:
         shutil.rmtree(temp_dir, ignore_errors=True)

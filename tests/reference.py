@@ -22,11 +22,15 @@ def reference_base(model: str, model_dir: Path | None = None) -> torch.nn.Module
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
 
 
-def reference_lora(base: torch.nn.Module, r: int, alpha: float, seed: int, target_modules="all-linear") -> torch.nn.Module:
+def reference_lora(
+    base: torch.nn.Module, r: int, alpha: float, seed: int, target_modules="all-linear"
+) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=target_modules, task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=target_modules, task_type="CAUSAL_LM"
+    )
     return get_peft_model(base, config)
 
 
@@ -59,7 +63,9 @@ class ReferenceTrainer:
         return float(loss.item()), logprobs.detach().numpy()
 
 
-def random_batch(rng: np.random.Generator, vocab: int, batch: int, length: int, pad_tail: bool = True) -> dict[str, np.ndarray]:
+def random_batch(
+    rng: np.random.Generator, vocab: int, batch: int, length: int, pad_tail: bool = True
+) -> dict[str, np.ndarray]:
     """Random tokens with a padded tail on some rows (weight 0, attention 0) to exercise masking."""
     tokens = rng.integers(0, vocab, size=(batch, length + 1))
     weights = rng.uniform(0.5, 1.5, size=(batch, length)).astype(np.float32)

@@ -13,16 +13,28 @@ import yaml
 from cortex_nb.protocol.states import JOB_TERMINAL
 
 
-def write_project(folder: Path, main_py: str, *, name: str = "test-run", extra_files: dict[str, str] | None = None,
-                  **spec: Any) -> Path:
+def write_project(
+    folder: Path,
+    main_py: str,
+    *,
+    name: str = "test-run",
+    extra_files: dict[str, str] | None = None,
+    **spec: Any,
+) -> Path:
     """Write main.py (dedented), extra files and a cortex.yaml; returns the spec's path."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "main.py").write_text(textwrap.dedent(main_py))
     for relative, text in (extra_files or {}).items():
         (folder / relative).parent.mkdir(parents=True, exist_ok=True)
         (folder / relative).write_text(text)
-    document = {"version": 1, "name": name, "source": {"include": ["*.py"]}, "command": ["python", "main.py"],
-                "timeout_seconds": 120, **spec}
+    document = {
+        "version": 1,
+        "name": name,
+        "source": {"include": ["*.py"]},
+        "command": ["python", "main.py"],
+        "timeout_seconds": 120,
+        **spec,
+    }
     path = folder / "cortex.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
@@ -54,6 +66,8 @@ def wait_for_log(handle, text: str, timeout_s: float = 60.0) -> list[str]:
         if any(text in line for line in lines):
             return lines
         if handle.status() in JOB_TERMINAL:
-            raise AssertionError(f"run ended {handle.info['status']} ({handle.info.get('failure_message')}) before logging {text!r}: {lines}")
+            raise AssertionError(
+                f"run ended {handle.info['status']} ({handle.info.get('failure_message')}) before logging {text!r}: {lines}"
+            )
         time.sleep(0.2)
     raise AssertionError(f"no log line with {text!r} within {timeout_s}s")

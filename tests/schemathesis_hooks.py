@@ -16,7 +16,9 @@ import schemathesis
 MAX_WAIT_S = 0.2
 
 
-@schemathesis.serializer("application/vnd.cortex.frame+safetensors", "application/x-ndjson", "application/x-tar")
+@schemathesis.serializer(
+    "application/vnd.cortex.frame+safetensors", "application/x-ndjson", "application/x-tar"
+)
 def raw_bytes(ctx: Any, value: Any) -> bytes:
     if isinstance(value, bytes):
         return value

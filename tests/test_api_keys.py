@@ -23,9 +23,15 @@ def test_a_tinker_key_authenticates_as_x_api_key_or_bearer(backend):
 
 def test_a_tinker_key_keeps_its_scopes_and_its_owner(backend, client):
     reader = create_token(backend.data_dir, "tim", "jobs:read", tinker=True)
-    refused = httpx.post(backend.url + "/v1/jobs", headers={"X-API-Key": reader},
-                         json={"sub_jobs": [{"type": "sampling", "base_model": "tiny"}]}, timeout=30)
-    assert refused.status_code == 403 and refused.json()["error"]["detail"]["missing_scopes"] == ["jobs:write"]
+    refused = httpx.post(
+        backend.url + "/v1/jobs",
+        headers={"X-API-Key": reader},
+        json={"sub_jobs": [{"type": "sampling", "base_model": "tiny"}]},
+        timeout=30,
+    )
+    assert refused.status_code == 403 and refused.json()["error"]["detail"]["missing_scopes"] == [
+        "jobs:write"
+    ]
     # Another owner's job is as invisible to a Tinker key as to any token.
     job = client.create_sampler("tiny")
     try:

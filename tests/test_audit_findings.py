@@ -53,29 +53,61 @@ def test_non_finite_numbers_are_refused(backend, running_job, constant):
     }
     for path, templates in bodies.items():
         for template in templates:
-            error = _assert_error(_post(backend, path, content=(template % constant).encode(),
-                                        headers={"Content-Type": "application/json"}), 400, "invalid_json")
+            error = _assert_error(
+                _post(
+                    backend,
+                    path,
+                    content=(template % constant).encode(),
+                    headers={"Content-Type": "application/json"},
+                ),
+                400,
+                "invalid_json",
+            )
             assert constant.lstrip("-") in error["message"]
     batch = random_batch(np.random.default_rng(0), 259, 1, 8)
     batch["logprobs"] = np.zeros((1, 8), np.float32)
     batch["advantages"] = np.ones((1, 8), np.float32)
-    frame = wire.encode_frame(batch, {"loss_fn": "ppo", "loss_fn_config": {"clip_low_threshold": float(constant)}})
-    _assert_error(_post(backend, f"/v1/jobs/{running_job}/forward_backward", content=frame, headers=FRAME_HEADERS),
-                  400, "invalid_frame")
+    frame = wire.encode_frame(
+        batch, {"loss_fn": "ppo", "loss_fn_config": {"clip_low_threshold": float(constant)}}
+    )
+    _assert_error(
+        _post(backend, f"/v1/jobs/{running_job}/forward_backward", content=frame, headers=FRAME_HEADERS),
+        400,
+        "invalid_frame",
+    )
     batch["advantages"][0, 0] = float(constant)
-    _assert_error(_post(backend, f"/v1/jobs/{running_job}/forward_backward", content=wire.encode_frame(batch, {"loss_fn": "ppo"}),
-                        headers=FRAME_HEADERS), 400, "invalid_batch")
+    _assert_error(
+        _post(
+            backend,
+            f"/v1/jobs/{running_job}/forward_backward",
+            content=wire.encode_frame(batch, {"loss_fn": "ppo"}),
+            headers=FRAME_HEADERS,
+        ),
+        400,
+        "invalid_batch",
+    )
     _healthy(backend, running_job)
 
 
 def test_numbers_have_upper_bounds(backend):
-    error = _assert_error(_post(backend, "/v1/jobs", json={"hardware": {"min_memory_gib": 1e300},
-                                                           "sub_jobs": [{"type": "sampling", "base_model": "tiny"}]}),
-                          400, "invalid_field")
+    error = _assert_error(
+        _post(
+            backend,
+            "/v1/jobs",
+            json={
+                "hardware": {"min_memory_gib": 1e300},
+                "sub_jobs": [{"type": "sampling", "base_model": "tiny"}],
+            },
+        ),
+        400,
+        "invalid_field",
+    )
     assert error["detail"]["field"] == "hardware.min_memory_gib"
     for field, value in (("alpha", 1e300), ("r", 10**30)):
         body = {"sub_jobs": [{"type": "training", "base_model": "tiny", "lora": {field: value}}]}
-        assert _assert_error(_post(backend, "/v1/jobs", json=body), 400, "invalid_field")["detail"]["field"].endswith(field)
+        assert _assert_error(_post(backend, "/v1/jobs", json=body), 400, "invalid_field")["detail"][
+            "field"
+        ].endswith(field)
 
 
 def test_a_diverged_loss_is_answered_as_strict_json(backend, running_job):
@@ -86,12 +118,17 @@ def test_a_diverged_loss_is_answered_as_strict_json(backend, running_job):
     with Client(backend.url, backend.token) as client:
         request_id = client.forward_backward(running_job, batch, "importance_sampling")
         client.poll_request(running_job, request_id)
-    response = httpx.get(f"{backend.url}/v1/jobs/{running_job}/requests/{request_id}",
-                         headers={"Authorization": f"Bearer {backend.token}"}, timeout=30)
+    response = httpx.get(
+        f"{backend.url}/v1/jobs/{running_job}/requests/{request_id}",
+        headers={"Authorization": f"Bearer {backend.token}"},
+        timeout=30,
+    )
     assert response.status_code == 200
     body = _strict(response)
     assert body["result"]["loss"] is None  # infinity, written as null
-    listing = httpx.get(f"{backend.url}/v1/jobs", headers={"Authorization": f"Bearer {backend.token}"}, timeout=30)
+    listing = httpx.get(
+        f"{backend.url}/v1/jobs", headers={"Authorization": f"Bearer {backend.token}"}, timeout=30
+    )
     _strict(listing)
 
 
@@ -99,25 +136,50 @@ def test_a_diverged_loss_is_answered_as_strict_json(backend, running_job):
 def test_malformed_input_is_a_400_never_a_500(backend, running_job):
     deep = b"[" * 100_000 + b"]" * 100_000
     _assert_error(_post(backend, "/v1/jobs", content=deep), 400, "invalid_json")
-    _assert_error(_post(backend, "/v1/jobs", content=b'{"job_id": ' + b"7" * 5000 + b"}"), 400, "invalid_json")
+    _assert_error(
+        _post(backend, "/v1/jobs", content=b'{"job_id": ' + b"7" * 5000 + b"}"), 400, "invalid_json"
+    )
 
     def frame_with_header(header: bytes) -> bytes:
         return struct.pack("<Q", len(header)) + header
 
-    for header in (b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", b'{"a": {"dtype": "F32", "shape": [' + b"9" * 5000 + b"]}}",
-                   b'{"a": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}', b'{"__metadata__": [1]}',
-                   b'{"__metadata__": {"cortex": {"loss_fn": "ppo"}}}'):
-        _assert_error(_post(backend, f"/v1/jobs/{running_job}/forward_backward", content=frame_with_header(header),
-                            headers=FRAME_HEADERS), 400, "invalid_frame")
+    for header in (
+        b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"a": {"dtype": "F32", "shape": [' + b"9" * 5000 + b"]}}",
+        b'{"a": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}',
+        b'{"__metadata__": [1]}',
+        b'{"__metadata__": {"cortex": {"loss_fn": "ppo"}}}',
+    ):
+        _assert_error(
+            _post(
+                backend,
+                f"/v1/jobs/{running_job}/forward_backward",
+                content=frame_with_header(header),
+                headers=FRAME_HEADERS,
+            ),
+            400,
+            "invalid_frame",
+        )
     for tokens in ([[-1]], [[10**12]], [[259]]):
-        error = _assert_error(_post(backend, "/v1/models/tiny/detokenize", json={"tokens": tokens}), 400, "invalid_field")
+        error = _assert_error(
+            _post(backend, "/v1/models/tiny/detokenize", json={"tokens": tokens}), 400, "invalid_field"
+        )
         assert "outside" in error["message"]
-    _assert_error(_post(backend, "/v1/models/tiny/tokenize", json={"texts": ["x" * (2 << 20)]}), 400, "invalid_field")
+    _assert_error(
+        _post(backend, "/v1/models/tiny/tokenize", json={"texts": ["x" * (2 << 20)]}), 400, "invalid_field"
+    )
     chunk = b"abc"
     for index, count in (("\u00b2", "1"), ("0", "\u00b2"), ("0", "\u0663")):
-        response = httpx.put(f"{backend.url}/v1/uploads/up-1/chunks/{index}", content=chunk, timeout=30,
-                             headers={"Authorization": f"Bearer {backend.token}", wire.CHUNK_COUNT_HEADER: count.encode(),
-                                      wire.CHUNK_SHA_HEADER: wire.sha256_hex(chunk)})
+        response = httpx.put(
+            f"{backend.url}/v1/uploads/up-1/chunks/{index}",
+            content=chunk,
+            timeout=30,
+            headers={
+                "Authorization": f"Bearer {backend.token}",
+                wire.CHUNK_COUNT_HEADER: count.encode(),
+                wire.CHUNK_SHA_HEADER: wire.sha256_hex(chunk),
+            },
+        )
         _assert_error(response, 400, "invalid_field")
     _healthy(backend, running_job)
 
@@ -126,22 +188,40 @@ def test_malformed_input_is_a_400_never_a_500(backend, running_job):
 def test_ids_ending_in_a_newline_are_refused(backend, running_job, tmp_path):
     for job_id in ("abc\n", "abc\r\n"):
         body = {"job_id": job_id, "sub_jobs": [{"type": "sampling", "base_model": "tiny"}]}
-        assert _assert_error(_post(backend, "/v1/jobs", json=body), 400, "invalid_field")["detail"]["field"] == "job_id"
+        assert (
+            _assert_error(_post(backend, "/v1/jobs", json=body), 400, "invalid_field")["detail"]["field"]
+            == "job_id"
+        )
     response = _post(backend, f"/v1/jobs/{running_job}/save", json={"checkpoint_id": "ck\n"})
     assert response.status_code == 400, response.text
     spec = {"version": 1, "name": "newline\n", "command": ["true"]}
     _assert_error(_post(backend, "/v1/runs", json={"spec": spec}), 400, "spec_invalid")
     spec = {"version": 1, "name": "ok", "command": ["true"], "outputs": {"out\n": "out.txt"}}
     _assert_error(_post(backend, "/v1/runs", json={"spec": spec}), 400, "spec_invalid")
-    _assert_error(_post(backend, "/v1/runs", json={"submission_id": "s\n", "spec": {"version": 1, "name": "ok", "command": ["true"]}}),
-                  400, "invalid_field")
+    _assert_error(
+        _post(
+            backend,
+            "/v1/runs",
+            json={"submission_id": "s\n", "spec": {"version": 1, "name": "ok", "command": ["true"]}},
+        ),
+        400,
+        "invalid_field",
+    )
 
 
 # finding 11 ----------------------------------------------------------------------------------------
 def test_a_frame_without_a_loss_is_refused(backend, running_job):
     batch = random_batch(np.random.default_rng(0), 259, 1, 8)
-    error = _assert_error(_post(backend, f"/v1/jobs/{running_job}/forward_backward", content=wire.encode_frame(batch, {}),
-                                headers=FRAME_HEADERS), 400, "invalid_frame")
+    error = _assert_error(
+        _post(
+            backend,
+            f"/v1/jobs/{running_job}/forward_backward",
+            content=wire.encode_frame(batch, {}),
+            headers=FRAME_HEADERS,
+        ),
+        400,
+        "invalid_frame",
+    )
     assert error["detail"]["field"] == "loss_fn"
     _healthy(backend, running_job)
 
@@ -164,8 +244,12 @@ def test_an_early_refusal_keeps_the_client_connection_usable(backend, reader, ca
     connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
     try:
         body = json.dumps({"sub_jobs": [{"type": "sampling", "base_model": "tiny", "pad": "x" * 200_000}]})
-        connection.request(method, path, body=body, headers={"Authorization": f"Bearer {token}",
-                                                              "Content-Type": "application/json"})
+        connection.request(
+            method,
+            path,
+            body=body,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
         refused = connection.getresponse()
         refused.read()
         assert refused.status in (401, 403, 404, 405)
@@ -183,8 +267,10 @@ def test_a_refusal_after_the_body_was_read_keeps_the_connection_alive(backend):
     raw = socket.create_connection((address.hostname, address.port), timeout=30)
     try:
         body = b"{not json"
-        request = (f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {backend.token}\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        request = (
+            f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {backend.token}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
         raw.sendall(request + b"GET /version HTTP/1.1\r\nHost: x\r\n\r\n")
         received = b""
         while received.count(b"HTTP/1.1 ") < 2 or not received.rstrip().endswith(b"}"):
@@ -211,12 +297,17 @@ def test_a_job_named_like_a_run_never_reads_its_logs(runs_backend, owners, tmp_p
         assert handle.wait(120)["status"] == "done"
         assert any("alice private line" in line for line in handle.logs())
     body = {"job_id": handle.run_id, "sub_jobs": [{"type": "sampling", "base_model": "tiny"}]}
-    error = _assert_error(_post(runs_backend, "/v1/jobs", token=owners["bob-audit"], json=body), 400, "invalid_field")
+    error = _assert_error(
+        _post(runs_backend, "/v1/jobs", token=owners["bob-audit"], json=body), 400, "invalid_field"
+    )
     assert error["detail"]["field"] == "job_id" and "run-" in error["message"]
     # Whatever id a job has, its logs are job logs: the run's lines are not there.
     for token in (owners["bob-audit"], runs_backend.token):
-        response = httpx.get(f"{runs_backend.url}/v1/jobs/{handle.run_id}/logs",
-                             headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        response = httpx.get(
+            f"{runs_backend.url}/v1/jobs/{handle.run_id}/logs",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
         assert response.status_code == 404 and "alice private line" not in response.text
 
 
@@ -226,8 +317,11 @@ def test_an_admin_reads_run_logs_redacted_and_the_owner_does_not(runs_backend, o
         handle = alice.run(write_project(tmp_path, f"print('my token={secret}')", name="leaky"))
         assert handle.wait(120)["status"] == "done"
         assert any(secret in line for line in handle.logs())
-    response = httpx.get(f"{runs_backend.url}/v1/runs/{handle.run_id}/logs",
-                         headers={"Authorization": f"Bearer {runs_backend.token}"}, timeout=30)
+    response = httpx.get(
+        f"{runs_backend.url}/v1/runs/{handle.run_id}/logs",
+        headers={"Authorization": f"Bearer {runs_backend.token}"},
+        timeout=30,
+    )
     lines = [line["line"] for line in response.json()["lines"]]
     assert any("my token=" in line for line in lines), lines
     assert not any(secret in line for line in lines) and any("[REDACTED]" in line for line in lines)
@@ -238,13 +332,20 @@ def test_a_taken_job_id_is_answered_the_same_whoever_owns_it(runs_backend, owner
     created = _post(runs_backend, "/v1/jobs", token=owners["alice-audit"], json=body)
     assert created.status_code == 201, created.text
     try:
-        as_bob = _assert_error(_post(runs_backend, "/v1/jobs", token=owners["bob-audit"], json=body), 409, "job_id_unavailable")
-        as_alice = _assert_error(_post(runs_backend, "/v1/jobs", token=owners["alice-audit"], json=body), 409, "job_id_unavailable")
+        as_bob = _assert_error(
+            _post(runs_backend, "/v1/jobs", token=owners["bob-audit"], json=body), 409, "job_id_unavailable"
+        )
+        as_alice = _assert_error(
+            _post(runs_backend, "/v1/jobs", token=owners["alice-audit"], json=body), 409, "job_id_unavailable"
+        )
         assert as_bob == as_alice
         assert "alice" not in json.dumps(as_bob) and "exist" not in as_bob["message"]
     finally:
-        httpx.post(f"{runs_backend.url}/v1/jobs/audit-shared-id/cancel", timeout=30,
-                   headers={"Authorization": f"Bearer {owners['alice-audit']}"})
+        httpx.post(
+            f"{runs_backend.url}/v1/jobs/audit-shared-id/cancel",
+            timeout=30,
+            headers={"Authorization": f"Bearer {owners['alice-audit']}"},
+        )
 
 
 # finding 6 -----------------------------------------------------------------------------------------

@@ -14,9 +14,20 @@ from cortex_nb.errors import CortexError
 from cortex_nb.protocol import checkpoint_format as fmt
 
 FILES = {name: f"bytes of {name}".encode() for name in (*fmt.ADAPTER_FILES, *fmt.RESUMABLE_FILES)}
-ROW = {"id": "step-3", "job_id": "job-1", "type": fmt.RESUMABLE, "step": 3, "base_model": "tiny",
-       "manifest": fmt.build_manifest(fmt.RESUMABLE, 3, {"base_model": "tiny"}, "abc",
-                                      {name: fmt.file_entry(data) for name, data in FILES.items()})}
+ROW = {
+    "id": "step-3",
+    "job_id": "job-1",
+    "type": fmt.RESUMABLE,
+    "step": 3,
+    "base_model": "tiny",
+    "manifest": fmt.build_manifest(
+        fmt.RESUMABLE,
+        3,
+        {"base_model": "tiny"},
+        "abc",
+        {name: fmt.file_entry(data) for name, data in FILES.items()},
+    ),
+}
 
 
 def _archive(manifest: dict, members: dict[str, bytes]) -> tuple[io.BytesIO, str]:

@@ -34,8 +34,17 @@ class FlakyBackend:
                     self.send_header("Retry-After", "0")
                     self.end_headers()
                     return
-                body = json.dumps({"service": "x", "version": "9", "api_version": api_version, "request_id": "req-1",
-                                   "job_id": "j", "sub_job_id": "s", "status": "queued"}).encode()
+                body = json.dumps(
+                    {
+                        "service": "x",
+                        "version": "9",
+                        "api_version": api_version,
+                        "request_id": "req-1",
+                        "job_id": "j",
+                        "sub_job_id": "s",
+                        "status": "queued",
+                    }
+                ).encode()
                 self.send_response(200 if self.command == "GET" else 202)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -148,11 +157,19 @@ def test_plain_polling_with_backoff_also_works(client):
     assert [round(next(intervals), 2) for _ in range(4)] == [0.05, 0.1, 0.2, 0.2]
     sampler = client.create_sampler("tiny")
     try:
-        assert sampler.generate(["a"], max_tokens=3).result().samples[0]["finish_reason"] in ("length", "stop")
+        assert sampler.generate(["a"], max_tokens=3).result().samples[0]["finish_reason"] in (
+            "length",
+            "stop",
+        )
     finally:
         sampler.cancel()
 
 
 def test_importing_the_kernel_side_never_imports_torch():
     code = "import sys, cortex_nb, cortex_nb.client, cortex_nb.training; print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == "False"
+    )

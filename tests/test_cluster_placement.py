@@ -59,21 +59,32 @@ def test_capacity_is_summed_over_hosts_and_given_per_host():
     capacity = scheduler.capacity()
     assert capacity["slots_total"] == 5 and capacity["slots_in_use"] == 2
     hosts = {host["host"]: host for host in capacity["hosts"]}
-    assert hosts["b"] == {"host": "b", "devices": ["b/cpu"], "slots_total": 3, "slots_in_use": 2, "slots_available": 1,
-                          "models": ["llama", "tiny"]}
+    assert hosts["b"] == {
+        "host": "b",
+        "devices": ["b/cpu"],
+        "slots_total": 3,
+        "slots_in_use": 2,
+        "slots_available": 1,
+        "models": ["llama", "tiny"],
+    }
     assert hosts["a"]["slots_available"] == 2
 
 
 def test_a_host_records_devices_get_host_prefixed_ids_and_its_models():
-    record = {"name": "gpu-box", "models": {"llama": {"path": "/m/llama", "config": {}}},
-              "devices": [{"kind": "cuda", "index": 1, "name": "H100", "memory_bytes": 80 * 2**30, "slots": 1}]}
+    record = {
+        "name": "gpu-box",
+        "models": {"llama": {"path": "/m/llama", "config": {}}},
+        "devices": [{"kind": "cuda", "index": 1, "name": "H100", "memory_bytes": 80 * 2**30, "slots": 1}],
+    }
     (device,) = devices_of(record)
     assert (device.id, device.host, device.index, device.models) == ("gpu-box/cuda:1", "gpu-box", 1, BOTH)
 
 
 def test_versions_must_match_where_they_matter():
     head = {"python": "3.11.7", "torch": "2.13.0+cpu", "cortex-nb": "0.1.0", "ray": "2.60.0"}
-    assert mismatches(head, {**head, "python": "3.11.9", "torch": "2.13.0+cu128"}) == []  # patch level, CUDA build
+    assert (
+        mismatches(head, {**head, "python": "3.11.9", "torch": "2.13.0+cu128"}) == []
+    )  # patch level, CUDA build
     assert mismatches(head, {**head, "python": "3.12.1", "ray": "2.59.0"}) == [
         "python: head 3.11.7, this host 3.12.1",
         "ray: head 2.60.0, this host 2.59.0",
@@ -85,11 +96,22 @@ def test_versions_must_match_where_they_matter():
 
 
 def test_ray_is_imported_only_when_the_ray_executor_is_chosen():
-    code = "import sys, cortex_backend.service, cortex_backend.cli, cortex_nb.cli; print('ray' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    code = (
+        "import sys, cortex_backend.service, cortex_backend.cli, cortex_nb.cli; print('ray' in sys.modules)"
+    )
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == "False"
+    )
 
 
 def test_a_backend_with_no_devices_needs_the_ray_executor(tmp_path):
-    refused = subprocess.run([sys.executable, "-m", "cortex_backend", "serve", "--devices", "none", "--data-dir", str(tmp_path)],
-                             capture_output=True, text=True, timeout=120)
+    refused = subprocess.run(
+        [sys.executable, "-m", "cortex_backend", "serve", "--devices", "none", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert refused.returncode == 2 and "--devices none needs --executor ray" in refused.stderr

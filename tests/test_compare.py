@@ -14,10 +14,15 @@ STEPS = 8
 
 
 def test_compare_two_runs_overlays_curves_and_samples_both_side_by_side(cortex_shell):
-    sample = "{every: 100, prompts: ['The lighthouse keeper', 'On stormy nights'], max_tokens: 6}"  # at the end
+    sample = (
+        "{every: 100, prompts: ['The lighthouse keeper', 'On stormy nights'], max_tokens: 6}"  # at the end
+    )
     for name, lr in (("fast", 0.003), ("slow", 0.0005)):  # both train at once
-        ran = run_cell(cortex_shell, f"%%cortex train -o {name} --name lr-{name}\n"
-                       + train_spec(STEPS, sample=sample).replace("lr: 0.003", f"lr: {lr}"))
+        ran = run_cell(
+            cortex_shell,
+            f"%%cortex train -o {name} --name lr-{name}\n"
+            + train_spec(STEPS, sample=sample).replace("lr: 0.003", f"lr: {lr}"),
+        )
         assert ran.success, ran.stderr
     fast, slow = cortex_shell.user_ns["fast"], cortex_shell.user_ns["slow"]
     fast.wait(timeout_s=300)
@@ -30,16 +35,22 @@ def test_compare_two_runs_overlays_curves_and_samples_both_side_by_side(cortex_s
     for job in (fast, slow):
         curve = comparison.curves[comparison.curves["job_id"] == job.job_id]
         assert list(curve["step"]) == list(range(1, STEPS + 1))
-        assert list(curve["loss_per_token"]) == [p["loss_per_token"] for p in job.refresh()["progress"]["history"]]
+        assert list(curve["loss_per_token"]) == [
+            p["loss_per_token"] for p in job.refresh()["progress"]["history"]
+        ]
     # Table: the hyperparameter that differs and the final metrics.
     table = comparison.table.set_index("job_id")
     assert table.loc[fast.job_id, "lr"] == 0.003 and table.loc[slow.job_id, "lr"] == 0.0005
     assert table.loc[fast.job_id, "loss_per_token"] < table.loc[slow.job_id, "loss_per_token"]
-    assert set(table["last_checkpoint"]) == {"final"} and comparison.checkpoints == {fast.job_id: "final", slow.job_id: "final"}
+    assert set(table["last_checkpoint"]) == {"final"} and comparison.checkpoints == {
+        fast.job_id: "final",
+        slow.job_id: "final",
+    }
 
     # A/B samples: each prompt answered by each run's final checkpoint, each answer scored under both.
     assert sorted((row.prompt, row.job_id) for row in comparison.samples.itertuples()) == sorted(
-        (prompt, job.job_id) for prompt in PROMPTS for job in (fast, slow))
+        (prompt, job.job_id) for prompt in PROMPTS for job in (fast, slow)
+    )
     for answer in comparison.ab:
         assert set(answer.logprobs) == {fast.job_id, slow.job_id} and 0 < len(answer.tokens) <= 8
         other = slow.job_id if answer.job_id == fast.job_id else fast.job_id
@@ -48,8 +59,10 @@ def test_compare_two_runs_overlays_curves_and_samples_both_side_by_side(cortex_s
         assert "".join(answer.tokens) == answer.text
         assert all(value <= 0 for value in answer.logprobs[answer.job_id])  # log-probabilities
     # Each run's greedy sample from its checkpoint is what the run itself sampled at its last step.
-    final_samples = {job.job_id: {item["prompt"]: item["text"] for item in job.progress["samples"]["items"]}
-                     for job in (fast, slow)}
+    final_samples = {
+        job.job_id: {item["prompt"]: item["text"] for item in job.progress["samples"]["items"]}
+        for job in (fast, slow)
+    }
     for row in comparison.samples.itertuples():
         assert final_samples[row.job_id][row.prompt].startswith(row.sample[:6])
 

@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_generated_contract_is_up_to_date():
-    result = subprocess.run([sys.executable, "scripts/generate_contract.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "scripts/generate_contract.py", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -57,4 +59,6 @@ def test_panel_types_declare_the_progress_record_the_backend_sends():
     from cortex_backend.progress import ProgressRecord
 
     sent = set(ProgressRecord("managed").to_json())
-    assert declared_keys("IProgressRecord") == sent, "labextension/src/types.ts IProgressRecord differs from the backend's"
+    assert declared_keys("IProgressRecord") == sent, (
+        "labextension/src/types.ts IProgressRecord differs from the backend's"
+    )

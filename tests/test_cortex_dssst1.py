@@ -13,20 +13,32 @@ from cortex_nb.protocol.errors import ApiError
 
 
 def test_reads_what_the_sdk_writes():
-    value = {"args": (), "kwargs": {"input_ids": torch.arange(6).reshape(2, 3), "labels": torch.tensor([[1, 2, -100]] * 2)},
-             "note": "plain", "nested": [torch.tensor(2.5), {"half": torch.ones(2, dtype=torch.bfloat16)}]}
+    value = {
+        "args": (),
+        "kwargs": {"input_ids": torch.arange(6).reshape(2, 3), "labels": torch.tensor([[1, 2, -100]] * 2)},
+        "note": "plain",
+        "nested": [torch.tensor(2.5), {"half": torch.ones(2, dtype=torch.bfloat16)}],
+    }
     decoded, op = dssst1.loads(sdk_wire.dumps(value, metadata={"response_options": {"format": "dssst1"}}))
     assert op == {"response_options": {"format": "dssst1"}}
     assert decoded["args"] == () and decoded["note"] == "plain"
     np.testing.assert_array_equal(decoded["kwargs"]["input_ids"], np.arange(6).reshape(2, 3))
     assert decoded["kwargs"]["labels"].dtype == np.int64
     assert decoded["nested"][0].shape == () and float(decoded["nested"][0]) == 2.5
-    np.testing.assert_array_equal(decoded["nested"][1]["half"], np.ones(2, dtype=np.float32))  # bf16 widened exactly
+    np.testing.assert_array_equal(
+        decoded["nested"][1]["half"], np.ones(2, dtype=np.float32)
+    )  # bf16 widened exactly
 
 
 def test_the_sdk_reads_what_we_write():
-    frame = dssst1.dumps({"results": [{"text": "hi", "token_ids": [1, 2]}], "logprobs": np.array([[-1.5, -0.25]], dtype=np.float32),
-                          "loss": np.float32(3.0), "pair": (1, np.array([7]))})
+    frame = dssst1.dumps(
+        {
+            "results": [{"text": "hi", "token_ids": [1, 2]}],
+            "logprobs": np.array([[-1.5, -0.25]], dtype=np.float32),
+            "loss": np.float32(3.0),
+            "pair": (1, np.array([7])),
+        }
+    )
     back = sdk_wire.loads(frame)
     assert back["results"] == [{"text": "hi", "token_ids": [1, 2]}]
     torch.testing.assert_close(back["logprobs"], torch.tensor([[-1.5, -0.25]]))
@@ -47,11 +59,16 @@ def test_request_and_result_chunks_interoperate():
     assert sdk_wire.decode_result_chunks(dssst1.result_chunks(result, 4096))["logprobs"].shape == (10000,)
 
 
-@pytest.mark.parametrize("frame", [
-    b"", b"garbage", (5).to_bytes(8, "little") + b"[1,2]",
-    sdk_wire.dumps({"x": 1})[:-1],  # truncated placeholder tensor
-    dssst1.dumps({"x": 1}).replace(b"DSSST1", b"DSSST9"),
-])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"",
+        b"garbage",
+        (5).to_bytes(8, "little") + b"[1,2]",
+        sdk_wire.dumps({"x": 1})[:-1],  # truncated placeholder tensor
+        dssst1.dumps({"x": 1}).replace(b"DSSST1", b"DSSST9"),
+    ],
+)
 def test_malformed_frames_are_invalid_frame(frame):
     with pytest.raises(ApiError) as caught:
         dssst1.loads(frame)

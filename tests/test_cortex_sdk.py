@@ -29,8 +29,10 @@ TOLERANCE = 1e-5
 LORA = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
 DATABASE, SCHEMA = "TRAINING_DB", "PUBLIC"
 
-pytestmark = pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning",
-                                        "ignore:The 'initial' parameter is deprecated:DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::urllib3.exceptions.InsecureRequestWarning",
+    "ignore:The 'initial' parameter is deprecated:DeprecationWarning",
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +42,9 @@ def sdk(tls_backend):
     with pytest.MonkeyPatch.context() as patch:
         for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
             patch.delenv(name, raising=False)
-        client = CortexTrainingClient.from_pat(tls_backend.url.removeprefix("https://"), tls_backend.token,
-                                               DATABASE, SCHEMA, verify_ssl=False)
+        client = CortexTrainingClient.from_pat(
+            tls_backend.url.removeprefix("https://"), tls_backend.token, DATABASE, SCHEMA, verify_ssl=False
+        )
         yield client
         client.close()
 
@@ -53,8 +56,15 @@ def ours(tls_backend):
 
 
 def training_job(sdk, seed=3, **extra) -> str:
-    config = SubJobConfig.training_job("tiny", optimizer={"name": "AdamW", "lr": LR}, max_seq_len=128,
-                                       train_batch_size=4, n_gpus=1, seed=seed, extra_training={"peft_config": LORA})
+    config = SubJobConfig.training_job(
+        "tiny",
+        optimizer={"name": "AdamW", "lr": LR},
+        max_seq_len=128,
+        train_batch_size=4,
+        n_gpus=1,
+        seed=seed,
+        extra_training={"peft_config": LORA},
+    )
     return sdk.create_job([config], idle_timeout_seconds=0, **extra)
 
 
@@ -63,16 +73,21 @@ def sdk_batch(rng: np.random.Generator, batch: int = 3, length: int = 24) -> dic
     input_ids = rng.integers(0, 259, size=(batch, length))
     mask = np.ones((batch, length), dtype=np.int64)
     for row in range(1, batch, 2):
-        mask[row, length - int(rng.integers(2, length // 2)):] = 0
-    return build_forward_backward_kwargs({"input_ids": input_ids.tolist(), "attention_mask": mask.tolist(),
-                                          "include_attention_mask": True})
+        mask[row, length - int(rng.integers(2, length // 2)) :] = 0
+    return build_forward_backward_kwargs(
+        {"input_ids": input_ids.tolist(), "attention_mask": mask.tolist(), "include_attention_mask": True}
+    )
 
 
 def our_batch(kwargs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     """The same batch in cortex-nb's terms (and the reference's)."""
     labels = kwargs["labels"].numpy()
-    return {"input_ids": kwargs["input_ids"].numpy(), "attention_mask": kwargs["attention_mask"].numpy(),
-            "target_tokens": np.where(labels == -100, 0, labels), "weights": (labels != -100).astype(np.float32)}
+    return {
+        "input_ids": kwargs["input_ids"].numpy(),
+        "attention_mask": kwargs["attention_mask"].numpy(),
+        "target_tokens": np.where(labels == -100, 0, labels),
+        "weights": (labels != -100).astype(np.float32),
+    }
 
 
 def frame(kwargs) -> bytes:
@@ -82,7 +97,9 @@ def frame(kwargs) -> bytes:
 def test_training_matches_transformers_and_our_own_client(sdk, ours):
     job_id = training_job(sdk)
     assert sdk.wait_for_job(job_id)["status"] == "running"
-    mine = ours.create_training_job("tiny", lora={"r": 8, "alpha": 16, "dropout": 0.0}, optimizer={"lr": LR}, seed=3)
+    mine = ours.create_training_job(
+        "tiny", lora={"r": 8, "alpha": 16, "dropout": 0.0}, optimizer={"lr": LR}, seed=3
+    )
     reference = ReferenceTrainer(reference_lora(reference_base("tiny"), r=8, alpha=16, seed=3), lr=LR)
     rng = np.random.default_rng(7)
     try:
@@ -103,15 +120,21 @@ def test_training_matches_transformers_and_our_own_client(sdk, ours):
         reference.model.eval()
         prompts = [rng.integers(0, 259, size=n).tolist() for n in (3, 7)]
         text_prompt = "The lamp"
-        result = sdk.poll_request(job_id, sdk.generate(job_id, [*prompts, text_prompt], {"max_tokens": 12, "temperature": 0}))
+        result = sdk.poll_request(
+            job_id, sdk.generate(job_id, [*prompts, text_prompt], {"max_tokens": 12, "temperature": 0})
+        )
         samples = result["results"]
         assert [s["prompt_index"] for s in samples] == [0, 1, 2]
         for prompt, sample in zip([*prompts, ours.tokenize("tiny", [text_prompt])[0]], samples, strict=True):
             expected = hf_greedy(reference.model, prompt, 12)
             assert sample["token_ids"] == expected[: len(sample["token_ids"])]
         # One sampling-params dict per prompt: each prompt gets its own, results stay in prompt order.
-        result = sdk.poll_request(job_id, sdk.generate(job_id, prompts, [{"max_tokens": 3, "temperature": 0},
-                                                                         {"max_tokens": 5, "temperature": 0}]))
+        result = sdk.poll_request(
+            job_id,
+            sdk.generate(
+                job_id, prompts, [{"max_tokens": 3, "temperature": 0}, {"max_tokens": 5, "temperature": 0}]
+            ),
+        )
         assert [len(s["token_ids"]) for s in result["results"]] == [3, 5]
         assert result["results"][1]["token_ids"] == hf_greedy(reference.model, prompts[1], 5)
     finally:
@@ -149,7 +172,9 @@ def test_fwd_no_grad_leaves_adapter_and_optimizer_untouched(sdk):
         for _ in range(2):
             loss = sdk.poll_request(job_id, sdk.forward_backward(job_id, frame(first)))["loss"]
             sdk.poll_request(job_id, sdk.step(job_id))
-            assert loss == pytest.approx(reference.train_step(our_batch(first))[0], rel=TOLERANCE, abs=TOLERANCE)
+            assert loss == pytest.approx(
+                reference.train_step(our_batch(first))[0], rel=TOLERANCE, abs=TOLERANCE
+            )
     finally:
         sdk.cancel_job(job_id)
 
@@ -172,7 +197,9 @@ def test_chunked_forward_backward_assembles_once(sdk, ours, tls_backend):
         finally:
             del sdk._MAX_FWD_BWD_BYTES
         assert chunked["loss"] == pytest.approx(whole["loss"], rel=1e-6)  # no step between: same weights
-        chunks = sdk_wire.encode_byte_chunks(payload, kind="request", operation="fwd-bwd", max_bytes=16 * 1024)
+        chunks = sdk_wire.encode_byte_chunks(
+            payload, kind="request", operation="fwd-bwd", max_bytes=16 * 1024
+        )
         assert len(chunks) > 3
         url = f"{tls_backend.url}/api/v2/databases/{DATABASE}/schemas/{SCHEMA}/cortex-training/{job_id}/forward-backward"
         headers = {"Authorization": f"Bearer {tls_backend.token}", "Content-Type": "application/octet-stream"}
@@ -182,11 +209,19 @@ def test_chunked_forward_backward_assembles_once(sdk, ours, tls_backend):
             request_id = answers[-1].json()["request_id"]
             again = http.post(url, content=chunks[-1], headers=headers).json()  # a retried last chunk
             assert again["request_id"] == request_id
-            other = sdk_wire.encode_byte_chunks(payload, kind="request", operation="fwd-bwd", max_bytes=16 * 1024)
-            lost = http.post(url, content=other[1], headers=headers)  # a group whose chunk 0 this backend never saw
+            other = sdk_wire.encode_byte_chunks(
+                payload, kind="request", operation="fwd-bwd", max_bytes=16 * 1024
+            )
+            lost = http.post(
+                url, content=other[1], headers=headers
+            )  # a group whose chunk 0 this backend never saw
             assert lost.status_code == 409 and lost.json()["error"]["code"] == "chunk_group_restart_required"
         sdk.poll_request(job_id, request_id)
-        ran = [r for r in ours.transport.json("GET", f"/v1/jobs/{job_id}/requests")["requests"] if r["op"] == "forward_backward"]
+        ran = [
+            r
+            for r in ours.transport.json("GET", f"/v1/jobs/{job_id}/requests")["requests"]
+            if r["op"] == "forward_backward"
+        ]
         assert len(ran) == 3  # whole, chunked through the SDK, chunked by hand (its retry ran nothing)
     finally:
         sdk.cancel_job(job_id)
@@ -203,7 +238,9 @@ def test_save_load_export_and_plain_peft(sdk, tmp_path):
         for _ in range(2):
             sdk.poll_request(job_id, sdk.forward_backward(job_id, frame(sdk_batch(rng))))
             sdk.poll_request(job_id, sdk.step(job_id))
-        saved = sdk.poll_request(job_id, sdk.save(job_id, checkpoint_id="trained", checkpoint_type="resumable"))
+        saved = sdk.poll_request(
+            job_id, sdk.save(job_id, checkpoint_id="trained", checkpoint_type="resumable")
+        )
         assert saved["checkpoint_id"] == "trained" and saved["global_steps"] == 2
         assert [c["checkpoint_id"] for c in sdk.list_checkpoints(job_id)] == ["trained"]
         expected = sdk.poll_request(job_id, sdk.fwd(job_id, frame(probe))["request_id"])["logprobs"]
@@ -212,7 +249,10 @@ def test_save_load_export_and_plain_peft(sdk, tmp_path):
         sdk.poll_request(job_id, sdk.step(job_id))
         moved = sdk.poll_request(job_id, sdk.fwd(job_id, frame(probe))["request_id"])["logprobs"]
         assert not torch.allclose(moved, expected, atol=TOLERANCE)
-        sdk.poll_request(job_id, sdk.load(job_id, "trained", source_job_id=job_id, target_sub_job_id=f"{job_id}:training:0"))
+        sdk.poll_request(
+            job_id,
+            sdk.load(job_id, "trained", source_job_id=job_id, target_sub_job_id=f"{job_id}:training:0"),
+        )
         loaded = sdk.poll_request(job_id, sdk.fwd(job_id, frame(probe))["request_id"])["logprobs"]
         torch.testing.assert_close(loaded, expected, rtol=0, atol=TOLERANCE)
         export = sdk.export_checkpoint(job_id, "trained")
@@ -222,11 +262,19 @@ def test_save_load_export_and_plain_peft(sdk, tmp_path):
             data = httpx.get(item["url"], verify=False, timeout=60).content
             assert hashlib.sha256(data).hexdigest() == item["sha256"]
             (adapter / item["filename"]).write_bytes(data)
-        assert httpx.get(export["files"][0]["url"].replace("signature=", "signature=0"), verify=False).status_code == 403
+        assert (
+            httpx.get(
+                export["files"][0]["url"].replace("signature=", "signature=0"), verify=False
+            ).status_code
+            == 403
+        )
         model = PeftModel.from_pretrained(reference_base("tiny"), str(adapter)).eval()
         labels = probe["labels"].numpy()
-        batch = {"input_ids": probe["input_ids"].numpy(), "attention_mask": probe["attention_mask"].numpy(),
-                 "target_tokens": np.where(labels == -100, 0, labels)}
+        batch = {
+            "input_ids": probe["input_ids"].numpy(),
+            "attention_mask": probe["attention_mask"].numpy(),
+            "target_tokens": np.where(labels == -100, 0, labels),
+        }
         with torch.no_grad():
             plain = reference_logprobs(model, batch) * torch.from_numpy(labels != -100)
         torch.testing.assert_close(plain, expected, rtol=0, atol=TOLERANCE)
@@ -237,9 +285,18 @@ def test_save_load_export_and_plain_peft(sdk, tmp_path):
 
 
 def test_weight_sync_logs_and_ordinary_jobs(sdk, ours, tls_backend, cortex_shell, backend):
-    trainer = SubJobConfig.training_job("tiny", optimizer={"name": "AdamW", "lr": 5e-2}, max_seq_len=128, train_batch_size=2,
-                                        n_gpus=1, seed=1, extra_training={"peft_config": LORA})
-    sampler = SubJobConfig.sampling_job("tiny", max_seq_len=128, n_gpus=1, extra_sampling={"peft_config": LORA})
+    trainer = SubJobConfig.training_job(
+        "tiny",
+        optimizer={"name": "AdamW", "lr": 5e-2},
+        max_seq_len=128,
+        train_batch_size=2,
+        n_gpus=1,
+        seed=1,
+        extra_training={"peft_config": LORA},
+    )
+    sampler = SubJobConfig.sampling_job(
+        "tiny", max_seq_len=128, n_gpus=1, extra_sampling={"peft_config": LORA}
+    )
     job_id = sdk.create_job([trainer, sampler], experiment_name="sdk-demo")
     rng = np.random.default_rng(2)
     probe = sdk_batch(rng, batch=1, length=10)
@@ -250,11 +307,17 @@ def test_weight_sync_logs_and_ordinary_jobs(sdk, ours, tls_backend, cortex_shell
         for _ in range(2):
             sdk.poll_request(job_id, sdk.forward_backward(job_id, frame(sdk_batch(rng))))
             sdk.poll_request(job_id, sdk.step(job_id))
-        synced_id = sdk.weight_sync(job_id, f"{job_id}:training:0", [f"{job_id}:sampling:0"], weight_format="lora")
+        synced_id = sdk.weight_sync(
+            job_id, f"{job_id}:training:0", [f"{job_id}:sampling:0"], weight_format="lora"
+        )
         synced = sdk.poll_request(job_id, synced_id)
         assert synced["bytes_sent"] > 0
-        scores = [sdk.poll_request(job_id, sdk.fwd(job_id, frame(probe), sub_job_type=kind)["request_id"])["logprobs"]
-                  for kind in ("training", "sampling")]
+        scores = [
+            sdk.poll_request(job_id, sdk.fwd(job_id, frame(probe), sub_job_type=kind)["request_id"])[
+                "logprobs"
+            ]
+            for kind in ("training", "sampling")
+        ]
         torch.testing.assert_close(scores[0], scores[1], rtol=0, atol=1e-4)
         # Logs: one page, then all of it without following.
         page = sdk.tail_logs(job_id, sub_job_id=f"{job_id}:training:0", max_lines=1)
@@ -266,7 +329,10 @@ def test_weight_sync_logs_and_ordinary_jobs(sdk, ours, tls_backend, cortex_shell
         frame_ = _cortex_jobs(cortex_shell, tls_backend, backend)
         row = frame_.set_index("job_id").loc[job_id]
         # Its one word in %cortex jobs: running with nothing queued, it is idle, counting down to freeing its device.
-        assert row["labels"] == f"api=cortex-training, database={DATABASE}, schema={SCHEMA}" and row["status"] == "idle"
+        assert (
+            row["labels"] == f"api=cortex-training, database={DATABASE}, schema={SCHEMA}"
+            and row["status"] == "idle"
+        )
         assert row["detail"].startswith("freeing the device in ")
         assert ours.get_job(job_id)["labels"]["database"] == DATABASE
         listed = {j["job_id"]: j for j in sdk.list_jobs(status="running")}
@@ -290,8 +356,11 @@ def _cortex_jobs(shell, tls_backend, backend):
 
     try:
         os.environ["CORTEX_TEST_TLS_TOKEN"] = tls_backend.token
-        connected = run_cell(shell, f"%cortex connect {tls_backend.url} --token-env CORTEX_TEST_TLS_TOKEN"
-                                    f" --verify {tls_backend.fingerprint}")
+        connected = run_cell(
+            shell,
+            f"%cortex connect {tls_backend.url} --token-env CORTEX_TEST_TLS_TOKEN"
+            f" --verify {tls_backend.fingerprint}",
+        )
         assert connected.success and "connected to https://" in connected.stdout, connected.stderr
         listed = run_cell(shell, "%cortex jobs")
         assert listed.success, listed.stderr

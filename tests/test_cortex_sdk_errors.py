@@ -14,15 +14,19 @@ from cortex_training import wire as sdk_wire
 
 from .tokens import create_token
 
-pytestmark = pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning",
-                                        "ignore:The 'initial' parameter is deprecated:DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::urllib3.exceptions.InsecureRequestWarning",
+    "ignore:The 'initial' parameter is deprecated:DeprecationWarning",
+)
 SDK_RETRIES = {404, 409, 429, 500, 502, 503, 504}
 ADMIN_TOKEN: list[str] = []  # the backend's admin token, to read its counters
 KWARGS = {"input_ids": torch.tensor([[5, 6, 7, 8]]), "labels": torch.tensor([[6, 7, 8, -100]])}
 
 
 def make_client(backend, token: str) -> CortexTrainingClient:
-    return CortexTrainingClient.from_pat(backend.url.removeprefix("https://"), token, "DB", "SCHEMA", verify_ssl=False)
+    return CortexTrainingClient.from_pat(
+        backend.url.removeprefix("https://"), token, "DB", "SCHEMA", verify_ssl=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +46,9 @@ def sdk(tls_backend):
 @pytest.fixture(scope="module")
 def jobs(sdk):
     """A running training job, and a cancelled one."""
-    config = SubJobConfig.training_job("tiny", optimizer={"lr": 1e-3}, max_seq_len=32, train_batch_size=1, n_gpus=1)
+    config = SubJobConfig.training_job(
+        "tiny", optimizer={"lr": 1e-3}, max_seq_len=32, train_batch_size=1, n_gpus=1
+    )
     running, finished = sdk.create_job([config]), sdk.create_job([config])
     sdk.cancel_job(finished)
     sdk.wait_for_job(running)
@@ -53,10 +59,20 @@ def jobs(sdk):
 
 def error_count(sdk) -> float:
     """Answers with a 4xx/5xx status the backend gave on this surface (its Prometheus counters)."""
-    text = requests.get(sdk.base_url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN[0]}"},
-                        verify=False, timeout=30).text
-    return sum(float(value) for value in re.findall(
-        r'^cortex_http_requests_total\{[^}]*route="cortex:[^"]*"[^}]*status="[45]\d\d"[^}]*\} (\S+)$', text, re.M))
+    text = requests.get(
+        sdk.base_url + "/metrics",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN[0]}"},
+        verify=False,
+        timeout=30,
+    ).text
+    return sum(
+        float(value)
+        for value in re.findall(
+            r'^cortex_http_requests_total\{[^}]*route="cortex:[^"]*"[^}]*status="[45]\d\d"[^}]*\} (\S+)$',
+            text,
+            re.M,
+        )
+    )
 
 
 def refused(sdk, call, status: int, code: str) -> None:
@@ -67,30 +83,52 @@ def refused(sdk, call, status: int, code: str) -> None:
         call()
     response = caught.value.response
     assert response.status_code == status and status not in SDK_RETRIES
-    assert response.json()["error"]["code"] == code and code in str(caught.value)  # the reason phrase carries it
+    assert response.json()["error"]["code"] == code and code in str(
+        caught.value
+    )  # the reason phrase carries it
     assert "Traceback" not in response.text
     assert error_count(sdk) - before == 1, "the SDK retried"
 
 
 def model_config(name="tiny", **peft):
-    return SubJobConfig.training_job(name, optimizer={"lr": 1e-3}, max_seq_len=32, train_batch_size=1, n_gpus=1,
-                                     extra_training={"peft_config": {"peft_type": "LORA", **peft}} if peft else None)
+    return SubJobConfig.training_job(
+        name,
+        optimizer={"lr": 1e-3},
+        max_seq_len=32,
+        train_batch_size=1,
+        n_gpus=1,
+        extra_training={"peft_config": {"peft_type": "LORA", **peft}} if peft else None,
+    )
 
 
 def fb(sdk, job_id, value):
-    return lambda: sdk.forward_backward(job_id, sdk_wire.dumps(value) if not isinstance(value, bytes) else value)
+    return lambda: sdk.forward_backward(
+        job_id, sdk_wire.dumps(value) if not isinstance(value, bytes) else value
+    )
 
 
 def test_bad_batches(sdk, jobs):
     job_id, _ = jobs
     refused(sdk, fb(sdk, job_id, b"garbage"), 400, "invalid_frame")
-    refused(sdk, fb(sdk, job_id, {"args": (), "kwargs": KWARGS, "processing": {"loss_fn": "mse"}}), 400, "unknown_loss")
+    refused(
+        sdk,
+        fb(sdk, job_id, {"args": (), "kwargs": KWARGS, "processing": {"loss_fn": "mse"}}),
+        400,
+        "unknown_loss",
+    )
     short = {"input_ids": KWARGS["input_ids"], "labels": KWARGS["labels"][:, :2]}
     refused(sdk, fb(sdk, job_id, {"args": (), "kwargs": short}), 400, "invalid_batch")
     out_of_vocab = {"input_ids": torch.tensor([[5, 100_000]]), "labels": torch.tensor([[6, -100]])}
     refused(sdk, fb(sdk, job_id, {"args": (), "kwargs": out_of_vocab}), 400, "invalid_batch")
-    refused(sdk, fb(sdk, job_id, {"args": (), "kwargs": {"input_ids": KWARGS["input_ids"]}}), 400, "invalid_batch")
-    refused(sdk, lambda: sdk.fwd(job_id, {"kwargs": {"input_ids": [[1, 2]], "labels": [[2, -7]]}}), 400, "invalid_batch")
+    refused(
+        sdk, fb(sdk, job_id, {"args": (), "kwargs": {"input_ids": KWARGS["input_ids"]}}), 400, "invalid_batch"
+    )
+    refused(
+        sdk,
+        lambda: sdk.fwd(job_id, {"kwargs": {"input_ids": [[1, 2]], "labels": [[2, -7]]}}),
+        400,
+        "invalid_batch",
+    )
     refused(sdk, lambda: sdk.generate(job_id, [], {"max_tokens": 4}), 400, "invalid_field")
     # A chunk above the 64 MiB a body may hold (the SDK's own chunks stay under 60 MiB): 413, not retried.
     huge = serialize_forward_backward_args((), {"input_ids": torch.zeros(1, 8_500_000, dtype=torch.long)})
@@ -110,9 +148,15 @@ def test_bad_jobs(sdk):
     for name in ("/etc/passwd", "../models/x", "http://example.com/model"):
         refused(sdk, lambda name=name: sdk.create_job([model_config(name)]), 400, "invalid_model_name")
     refused(sdk, lambda: sdk.create_job([model_config(r=-1)]), 400, "invalid_field")
-    refused(sdk, lambda: sdk.create_job_from_body({"sub_job_configs": [model_config().to_wire()], "colour": "red"}),
-            400, "invalid_field")
-    two_gpus = SubJobConfig.training_job("tiny", optimizer={"lr": 1e-3}, max_seq_len=32, train_batch_size=1, n_gpus=2)
+    refused(
+        sdk,
+        lambda: sdk.create_job_from_body({"sub_job_configs": [model_config().to_wire()], "colour": "red"}),
+        400,
+        "invalid_field",
+    )
+    two_gpus = SubJobConfig.training_job(
+        "tiny", optimizer={"lr": 1e-3}, max_seq_len=32, train_batch_size=1, n_gpus=2
+    )
     refused(sdk, lambda: sdk.create_job([two_gpus]), 501, "not_supported")
     with pytest.raises(ValueError, match="at most one training"):  # the SDK itself refuses this one
         sdk.create_job([model_config(), model_config()])
@@ -127,7 +171,9 @@ def test_permanent_state_errors_are_not_retried(sdk, jobs, tls_backend):
     refused(sdk, lambda: sdk.delete_checkpoint(running, "never-saved"), 400, "checkpoint_not_found")
     refused(sdk, lambda: sdk.get_request_status(running, "req-0000000000000000"), 400, "request_not_found")
     bob = make_client(tls_backend, create_token(tls_backend.data_dir, "bob", "jobs:read", "jobs:write"))
-    refused(bob, lambda: bob.get_job(running), 400, "job_not_found")  # another owner's job does not exist for bob
+    refused(
+        bob, lambda: bob.get_job(running), 400, "job_not_found"
+    )  # another owner's job does not exist for bob
     reader = make_client(tls_backend, create_token(tls_backend.data_dir, "sdk-reader", "jobs:read"))
     refused(reader, lambda: reader.step(running), 403, "forbidden")
     stranger = make_client(tls_backend, "ctx_wrong")
@@ -147,8 +193,14 @@ def test_what_cannot_exist_here_names_the_equivalent(sdk, jobs):
         sdk.fetch_execution_logs(job_id)
     assert "Client.download_stdout_logs" in caught.value.response.json()["error"]["message"]
     with pytest.raises(requests.HTTPError) as caught:
-        sdk.forward_backward(job_id, serialize_forward_backward_args((), {**KWARGS, "position_ids": torch.tensor([[0, 0, 1, 2]])}))
-    assert caught.value.response.status_code == 501 and "position_ids" in caught.value.response.json()["error"]["message"]
+        sdk.forward_backward(
+            job_id,
+            serialize_forward_backward_args((), {**KWARGS, "position_ids": torch.tensor([[0, 0, 1, 2]])}),
+        )
+    assert (
+        caught.value.response.status_code == 501
+        and "position_ids" in caught.value.response.json()["error"]["message"]
+    )
 
 
 def test_a_chunk_group_cut_by_a_restart_answers_restart_required(tmp_path):
@@ -162,13 +214,20 @@ def test_a_chunk_group_cut_by_a_restart_answers_restart_required(tmp_path):
     first = start_backend(tmp_path / "data", *args)
     headers = {"Authorization": f"Bearer {first.token}"}
     try:
-        job_id = httpx.post(first.url + "/v1/jobs", json={"sub_jobs": [{"type": "sampling", "base_model": "tiny"}]},
-                            headers=headers, timeout=30).json()["job_id"]
+        job_id = httpx.post(
+            first.url + "/v1/jobs",
+            json={"sub_jobs": [{"type": "sampling", "base_model": "tiny"}]},
+            headers=headers,
+            timeout=30,
+        ).json()["job_id"]
         tokens = torch.arange(4000).reshape(40, 100) % 250
         frame = serialize_forward_backward_args((), {"input_ids": tokens, "labels": tokens})
         chunks = sdk_wire.encode_byte_chunks(frame, kind="request", operation="fwd-bwd", max_bytes=16 * 1024)
         path = f"/api/v2/databases/DB/schemas/SCHEMA/cortex-training/{job_id}/forward-backward"
-        assert httpx.post(first.url + path, content=chunks[0], headers=headers, timeout=30).json()["status"] == "received"
+        assert (
+            httpx.post(first.url + path, content=chunks[0], headers=headers, timeout=30).json()["status"]
+            == "received"
+        )
     finally:
         first.stop()
     second = start_backend(tmp_path / "data", *args)

@@ -78,6 +78,9 @@ def test_restart_keeps_jobs_and_fails_the_ones_in_flight(tmp_path):
             assert info.value.code == "backend_restarted"
             # And the restarted backend works.
             with client.create_training_job("tiny") as job:
-                assert job.forward_backward(random_batch(np.random.default_rng(0), 259, 1, 8)).result()["loss"] > 0
+                assert (
+                    job.forward_backward(random_batch(np.random.default_rng(0), 259, 1, 8)).result()["loss"]
+                    > 0
+                )
     finally:
         second.stop()

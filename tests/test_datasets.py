@@ -10,7 +10,10 @@ from cortex_nb.datasets import addition_answer, addition_problems, exact_match, 
 def test_addition_problems_are_every_single_digit_sum_once():
     rows = addition_problems()
     assert len(rows) == 100 and len({row["prompt"] for row in rows}) == 100
-    assert rows[0] == {"prompt": "0+0=", "completion": "0"} and rows[-1] == {"prompt": "9+9=", "completion": "18"}
+    assert rows[0] == {"prompt": "0+0=", "completion": "0"} and rows[-1] == {
+        "prompt": "9+9=",
+        "completion": "18",
+    }
     for row in rows:
         a, b = map(int, row["prompt"][:-1].split("+"))
         assert row["completion"] == str(a + b)
@@ -19,7 +22,9 @@ def test_addition_problems_are_every_single_digit_sum_once():
 def test_a_seed_shuffles_the_same_rows_reproducibly():
     shuffled = addition_problems(seed=3)
     assert shuffled == addition_problems(seed=3) and shuffled != addition_problems()
-    assert sorted(shuffled, key=lambda row: row["prompt"]) == sorted(addition_problems(), key=lambda row: row["prompt"])
+    assert sorted(shuffled, key=lambda row: row["prompt"]) == sorted(
+        addition_problems(), key=lambda row: row["prompt"]
+    )
     assert len(addition_problems(max_operand=2)) == 9
 
 

@@ -42,7 +42,11 @@ def test_statuses_and_client_classes_follow_the_table():
     assert status_for("job_not_found") == 404 and ERROR_STATUS["job_not_found"] == 404
     assert status_for("no_such_code") == 500
     assert "non_finite_gradients" in FAILURE_CODES and "job_not_found" not in FAILURE_CODES
-    for code, cls in (("invalid_field", BadRequestError), ("job_not_found", NotFoundError),
-                      ("job_finished", ConflictError), ("internal_error", BackendError)):
+    for code, cls in (
+        ("invalid_field", BadRequestError),
+        ("job_not_found", NotFoundError),
+        ("job_finished", ConflictError),
+        ("internal_error", BackendError),
+    ):
         error = error_from_response(ERROR_STATUS[code], {"error": {"code": code, "message": "m"}})
         assert isinstance(error, cls) and error.code == code

@@ -38,7 +38,12 @@ def test_job_and_request_changes_form_one_ordered_feed(client):
     events = [event for event in all_events(client, start["cursor"]) if event["job_id"] == job.job_id]
     seqs = [event["seq"] for event in events]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
-    assert [event["status"] for event in events if event["kind"] == "job"] == ["pending", "starting", "running", "done"]
+    assert [event["status"] for event in events if event["kind"] == "job"] == [
+        "pending",
+        "starting",
+        "running",
+        "done",
+    ]
     request_events = [event for event in events if event["kind"] == "request"]
     assert [event["status"] for event in request_events] == ["queued", "running", "succeeded"]
     assert {event["request_id"] for event in request_events} == {request_id}
@@ -59,13 +64,17 @@ def test_reading_never_drains_the_feed(client):
 def test_a_failed_job_carries_its_failure_code(client):
     job = client.create_training_job("tiny", lora={"r": 1}, wait=False)
     client.cancel_job(job.job_id)
-    events = [event for event in all_events(client) if event["job_id"] == job.job_id and event["kind"] == "job"]
+    events = [
+        event for event in all_events(client) if event["job_id"] == job.job_id and event["kind"] == "job"
+    ]
     assert events[-1]["status"] == JOB_CANCELLED and events[-1]["failure_code"] == "cancelled"
 
 
 def test_a_user_sees_only_events_of_their_own_jobs(backend, client):
-    with Client(backend.url, create_token(backend.data_dir, "walter", "jobs:read", "jobs:write")) as walter, \
-         Client(backend.url, create_token(backend.data_dir, "jesse", "jobs:read", "jobs:write")) as jesse:
+    with (
+        Client(backend.url, create_token(backend.data_dir, "walter", "jobs:read", "jobs:write")) as walter,
+        Client(backend.url, create_token(backend.data_dir, "jesse", "jobs:read", "jobs:write")) as jesse,
+    ):
         mine = walter.create_training_job("tiny", lora={"r": 1}, wait=False)
         theirs = jesse.create_training_job("tiny", lora={"r": 1}, wait=False)
         walter.cancel_job(mine.job_id)
@@ -89,16 +98,26 @@ def test_long_poll_wakes_on_the_next_event(backend, client):
     while cursor["events"]:
         cursor = client.list_events(after=cursor["cursor"], limit=1000)
     answer: dict = {}
-    waiter = threading.Thread(target=lambda: answer.update(client.list_events(after=cursor["cursor"], wait_s=30)))
+    waiter = threading.Thread(
+        target=lambda: answer.update(client.list_events(after=cursor["cursor"], wait_s=30))
+    )
     waiter.start()
     job = client.create_training_job("tiny", lora={"r": 1}, wait=False)
     waiter.join(timeout=60)
     assert not waiter.is_alive()
-    assert answer["events"] and answer["events"][0]["job_id"] == job.job_id and answer["events"][0]["status"] == "pending"
+    assert (
+        answer["events"]
+        and answer["events"][0]["job_id"] == job.job_id
+        and answer["events"][0]["status"] == "pending"
+    )
     client.cancel_job(job.job_id)
 
 
 def test_events_need_a_token_and_check_their_arguments(backend):
     assert httpx.get(f"{backend.url}/v1/events").status_code == 401
-    response = httpx.get(f"{backend.url}/v1/events", params={"after": "x"}, headers={"Authorization": f"Bearer {backend.token}"})
+    response = httpx.get(
+        f"{backend.url}/v1/events",
+        params={"after": "x"},
+        headers={"Authorization": f"Bearer {backend.token}"},
+    )
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_field"

@@ -22,14 +22,22 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 EXPECTED = [
-    "01-quickstart", "02-custom-training-loop", "03-sampling-and-logprobs", "04-rl-loop",
-    "05-checkpoints-and-sync", "06-source-runs", "07-observability", "08-tinker-sdk",
+    "01-quickstart",
+    "02-custom-training-loop",
+    "03-sampling-and-logprobs",
+    "04-rl-loop",
+    "05-checkpoints-and-sync",
+    "06-source-runs",
+    "07-observability",
+    "08-tinker-sdk",
 ]
 
 
 def test_the_eight_notebooks_are_there_and_stored_clean():
     assert sorted(path.stem for path in NOTEBOOKS.glob("*.ipynb")) == EXPECTED
-    result = subprocess.run([sys.executable, "scripts/notebooks.py", "check"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "scripts/notebooks.py", "check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -38,10 +46,15 @@ def test_each_notebook_says_what_it_shows_and_how_to_use_a_gpu(name):
     notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     first = notebook.cells[0]
     assert first.cell_type == "markdown" and first.source.startswith(f"# {name[:2]} · ")
-    assert "cortex-nb backend serve" in first.source and ("--model qwen=" in first.source or "--model Qwen/" in first.source)
+    assert "cortex-nb backend serve" in first.source and (
+        "--model qwen=" in first.source or "--model Qwen/" in first.source
+    )
     # Ours connect with a profile; the Tinker SDK's notebook points the SDK's own client at the GPU host.
-    assert ("%cortex connect PROFILE" in first.source or 'Client.from_profile("PROFILE")' in first.source
-            or "tinker.ServiceClient(base_url=" in first.source)
+    assert (
+        "%cortex connect PROFILE" in first.source
+        or 'Client.from_profile("PROFILE")' in first.source
+        or "tinker.ServiceClient(base_url=" in first.source
+    )
     code = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
     assert "--local" in code or "Client.local()" in code  # runs on the local backend as written
     checked = [cell for cell in notebook.cells if "# NBVAL_CHECK_OUTPUT" in cell.source]
@@ -58,12 +71,16 @@ def test_the_sanitizer_masks_what_changes_between_runs():
             text = re.sub(regex, replacement, text)
         return text
 
-    one = ("connected to http://127.0.0.1:41407 (backend 0.1.0) via your local backend in /tmp/cortex-a/local\n"
-           "job-1a2b3c4d5e6f req-0123456789abcdef run-4b1f0c2a9e77 at 2026-11-29 09:31:34.587175+00:00 in 0:16, 71 ms"
-           " <object at 0x7f00deadbeef>")
-    two = ("connected to http://127.0.0.1:8765 (backend 0.2.0rc1) via your local backend in /home/u/.local/x\n"
-           "job-ffffffffffff req-fedcba9876543210 run-000000000000 at 2027-01-02 03:04:05+00:00 in 12:03, 1.5 s"
-           " <object at 0x55aa55aa55aa>")
+    one = (
+        "connected to http://127.0.0.1:41407 (backend 0.1.0) via your local backend in /tmp/cortex-a/local\n"
+        "job-1a2b3c4d5e6f req-0123456789abcdef run-4b1f0c2a9e77 at 2026-11-29 09:31:34.587175+00:00 in 0:16, 71 ms"
+        " <object at 0x7f00deadbeef>"
+    )
+    two = (
+        "connected to http://127.0.0.1:8765 (backend 0.2.0rc1) via your local backend in /home/u/.local/x\n"
+        "job-ffffffffffff req-fedcba9876543210 run-000000000000 at 2027-01-02 03:04:05+00:00 in 12:03, 1.5 s"
+        " <object at 0x55aa55aa55aa>"
+    )
     assert sanitize(one) == sanitize(two)
     kept = "100 problems, 19 distinct sums; exact match 55%; step-200; failed output_missing"
     assert sanitize(kept) == kept  # what a notebook checks is left alone
@@ -75,9 +92,28 @@ def _nbval(folder: Path, *args: str) -> subprocess.CompletedProcess:
     shutil.copy(NOTEBOOKS / "nbval-sanitize.cfg", folder / "nbval-sanitize.cfg")
     env = {key: value for key, value in os.environ.items() if not key.startswith("CORTEX_")}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env", "-q", "-rA",
-         "--rootdir", str(folder), "-c", os.devnull, *args, str(folder)],
-        cwd=folder, capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--nbval-lax",
+            "--nbval-current-env",
+            "-q",
+            "-rA",
+            "--rootdir",
+            str(folder),
+            "-c",
+            os.devnull,
+            *args,
+            str(folder),
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
 
 
@@ -92,20 +128,33 @@ def _write(path: Path, cells: list[tuple[str, list]]) -> None:
 
 
 def test_nbval_gives_kernels_the_promised_environment_and_compares_after_sanitizing(tmp_path):
-    stream = nbformat.v4.new_output("stream", name="stdout",
-                                    text="connected to http://127.0.0.1:1 (backend 9.9.9) via your local backend in /x\n")
-    _write(tmp_path / "environment.ipynb", [
-        ("import os, tempfile\n"
-         "assert os.environ['CORTEX_NONINTERACTIVE'] == '1'\n"
-         "local = os.environ['CORTEX_LOCAL_DIR']\n"
-         "assert local.startswith(tempfile.gettempdir()) and not local.startswith(os.path.expanduser('~'))", []),
-        ("# NBVAL_CHECK_OUTPUT\n"
-         "print('connected to http://127.0.0.1:43975 (backend 0.1.0) via your local backend in /tmp/abc/local')", [stream]),
-    ])
+    stream = nbformat.v4.new_output(
+        "stream",
+        name="stdout",
+        text="connected to http://127.0.0.1:1 (backend 9.9.9) via your local backend in /x\n",
+    )
+    _write(
+        tmp_path / "environment.ipynb",
+        [
+            (
+                "import os, tempfile\n"
+                "assert os.environ['CORTEX_NONINTERACTIVE'] == '1'\n"
+                "local = os.environ['CORTEX_LOCAL_DIR']\n"
+                "assert local.startswith(tempfile.gettempdir()) and not local.startswith(os.path.expanduser('~'))",
+                [],
+            ),
+            (
+                "# NBVAL_CHECK_OUTPUT\n"
+                "print('connected to http://127.0.0.1:43975 (backend 0.1.0) via your local backend in /tmp/abc/local')",
+                [stream],
+            ),
+        ],
+    )
     # Collected after the notebook: the variables were set only around its kernel's start.
     (tmp_path / "test_zz_after.py").write_text(
         "import os\n\ndef test_the_variables_are_restored():\n"
-        "    assert 'CORTEX_NONINTERACTIVE' not in os.environ and 'CORTEX_LOCAL_DIR' not in os.environ\n")
+        "    assert 'CORTEX_NONINTERACTIVE' not in os.environ and 'CORTEX_LOCAL_DIR' not in os.environ\n"
+    )
     result = _nbval(tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "3 passed" in result.stdout
@@ -114,14 +163,26 @@ def test_nbval_gives_kernels_the_promised_environment_and_compares_after_sanitiz
 def test_a_broken_api_or_a_changed_checked_output_fails_the_nbval_run(tmp_path):
     """What CI relies on: a notebook that calls an API that is gone, or whose checked output changed, fails."""
     stream = nbformat.v4.new_output("stream", name="stdout", text="19\n")
-    _write(tmp_path / "api.ipynb", [
-        ("from cortex_nb.datasets import addition_problems", []),
-        ("addition_problems().answers()", []),  # no such method: as if an API the notebook uses was renamed
-    ])
-    _write(tmp_path / "output.ipynb", [
-        ("# NBVAL_CHECK_OUTPUT\nprint(len({row['completion'] for row in __import__('cortex_nb.datasets').datasets"
-         ".addition_problems(max_operand=8)}))", [stream]),  # 17 distinct sums now, the reference says 19
-    ])
+    _write(
+        tmp_path / "api.ipynb",
+        [
+            ("from cortex_nb.datasets import addition_problems", []),
+            (
+                "addition_problems().answers()",
+                [],
+            ),  # no such method: as if an API the notebook uses was renamed
+        ],
+    )
+    _write(
+        tmp_path / "output.ipynb",
+        [
+            (
+                "# NBVAL_CHECK_OUTPUT\nprint(len({row['completion'] for row in __import__('cortex_nb.datasets').datasets"
+                ".addition_problems(max_operand=8)}))",
+                [stream],
+            ),  # 17 distinct sums now, the reference says 19
+        ],
+    )
     result = _nbval(tmp_path)
     assert result.returncode == 1, result.stdout[-3000:]
     assert re.search(r"FAILED .*api\.ipynb::Cell 1", result.stdout)

@@ -14,17 +14,21 @@ from .reference import ReferenceTrainer, random_batch, reference_base, reference
 def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
     with torch.no_grad():
         output = model.generate(
-            input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens, do_sample=False,
+            input_ids=torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
         )
-    return output[0, len(prompt):].tolist()
+    return output[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("model", ["tiny", "small-gpt2"])
 def test_greedy_matches_transformers_generate(client: Client, gpt2_dir, model):
     vocab = next(m for m in client.list_models() if m["name"] == model)["vocab_size"]
     job = client.create_training_job(model, lora={"r": 4, "alpha": 8}, optimizer={"lr": 5e-2}, seed=2)
-    reference = ReferenceTrainer(reference_lora(reference_base(model, gpt2_dir), r=4, alpha=8, seed=2), lr=5e-2)
+    reference = ReferenceTrainer(
+        reference_lora(reference_base(model, gpt2_dir), r=4, alpha=8, seed=2), lr=5e-2
+    )
     rng = np.random.default_rng(0)
     try:
         # Train a little on both sides so the adapter is not the identity.
@@ -48,7 +52,11 @@ def test_greedy_matches_transformers_generate(client: Client, gpt2_dir, model):
         with torch.no_grad():
             for prompt, values in zip(prompts, scored, strict=True):
                 logits = reference.model(input_ids=torch.tensor([prompt])).logits[0].float()
-                expected = torch.log_softmax(logits[:-1], dim=-1).gather(-1, torch.tensor(prompt[1:])[:, None]).squeeze(-1)
+                expected = (
+                    torch.log_softmax(logits[:-1], dim=-1)
+                    .gather(-1, torch.tensor(prompt[1:])[:, None])
+                    .squeeze(-1)
+                )
                 assert len(values) == len(prompt) - 1
                 np.testing.assert_allclose(values, expected.numpy(), rtol=0, atol=1e-5)
     finally:
@@ -117,7 +125,11 @@ def test_generate_logprobs_match_forward(client: Client):
     sampler = client.create_sampler("tiny", kind="sampling")
     try:
         prompt = client.tokenize("tiny", ["hello"])[0]
-        sample = sampler.generate([prompt], max_tokens=10, temperature=1.0, seed=1, logprobs=True).result().samples[0]
+        sample = (
+            sampler.generate([prompt], max_tokens=10, temperature=1.0, seed=1, logprobs=True)
+            .result()
+            .samples[0]
+        )
         sequence = prompt + sample["tokens"]
         scored = sampler.compute_logprobs([sequence]).result()[0]
         np.testing.assert_allclose(scored[len(prompt) - 1 :], sample["logprobs"], atol=1e-4)

@@ -20,7 +20,9 @@ def loaded_after(statement: str, watched: tuple[str, ...]) -> list[str]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module", ["cortex_backend.worker", "cortex_backend.app", "cortex_backend.server", "cortex_server.app"])
+@pytest.mark.parametrize(
+    "module", ["cortex_backend.worker", "cortex_backend.app", "cortex_backend.server", "cortex_server.app"]
+)
 def test_backend_worker_and_proxy_load_only_the_protocol(module):
     assert loaded_after(f"import {module}", SDK_MODULES) == []
 
@@ -28,13 +30,16 @@ def test_backend_worker_and_proxy_load_only_the_protocol(module):
 def test_importing_cortex_nb_loads_nothing_heavy_until_a_name_is_used():
     assert loaded_after("import cortex_nb, cortex_nb.protocol.routes", (*SDK_MODULES, "torch")) == []
     # The public names still resolve, on first use.
-    assert loaded_after("import cortex_nb; cortex_nb.Client; cortex_nb.NotFoundError", ("cortex_nb.client", "torch")) == [
-        "cortex_nb.client"]
+    assert loaded_after(
+        "import cortex_nb; cortex_nb.Client; cortex_nb.NotFoundError", ("cortex_nb.client", "torch")
+    ) == ["cortex_nb.client"]
 
 
 def test_the_protocol_imports_neither_torch_nor_httpx():
-    statement = "import pkgutil, importlib, cortex_nb.protocol as p\n" + \
-        "[importlib.import_module(m.name) for m in pkgutil.walk_packages(p.__path__, 'cortex_nb.protocol.')]"
+    statement = (
+        "import pkgutil, importlib, cortex_nb.protocol as p\n"
+        + "[importlib.import_module(m.name) for m in pkgutil.walk_packages(p.__path__, 'cortex_nb.protocol.')]"
+    )
     assert loaded_after(statement, ("torch", "httpx", "cortex_nb.client", "pandas")) == []
 
 

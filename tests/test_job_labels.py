@@ -15,7 +15,9 @@ from .tokens import create_token
 
 def test_labels_are_recorded_shown_and_validated(backend, client):
     labels = {"database": "TRAINING_DB", "schema": "PUBLIC"}
-    job = client._call("create_job", json={"sub_jobs": [{"type": "sampling", "base_model": "tiny"}], "labels": labels})
+    job = client._call(
+        "create_job", json={"sub_jobs": [{"type": "sampling", "base_model": "tiny"}], "labels": labels}
+    )
     try:
         assert client.get_job(job["job_id"])["labels"] == labels
         listed = next(j for j in client.list_jobs(limit=500) if j["job_id"] == job["job_id"])
@@ -23,13 +25,21 @@ def test_labels_are_recorded_shown_and_validated(backend, client):
         assert row["labels"] == "database=TRAINING_DB, schema=PUBLIC"
         # Labels are no access boundary: another owner still cannot see the job.
         other = create_token(backend.data_dir, "label-reader", "jobs:read")
-        response = httpx.get(f"{backend.url}/v1/jobs/{job['job_id']}", headers={"Authorization": f"Bearer {other}"})
+        response = httpx.get(
+            f"{backend.url}/v1/jobs/{job['job_id']}", headers={"Authorization": f"Bearer {other}"}
+        )
         assert response.status_code == 404
     finally:
         client.cancel_job(job["job_id"])
-    for bad, field in (({"Database": "x"}, "labels.Database"), ({"schema": 3}, "labels.schema"), ("db", "labels")):
+    for bad, field in (
+        ({"Database": "x"}, "labels.Database"),
+        ({"schema": 3}, "labels.schema"),
+        ("db", "labels"),
+    ):
         with pytest.raises(errors.BadRequestError) as caught:
-            client._call("create_job", json={"sub_jobs": [{"type": "sampling", "base_model": "tiny"}], "labels": bad})
+            client._call(
+                "create_job", json={"sub_jobs": [{"type": "sampling", "base_model": "tiny"}], "labels": bad}
+            )
         assert caught.value.detail["field"] == field
 
 

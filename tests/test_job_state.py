@@ -33,9 +33,21 @@ def test_job_state_caps_log_lines_and_their_length():
 
 def test_device_metrics_draw_gpu_when_present_and_cpu_ram_otherwise():
     gpu = JobState("job-gpu")
-    gpu.add_metrics([{"at": 100.0 + i, "device": "gpu:0", "gpu_utilization_percent": 50 + i, "gpu_memory_used_bytes": 4 << 30,
-                      "gpu_memory_total_bytes": 16 << 30, "cpu_percent": 10.0, "ram_used_bytes": 1, "ram_total_bytes": 2}
-                     for i in range(5)])
+    gpu.add_metrics(
+        [
+            {
+                "at": 100.0 + i,
+                "device": "gpu:0",
+                "gpu_utilization_percent": 50 + i,
+                "gpu_memory_used_bytes": 4 << 30,
+                "gpu_memory_total_bytes": 16 << 30,
+                "cpu_percent": 10.0,
+                "ram_used_bytes": 1,
+                "ram_total_bytes": 2,
+            }
+            for i in range(5)
+        ]
+    )
     snap = gpu.snapshot()
     assert snap.metric_kind == "gpu" and snap.metrics["gpu_memory_percent"][0] == (0.0, 25.0)
     svg = job_view.device_chart_svg(snap)
@@ -43,15 +55,32 @@ def test_device_metrics_draw_gpu_when_present_and_cpu_ram_otherwise():
     ElementTree.fromstring(svg)
 
     two = JobState("job-two-devices")
-    two.add_metrics([{"at": 1.0, "device": "gpu:1", "gpu_utilization_percent": 10},
-                     {"at": 1.0, "device": "gpu:0", "gpu_utilization_percent": 90},
-                     {"at": 2.0, "device": "gpu:1", "gpu_utilization_percent": 20}])
+    two.add_metrics(
+        [
+            {"at": 1.0, "device": "gpu:1", "gpu_utilization_percent": 10},
+            {"at": 1.0, "device": "gpu:0", "gpu_utilization_percent": 90},
+            {"at": 2.0, "device": "gpu:1", "gpu_utilization_percent": 20},
+        ]
+    )
     assert two.snapshot().metrics_device == "gpu:1"
-    assert two.snapshot().metrics["gpu_utilization_percent"] == [(0.0, 10.0), (1.0, 20.0)]  # one device per chart
+    assert two.snapshot().metrics["gpu_utilization_percent"] == [
+        (0.0, 10.0),
+        (1.0, 20.0),
+    ]  # one device per chart
 
     cpu = JobState("job-cpu")
-    cpu.add_metrics([{"at": 5.0, "device": "cpu", "cpu_percent": 42.0, "ram_used_bytes": 3 << 30, "ram_total_bytes": 12 << 30}],
-                    note="no NVIDIA GPU on this host")
+    cpu.add_metrics(
+        [
+            {
+                "at": 5.0,
+                "device": "cpu",
+                "cpu_percent": 42.0,
+                "ram_used_bytes": 3 << 30,
+                "ram_total_bytes": 12 << 30,
+            }
+        ],
+        note="no NVIDIA GPU on this host",
+    )
     snap = cpu.snapshot()
     assert snap.metric_kind == "cpu" and snap.metrics["ram_percent"] == [(0.0, 25.0)]
     assert "gpu_utilization_percent" not in snap.metrics
@@ -61,13 +90,26 @@ def test_device_metrics_draw_gpu_when_present_and_cpu_ram_otherwise():
 def job_with_progress(steps: int, status: str = "running", **progress) -> dict:
     """A job as the backend answers it, with a progress record of `steps` points (loss 3.0 - step/10)."""
     record = {
-        "source": "managed", "phase": "training" if status == "running" else "finished", "step": steps,
-        "total_steps": steps, "loss_per_token": 3.0 - steps * 0.1, "tokens": 100 * steps, "tokens_per_s": 100.0,
-        "elapsed_s": float(steps), "history": [{"step": s, "loss_per_token": 3.0 - s * 0.1} for s in range(1, steps + 1)],
-        "eval_history": [], "updated_at": 1000.0 + steps, **progress,
+        "source": "managed",
+        "phase": "training" if status == "running" else "finished",
+        "step": steps,
+        "total_steps": steps,
+        "loss_per_token": 3.0 - steps * 0.1,
+        "tokens": 100 * steps,
+        "tokens_per_s": 100.0,
+        "elapsed_s": float(steps),
+        "history": [{"step": s, "loss_per_token": 3.0 - s * 0.1} for s in range(1, steps + 1)],
+        "eval_history": [],
+        "updated_at": 1000.0 + steps,
+        **progress,
     }
-    return {"job_id": "job-s", "status": status, "name": None, "progress": record,
-            "sub_jobs": [{"type": "training", "base_model": "tiny", "device": "cpu"}]}
+    return {
+        "job_id": "job-s",
+        "status": status,
+        "name": None,
+        "progress": record,
+        "sub_jobs": [{"type": "training", "base_model": "tiny", "device": "cpu"}],
+    }
 
 
 def test_loss_chart_is_wellformed_svg_with_both_series():
@@ -87,25 +129,53 @@ def test_loss_chart_is_wellformed_svg_with_both_series():
 
 def test_summary_and_repr_read_the_backends_record_as_text():
     state = JobState("job-s", model="tiny")
-    state.set_job(job_with_progress(10, "done", eval_loss_per_token=2.5,
-                                    eval_history=[{"step": 10, "eval_loss_per_token": 2.5}]))
+    state.set_job(
+        job_with_progress(
+            10, "done", eval_loss_per_token=2.5, eval_history=[{"step": 10, "eval_loss_per_token": 2.5}]
+        )
+    )
     summary = state.summary()
-    assert summary == ("job-s (tiny) done: 10/10 steps in 0:10, loss per token 2.9000 -> 2.0000,"
-                       " eval loss per token 2.5000, 100 tok/s")
+    assert summary == (
+        "job-s (tiny) done: 10/10 steps in 0:10, loss per token 2.9000 -> 2.0000,"
+        " eval loss per token 2.5000, 100 tok/s"
+    )
     assert job_view.job_repr(state.snapshot()) == "<cortex job job-s done step 10/10 loss per token 2.0000>"
 
 
 def test_a_waiting_job_says_why_and_an_idle_one_when_it_frees_its_device():
     state = JobState("job-q")
-    state.set_job({"job_id": "job-q", "status": "pending", "sub_jobs": [], "progress": None,
-                   "queue": {"position": 2, "reason": "1 ahead in the queue; waiting for a cpu slot: 4/4 held by jobs a, b",
-                             "blocked_by": ["job-a", "job-b"], "estimate_s": 35.0}})
+    state.set_job(
+        {
+            "job_id": "job-q",
+            "status": "pending",
+            "sub_jobs": [],
+            "progress": None,
+            "queue": {
+                "position": 2,
+                "reason": "1 ahead in the queue; waiting for a cpu slot: 4/4 held by jobs a, b",
+                "blocked_by": ["job-a", "job-b"],
+                "estimate_s": 35.0,
+            },
+        }
+    )
     snap = state.snapshot()
     assert snap.status == "queued"
-    assert snap.detail == "#2 in the queue: 1 ahead in the queue; waiting for a cpu slot: 4/4 held by jobs a, b (about 0:35)"
+    assert (
+        snap.detail
+        == "#2 in the queue: 1 ahead in the queue; waiting for a cpu slot: 4/4 held by jobs a, b (about 0:35)"
+    )
     import time
 
-    state.set_job({"job_id": "job-q", "status": "running", "sub_jobs": [{"type": "training", "base_model": "tiny"}],
-                   "idle": {"timeout_s": 300.0, "frees_at": time.time() + 272.4}})
+    state.set_job(
+        {
+            "job_id": "job-q",
+            "status": "running",
+            "sub_jobs": [{"type": "training", "base_model": "tiny"}],
+            "idle": {"timeout_s": 300.0, "frees_at": time.time() + 272.4},
+        }
+    )
     snap = state.snapshot()
-    assert snap.status == "idle" and snap.detail in ("freeing the device in 4:32", "freeing the device in 4:31")
+    assert snap.status == "idle" and snap.detail in (
+        "freeing the device in 4:32",
+        "freeing the device in 4:31",
+    )

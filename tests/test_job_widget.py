@@ -29,10 +29,16 @@ def test_cancel_asks_before_discarding_trained_steps_then_discards_or_stops_and_
 
     discarded.cancel_button.click()  # what a click in the browser calls
     # Trained steps and no checkpoint: the widget asks before throwing them away.
-    assert discarded.confirm.layout.display == "flex" and "no checkpoint was saved" in discarded.confirm_text.value
+    assert (
+        discarded.confirm.layout.display == "flex"
+        and "no checkpoint was saved" in discarded.confirm_text.value
+    )
     assert client.get_job(discarded.state.job_id)["status"] == "running"
     discarded.keep_button.click()
-    assert discarded.confirm.layout.display == "none" and client.get_job(discarded.state.job_id)["status"] == "running"
+    assert (
+        discarded.confirm.layout.display == "none"
+        and client.get_job(discarded.state.job_id)["status"] == "running"
+    )
     discarded.cancel_button.click()
     discarded.confirm_button.click()  # "Cancel and discard"
 
@@ -44,15 +50,22 @@ def test_cancel_asks_before_discarding_trained_steps_then_discards_or_stops_and_
     wait_until(lambda: discarded.state.finished, 30)
     assert discarded.state.status == "cancelled" and discarded.state.step < 2000
     discarded.throttle.flush()
-    wait_until(lambda: discarded.cancel_button.layout.display == "none" and "cancelled" in repr(discarded), 10)
+    wait_until(
+        lambda: discarded.cancel_button.layout.display == "none" and "cancelled" in repr(discarded), 10
+    )
     # A cancel is the user's choice: neutral, never the failure red.
     assert discarded.progress.bar_style == "" and job_view.BADGE_COLORS["cancelled"] == job_view.NEUTRAL
-    assert job_view.NEUTRAL in discarded.header.value and job_view.BADGE_COLORS["failed"] not in discarded.header.value
+    assert (
+        job_view.NEUTRAL in discarded.header.value
+        and job_view.BADGE_COLORS["failed"] not in discarded.header.value
+    )
     assert f'data-cortex-open-job="{discarded.state.job_id}"' in discarded.open_in_sidebar.value
 
     wait_until(lambda: client.get_job(kept.state.job_id)["status"] in ("done", "cancelled", "failed"), 60)
     assert client.get_job(kept.state.job_id)["status"] == "done"
-    saved = {checkpoint["checkpoint_id"]: checkpoint for checkpoint in client.list_checkpoints(kept.state.job_id)}
+    saved = {
+        checkpoint["checkpoint_id"]: checkpoint for checkpoint in client.list_checkpoints(kept.state.job_id)
+    }
     assert "final" in saved and 2 <= saved["final"]["step"] < 2000
     assert kept.state.message == "device freed; the adapter was saved as checkpoint 'final' first"
     wait_until(lambda: kept.state.status == "done", 30)
@@ -82,7 +95,11 @@ def test_free_device_replaces_cancel_once_training_is_over_and_keeps_the_adapter
 
 @pytest.mark.slow
 def test_a_2000_step_run_keeps_the_widget_data_bounded(cortex_shell, backend):
-    body = train_spec(2000).replace("batch_size: 4", "batch_size: 1").replace("max_seq_len: 64", "max_seq_len: 8")
+    body = (
+        train_spec(2000)
+        .replace("batch_size: 4", "batch_size: 1")
+        .replace("max_seq_len: 64", "max_seq_len: 8")
+    )
     started = time.monotonic()
     ran = run_cell(cortex_shell, "%%cortex train --wait -o long_job\n" + body)
     elapsed = time.monotonic() - started

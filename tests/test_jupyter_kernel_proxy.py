@@ -44,7 +44,9 @@ def jupyter_server(backend, tmp_path):
 
 
 def run_in_kernel(server, code: str, timeout_s: float = 240) -> str:
-    kernel = httpx.post(server.url + "api/kernels", json={"name": "python3"}, headers=server.headers(), timeout=60).json()
+    kernel = httpx.post(
+        server.url + "api/kernels", json={"name": "python3"}, headers=server.headers(), timeout=60
+    ).json()
     client = BlockingKernelClient(connection_file=str(server.runtime_dir / f"kernel-{kernel['id']}.json"))
     client.load_connection_file()
     client.start_channels(hb=False)  # no heartbeat: it reads as "dead" until its first beat
@@ -77,7 +79,9 @@ def test_kernel_client_reaches_backend_through_the_proxy(jupyter_server, backend
     assert result["loss_keys"] and result["step"]
     assert result["status"] == "cancelled"
     # The backend saw all of it, as the server token's owner.
-    job = httpx.get(f"{backend.url}/v1/jobs/{result['job_id']}", headers={"Authorization": f"Bearer {backend.token}"}).json()
+    job = httpx.get(
+        f"{backend.url}/v1/jobs/{result['job_id']}", headers={"Authorization": f"Bearer {backend.token}"}
+    ).json()
     assert job["status"] == "cancelled" and job["name"] == "kernel-via-proxy"
     assert result["backend_version"]["service"] == "cortex-nb-backend"
     # The backend token is nowhere in the kernel: not in its environment, not in its client's headers.
@@ -89,14 +93,18 @@ def test_no_jupyter_server_means_no_proxy_endpoint(tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
     assert jupyter_proxy.find_proxy_endpoint() is None
     # A runtime file left by a server that died is ignored.
-    (tmp_path / "jpserver-999999999.json").write_text(json.dumps({"pid": 999999999, "url": "http://127.0.0.1:1/", "token": "x"}))
+    (tmp_path / "jpserver-999999999.json").write_text(
+        json.dumps({"pid": 999999999, "url": "http://127.0.0.1:1/", "token": "x"})
+    )
     assert jupyter_proxy.find_proxy_endpoint() is None
 
 
 def test_server_without_a_reachable_backend_says_why(tmp_path, monkeypatch):
     token_file = tmp_path / "backend.token"
     token_file.write_text("unused")
-    server = start_jupyter(tmp_path / "jupyter", "http://127.0.0.1:9", token_file)  # nothing listens on port 9
+    server = start_jupyter(
+        tmp_path / "jupyter", "http://127.0.0.1:9", token_file
+    )  # nothing listens on port 9
     try:
         monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(server.runtime_dir))
         with pytest.raises(Exception) as caught:

@@ -67,10 +67,13 @@ def screenshot_on_failure(request, page):
 
 def notebook(*cells: str) -> dict:
     return {
-        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": [cell]}
-                  for cell in cells],
+        "cells": [
+            {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": [cell]}
+            for cell in cells
+        ],
         "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-        "nbformat": 4, "nbformat_minor": 5,
+        "nbformat": 4,
+        "nbformat_minor": 5,
     }
 
 
@@ -79,8 +82,10 @@ PROBLEMS = "from cortex_nb.datasets import addition_problems\nproblems = additio
 
 
 def train_cell(name: str, steps: int, lr: float, output: str, extra: str = "") -> str:
-    return (f"%%cortex train -o {output} --name {name}\nbase_model: tiny\ndata: $problems\nlora: {{r: 16, alpha: 32}}\n"
-            f"optimizer: {{lr: {lr}}}\nbatch_size: 25\nmax_seq_len: 16\nsteps: {steps}\nseed: 0\n{extra}")
+    return (
+        f"%%cortex train -o {output} --name {name}\nbase_model: tiny\ndata: $problems\nlora: {{r: 16, alpha: 32}}\n"
+        f"optimizer: {{lr: {lr}}}\nbatch_size: 25\nmax_seq_len: 16\nsteps: {steps}\nseed: 0\n{extra}"
+    )
 
 
 # Story state shared by the steps (ids of what earlier steps made).
@@ -103,12 +108,14 @@ def job_named(client: Client, name: str) -> dict:
 def open_notebook(page: Page, server, name: str, kernel: bool = True) -> None:
     """Open a notebook from the server's root (the page reloads; open tabs and kernels stay)."""
     page.goto(f"{server.url}lab/tree/{name}")
-    expect(page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current").filter(has_text=name)).to_have_count(
-        1, timeout=60_000)
+    expect(
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current").filter(has_text=name)
+    ).to_have_count(1, timeout=60_000)
     expect(page.locator(".jp-NotebookPanel:visible .jp-Cell").first).to_be_visible(timeout=60_000)
     if kernel:
         expect(page.locator(".jp-StatusBar-Widget").filter(has_text=re.compile(r"\| Idle"))).to_have_count(
-            1, timeout=120_000)
+            1, timeout=120_000
+        )
 
 
 def menu(page: Page, top: str, item: str) -> None:
@@ -139,7 +146,9 @@ def run_cell(page: Page, index: int) -> None:
 def restart_kernel(page: Page, clear: bool = False) -> None:
     menu(page, "Kernel", "Restart Kernel and Clear Outputs of All Cells…" if clear else "Restart Kernel…")
     page.locator(".jp-Dialog .jp-mod-accept").click()
-    expect(page.locator(".jp-StatusBar-Widget").filter(has_text=re.compile(r"\| Idle"))).to_have_count(1, timeout=120_000)
+    expect(page.locator(".jp-StatusBar-Widget").filter(has_text=re.compile(r"\| Idle"))).to_have_count(
+        1, timeout=120_000
+    )
 
 
 def dismiss_dialogs(page: Page, settle_ms: int = 2000) -> None:
@@ -172,7 +181,9 @@ def test_with_nothing_configured_the_sidebar_offers_to_start_the_local_backend(p
     open_sidebar(page)
     connection = page.locator("#cortex-nb-sidebar .cortex-connection")
     expect(connection).to_have_attribute("data-state", "no_local_backend", timeout=30_000)
-    expect(connection.locator(".cortex-backend-source")).to_contain_text(str(local_dir_of(home) / "backend.json"))
+    expect(connection.locator(".cortex-backend-source")).to_contain_text(
+        str(local_dir_of(home) / "backend.json")
+    )
     expect(connection.locator(".cortex-start-local")).to_have_text("Start local backend")
     expect(page.locator("#cortex-nb-sidebar .cortex-jobs")).to_contain_text("no jobs yet")
 
@@ -188,7 +199,9 @@ def test_the_quickstart_starts_the_local_backend_and_the_sidebar_follows_its_job
 
     # `%cortex connect --local` started the user's local backend; the sidebar sees it by itself.
     sidebar = page.locator("#cortex-nb-sidebar")
-    expect(sidebar.locator(".cortex-connection")).to_have_attribute("data-state", "connected", timeout=180_000)
+    expect(sidebar.locator(".cortex-connection")).to_have_attribute(
+        "data-state", "connected", timeout=180_000
+    )
     expect(sidebar.locator(".cortex-connection")).not_to_contain_text("as admin")
     # each device card names the engine its sampling sub-jobs run (the local backend: the built-in one)
     expect(sidebar.locator(".cortex-device").first).to_contain_text("sampling: transformers")
@@ -214,9 +227,13 @@ def test_the_quickstart_starts_the_local_backend_and_the_sidebar_follows_its_job
     view = page.locator(f"#cortex-job-{job_id}")
     expect(view).to_be_visible(timeout=30_000)
     # The tab carries the job's name.
-    expect(page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").filter(has_text=f"quickstart-addition ({job_id})")).to_have_count(1)
+    expect(
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").filter(has_text=f"quickstart-addition ({job_id})")
+    ).to_have_count(1)
     chart = view.locator('svg[aria-label="loss per token"]')
-    expect(chart.locator("path.cortex-chart-line").first).to_have_attribute("d", re.compile(r"^M[\d.]+,[\d.]+ L"), timeout=60_000)
+    expect(chart.locator("path.cortex-chart-line").first).to_have_attribute(
+        "d", re.compile(r"^M[\d.]+,[\d.]+ L"), timeout=60_000
+    )
     expect(view.locator(".cortex-progress-label")).to_contain_text(re.compile(r"step \d+/200"))
     expect(view.locator(".cortex-log")).to_contain_text("step", timeout=60_000)
     screenshot(page, "jupyterlab-job-view.png")
@@ -232,7 +249,9 @@ def test_the_quickstart_starts_the_local_backend_and_the_sidebar_follows_its_job
     expect(finished).to_contain_text(re.compile(r"loss per token [\d.]+ · took \d+:\d\d · 200/200 steps"))
     # Its view: the adapter the training ended with is a checkpoint, and the widget's final picture stays.
     activate_tab(page, "quickstart-addition")
-    expect(view.locator('.cortex-job-checkpoints tr[data-checkpoint-id="final"]')).to_be_visible(timeout=60_000)
+    expect(view.locator('.cortex-job-checkpoints tr[data-checkpoint-id="final"]')).to_be_visible(
+        timeout=60_000
+    )
     expect(view.locator(".cortex-job-header .cortex-badge")).to_have_text("done")
     activate_tab(page, "01-quickstart.ipynb")
     # Ended, the widget leaves its final picture (what a saved notebook keeps).
@@ -242,8 +261,9 @@ def test_the_quickstart_starts_the_local_backend_and_the_sidebar_follows_its_job
 # 3 ------------------------------------------------------------------------------------------------
 def test_a_kernel_restart_leaves_the_run_going_and_job_reattaches_to_it(page, lab):
     server, home = lab
-    (home / "root" / "long-run.ipynb").write_text(json.dumps(notebook(
-        CONNECT + "\n" + PROBLEMS, train_cell("outlives-kernel", 3000, 0.002, "run"))))
+    (home / "root" / "long-run.ipynb").write_text(
+        json.dumps(notebook(CONNECT + "\n" + PROBLEMS, train_cell("outlives-kernel", 3000, 0.002, "run")))
+    )
     open_notebook(page, server, "long-run.ipynb")
     run_cell(page, 0)
     run_cell(page, 1)
@@ -268,14 +288,19 @@ def test_a_kernel_restart_leaves_the_run_going_and_job_reattaches_to_it(page, la
     page.keyboard.press("Enter")
     page.keyboard.type(f"%cortex job {job_id}")
     page.keyboard.press("Shift+Enter")
-    reattached = page.locator(".jp-NotebookPanel:visible .jp-Cell").filter(has_text=f"%cortex job {job_id}").locator(
-        ".jp-OutputArea")
+    reattached = (
+        page.locator(".jp-NotebookPanel:visible .jp-Cell")
+        .filter(has_text=f"%cortex job {job_id}")
+        .locator(".jp-OutputArea")
+    )
     expect(reattached).to_contain_text(re.compile(r"step \d+/3000"), timeout=120_000)
     first = step_of(reattached.inner_text())
     assert first > step_then
     wait_until(lambda: step_of(reattached.inner_text()) > first, 120)
     screenshot(reattached, "reattached-widget.png")
-    print(f"kernel restart -> reattached widget showing the live step: {time.monotonic() - restarted_at:.1f} s")
+    print(
+        f"kernel restart -> reattached widget showing the live step: {time.monotonic() - restarted_at:.1f} s"
+    )
 
     # Another notebook's kernel restarts: nothing else is disturbed.
     pid = int(STORY["backend_pid"])
@@ -307,8 +332,13 @@ def test_a_kernel_restart_leaves_the_run_going_and_job_reattaches_to_it(page, la
 # sampling (keep_alive), sweep-1 until it is freed from its widget, sweep-2 from its view, the others by the
 # test. sweep-5 is submitted once all four hold their slot. This notebook connects with a bare `%cortex
 # connect`: through the Jupyter server's proxy, to the same local backend.
-SWEEP = [("sweep-1", 60, 0.003), ("sweep-2", 10, 0.0005), ("sweep-3", 10, 0.001), ("sweep-4", 10, 0.002),
-         ("sweep-5", 30, 0.0005)]
+SWEEP = [
+    ("sweep-1", 60, 0.003),
+    ("sweep-2", 10, 0.0005),
+    ("sweep-3", 10, 0.001),
+    ("sweep-4", 10, 0.002),
+    ("sweep-5", 30, 0.0005),
+]
 
 
 def countdown(widget) -> str:
@@ -318,20 +348,36 @@ def countdown(widget) -> str:
 
 def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     server, home = lab
-    sampled = "eval: {data: $problems, every: 10}\nsample: {every: 30, prompts: [\"2+3=\"], max_tokens: 3}\n"
-    extra = {"sweep-1": sampled + "keep_alive: 10m\n", "sweep-2": "keep_alive: 10m\n", "sweep-3": "keep_alive: 10m\n",
-             "sweep-4": "keep_alive: 10m\n", "sweep-5": sampled}
-    trains = [train_cell(name, steps, lr, f"s{i + 1}", extra.get(name, "")) for i, (name, steps, lr) in enumerate(SWEEP)]
-    cells = ["%load_ext cortex_nb\n%cortex connect\n" + PROBLEMS, *trains[:4],
-             "for run in (s1, s2, s3, s4):\n    run.wait_ready()", trains[4],
-             "for run in (s1, s5):\n    run.wait()", "import cortex_nb\ncortex_nb.compare([s1, s5], max_tokens=3)"]
+    sampled = 'eval: {data: $problems, every: 10}\nsample: {every: 30, prompts: ["2+3="], max_tokens: 3}\n'
+    extra = {
+        "sweep-1": sampled + "keep_alive: 10m\n",
+        "sweep-2": "keep_alive: 10m\n",
+        "sweep-3": "keep_alive: 10m\n",
+        "sweep-4": "keep_alive: 10m\n",
+        "sweep-5": sampled,
+    }
+    trains = [
+        train_cell(name, steps, lr, f"s{i + 1}", extra.get(name, ""))
+        for i, (name, steps, lr) in enumerate(SWEEP)
+    ]
+    cells = [
+        "%load_ext cortex_nb\n%cortex connect\n" + PROBLEMS,
+        *trains[:4],
+        "for run in (s1, s2, s3, s4):\n    run.wait_ready()",
+        trains[4],
+        "for run in (s1, s5):\n    run.wait()",
+        "import cortex_nb\ncortex_nb.compare([s1, s5], max_tokens=3)",
+    ]
     (home / "root" / "sweep.ipynb").write_text(json.dumps(notebook(*cells)))
     open_notebook(page, server, "sweep.ipynb")
     # Up to the fifth training; the last two cells wait and compare, later (step 5). A kernel busy in a cell
     # takes no widget clicks (ipywidgets' messages queue behind it), so the widgets are used with it idle.
     select_cell(page, 7)
     menu(page, "Run", "Run All Above Selected Cell")
-    outputs = [page.locator(".jp-NotebookPanel:visible .jp-Cell").nth(i).locator(".jp-OutputArea") for i in range(len(cells))]
+    outputs = [
+        page.locator(".jp-NotebookPanel:visible .jp-Cell").nth(i).locator(".jp-OutputArea")
+        for i in range(len(cells))
+    ]
     expect(outputs[0]).to_contain_text("through its cortex-nb proxy", timeout=120_000)
 
     client = local_client(home)
@@ -342,11 +388,14 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     # While it waits, its widget and the sidebar say why and where in the queue.
     fifth_widget = outputs[6]
     expect(fifth_widget).to_contain_text("queued", timeout=120_000)
-    expect(fifth_widget).to_contain_text(re.compile(r"#1 in the queue: waiting for a cpu slot: 4/4 held by .*sweep-1"))
+    expect(fifth_widget).to_contain_text(
+        re.compile(r"#1 in the queue: waiting for a cpu slot: 4/4 held by .*sweep-1")
+    )
     fifth = sidebar_row(page, ids["sweep-5"])
     expect(fifth).to_have_attribute("data-word", "queued", timeout=30_000)
     expect(fifth.locator(".cortex-job-detail")).to_contain_text(
-        re.compile(r"#1 in the queue: waiting for a cpu slot: 4/4 held by .*sweep-1"))
+        re.compile(r"#1 in the queue: waiting for a cpu slot: 4/4 held by .*sweep-1")
+    )
     fifth_widget.scroll_into_view_if_needed()
     screenshot(page, "jupyterlab-sidebar-queue.png")
 
@@ -354,7 +403,9 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     # its log, followed to the end, stays at the end while the view fills in.
     first = sidebar_row(page, ids["sweep-1"])
     expect(first).to_have_attribute("data-word", "sampling", timeout=300_000)
-    expect(first.locator(".cortex-job-detail")).to_contain_text(re.compile(r"keep-alive, freeing the device in \d+:\d\d"))
+    expect(first.locator(".cortex-job-detail")).to_contain_text(
+        re.compile(r"keep-alive, freeing the device in \d+:\d\d")
+    )
     first.click()
     view = page.locator(f"#cortex-job-{ids['sweep-1']}")
     expect(view.locator(".cortex-free-device")).to_be_visible(timeout=30_000)
@@ -366,7 +417,9 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
         wait_until(lambda: log.evaluate(at_end), 30)
     except AssertionError:
         where = log.evaluate("n => [n.scrollTop, n.clientHeight, n.scrollHeight].join()")
-        raise AssertionError(f"the log is not at its end (scrollTop, clientHeight, scrollHeight: {where})") from None
+        raise AssertionError(
+            f"the log is not at its end (scrollTop, clientHeight, scrollHeight: {where})"
+        ) from None
     screenshot(page, "jupyterlab-job-view-keep-alive.png")
 
     # Its widget, kept alive: nothing red to click, Free device instead of Cancel.
@@ -377,7 +430,9 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     expect(widget).to_contain_text("step 60/60")
     expect(widget).to_contain_text("samples at step 60")
     expect(widget).to_contain_text("CPU host: no GPU metrics")
-    expect(widget.locator("svg[aria-label^='CPU / RAM'] polyline")).to_have_count(4, timeout=30_000)  # host, job
+    expect(widget.locator("svg[aria-label^='CPU / RAM'] polyline")).to_have_count(
+        4, timeout=30_000
+    )  # host, job
     cancel = widget.locator("button.jupyter-button", has_text=re.compile(r"^\s*Cancel\s*$"))
     free = widget.locator("button.jupyter-button", has_text=re.compile(r"^\s*Free device\s*$"))
     expect(cancel).to_be_hidden()
@@ -392,7 +447,9 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     expect(log_tail.locator(".jupyter-widget-Collapse-open")).to_have_count(1)  # ...still open
     # The log scale redraws the loss (train and eval); the charts follow the cell's width.
     widget.locator("button.jupyter-button").filter(has_text="log scale").click()
-    expect(widget.locator("svg[aria-label='loss per token (log scale)'] polyline")).to_have_count(2, timeout=10_000)
+    expect(widget.locator("svg[aria-label='loss per token (log scale)'] polyline")).to_have_count(
+        2, timeout=10_000
+    )
     chart = widget.locator("svg[aria-label^='loss per token']").first
 
     def chart_width() -> float:  # None-safe: a render may swap the SVG in between
@@ -442,7 +499,8 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     finished = page.locator("#cortex-nb-sidebar .cortex-trainings")
     for name, steps in (("sweep-1", 60), ("sweep-5", 30)):
         expect(finished.locator(f'.cortex-training[data-job-id="{ids[name]}"]')).to_contain_text(
-            f"{steps}/{steps} steps", timeout=300_000)
+            f"{steps}/{steps} steps", timeout=300_000
+        )
     client.close()
 
 
@@ -487,8 +545,10 @@ def test_a_saved_notebook_shows_the_final_widget_picture_without_a_kernel(page, 
     for kernel in httpx.get(f"{server.url}api/kernels", headers=server.headers()).json():
         httpx.delete(f"{server.url}api/kernels/{kernel['id']}", headers=server.headers())
     # Reopened with no kernel to be had: the browser may not start one.
-    page.route(re.compile(r".*/api/(sessions|kernels).*"), lambda route: route.abort()
-               if route.request.method == "POST" else route.continue_())
+    page.route(
+        re.compile(r".*/api/(sessions|kernels).*"),
+        lambda route: route.abort() if route.request.method == "POST" else route.continue_(),
+    )
     try:
         open_notebook(page, server, "sweep.ipynb", kernel=False)
         dismiss_dialogs(page)  # "Error Starting Kernel"
@@ -522,9 +582,12 @@ def test_the_sidebar_notices_the_local_backend_go_and_starts_it_again(page, lab)
     expect(connection).not_to_contain_text("as admin")
     # The same store: finished trainings are still listed, as they really ended.
     finished = page.locator("#cortex-nb-sidebar .cortex-trainings")
-    expect(finished.locator(f'.cortex-training[data-job-id="{STORY["sweep-1"]}"] .cortex-badge')).to_have_text("done",
-                                                                                                      timeout=30_000)
-    expect(finished.locator(f'.cortex-training[data-job-id="{STORY["long_run"]}"] .cortex-badge')).to_have_text("cancelled")
+    expect(
+        finished.locator(f'.cortex-training[data-job-id="{STORY["sweep-1"]}"] .cortex-badge')
+    ).to_have_text("done", timeout=30_000)
+    expect(
+        finished.locator(f'.cortex-training[data-job-id="{STORY["long_run"]}"] .cortex-badge')
+    ).to_have_text("cancelled")
 
 
 def test_the_palette_lists_the_cortex_commands(page):

@@ -12,13 +12,19 @@ from cortex_nb import Client, wire
 def test_steps_queued_behind_streamed_frames_reach_the_worker_intact(client: Client):
     rng = np.random.default_rng(0)
     rows, width = 160, 255  # just over 1 MiB: 28 bytes a token
-    batch = {"input_ids": rng.integers(0, 256, (rows, width)), "target_tokens": rng.integers(0, 256, (rows, width)),
-             "weights": np.ones((rows, width), np.float32), "attention_mask": np.ones((rows, width), np.int64)}
+    batch = {
+        "input_ids": rng.integers(0, 256, (rows, width)),
+        "target_tokens": rng.integers(0, 256, (rows, width)),
+        "weights": np.ones((rows, width), np.float32),
+        "attention_mask": np.ones((rows, width), np.int64),
+    }
     assert len(wire.encode_frame(batch, {"loss_fn": "cross_entropy"})) > 1 << 20
     job = client.create_training_job("tiny", lora={"r": 4}, optimizer={"lr": 1e-3})
     try:
         job.wait_ready()
-        pairs = [(job.forward_backward(batch), job.step()) for _ in range(2)]  # queued back to back, read afterwards
+        pairs = [
+            (job.forward_backward(batch), job.step()) for _ in range(2)
+        ]  # queued back to back, read afterwards
         losses = []
         for forward_backward, step in pairs:
             # Bounded: a corrupted stream can also leave the worker waiting for bytes that never come.

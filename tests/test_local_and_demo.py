@@ -27,7 +27,9 @@ def test_local_starts_once_and_is_reused_with_the_users_own_token(tmp_path):
         assert stat.S_IMODE((tmp_path / "backend.json").stat().st_mode) == 0o600
         assert state["url"] == first.url and state["pid"] == first.local_backend.pid
         assert state["token_file"] == str(tmp_path.resolve() / "user.token")
-        assert state["data_dir"] == str(tmp_path.resolve()) and state["api_version"] and state["started_at"] > 0
+        assert (
+            state["data_dir"] == str(tmp_path.resolve()) and state["api_version"] and state["started_at"] > 0
+        )
     finally:
         first.local_backend.stop()
     assert not (tmp_path / "backend.json").exists()
@@ -36,7 +38,9 @@ def test_local_starts_once_and_is_reused_with_the_users_own_token(tmp_path):
 def test_demo_shows_loss_falling_and_the_text_appearing(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "cortex_nb.cli", "demo", "--steps", "80", "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr
     first, last = map(float, re.search(r"loss/token ([\d.]+) -> ([\d.]+)", result.stdout).groups())
@@ -71,8 +75,20 @@ def test_demo_notebook_runs_the_quickstart_headless_and_writes_the_executed_copy
 
     dest = tmp_path / "out" / "quickstart-run.ipynb"
     result = subprocess.run(
-        [sys.executable, "-m", "cortex_nb.cli", "demo", "--notebook", str(dest), "--data-dir", str(tmp_path / "data")],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "cortex_nb.cli",
+            "demo",
+            "--notebook",
+            str(dest),
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"wrote the executed notebook to {dest}" in result.stdout
@@ -86,7 +102,9 @@ def test_demo_notebook_runs_the_quickstart_headless_and_writes_the_executed_copy
     assert all(cell.execution_count is not None for cell in code)
     assert not [o for cell in code for o in cell.outputs if o.output_type == "error"]
     assert "application/vnd.jupyter.widget-view+json" not in dest.read_text()  # CORTEX_NONINTERACTIVE=1
-    assert not (tmp_path / "data" / "backend.json").exists()  # the one-shot command stopped the backend it started
+    assert not (
+        tmp_path / "data" / "backend.json"
+    ).exists()  # the one-shot command stopped the backend it started
 
 
 def test_demo_notebook_exits_1_naming_the_cell_that_failed(tmp_path, monkeypatch):
@@ -119,4 +137,6 @@ def test_an_editable_install_finds_the_quickstart_in_the_checkout():
 
     from cortex_nb.demo import quickstart_notebook
 
-    assert quickstart_notebook() == Path(__file__).resolve().parent.parent / "notebooks" / "01-quickstart.ipynb"
+    assert (
+        quickstart_notebook() == Path(__file__).resolve().parent.parent / "notebooks" / "01-quickstart.ipynb"
+    )

@@ -65,11 +65,15 @@ def test_kernel_restarts_leave_the_local_backend_and_every_notebooks_runs_alive(
 
 def test_two_starts_at_once_make_one_local_backend_that_exits_when_idle(tmp_path):
     # Each racer starts (or finds) the backend and gives it a job at once, before its 3 s idle exit.
-    code = ("from cortex_nb import Client; from cortex_nb.local import ensure_local_backend;"
-            f" backend = ensure_local_backend({str(tmp_path)!r}, warm_workers=0, idle_exit_s=3);"
-            " job = Client(backend.url, backend.token).create_training_job('tiny', wait=False);"
-            " print(backend.pid, job.job_id)")
-    racers = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    code = (
+        "from cortex_nb import Client; from cortex_nb.local import ensure_local_backend;"
+        f" backend = ensure_local_backend({str(tmp_path)!r}, warm_workers=0, idle_exit_s=3);"
+        " job = Client(backend.url, backend.token).create_training_job('tiny', wait=False);"
+        " print(backend.pid, job.job_id)"
+    )
+    racers = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     answers = [racer.communicate(timeout=180)[0].split() for racer in racers]
     pids = {int(pid) for pid, _ in answers}
     assert len(pids) == 1, pids  # the lock let one start it; the other found it
@@ -84,7 +88,9 @@ def test_two_starts_at_once_make_one_local_backend_that_exits_when_idle(tmp_path
     assert not (tmp_path / "backend.json").exists()
 
 
-def test_a_dead_local_backend_says_backend_gone_and_connect_local_brings_a_new_one(cortex_shell, tmp_path, monkeypatch):
+def test_a_dead_local_backend_says_backend_gone_and_connect_local_brings_a_new_one(
+    cortex_shell, tmp_path, monkeypatch
+):
     from cortex_nb.job_feed import JobFeed
 
     monkeypatch.setattr(JobFeed, "MAX_FAILURES", 3)
@@ -94,7 +100,9 @@ def test_a_dead_local_backend_says_backend_gone_and_connect_local_brings_a_new_o
     try:
         assert run_cell(cortex_shell, connect).success
         first = find_local_backend(tmp_path)
-        kept = run_cell(cortex_shell, "%%cortex train --wait -o kept --name trained\n" + train_spec(5, keep_alive="10m"))
+        kept = run_cell(
+            cortex_shell, "%%cortex train --wait -o kept --name trained\n" + train_spec(5, keep_alive="10m")
+        )
         assert kept.success, kept.stderr
         kept_job = cortex_shell.user_ns["kept"]
         midway = run_cell(cortex_shell, "%%cortex train -o midway --name in-flight\n" + train_spec(4000))
@@ -102,16 +110,21 @@ def test_a_dead_local_backend_says_backend_gone_and_connect_local_brings_a_new_o
         midway_job = cortex_shell.user_ns["midway"]
         wait_until(lambda: (midway_job.progress or {}).get("step", 0) >= 1, 180)
         widget = job_widget._WIDGETS[midway_job.job_id]
-        magics.connection.client.transport.retry.max_attempts = 1  # fail fast: this test is about what follows
+        magics.connection.client.transport.retry.max_attempts = (
+            1  # fail fast: this test is about what follows
+        )
 
         os.killpg(first.pid, signal.SIGKILL)  # the backend dies without any cleanup
         wait_for_exit(first.pid, 30)
 
         gone = run_cell(cortex_shell, "%cortex jobs")
         assert not gone.success and len(gone.error_lines) == 1
-        assert gone.error_lines[0].startswith("UsageError: cortex jobs: backend gone: could not reach the backend")
-        assert gone.error_lines[0].endswith("%cortex connect --local starts a new local backend (its jobs are marked as"
-                                            " they really ended)")
+        assert gone.error_lines[0].startswith(
+            "UsageError: cortex jobs: backend gone: could not reach the backend"
+        )
+        assert gone.error_lines[0].endswith(
+            "%cortex connect --local starts a new local backend (its jobs are marked as they really ended)"
+        )
         wait_until(lambda: widget.state.backend_gone, 60)
         assert widget.state.message.startswith("backend gone: ")
 
@@ -126,8 +139,10 @@ def test_a_dead_local_backend_says_backend_gone_and_connect_local_brings_a_new_o
         assert jobs.loc[midway_job.job_id, "failure_code"] == "backend_restarted"
         assert jobs.loc[kept_job.job_id, "step"] == 5
         assert kept_job.client is not magics.connection.client  # the old connection's client: use the new one
-        phases = {job_id: magics.connection.client.get_job(job_id)["progress"]["phase"]
-                  for job_id in (kept_job.job_id, midway_job.job_id)}
+        phases = {
+            job_id: magics.connection.client.get_job(job_id)["progress"]["phase"]
+            for job_id in (kept_job.job_id, midway_job.job_id)
+        }
         assert phases == {kept_job.job_id: "finished", midway_job.job_id: "failed"}
     finally:
         magics.connection = previous

@@ -90,7 +90,9 @@ def test_five_thousand_lines_arrive_once_in_order_by_pages_and_by_a_cut_and_resu
     rest = list(client.stream_logs(job.job_id, cursor=middle))
     assert [line["seq"] for line in rest] == [line["seq"] for line in paged if line["seq"] > middle]
     # And without follow, the iterator pages through what is there and stops.
-    assert [line["seq"] for line in client.stream_logs(job.job_id, follow=False)] == [line["seq"] for line in paged]
+    assert [line["seq"] for line in client.stream_logs(job.job_id, follow=False)] == [
+        line["seq"] for line in paged
+    ]
 
 
 def test_long_poll_returns_with_the_new_line(client):
@@ -120,8 +122,12 @@ def test_follow_stream_is_newline_delimited_json_with_typed_records(backend, cli
     client.forward_backward(job.job_id, BATCH)
     job.complete()
     client.wait_for_job(job.job_id, until=(JOB_DONE,))
-    response = httpx.get(f"{backend.url}/v1/jobs/{job.job_id}/logs", params={"follow": 1},
-                         headers={"Authorization": f"Bearer {backend.token}"}, timeout=30)
+    response = httpx.get(
+        f"{backend.url}/v1/jobs/{job.job_id}/logs",
+        params={"follow": 1},
+        headers={"Authorization": f"Bearer {backend.token}"},
+        timeout=30,
+    )
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("application/x-ndjson")
     records = [httpx.Response(200, content=line).json() for line in response.text.splitlines()]
@@ -130,7 +136,9 @@ def test_follow_stream_is_newline_delimited_json_with_typed_records(backend, cli
 
 
 def test_retention_drops_the_oldest_lines_and_every_reader_says_how_many(tmp_path):
-    backend = start_backend(tmp_path / "backend", "--devices", "cpu:2", "--worker-threads", "1", "--log-retention-lines", "40")
+    backend = start_backend(
+        tmp_path / "backend", "--devices", "cpu:2", "--worker-threads", "1", "--log-retention-lines", "40"
+    )
     try:
         with Client(backend.url, backend.token) as client:
             job = client.create_training_job("tiny", lora={"r": 1})
@@ -170,11 +178,18 @@ def test_download_writes_stdout_per_sub_job(client, tmp_path):
     assert set(paths) == {"training-0", "sampling-0"}
     assert paths["training-0"] == tmp_path / "training-0" / "stdout.log"
     training = paths["training-0"].read_text().splitlines()
-    assert [int(FORWARD_BACKWARD_LINE.match(line).group(1)) for line in training if FORWARD_BACKWARD_LINE.match(line)] == [1, 2, 3]
+    assert [
+        int(FORWARD_BACKWARD_LINE.match(line).group(1))
+        for line in training
+        if FORWARD_BACKWARD_LINE.match(line)
+    ] == [1, 2, 3]
     assert training[0].startswith("[engine] training-0 ready")
     assert paths["sampling-0"].read_text().startswith("[engine] sampling-0 ready")
-    expected = [line["line"] for line in page_all(client, job.job_id, 1000)
-                if line["sub_job_id"] == "training-0" and line["stream"] == "stdout"]
+    expected = [
+        line["line"]
+        for line in page_all(client, job.job_id, 1000)
+        if line["sub_job_id"] == "training-0" and line["stream"] == "stdout"
+    ]
     assert training == expected
 
 
@@ -190,8 +205,11 @@ def test_logs_of_another_owner_are_not_found(backend, client):
 
 def test_bad_log_arguments_are_refused_with_a_code(backend, client):
     job = client.create_training_job("tiny", lora={"r": 1}, wait=False)
-    response = httpx.get(f"{backend.url}/v1/jobs/{job.job_id}/logs", params={"cursor": "abc"},
-                         headers={"Authorization": f"Bearer {backend.token}"})
+    response = httpx.get(
+        f"{backend.url}/v1/jobs/{job.job_id}/logs",
+        params={"cursor": "abc"},
+        headers={"Authorization": f"Bearer {backend.token}"},
+    )
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_field"
     job.cancel()

@@ -63,8 +63,12 @@ def test_ppo_clips_the_ratio_where_it_would_gain_and_reports_the_clipped_fractio
 
 def test_ppo_takes_its_thresholds_from_the_config():
     logprobs = torch.tensor([[math.log(2.0)]])
-    loss, _ = compute_loss("ppo", logprobs, _inputs(logprobs=[0.0], advantages=[1.0]),
-                           LOSSES["ppo"].with_defaults({"clip_high_threshold": 1.5}))
+    loss, _ = compute_loss(
+        "ppo",
+        logprobs,
+        _inputs(logprobs=[0.0], advantages=[1.0]),
+        LOSSES["ppo"].with_defaults({"clip_high_threshold": 1.5}),
+    )
     assert loss.item() == pytest.approx(-1.5)
 
 
@@ -74,10 +78,20 @@ def test_validation_fills_defaults_and_refuses_unknown_or_out_of_range_config():
     with pytest.raises(ApiError) as info:  # a frame names its loss (the client always sends one)
         validate_loss({})
     assert info.value.code == "invalid_frame" and info.value.detail["field"] == "loss_fn"
-    for metadata, field in (({"loss_fn": "cross_entropy", "loss_fn_config": {"clip_low_threshold": 0.7}},
-                             "loss_fn_config.clip_low_threshold"),
-                            ({"loss_fn": "ppo", "loss_fn_config": {"clip_high_threshold": 0.5}}, "loss_fn_config.clip_high_threshold"),
-                            ({"loss_fn": "ppo", "loss_fn_config": {"clip_low_threshold": "x"}}, "loss_fn_config.clip_low_threshold")):
+    for metadata, field in (
+        (
+            {"loss_fn": "cross_entropy", "loss_fn_config": {"clip_low_threshold": 0.7}},
+            "loss_fn_config.clip_low_threshold",
+        ),
+        (
+            {"loss_fn": "ppo", "loss_fn_config": {"clip_high_threshold": 0.5}},
+            "loss_fn_config.clip_high_threshold",
+        ),
+        (
+            {"loss_fn": "ppo", "loss_fn_config": {"clip_low_threshold": "x"}},
+            "loss_fn_config.clip_low_threshold",
+        ),
+    ):
         with pytest.raises(ApiError) as info:
             validate_loss(metadata)
         assert info.value.code == "invalid_field" and info.value.detail["field"] == field
@@ -87,9 +101,15 @@ def test_validation_fills_defaults_and_refuses_unknown_or_out_of_range_config():
 
 
 def test_the_client_casts_with_the_tensor_specs_and_the_backend_checks_them():
-    batch = as_batch({"input_ids": [[1, 2]], "target_tokens": [[2, 3]], "weights": [[1, 0]], "extra": [[1, 1]]})
+    batch = as_batch(
+        {"input_ids": [[1, 2]], "target_tokens": [[2, 3]], "weights": [[1, 0]], "extra": [[1, 1]]}
+    )
     assert {name: str(array.dtype) for name, array in batch.items()} == {
-        "input_ids": "int64", "target_tokens": "int64", "weights": "float32", "extra": "float32"}
+        "input_ids": "int64",
+        "target_tokens": "int64",
+        "weights": "float32",
+        "extra": "float32",
+    }
 
     class Info:
         name, vocab_size = "tiny", 259
@@ -100,5 +120,7 @@ def test_the_client_casts_with_the_tensor_specs_and_the_backend_checks_them():
         validate_token_batch(floats, LOSSES["cross_entropy"].tensors, Info, 8)
     assert info.value.code == "invalid_batch" and info.value.detail["field"] == "target_tokens"
     with pytest.raises(ApiError) as info:
-        validate_token_batch({k: v for k, v in batch.items() if k != "weights"}, LOSSES["cross_entropy"].tensors, Info, 8)
+        validate_token_batch(
+            {k: v for k, v in batch.items() if k != "weights"}, LOSSES["cross_entropy"].tensors, Info, 8
+        )
     assert info.value.detail["missing"] == ["weights"]

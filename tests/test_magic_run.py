@@ -27,7 +27,10 @@ def in_tmp(tmp_path, monkeypatch):
 
 
 def test_run_shows_logs_and_brings_outputs_back_verified(cortex_shell, in_tmp):
-    ran = run_cell(cortex_shell, "%%cortex run --wait --output result=result.json --output table=table.csv -o handle\n" + WRITER)
+    ran = run_cell(
+        cortex_shell,
+        "%%cortex run --wait --output result=result.json --output table=table.csv -o handle\n" + WRITER,
+    )
     assert ran.success, ran.stderr
     handle = cortex_shell.user_ns["handle"]
     assert handle.info["status"] == "done"
@@ -66,7 +69,10 @@ def test_a_failing_run_ends_the_cell_with_one_line(cortex_shell, in_tmp, monkeyp
 
 
 def test_cancel_button_cancels_the_run(cortex_shell, backend, in_tmp):
-    ran = run_cell(cortex_shell, "%%cortex run --name sleeper\nimport time\nprint('sleeping', flush=True)\ntime.sleep(600)\n")
+    ran = run_cell(
+        cortex_shell,
+        "%%cortex run --name sleeper\nimport time\nprint('sleeping', flush=True)\ntime.sleep(600)\n",
+    )
     assert ran.success, ran.stderr
     handle = ran.result
     widget = run_widget.SHOWN[handle.run_id]
@@ -84,4 +90,3 @@ def test_bad_run_options_print_one_line(cortex_shell, in_tmp):
     ran = run_cell(cortex_shell, "%%cortex run --output result.json\nprint(1)\n")
     assert not ran.success and len(ran.error_lines) == 1
     assert "--output takes NAME=PATH, not 'result.json'" in ran.error_lines[0]
-

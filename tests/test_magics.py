@@ -50,7 +50,9 @@ def magics_instance(shell) -> CortexMagics:
 
 
 # connect ------------------------------------------------------------------------------------------
-def test_connect_follows_env_then_default_profile_then_prints_how(cortex_shell, backend, tmp_path, monkeypatch):
+def test_connect_follows_env_then_default_profile_then_prints_how(
+    cortex_shell, backend, tmp_path, monkeypatch
+):
     magics = magics_instance(cortex_shell)
     previous = magics.connection
     try:
@@ -64,7 +66,9 @@ def test_connect_follows_env_then_default_profile_then_prints_how(cortex_shell, 
         monkeypatch.delenv("CORTEX_URL")
         monkeypatch.delenv("CORTEX_TOKEN")
         config = tmp_path / "config.toml"
-        config.write_text(f'default = "lab"\n[profiles.lab]\nurl = "{backend.url}"\ntoken_env = "LAB_TOKEN"\n')
+        config.write_text(
+            f'default = "lab"\n[profiles.lab]\nurl = "{backend.url}"\ntoken_env = "LAB_TOKEN"\n'
+        )
         monkeypatch.setenv("CORTEX_CONFIG", str(config))
         monkeypatch.setenv("LAB_TOKEN", backend.token)
         ran = run_cell(cortex_shell, "%cortex connect")
@@ -73,7 +77,9 @@ def test_connect_follows_env_then_default_profile_then_prints_how(cortex_shell, 
         assert magics.connection.client.whoami()["owner"] == "admin"
 
         monkeypatch.setenv("CORTEX_CONFIG", str(tmp_path / "absent.toml"))
-        monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "no-jupyter-here"))  # no server to go through
+        monkeypatch.setenv(
+            "JUPYTER_RUNTIME_DIR", str(tmp_path / "no-jupyter-here")
+        )  # no server to go through
         connected_before = magics.connection
         ran = run_cell(cortex_shell, "%cortex connect")
         assert ran.success
@@ -116,10 +122,17 @@ def test_train_20_steps_returns_job_and_widget_shows_falling_loss(cortex_shell, 
     assert widget.progress.value == 20 and widget.progress.max == 20
     assert ">sampling<" in widget.header.value and "tiny" in widget.header.value
     assert "<polyline" in widget.loss_chart.value
-    assert repr(widget) == f"<cortex job {trained_job.job_id} sampling step 20/20 loss per token {snap.last_loss:.4f}>"
+    assert (
+        repr(widget)
+        == f"<cortex job {trained_job.job_id} sampling step 20/20 loss per token {snap.last_loss:.4f}>"
+    )
     with Client(backend.url, backend.token) as client:
         job = client.get_job(trained_job.job_id)
-    assert job["status"] == "running" and job["name"] == "magic-test" and job["progress"]["phase"] == "keep_alive"
+    assert (
+        job["status"] == "running"
+        and job["name"] == "magic-test"
+        and job["progress"]["phase"] == "keep_alive"
+    )
     assert job["keep_alive_until"] > job["last_activity_at"] and job["progress"]["last_checkpoint"] == "final"
     assert job["progress"]["loss_per_token"] == pytest.approx(last)
 
@@ -141,7 +154,9 @@ def test_widget_device_chart_shows_cpu_and_ram_from_the_backend_monitor(trained_
     wait_until(lambda: "<polyline" in widget.device_chart.value, 10)
     assert f"CPU / RAM, % of host · {snap.metrics_device}" in widget.device_chart.value
     assert ">job CPU<" in widget.device_chart.value and ">host CPU<" in widget.device_chart.value
-    assert widget.device_note.value.count("GPU") == 1 and "CPU host: no GPU metrics" in widget.device_note.value
+    assert (
+        widget.device_note.value.count("GPU") == 1 and "CPU host: no GPU metrics" in widget.device_note.value
+    )
 
 
 def test_train_without_wait_leaves_the_notebook_free(cortex_shell, backend):
@@ -165,7 +180,11 @@ def test_train_without_wait_leaves_the_notebook_free(cortex_shell, backend):
 def test_train_with_eval_and_samples_from_a_dataframe_variable(cortex_shell, backend):
     text = DEMO_TEXT.read_text()
     cortex_shell.user_ns["pairs"] = pd.DataFrame(
-        [{"prompt": "Q: what did the keeper write? A:", "completion": " " + line} for line in text.splitlines()] * 4
+        [
+            {"prompt": "Q: what did the keeper write? A:", "completion": " " + line}
+            for line in text.splitlines()
+        ]
+        * 4
     )
     body = (
         "base_model: tiny\ndata: $pairs\nsteps: 12\nbatch_size: 2\nmax_seq_len: 48\noptimizer: {lr: 0.003}\n"
@@ -233,8 +252,11 @@ def test_ctrl_c_in_blocking_train_stops_watching_and_the_run_goes_on(cortex_shel
 
 # sample -----------------------------------------------------------------------------------------------
 def test_sample_from_a_trained_job_returns_a_dataframe(cortex_shell, trained_job):
-    ran = run_cell(cortex_shell, f"%%cortex sample --job {trained_job.job_id} --temperature 0 --max-tokens 12\n"
-                                 "The lighthouse keeper\nOn stormy nights\n")
+    ran = run_cell(
+        cortex_shell,
+        f"%%cortex sample --job {trained_job.job_id} --temperature 0 --max-tokens 12\n"
+        "The lighthouse keeper\nOn stormy nights\n",
+    )
     assert ran.success, ran.stderr
     frame = ran.result
     assert isinstance(frame, pd.DataFrame)
@@ -242,8 +264,11 @@ def test_sample_from_a_trained_job_returns_a_dataframe(cortex_shell, trained_job
     assert list(frame["prompt"]) == ["The lighthouse keeper", "On stormy nights"]
     assert (frame["num_tokens"] <= 12).all() and (frame["logprob"] < 0).all()
     # Greedy from the same weights is the same text again, and matches the SDK's own generate.
-    again = run_cell(cortex_shell, f"%%cortex sample --job {trained_job.job_id} --temperature 0 --max-tokens 12 -o again\n"
-                                   "- The lighthouse keeper\n- On stormy nights\n")
+    again = run_cell(
+        cortex_shell,
+        f"%%cortex sample --job {trained_job.job_id} --temperature 0 --max-tokens 12 -o again\n"
+        "- The lighthouse keeper\n- On stormy nights\n",
+    )
     assert again.success and again.result is None
     assert list(cortex_shell.user_ns["again"]["sample"]) == list(frame["sample"])
     direct = trained_job.generate(["The lighthouse keeper"], temperature=0.0, max_tokens=12).result()
@@ -267,7 +292,11 @@ def test_jobs_capacity_and_models_come_back_as_dataframes(cortex_shell, trained_
     row = jobs[jobs["job_id"] == trained_job.job_id].iloc[0]
     # One word per state, the step reached, the final loss per token, duration and the hyperparameters.
     assert row["status"] == "sampling" and row["detail"].startswith("keep-alive, freeing the device in ")
-    assert row["step"] == 20 and row["total_steps"] == 20 and row["loss_per_token"] == trained_job.progress["loss_per_token"]
+    assert (
+        row["step"] == 20
+        and row["total_steps"] == 20
+        and row["loss_per_token"] == trained_job.progress["loss_per_token"]
+    )
     assert row["lr"] == 0.003 and row["lora_r"] == 16 and row["batch_size"] == 4 and row["steps"] == 20
     assert re.fullmatch(r"\d+:\d\d", row["duration"])
     done = run_cell(cortex_shell, "%cortex jobs --status done --limit 5").result
@@ -322,17 +351,28 @@ def test_job_widget_is_rebuilt_from_the_backend_after_a_restart(cortex_shell, ow
     ("cell", "expected"),
     [
         # Lines are the cell's: line 1 is the %%cortex line.
-        ("%%cortex train\nbase_model: tiny\nsteps: 5: 6\n", "not valid YAML at line 3, column 9: mapping values"),
-        ("%%cortex train\nbase_model: tiny\ndata: x.jsonl\nsteps: 5\nlearning_rate: 0.1\n", "unknown key learning_rate; allowed: base_model"),
+        (
+            "%%cortex train\nbase_model: tiny\nsteps: 5: 6\n",
+            "not valid YAML at line 3, column 9: mapping values",
+        ),
+        (
+            "%%cortex train\nbase_model: tiny\ndata: x.jsonl\nsteps: 5\nlearning_rate: 0.1\n",
+            "unknown key learning_rate; allowed: base_model",
+        ),
         ("%%cortex train\nbase_model: tiny\ndata: x.jsonl\nsteps: 5\nlearning_rate: 0.1\n", "(line 5)"),
         ("%%cortex train\ndata: x.jsonl\nsteps: 5\nlora: {rank: 8}\n", "unknown key in lora lora.rank"),
         ("%%cortex train\ndata: /no/such/train.jsonl\nsteps: 5\n", "data: no file '/no/such/train.jsonl'"),
         ("%%cortex train\ndata: $not_defined_here\nsteps: 5\n", "data: $not_defined_here is not defined"),
         ("%%cortex train\ndata: x.jsonl\n", "give exactly one of steps"),
-        ("%%cortex train\ndata: x.jsonl\nsteps: 5\nlora:\n  alpha: 8\n  r: 0\n", "lora.r (line 6): must be >= 1, not 0"),
+        (
+            "%%cortex train\ndata: x.jsonl\nsteps: 5\nlora:\n  alpha: 8\n  r: 0\n",
+            "lora.r (line 6): must be >= 1, not 0",
+        ),
         # Refused by the backend when the job is created, named as the cell writes it, with its line.
-        (f"%%cortex train\ndata: {DEMO_TEXT}\nsteps: 2\nlora:\n  r: 4\n  target_modules: [q_proj, q_projj]\n",
-         "[invalid_field] lora.target_modules (line 6): model tiny has no module 'q_projj'; its modules are named "),
+        (
+            f"%%cortex train\ndata: {DEMO_TEXT}\nsteps: 2\nlora:\n  r: 4\n  target_modules: [q_proj, q_projj]\n",
+            "[invalid_field] lora.target_modules (line 6): model tiny has no module 'q_projj'; its modules are named ",
+        ),
         ("%cortex job job-doesnotexist", "[job_not_found] no job 'job-doesnotexist'"),
         ("%cortex job job-doesnotexist", "list yours with %cortex jobs"),
         ("%cortex logs job-doesnotexist", "[job_not_found]"),
@@ -358,7 +398,7 @@ def test_bad_jsonl_row_is_named(cortex_shell, tmp_path):
     data.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"txt": "typo"}) + "\n")
     ran = run_cell(cortex_shell, f"%%cortex train\ndata: {data}\nsteps: 2\n")
     assert not ran.success and len(ran.error_lines) == 1
-    assert "line 2 has neither a \"text\" string nor \"prompt\" and \"completion\"" in ran.error_lines[0]
+    assert 'line 2 has neither a "text" string nor "prompt" and "completion"' in ran.error_lines[0]
 
 
 # help ------------------------------------------------------------------------------------------------------
@@ -366,11 +406,39 @@ def test_help_documents_every_subcommand_and_the_train_keys(cortex_shell):
     doc = cortex_shell.find_magic("cortex").__doc__
     for name in SUBCOMMANDS:
         assert f"%cortex {name}" in doc, name
-    for key in ("base_model", "lora", "optimizer", "data", "batch_size", "max_seq_len", "steps", "epochs", "eval", "sample",
-                "save", "seed", "keep_alive"):
+    for key in (
+        "base_model",
+        "lora",
+        "optimizer",
+        "data",
+        "batch_size",
+        "max_seq_len",
+        "steps",
+        "epochs",
+        "eval",
+        "sample",
+        "save",
+        "seed",
+        "keep_alive",
+    ):
         assert f"\n  {key} " in doc, key
-    assert {"connect", "status", "capacity", "models", "jobs", "job", "logs", "cancel", "checkpoints", "compare", "runs",
-            "train", "sample", "run", "help"} == set(SUBCOMMANDS)
+    assert {
+        "connect",
+        "status",
+        "capacity",
+        "models",
+        "jobs",
+        "job",
+        "logs",
+        "cancel",
+        "checkpoints",
+        "compare",
+        "runs",
+        "train",
+        "sample",
+        "run",
+        "help",
+    } == set(SUBCOMMANDS)
     ran = run_cell(cortex_shell, "%cortex help logs")
     assert ran.success and "%cortex logs [-n LINES] [-f] job_id" in ran.stdout
 
@@ -379,9 +447,13 @@ def test_importing_cortex_nb_loads_no_torch_ipython_or_widgets():
     import subprocess
     import sys
 
-    code = ("import sys, cortex_nb\n"
-            "print(sorted(m for m in ('torch', 'IPython', 'ipywidgets', 'yaml') if m in sys.modules))")
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    code = (
+        "import sys, cortex_nb\n"
+        "print(sorted(m for m in ('torch', 'IPython', 'ipywidgets', 'yaml') if m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert loaded == "[]"
 
 
@@ -399,9 +471,14 @@ def test_error_hints_name_the_magic_that_shows_the_same_thing():
     from cortex_nb.magics.error_text import in_magic_words
 
     assert in_magic_words("no job 'x' is visible to this token; list yours with GET /v1/jobs") == (
-        "no job 'x' is visible to this token; list yours with %cortex jobs")
-    assert in_magic_words("list them with GET /v1/jobs/job-1a/checkpoints") == "list them with %cortex checkpoints job-1a"
+        "no job 'x' is visible to this token; list yours with %cortex jobs"
+    )
+    assert (
+        in_magic_words("list them with GET /v1/jobs/job-1a/checkpoints")
+        == "list them with %cortex checkpoints job-1a"
+    )
     assert in_magic_words("(GET /v1/capacity shows its devices), (GET /v1/models)") == (
-        "(%cortex capacity shows its devices), (%cortex models)")
+        "(%cortex capacity shows its devices), (%cortex models)"
+    )
     # A route with no magic of its own stays as it is; so does one that only starts like a known one.
     assert in_magic_words("see GET /v1/jobs/job-1a/requests") == "see GET /v1/jobs/job-1a/requests"

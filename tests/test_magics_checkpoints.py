@@ -10,7 +10,10 @@ from .notebook_fixtures import run_cell, train_spec, wait_until
 
 
 def test_save_every_n_steps_lists_checkpoints_and_the_button_saves_one_more(cortex_shell, backend):
-    ran = run_cell(cortex_shell, "%%cortex train --wait -o saving_job\n" + train_spec(12, save="{every: 5}", keep_alive="10m"))
+    ran = run_cell(
+        cortex_shell,
+        "%%cortex train --wait -o saving_job\n" + train_spec(12, save="{every: 5}", keep_alive="10m"),
+    )
     assert ran.success, ran.stderr
     job = cortex_shell.user_ns["saving_job"]
     try:
@@ -29,7 +32,10 @@ def test_save_every_n_steps_lists_checkpoints_and_the_button_saves_one_more(cort
         job.step().result()
         widget.save_button.click()
         with Client(backend.url, backend.token) as client:
-            wait_until(lambda: [c["checkpoint_id"] for c in client.list_checkpoints(job.job_id)][-1:] == ["step-13"], 60)
+            wait_until(
+                lambda: [c["checkpoint_id"] for c in client.list_checkpoints(job.job_id)][-1:] == ["step-13"],
+                60,
+            )
         wait_until(lambda: widget.state.snapshot().checkpoints[-1] == "step-13", 30)
         assert not widget.action_errors
     finally:

@@ -20,7 +20,9 @@ CELLS = [
 
 
 def execute(server, cells: list[str], timeout_s: float = 240) -> list[str]:
-    kernel = httpx.post(server.url + "api/kernels", json={"name": "python3"}, headers=server.headers(), timeout=60).json()
+    kernel = httpx.post(
+        server.url + "api/kernels", json={"name": "python3"}, headers=server.headers(), timeout=60
+    ).json()
     client = BlockingKernelClient(connection_file=str(server.runtime_dir / f"kernel-{kernel['id']}.json"))
     client.load_connection_file()
     client.start_channels(hb=False)
@@ -34,7 +36,9 @@ def execute(server, cells: list[str], timeout_s: float = 240) -> list[str]:
                 if message["msg_type"] == "stream":
                     chunks.append(message["content"]["text"])
                 elif message["msg_type"] == "error":
-                    chunks.append("ERROR " + message["content"]["ename"] + ": " + message["content"]["evalue"])
+                    chunks.append(
+                        "ERROR " + message["content"]["ename"] + ": " + message["content"]["evalue"]
+                    )
 
             reply = client.execute_interactive(code, timeout=timeout_s, output_hook=collect)
             text = "".join(chunks)
@@ -46,7 +50,9 @@ def execute(server, cells: list[str], timeout_s: float = 240) -> list[str]:
         httpx.delete(server.url + f"api/kernels/{kernel['id']}", headers=server.headers(), timeout=30)
 
 
-def test_connect_goes_through_the_jupyter_proxy_when_nothing_else_is_configured(backend, tmp_path, monkeypatch):
+def test_connect_goes_through_the_jupyter_proxy_when_nothing_else_is_configured(
+    backend, tmp_path, monkeypatch
+):
     monkeypatch.setenv("CORTEX_CONFIG", str(tmp_path / "absent.toml"))  # no default profile either
     monkeypatch.setenv("CORTEX_NONINTERACTIVE", "1")
     server = start_jupyter_for(backend, tmp_path)
@@ -62,5 +68,7 @@ def test_connect_goes_through_the_jupyter_proxy_when_nothing_else_is_configured(
     assert finish.rstrip().endswith("cancelled")
     assert "[engine] step=4 " in finish
     assert backend.token not in connect + train + finish
-    job = httpx.get(f"{backend.url}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {backend.token}"}).json()
+    job = httpx.get(
+        f"{backend.url}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {backend.token}"}
+    ).json()
     assert job["name"] == "via-proxy" and job["status"] == "cancelled"

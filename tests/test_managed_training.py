@@ -17,8 +17,15 @@ from cortex_nb.train_data import Example, examples_to_jsonl, tokenize_and_pack
 from .notebook_fixtures import wait_until
 from .tokens import create_token
 
-SPEC = {"base_model": "tiny", "steps": 12, "batch_size": 8, "max_seq_len": 16, "optimizer": {"lr": 0.003},
-        "lora": {"r": 8, "alpha": 16}, "seed": 3}
+SPEC = {
+    "base_model": "tiny",
+    "steps": 12,
+    "batch_size": 8,
+    "max_seq_len": 16,
+    "optimizer": {"lr": 0.003},
+    "lora": {"r": 8, "alpha": 16},
+    "seed": 3,
+}
 
 
 def test_a_managed_run_trains_to_the_same_losses_as_the_primitive_api(client: Client):
@@ -26,9 +33,12 @@ def test_a_managed_run_trains_to_the_same_losses_as_the_primitive_api(client: Cl
     the same spec driven through forward_backward/step (same seed, CPU fp32) gives the same curve."""
     rows = addition_problems()
     managed = client.train({**SPEC, "data": rows}, name="parity-managed")
-    primitive = client.create_training_job("tiny", lora=SPEC["lora"], optimizer=SPEC["optimizer"], seed=SPEC["seed"],
-                                           name="parity-primitive")
-    data = tokenize_and_pack(client, "tiny", [Example(r["prompt"], r["completion"]) for r in rows], SPEC["max_seq_len"])
+    primitive = client.create_training_job(
+        "tiny", lora=SPEC["lora"], optimizer=SPEC["optimizer"], seed=SPEC["seed"], name="parity-primitive"
+    )
+    data = tokenize_and_pack(
+        client, "tiny", [Example(r["prompt"], r["completion"]) for r in rows], SPEC["max_seq_len"]
+    )
     batches = data.batches(SPEC["batch_size"], SPEC["seed"])
     losses = []
     for _ in range(SPEC["steps"]):
@@ -44,9 +54,14 @@ def test_a_managed_run_trains_to_the_same_losses_as_the_primitive_api(client: Cl
     # The primitive job's own record is folded from its results: the same numbers, by the same rule.
     record = primitive.refresh()["progress"]
     assert record["source"] == "primitive" and record["step"] == 12 and record["total_steps"] is None
-    assert [p["loss_per_token"] for p in record["history"]] == pytest.approx(managed_curve, rel=1e-6, abs=1e-7)
+    assert [p["loss_per_token"] for p in record["history"]] == pytest.approx(
+        managed_curve, rel=1e-6, abs=1e-7
+    )
     assert record["tokens"] == finished["progress"]["tokens"] > 0
-    assert finished["progress"]["last_checkpoint"] == "final" and finished["progress"]["last_checkpoint_step"] == 12
+    assert (
+        finished["progress"]["last_checkpoint"] == "final"
+        and finished["progress"]["last_checkpoint_step"] == 12
+    )
 
     # Free device on the client's own job: its 12 trained steps are in no checkpoint, so they are saved first.
     freed = primitive.complete()
@@ -54,7 +69,10 @@ def test_a_managed_run_trains_to_the_same_losses_as_the_primitive_api(client: Cl
     wait_until(lambda: primitive.refresh()["status"] == "done", 60)
     [final] = client.list_checkpoints(primitive.job_id)
     assert final["checkpoint_id"] == "final" and final["step"] == 12 and final["type"] == "weights-only"
-    assert primitive.info["progress"]["phase"] == "finished" and primitive.info["progress"]["last_checkpoint"] == "final"
+    assert (
+        primitive.info["progress"]["phase"] == "finished"
+        and primitive.info["progress"]["last_checkpoint"] == "final"
+    )
     again = primitive.complete()  # idempotent once done, and nothing more to save
     assert again["status"] == "done" and again["saved_checkpoint"] is None
 
@@ -78,8 +96,13 @@ def test_a_dataset_is_uploaded_once_and_named_by_its_hash(client: Client, backen
         other.get_dataset(dataset_id)
     assert missing.value.code == "dataset_not_found"
     with pytest.raises(NotFoundError) as refused_job:
-        other._call("create_job", json={"sub_jobs": [{"type": "training", "base_model": "tiny"}],
-                                        "training_loop": {"data": {"dataset_id": dataset_id}, "steps": 2}})
+        other._call(
+            "create_job",
+            json={
+                "sub_jobs": [{"type": "training", "base_model": "tiny"}],
+                "training_loop": {"data": {"dataset_id": dataset_id}, "steps": 2},
+            },
+        )
     assert refused_job.value.code == "dataset_not_found"
 
 
@@ -90,8 +113,10 @@ def test_a_dataset_is_uploaded_once_and_named_by_its_hash(client: Client, backen
         ({"data": {"dataset_id": "nothex"}, "steps": 2}, "training_loop.data.dataset_id"),
         ({"data": {"dataset_id": "a" * 64}, "steps": 0}, "training_loop.steps"),
         ({"data": {"dataset_id": "a" * 64}, "steps": 2, "keep_alive_s": -1}, "training_loop.keep_alive_s"),
-        ({"data": {"dataset_id": "a" * 64}, "steps": 2, "sample": {"every": 1, "prompts": ["x" * 3000]}},
-         "training_loop.sample.prompts[0]"),
+        (
+            {"data": {"dataset_id": "a" * 64}, "steps": 2, "sample": {"every": 1, "prompts": ["x" * 3000]}},
+            "training_loop.sample.prompts[0]",
+        ),
     ],
 )
 def test_a_bad_training_loop_is_refused_naming_the_field(client: Client, loop, field):
@@ -99,12 +124,16 @@ def test_a_bad_training_loop_is_refused_naming_the_field(client: Client, loop, f
     if loop["data"]["dataset_id"] == "a" * 64:
         loop = {**loop, "data": {"dataset_id": client.upload_dataset(body)}}
     with pytest.raises(BadRequestError) as refused:
-        client._call("create_job", json={"sub_jobs": [{"type": "training", "base_model": "tiny"}], "training_loop": loop})
+        client._call(
+            "create_job",
+            json={"sub_jobs": [{"type": "training", "base_model": "tiny"}], "training_loop": loop},
+        )
     assert refused.value.status == 400 and refused.value.detail["field"] == field, refused.value
 
 
 def test_a_long_run_answers_long_polls_serves_requests_between_steps_and_frees_its_device_keeping_the_adapter(
-        client: Client):
+    client: Client,
+):
     job = client.train({**SPEC, "data": addition_problems(), "steps": 2000})
     wait_until(lambda: (job.progress or {}).get("step", 0) >= 2, 120)
     before = job.info["progress"]
@@ -141,14 +170,20 @@ def test_keep_alive_holds_the_device_for_sampling_then_frees_it(client: Client):
 def test_an_idle_primitive_job_says_when_it_frees_its_device(client: Client):
     job = client.create_training_job("tiny", idle_timeout_s=2.0, name="idle-soon")
     info = job.refresh()
-    assert info["idle"]["timeout_s"] == 2.0 and info["idle"]["frees_at"] == pytest.approx(info["last_activity_at"] + 2.0)
+    assert info["idle"]["timeout_s"] == 2.0 and info["idle"]["frees_at"] == pytest.approx(
+        info["last_activity_at"] + 2.0
+    )
     wait_until(lambda: job.refresh()["status"] == "done", 60)
-    assert job.info["idle"] is None and not client.list_checkpoints(job.job_id)  # nothing trained, nothing saved
+    assert job.info["idle"] is None and not client.list_checkpoints(
+        job.job_id
+    )  # nothing trained, nothing saved
 
 
 def test_a_list_of_jobs_carries_every_views_fields(client: Client, backend):
     rows = client.list_jobs(limit=5)
-    assert rows and all({"progress", "queue", "idle", "keep_alive_until", "training_loop"} <= set(row) for row in rows)
+    assert rows and all(
+        {"progress", "queue", "idle", "keep_alive_until", "training_loop"} <= set(row) for row in rows
+    )
     with httpx.Client(base_url=backend.url, headers={"Authorization": f"Bearer {backend.token}"}) as http:
         capacity = http.get("/v1/capacity").json()
     assert capacity["pending_jobs"] == [] and capacity["slots_total"] == 8

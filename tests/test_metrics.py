@@ -21,7 +21,13 @@ from .backend_process import start_backend
 from .tokens import create_token
 
 HOST_FIELDS = {"cpu_percent", "ram_used_bytes", "ram_total_bytes"}
-GPU_FIELDS = {"gpu_utilization_percent", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_temperature_c", "gpu_power_watts"}
+GPU_FIELDS = {
+    "gpu_utilization_percent",
+    "gpu_memory_used_bytes",
+    "gpu_memory_total_bytes",
+    "gpu_temperature_c",
+    "gpu_power_watts",
+}
 BATCH = {"input_ids": [[1, 2, 3]], "target_tokens": [[2, 3, 4]], "weights": [[1.0, 1.0, 1.0]]}
 
 
@@ -46,8 +52,15 @@ def assert_host_sample(sample: dict) -> None:
 @pytest.fixture(scope="module")
 def metered(tmp_path_factory):
     """A backend sampling every 0.2 s (so a short job has many samples)."""
-    backend = start_backend(tmp_path_factory.mktemp("metered"), "--devices", "cpu:2", "--worker-threads", "1",
-                            "--monitor-interval", "0.2")
+    backend = start_backend(
+        tmp_path_factory.mktemp("metered"),
+        "--devices",
+        "cpu:2",
+        "--worker-threads",
+        "1",
+        "--monitor-interval",
+        "0.2",
+    )
     yield backend
     backend.stop()
 
@@ -131,8 +144,16 @@ def test_downloads_and_dataframe_match_the_endpoint(metered, finished_job, tmp_p
         assert path == tmp_path / "gpu.jsonl"
         assert [json.loads(line) for line in path.read_text().splitlines()] == samples
         frame = client.metrics_df(finished_job["job_id"])
-        assert list(frame.columns) == ["at", "device", "cpu_percent", "ram_used_bytes", "ram_total_bytes",
-                                       "job_cpu_percent", "job_ram_bytes", "sub_job_ids"]
+        assert list(frame.columns) == [
+            "at",
+            "device",
+            "cpu_percent",
+            "ram_used_bytes",
+            "ram_total_bytes",
+            "job_cpu_percent",
+            "job_ram_bytes",
+            "sub_job_ids",
+        ]
         assert len(frame) == len(samples)
         assert frame["ram_used_bytes"].tolist() == [sample["ram_used_bytes"] for sample in samples]
 
@@ -141,8 +162,11 @@ def test_metrics_of_another_owner_are_not_found_and_bad_arguments_are_refused(me
     with Client(metered.url, create_token(metered.data_dir, "eve", "jobs:read", "jobs:write")) as other:
         with pytest.raises(NotFoundError):
             other.get_job_metrics(finished_job["job_id"])
-    response = httpx.get(f"{metered.url}/v1/jobs/{finished_job['job_id']}/metrics", params={"since": "yesterday"},
-                         headers={"Authorization": f"Bearer {metered.token}"})
+    response = httpx.get(
+        f"{metered.url}/v1/jobs/{finished_job['job_id']}/metrics",
+        params={"since": "yesterday"},
+        headers={"Authorization": f"Bearer {metered.token}"},
+    )
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_field"
 
 
@@ -174,7 +198,9 @@ MONITOR_PROBE = textwrap.dedent("""
 
 def run_probe(env_extra: dict[str, str]) -> dict:
     env = {**os.environ, **env_extra}
-    done = subprocess.run([sys.executable, "-c", MONITOR_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", MONITOR_PROBE], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -197,9 +223,14 @@ def test_when_nvml_cannot_load_its_library_samples_carry_host_fields_only(tmp_pa
     broken.mkdir()
     # A file where the driver's library should be: found first, fails to load, as with a broken driver install.
     (broken / "libnvidia-ml.so.1").write_bytes(b"not a shared library\n")
-    probe = run_probe({"LD_LIBRARY_PATH": os.pathsep.join([str(broken), os.environ.get("LD_LIBRARY_PATH", "")])})
+    probe = run_probe(
+        {"LD_LIBRARY_PATH": os.pathsep.join([str(broken), os.environ.get("LD_LIBRARY_PATH", "")])}
+    )
     assert probe["devices"] == ["cpu"]
-    assert probe["nvml_reason"].startswith("NVML could not start:") and "Library Not Found" in probe["nvml_reason"]
+    assert (
+        probe["nvml_reason"].startswith("NVML could not start:")
+        and "Library Not Found" in probe["nvml_reason"]
+    )
     [sample] = probe["samples"]
     assert set(sample) == {"at", "device", *HOST_FIELDS}
 
@@ -210,8 +241,22 @@ def test_asking_for_gpus_without_nvml_fails_at_start_with_the_reason(tmp_path):
     (shadow / "pynvml.py").write_text("raise ImportError(\"No module named 'pynvml'\")\n")
     env = {**os.environ, "PYTHONPATH": str(shadow)}
     done = subprocess.run(
-        [sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(tmp_path / "data"), "--devices", "0"],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "cortex_backend",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--devices",
+            "0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode != 0
     assert "pynvml is not installed" in done.stderr
@@ -264,17 +309,35 @@ def test_monitor_ticks_persist_attribute_and_trim(tmp_path):
     from cortex_backend.store import Store
 
     store = Store(tmp_path / "cortex.sqlite3")
-    store.insert_job({"id": "job-a", "owner": "ann", "status": "running", "spec": {}},
-                     [{"id": "training-0", "type": "training", "status": "running", "spec": {}}])
+    store.insert_job(
+        {"id": "job-a", "owner": "ann", "status": "running", "spec": {}},
+        [{"id": "training-0", "type": "training", "status": "running", "spec": {}}],
+    )
     store.update_sub_job("job-a", "training-0", device="cpu")
-    store.insert_run({"id": "run-b", "owner": "bo", "submission_id": "s1", "name": "b", "status": "running", "spec": {},
-                      "manifest": {}})
+    store.insert_run(
+        {
+            "id": "run-b",
+            "owner": "bo",
+            "submission_id": "s1",
+            "name": "b",
+            "status": "running",
+            "spec": {},
+            "manifest": {},
+        }
+    )
     store.update_run("run-b", devices=["cpu"])
     # The "worker" of job-a is a real process that works a little; run-b's process is not known.
-    worker = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: sum(range(100_000)); time.sleep(0.005)"])
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time\nwhile True: sum(range(100_000)); time.sleep(0.005)"]
+    )
     pids = {("job-a", "training-0"): worker.pid}
-    monitor = Monitor(store, detect_devices("cpu", 2), interval_s=0.05, retention_s=3600,
-                      worker_pid=lambda job_id, sub_job_id: pids.get((job_id, sub_job_id)))
+    monitor = Monitor(
+        store,
+        detect_devices("cpu", 2),
+        interval_s=0.05,
+        retention_s=3600,
+        worker_pid=lambda job_id, sub_job_id: pids.get((job_id, sub_job_id)),
+    )
     monitor.start()
     deadline = time.monotonic() + 10
     while monitor.samples_taken < 8 and time.monotonic() < deadline:
@@ -289,7 +352,9 @@ def test_monitor_ticks_persist_attribute_and_trim(tmp_path):
     assert "workers" not in stored[0]
     readings = [sample["workers"] for sample in stored[1:]]
     assert all(set(reading) == {"job-a/training-0"} for reading in readings)  # run-b: absent, not zero
-    assert all(0 < reading["job-a/training-0"]["ram_bytes"] < stored[0]["ram_used_bytes"] for reading in readings)
+    assert all(
+        0 < reading["job-a/training-0"]["ram_bytes"] < stored[0]["ram_used_bytes"] for reading in readings
+    )
     assert max(reading["job-a/training-0"]["cpu_percent"] for reading in readings) > 0
     assert monitor.latest()[0] == stored[-1]
     assert monitor.errors == 0
@@ -299,8 +364,17 @@ def test_monitor_ticks_persist_attribute_and_trim(tmp_path):
 
 
 def test_the_backend_cli_takes_the_monitor_interval_and_log_retention(tmp_path):
-    backend = start_backend(Path(tmp_path), "--devices", "cpu:1", "--warm-workers", "0", "--monitor-interval", "0",
-                            "--log-retention-lines", "10")
+    backend = start_backend(
+        Path(tmp_path),
+        "--devices",
+        "cpu:1",
+        "--warm-workers",
+        "0",
+        "--monitor-interval",
+        "0",
+        "--log-retention-lines",
+        "10",
+    )
     try:
         with Client(backend.url, backend.token) as client:
             time.sleep(0.5)
@@ -308,6 +382,9 @@ def test_the_backend_cli_takes_the_monitor_interval_and_log_retention(tmp_path):
             assert host["interval_s"] == 0 and host["samples"] == []  # sampling off
     finally:
         backend.stop()
-    done = subprocess.run([sys.executable, "-m", "cortex_backend", "serve", "--log-retention-lines", "0"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "cortex_backend", "serve", "--log-retention-lines", "0"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and "must be at least 1" in done.stderr

@@ -31,7 +31,9 @@ def test_a_name_with_one_slash_is_listed_tokenized_and_trained(client: Client, l
         job.cancel()
 
 
-@pytest.mark.parametrize("name", ["a/b/c", "/etc/passwd", "x/", "a//b", "org/../x", "../x", "tiny\n", "a/b\n"])
+@pytest.mark.parametrize(
+    "name", ["a/b/c", "/etc/passwd", "x/", "a//b", "org/../x", "../x", "tiny\n", "a/b\n"]
+)
 def test_paths_and_second_slashes_are_not_names(client: Client, name: str):
     assert not is_model_name(name)
     with pytest.raises(BadRequestError) as caught:
@@ -40,8 +42,11 @@ def test_paths_and_second_slashes_are_not_names(client: Client, name: str):
 
 
 def test_an_unregistered_hugging_face_name_is_unknown_and_never_fetched(backend):
-    response = httpx.post(f"{backend.url}/v1/jobs", headers={"Authorization": f"Bearer {backend.token}"},
-                          json={"sub_jobs": [{"type": "sampling", "base_model": "Qwen/Qwen3-0.6B"}]})
+    response = httpx.post(
+        f"{backend.url}/v1/jobs",
+        headers={"Authorization": f"Bearer {backend.token}"},
+        json={"sub_jobs": [{"type": "sampling", "base_model": "Qwen/Qwen3-0.6B"}]},
+    )
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "unknown_model" and HF_NAME in error["message"]
@@ -49,9 +54,21 @@ def test_an_unregistered_hugging_face_name_is_unknown_and_never_fetched(backend)
 
 def test_the_backend_refuses_to_register_a_path_like_name(tmp_path, gpt2_dir):
     result = subprocess.run(
-        [sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(tmp_path),
-         "--model", f"org/sub/model={gpt2_dir}"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "cortex_backend",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path),
+            "--model",
+            f"org/sub/model={gpt2_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert "org/sub/model" in result.stderr and "at most one '/'" in result.stderr

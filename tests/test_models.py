@@ -13,8 +13,20 @@ from cortex_backend.models import ModelCatalog, inspect_model_dir
 
 def _serve(tmp_path, *args):
     return subprocess.run(
-        [sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(tmp_path / "data"), *args],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "cortex_backend",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path / "data"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

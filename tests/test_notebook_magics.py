@@ -41,13 +41,16 @@ CELLS = [
 # A run that ends inside its cell (no keep-alive, --wait): its widget becomes the static picture there.
 PICTURE_CELLS = [
     TRAIN_CELL.replace("-o job --name notebook-run", "-o short_job --name saved-picture")
-    .replace("steps: 15", "steps: 6").replace("keep_alive: 5m\n", ""),
+    .replace("steps: 15", "steps: 6")
+    .replace("keep_alive: 5m\n", ""),
     "import json\nprint(json.dumps({'history': list(short_job.history['loss_per_token']),"
     " 'final': short_job.progress['loss_per_token']}))",
 ]
 
 
-def execute(tmp_path, monkeypatch, backend, noninteractive: bool, cells: list[str] = CELLS) -> nbformat.NotebookNode:
+def execute(
+    tmp_path, monkeypatch, backend, noninteractive: bool, cells: list[str] = CELLS
+) -> nbformat.NotebookNode:
     monkeypatch.setenv("CORTEX_URL", backend.url)
     monkeypatch.setenv("CORTEX_TOKEN", backend.token)
     if noninteractive:
@@ -56,8 +59,13 @@ def execute(tmp_path, monkeypatch, backend, noninteractive: bool, cells: list[st
         monkeypatch.delenv("CORTEX_NONINTERACTIVE", raising=False)
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
-    client = NotebookClient(notebook, timeout=300, kernel_name="python3", store_widget_state=True,
-                            resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        store_widget_state=True,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
     client.execute()  # raises CellExecutionError on any error in any cell
     nbformat.write(notebook, tmp_path / "executed.ipynb")
     return notebook
@@ -80,7 +88,9 @@ def test_notebook_with_widgets_runs_in_a_real_kernel(tmp_path, monkeypatch, back
     summary = [line for line in texts(train).splitlines() if "(tiny) sampling: 15/15 steps" in line]
     assert len(summary) == 1 and "loss per token " in summary[0]
     job_id = summary[0].split()[0]
-    widget_outputs = [o for o in train.outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    widget_outputs = [
+        o for o in train.outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+    ]
     assert len(widget_outputs) == 1
     # The trait updates made on background threads reached the frontend: the saved widget state
     # holds the finished progress bar and the falling loss chart.
@@ -107,12 +117,19 @@ def assert_saved_notebook_shows_the_final_widget_without_a_kernel(path) -> None:
     assert "application/vnd.jupyter.widget-view+json" not in output.data
     html = output.data["text/html"]
     job_id = re.search(r'data-cortex-job="([^"]+)"', html).group(1)
-    assert output.data["text/plain"] == f"<cortex job {job_id} done step 6/6 loss per token {numbers['final']:.4f}>"
+    assert (
+        output.data["text/plain"]
+        == f"<cortex job {job_id} done step 6/6 loss per token {numbers['final']:.4f}>"
+    )
     assert "<b>saved-picture</b>" in html and ">done</span>" in html and "step 6/6" in html
     assert f"loss per token {numbers['final']:.4f}" in html and "CPU host: no GPU metrics" in html
     # The loss chart, as an image: one point per step, and its heights follow the losses.
-    [(svg, alt)] = [(base64.b64decode(data).decode(), alt) for data, alt in
-                    re.findall(r'<img src="data:image/svg\+xml;base64,([^"]+)" alt="(loss per token[^"]*)"', html)]
+    [(svg, alt)] = [
+        (base64.b64decode(data).decode(), alt)
+        for data, alt in re.findall(
+            r'<img src="data:image/svg\+xml;base64,([^"]+)" alt="(loss per token[^"]*)"', html
+        )
+    ]
     assert alt.endswith(f"{numbers['final']:.4f} at step 6")
     points = ElementTree.fromstring(svg).find("{http://www.w3.org/2000/svg}polyline").get("points").split()
     heights = [float(point.split(",")[1]) for point in points]
@@ -151,7 +168,9 @@ def test_background_threads_keep_output_out_of_later_cells(tmp_path):
     ours adopt the one captured at display (the orphan is the control that shows the difference)."""
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(source) for source in THREAD_CELLS]
-    NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     later_with_adopted, later_with_orphan = texts(notebook.cells[1]), texts(notebook.cells[3])
     assert "adopted thread output" not in later_with_adopted
     assert "orphan thread output" in later_with_orphan

@@ -29,14 +29,21 @@ def _error_codes(response: dict) -> list[str]:
 def test_every_route_is_an_operation_with_its_error_responses():
     document = openapi.build()
     assert document["openapi"] == "3.1.0"
-    operations = {op["operationId"]: (path, method.upper(), op)
-                  for path, methods in document["paths"].items() for method, op in methods.items()}
+    operations = {
+        op["operationId"]: (path, method.upper(), op)
+        for path, methods in document["paths"].items()
+        for method, op in methods.items()
+    }
     assert sorted(operations) == sorted(route.name for route in routes.ROUTES)
     for route in routes.ROUTES:
         path, method, op = operations[route.name]
         assert (path, method) == (route.template, route.method)
         assert str(route.status) in op["responses"]
-        errors = {status: _error_codes(response) for status, response in op["responses"].items() if int(status) >= 400}
+        errors = {
+            status: _error_codes(response)
+            for status, response in op["responses"].items()
+            if int(status) >= 400
+        }
         assert "500" in errors, route.name
         for status, codes in errors.items():
             assert all(status_for(code) == int(status) for code in codes), (route.name, status, codes)
@@ -50,8 +57,14 @@ def test_every_route_is_an_operation_with_its_error_responses():
 
 def test_every_http_error_code_is_answered_by_a_route_or_says_who_answers_it():
     document = openapi.build()
-    on_routes = {code for methods in document["paths"].values() for op in methods.values()
-                 for status, response in op["responses"].items() if int(status) >= 400 for code in _error_codes(response)}
+    on_routes = {
+        code
+        for methods in document["paths"].values()
+        for op in methods.values()
+        for status, response in op["responses"].items()
+        if int(status) >= 400
+        for code in _error_codes(response)
+    }
     with_status = {code for code, entry in ERROR_CODES.items() if entry.status is not None}
     assert with_status - on_routes == set(openapi.ANSWERED_ELSEWHERE)
     assert on_routes <= with_status
@@ -60,7 +73,9 @@ def test_every_http_error_code_is_answered_by_a_route_or_says_who_answers_it():
 
 def test_component_schemas_are_valid_json_schema():
     document = openapi.build()
-    assert {"CreateJob", "JobView", "RequestStatus", "GenerateBody", "ErrorDetail"} <= set(document["components"]["schemas"])
+    assert {"CreateJob", "JobView", "RequestStatus", "GenerateBody", "ErrorDetail"} <= set(
+        document["components"]["schemas"]
+    )
     for schema in document["components"]["schemas"].values():
         jsonschema.Draft202012Validator.check_schema(schema)
     create_job = document["components"]["schemas"]["CreateJob"]
@@ -74,8 +89,12 @@ def test_the_backend_serves_the_document_without_a_token(backend):
 
 
 def test_the_rendered_reference_is_up_to_date_and_linked():
-    result = subprocess.run([sys.executable, "scripts/generate_api_reference.py", "--check"], cwd=ROOT,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "scripts/generate_api_reference.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     api = (ROOT / "docs" / "api.md").read_text()
     assert "/v1/openapi.json" in api and "(api-reference.md)" in api

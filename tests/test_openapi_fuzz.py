@@ -27,7 +27,9 @@ MIN_REQUESTS = 500
 def fuzzed_backend(tmp_path_factory):
     # A backend of its own: fuzzing creates jobs and uploads no other test should see. Tests run backends
     # with strict replies (conftest.py): a reply field its schema does not declare is a 500 here.
-    process = start_backend(tmp_path_factory.mktemp("fuzz-backend"), "--devices", "cpu:2", "--worker-threads", "1")
+    process = start_backend(
+        tmp_path_factory.mktemp("fuzz-backend"), "--devices", "cpu:2", "--worker-threads", "1"
+    )
     yield process
     process.stop()
 
@@ -36,9 +38,13 @@ def fuzzed_backend(tmp_path_factory):
 def test_the_live_backend_answers_as_its_openapi_document_says(fuzzed_backend, tmp_path):
     token = create_token(fuzzed_backend.data_dir, "fuzzer", "jobs:read", "jobs:write", "runs:write")
     report = fuzz(fuzzed_backend.url, token, tmp_path, FUZZ_SECONDS)
-    summary = f"{report.requests} requests, statuses {dict(report.statuses)}, failures {dict(report.failures)}"
+    summary = (
+        f"{report.requests} requests, statuses {dict(report.statuses)}, failures {dict(report.failures)}"
+    )
     assert report.server_errors == 0, summary + "\n" + report.output
-    assert not report.failures and not report.errors, summary + "\n" + "\n".join(report.errors) + report.output
+    assert not report.failures and not report.errors, (
+        summary + "\n" + "\n".join(report.errors) + report.output
+    )
     assert report.returncode == 0, report.output
     assert report.requests >= MIN_REQUESTS, summary
     assert len(report.operations) == len(routes.ROUTES), sorted(report.operations)

@@ -19,7 +19,9 @@ TOLERANCE = 1e-5
 def test_lora_training_matches_in_process_reference(client: Client, gpt2_dir, model, tmp_path):
     vocab = next(m for m in client.list_models() if m["name"] == model)["vocab_size"]
     job = client.create_training_job(model, lora={"r": 8, "alpha": 16}, optimizer={"lr": LR}, seed=3)
-    reference = ReferenceTrainer(reference_lora(reference_base(model, gpt2_dir), r=8, alpha=16, seed=3), lr=LR)
+    reference = ReferenceTrainer(
+        reference_lora(reference_base(model, gpt2_dir), r=8, alpha=16, seed=3), lr=LR
+    )
     rng = np.random.default_rng(11)
     try:
         for step in range(STEPS):
@@ -31,7 +33,9 @@ def test_lora_training_matches_in_process_reference(client: Client, gpt2_dir, mo
             assert remote_step["step"] == step + 1
             assert np.isfinite(remote_step["grad_norm"]) and remote_step["grad_norm"] > 0
             # Per-token logprobs come back as a safetensors frame (not JSON floats) and match too.
-            np.testing.assert_allclose(remote["tensors"]["logprobs"], expected_logprobs, rtol=0, atol=TOLERANCE)
+            np.testing.assert_allclose(
+                remote["tensors"]["logprobs"], expected_logprobs, rtol=0, atol=TOLERANCE
+            )
         # After 5 steps the weights agree: per-token logprobs on a fresh batch match everywhere.
         probe = random_batch(rng, vocab, batch=2, length=16, pad_tail=False)
         remote_logprobs = job.forward(probe).result()["tensors"]["logprobs"]
@@ -76,7 +80,10 @@ def test_gradients_accumulate_until_step(client: Client):
         scored = split_job.forward({**probe, "weights": weights}).result()
         np.testing.assert_allclose(scored["tensors"]["logprobs"][0, :4], a[0, :4], atol=1e-6)
         assert (scored["tensors"]["logprobs"][0, 4:] == 0).all()
-        assert scored["loss:sum"] == pytest.approx(-float(a[0, :4].sum()), rel=1e-5) and scored["weights:sum"] == 4
+        assert (
+            scored["loss:sum"] == pytest.approx(-float(a[0, :4].sum()), rel=1e-5)
+            and scored["weights:sum"] == 4
+        )
     finally:
         split_job.cancel()
         joined_job.cancel()
@@ -107,14 +114,21 @@ def test_per_step_adam_hyperparameters_match_torch_adamw(client: Client):
             if hyper["grad_clip"]:
                 torch.nn.utils.clip_grad_norm_(parameters, hyper["grad_clip"])
             for group in reference.optimizer.param_groups:
-                group.update(lr=hyper["learning_rate"], betas=hyper["betas"], eps=hyper["eps"], weight_decay=hyper["weight_decay"])
+                group.update(
+                    lr=hyper["learning_rate"],
+                    betas=hyper["betas"],
+                    eps=hyper["eps"],
+                    weight_decay=hyper["weight_decay"],
+                )
             reference.optimizer.step()
             reference.optimizer.zero_grad()
             assert remote["grad_norm"] == pytest.approx(float(norm), rel=1e-5)
         probe = random_batch(rng, 259, batch=2, length=12, pad_tail=False)
         with torch.no_grad():
             expected = reference_logprobs(reference.model, probe).numpy()
-        np.testing.assert_allclose(job.forward(probe).result()["tensors"]["logprobs"], expected, rtol=0, atol=TOLERANCE)
+        np.testing.assert_allclose(
+            job.forward(probe).result()["tensors"]["logprobs"], expected, rtol=0, atol=TOLERANCE
+        )
     finally:
         job.cancel()
 

@@ -17,12 +17,16 @@ from .notebook_fixtures import run_cell, train_spec, wait_until
 @pytest.fixture
 def four_slot_shell(cortex_shell, tmp_path):
     """The notebook shell, connected for one test to a backend of its own with 4 CPU slots."""
-    backend = start_backend(tmp_path / "backend", "--devices", "cpu:4", "--worker-threads", "1", "--warm-workers", "0")
+    backend = start_backend(
+        tmp_path / "backend", "--devices", "cpu:4", "--worker-threads", "1", "--warm-workers", "0"
+    )
     magics = cortex_shell.magics_manager.registry["CortexMagics"]
     previous = magics.connection
     os.environ["CORTEX_FOUR_SLOT_TOKEN"] = backend.token
     try:
-        connected = run_cell(cortex_shell, f"%cortex connect {backend.url} --token-env CORTEX_FOUR_SLOT_TOKEN")
+        connected = run_cell(
+            cortex_shell, f"%cortex connect {backend.url} --token-env CORTEX_FOUR_SLOT_TOKEN"
+        )
         assert connected.success, connected.stderr
         yield cortex_shell, backend
     finally:
@@ -35,7 +39,9 @@ def test_the_fifth_run_says_why_it_waits_and_starts_when_a_run_finishes(four_slo
     shell, backend = four_slot_shell
     client = Client(backend.url, backend.token)
     # q0 is short (80 small steps); q1..q3 train far longer than this test runs.
-    short = train_spec(80).replace("batch_size: 4", "batch_size: 1").replace("max_seq_len: 64", "max_seq_len: 16")
+    short = (
+        train_spec(80).replace("batch_size: 4", "batch_size: 1").replace("max_seq_len: 64", "max_seq_len: 16")
+    )
     for index, spec in enumerate((short, train_spec(5000), train_spec(5000), train_spec(5000))):
         ran = run_cell(shell, f"%%cortex train --name q{index} -o q{index}\n" + spec)
         assert ran.success, ran.stderr
@@ -51,9 +57,14 @@ def test_the_fifth_run_says_why_it_waits_and_starts_when_a_run_finishes(four_slo
     # Its widget says so in one word and a detail; %cortex status lists it.
     state = job_widget._WIDGETS[fifth.job_id].state
     wait_until(lambda: state.snapshot().status == "queued" and state.snapshot().detail, 30)
-    assert state.snapshot().detail.startswith("#1 in the queue: waiting for a cpu slot: 4/4 held by jobs q0, q1, q2, q3")
+    assert state.snapshot().detail.startswith(
+        "#1 in the queue: waiting for a cpu slot: 4/4 held by jobs q0, q1, q2, q3"
+    )
     status = run_cell(shell, "%cortex status")
-    assert f"queued #1: q4 ({fifth.job_id}): waiting for a cpu slot: 4/4 held by jobs q0, q1, q2, q3" in status.stdout
+    assert (
+        f"queued #1: q4 ({fifth.job_id}): waiting for a cpu slot: 4/4 held by jobs q0, q1, q2, q3"
+        in status.stdout
+    )
     # Once every holder trains, each has an ETA: the wait has an estimate, the short run's, not the others'.
     wait_until(lambda: all((job.progress or {}).get("eta_s") is not None for job in holders), 300)
     estimate = fifth.refresh()["queue"]["estimate_s"]

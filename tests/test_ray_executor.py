@@ -37,8 +37,15 @@ TOLERANCE = 1e-5
 TINY_VOCAB = 259
 HOST_FIELDS = {"cpu_percent", "ram_used_bytes", "ram_total_bytes"}
 LONG_GENERATE = {"max_tokens": 1500, "temperature": 1.0, "ignore_eos": True}
-MANAGED_SPEC = {"base_model": "tiny", "steps": 3, "batch_size": 4, "max_seq_len": 16, "lora": {"r": 4, "alpha": 8},
-                "save": {"every": 2}, "seed": 1}
+MANAGED_SPEC = {
+    "base_model": "tiny",
+    "steps": 3,
+    "batch_size": 4,
+    "max_seq_len": 16,
+    "lora": {"r": 4, "alpha": 8},
+    "save": {"every": 2},
+    "seed": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +70,9 @@ def ray_client(cluster):
 def pair(ray_client):
     """A trainer and a sampler (they land on two hosts: each host has one slot), with the in-process
     peft reference the trainer must match."""
-    job = ray_client.create_training_job("tiny", samplers=1, lora={"r": 8, "alpha": 16}, optimizer={"lr": LR}, seed=3,
-                                        wait=False)
+    job = ray_client.create_training_job(
+        "tiny", samplers=1, lora={"r": 8, "alpha": 16}, optimizer={"lr": LR}, seed=3, wait=False
+    )
     job.wait_ready(timeout_s=600)
     reference = ReferenceTrainer(reference_lora(reference_base("tiny"), r=8, alpha=16, seed=3), lr=LR)
     yield job, reference
@@ -89,16 +97,25 @@ def wait_until_started(client, job_id: str, request_id: str, timeout_s: float = 
 # hosts ------------------------------------------------------------------------------------------
 def test_every_host_serves_its_devices_and_models(cluster, ray_client):
     capacity = ray_client.get_capacity()
-    assert capacity["executor"]["name"] == "ray" and capacity["executor"]["ray_address"] == cluster.ray_address
+    assert (
+        capacity["executor"]["name"] == "ray" and capacity["executor"]["ray_address"] == cluster.ray_address
+    )
     hosts = {host["host"]: host for host in capacity["hosts"]}
     assert sorted(hosts) == ["a", "b", "c"]
     assert [device["id"] for device in capacity["devices"]] == ["a/cpu", "b/cpu", "c/cpu"]
-    assert hosts["a"]["models"] == hosts["b"]["models"] == ["tiny"] and hosts["c"]["models"] == ["small-gpt2", "tiny"]
+    assert hosts["a"]["models"] == hosts["b"]["models"] == ["tiny"] and hosts["c"]["models"] == [
+        "small-gpt2",
+        "tiny",
+    ]
     assert capacity["slots_total"] == sum(host["slots_total"] for host in hosts.values()) == 3
     # small-gpt2's weights are only on host c; the head tokenizes with the files c registered.
     assert ray_client.tokenize("small-gpt2", ["the quick brown fox"])[0]
-    listing = subprocess.run([sys.executable, "-m", "cortex_nb.cli", "host", "list"], capture_output=True, text=True,
-                             env={**os.environ, "CORTEX_URL": cluster.backend.url, "CORTEX_TOKEN": cluster.backend.token})
+    listing = subprocess.run(
+        [sys.executable, "-m", "cortex_nb.cli", "host", "list"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CORTEX_URL": cluster.backend.url, "CORTEX_TOKEN": cluster.backend.token},
+    )
     assert listing.returncode == 0, listing.stderr
     rows = {line.split()[0]: line for line in listing.stdout.splitlines()[1:-1]}
     assert sorted(rows) == ["a", "b", "c"] and "small-gpt2, tiny" in rows["c"] and rows["b"].endswith("1/1")
@@ -122,14 +139,20 @@ def test_training_and_greedy_generate_match_in_process_peft(pair):
         batch = random_batch(rng, TINY_VOCAB, batch=3, length=24)
         remote, remote_step = job.forward_backward(batch), job.step()
         expected, expected_logprobs = reference.train_step(batch)
-        assert remote.result()["loss"] == pytest.approx(expected, rel=TOLERANCE, abs=TOLERANCE), f"step {step}"
-        np.testing.assert_allclose(remote.result()["tensors"]["logprobs"], expected_logprobs, rtol=0, atol=TOLERANCE)
+        assert remote.result()["loss"] == pytest.approx(expected, rel=TOLERANCE, abs=TOLERANCE), (
+            f"step {step}"
+        )
+        np.testing.assert_allclose(
+            remote.result()["tensors"]["logprobs"], expected_logprobs, rtol=0, atol=TOLERANCE
+        )
         assert remote_step.result()["step"] == step + 1
     reference.model.eval()
     probe = random_batch(rng, TINY_VOCAB, batch=2, length=16, pad_tail=False)
     with torch.no_grad():
         expected_logprobs = reference_logprobs(reference.model, probe).numpy()
-    np.testing.assert_allclose(job.forward(probe).result()["tensors"]["logprobs"], expected_logprobs, rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(
+        job.forward(probe).result()["tensors"]["logprobs"], expected_logprobs, rtol=0, atol=TOLERANCE
+    )
     prompts = [rng.integers(0, TINY_VOCAB, size=n).tolist() for n in (3, 9)]
     result = job.generate(prompts, sub_job="training-0", max_tokens=16, temperature=0.0).result()
     for prompt, sample in zip(prompts, result.samples, strict=True):
@@ -140,16 +163,27 @@ def test_training_and_greedy_generate_match_in_process_peft(pair):
 def test_weight_sync_moves_the_trainers_weights_to_the_other_host(pair):
     job, _ = pair
     train(job, [text_batch()] * 6)
-    trained = job.generate(["the sampler"], sub_job="training-0", max_tokens=24, temperature=0.0, ignore_eos=True).result()
-    before = job.generate(["the sampler"], sub_job="sampling-0", max_tokens=24, temperature=0.0, ignore_eos=True).result()
-    assert before.tokens != trained.tokens, "training must change the greedy output, or equality proves nothing"
+    trained = job.generate(
+        ["the sampler"], sub_job="training-0", max_tokens=24, temperature=0.0, ignore_eos=True
+    ).result()
+    before = job.generate(
+        ["the sampler"], sub_job="sampling-0", max_tokens=24, temperature=0.0, ignore_eos=True
+    ).result()
+    assert before.tokens != trained.tokens, (
+        "training must change the greedy output, or equality proves nothing"
+    )
 
     synced = job.sync_sampler().result()
     assert synced["path"] == "delta" and synced["weight_version"] == trained.weight_version
     target = synced["targets"][0]
     assert target["sub_job_id"] == "sampling-0" and target["fallback_reason"] is None
-    assert 0 < target["bytes"] < target["raw_bytes"] and synced["bytes"] == synced["relayed_bytes"] == target["bytes"]
-    after = job.generate(["the sampler"], sub_job="sampling-0", max_tokens=24, temperature=0.0, ignore_eos=True).result()
+    assert (
+        0 < target["bytes"] < target["raw_bytes"]
+        and synced["bytes"] == synced["relayed_bytes"] == target["bytes"]
+    )
+    after = job.generate(
+        ["the sampler"], sub_job="sampling-0", max_tokens=24, temperature=0.0, ignore_eos=True
+    ).result()
     assert after.tokens == trained.tokens and after.weight_version == trained.weight_version
     # A full transfer lands bit for bit: the target's state hash is the trainer's.
     exact = job.sync_sampler(weight_format="full").result()
@@ -164,7 +198,9 @@ def test_checkpoints_are_kept_in_the_heads_data_dir_and_load_on_another_host(clu
     saved = job.save("on-head").result()
     assert saved["checkpoint_id"] == "on-head" and saved["size_bytes"] > 0
     kept = [path for path in cluster.backend.data_dir.rglob("on-head") if path.is_dir()]
-    assert len(kept) == 1 and {"manifest.json", "optimizer.safetensors"} <= {p.name for p in kept[0].iterdir()}
+    assert len(kept) == 1 and {"manifest.json", "optimizer.safetensors"} <= {
+        p.name for p in kept[0].iterdir()
+    }
     # The export (read on the head) is the trainer's adapter; the weight-sync test trained 6 more steps,
     # so compare with the served logprobs rather than the reference's stale copy.
     exported = load_file(str(job.export(tmp_path / "adapter", "on-head") / "adapter_model.safetensors"))
@@ -176,9 +212,15 @@ def test_checkpoints_are_kept_in_the_heads_data_dir_and_load_on_another_host(clu
     loaded = job.load("on-head", target_sub_job_id="sampling-0").result()
     assert loaded["checkpoint_id"] == "on-head"
     # The sampler merges the loaded adapter into its own weights: equal up to fp32 rounding.
-    np.testing.assert_allclose(job.forward(probe, sub_job="sampling-0").result()["tensors"]["logprobs"], trainer_view,
-                               rtol=0, atol=1e-4)
-    assert not np.array_equal(job.forward(probe, sub_job="training-0").result()["tensors"]["logprobs"], trainer_view)
+    np.testing.assert_allclose(
+        job.forward(probe, sub_job="sampling-0").result()["tensors"]["logprobs"],
+        trainer_view,
+        rtol=0,
+        atol=1e-4,
+    )
+    assert not np.array_equal(
+        job.forward(probe, sub_job="training-0").result()["tensors"]["logprobs"], trainer_view
+    )
 
 
 def test_logs_of_both_hosts_arrive_once_in_order(ray_client, pair):
@@ -198,12 +240,23 @@ def test_logs_of_both_hosts_arrive_once_in_order(ray_client, pair):
         lines, steps = lines_and_steps()
     seqs = [line["seq"] for line in lines]
     assert seqs == sorted(set(seqs))
-    by_sub = {sub: [line["line"] for line in lines if line["sub_job_id"] == sub] for sub in ("training-0", "sampling-0")}
+    by_sub = {
+        sub: [line["line"] for line in lines if line["sub_job_id"] == sub]
+        for sub in ("training-0", "sampling-0")
+    }
     assert any(line.startswith("[engine] sampling-0 ready") for line in by_sub["sampling-0"])
-    engine = [line.split()[1].split("=") for line in by_sub["training-0"]
-              if line.startswith(("[engine] forward_backward=", "[engine] step="))][-4:]
+    engine = [
+        line.split()[1].split("=")
+        for line in by_sub["training-0"]
+        if line.startswith(("[engine] forward_backward=", "[engine] step="))
+    ][-4:]
     fb, step = int(engine[0][1]), int(engine[1][1])
-    assert engine == [["forward_backward", str(fb)], ["step", str(step)], ["forward_backward", str(fb + 1)], ["step", str(step + 1)]]
+    assert engine == [
+        ["forward_backward", str(fb)],
+        ["step", str(step)],
+        ["forward_backward", str(fb + 1)],
+        ["step", str(step + 1)],
+    ]
     assert not any("FutureWarning" in line for line in by_sub["training-0"])
 
 
@@ -249,7 +302,9 @@ def test_a_killed_actor_fails_only_its_job_with_worker_crashed(ray_client, pair)
     with pytest.raises(RequestFailed):
         running.result()
     # The other job, on the other hosts, carries on; host c is free again.
-    assert job.forward(random_batch(np.random.default_rng(1), TINY_VOCAB, 1, 8)).result()["tensors"]["logprobs"].shape == (1, 8)
+    assert job.forward(random_batch(np.random.default_rng(1), TINY_VOCAB, 1, 8)).result()["tensors"][
+        "logprobs"
+    ].shape == (1, 8)
     deadline = time.monotonic() + 30
     while {h["host"]: h for h in ray_client.get_capacity()["hosts"]}["c"]["slots_available"] != 1:
         assert time.monotonic() < deadline
@@ -263,7 +318,9 @@ def test_a_lost_host_fails_its_jobs_and_the_queue_carries_on(cluster, ray_client
     assert host_of(ray_client, on_c.job_id) == {"training-0": "c"}
     running = on_c.generate(["x"] * 2, **LONG_GENERATE)
     wait_until_started(ray_client, on_c.job_id, running.request_id)
-    waits_for_c = ray_client.create_training_job("small-gpt2", wait=False)  # only host c has the model; it is busy
+    waits_for_c = ray_client.create_training_job(
+        "small-gpt2", wait=False
+    )  # only host c has the model; it is busy
     # A managed run queued behind it: when it runs, its loop writes checkpoints on its host.
     managed = ray_client.train({**MANAGED_SPEC, "data": addition_problems()[:64]}, name="managed-on-ray")
     assert "on a host with small-gpt2" in ray_client.get_job(waits_for_c.job_id)["queue"]["reason"]
@@ -289,7 +346,10 @@ def test_a_lost_host_fails_its_jobs_and_the_queue_carries_on(cluster, ray_client
     job.cancel()
     finished = managed.wait(timeout_s=600)
     assert finished["status"] == "done" and finished["sub_jobs"][0]["device"] in ("a/cpu", "b/cpu")
-    assert finished["progress"]["step"] == MANAGED_SPEC["steps"] and finished["progress"]["last_checkpoint"] == "final"
+    assert (
+        finished["progress"]["step"] == MANAGED_SPEC["steps"]
+        and finished["progress"]["last_checkpoint"] == "final"
+    )
     kept = {checkpoint["checkpoint_id"] for checkpoint in ray_client.list_checkpoints(managed.job_id)}
     assert kept == {"step-2", "final"}
     assert {path.name for path in cluster.backend.data_dir.rglob("step-2") if path.is_dir()} == {"step-2"}
@@ -298,16 +358,42 @@ def test_a_lost_host_fails_its_jobs_and_the_queue_carries_on(cluster, ray_client
 def test_host_join_refuses_a_host_whose_versions_differ(cluster, tmp_path):
     repository = Path(__file__).resolve().parent.parent
     other = tmp_path / "other-cortex-nb"
-    shutil.copytree(repository / "cortex_nb", other / "cortex_nb", ignore=shutil.ignore_patterns("labextension", "__pycache__"))
-    shutil.copytree(repository / "backend" / "cortex_backend", other / "cortex_backend", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        repository / "cortex_nb",
+        other / "cortex_nb",
+        ignore=shutil.ignore_patterns("labextension", "__pycache__"),
+    )
+    shutil.copytree(
+        repository / "backend" / "cortex_backend",
+        other / "cortex_backend",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     version_file = other / "cortex_nb" / "protocol" / "versions.py"
-    version_file.write_text(version_file.read_text().replace('__version__ = "', '__version__ = "9.9.9+other-'))
+    version_file.write_text(
+        version_file.read_text().replace('__version__ = "', '__version__ = "9.9.9+other-')
+    )
     before = cluster.host_names()
     # From a directory of its own, so the copy (not this checkout) is what `python -m` imports; in a
     # process group of its own with --block, so a join that wrongly went ahead is stopped whole.
     joining = subprocess.Popen(
-        [sys.executable, "-m", "cortex_nb.cli", "host", "join", cluster.ray_address, "--name", "d", "--devices", "cpu:1", "--block"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "cortex_nb.cli",
+            "host",
+            "join",
+            cluster.ray_address,
+            "--name",
+            "d",
+            "--devices",
+            "cpu:1",
+            "--block",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        start_new_session=True,
         env={**os.environ, "PYTHONPATH": str(other)},
     )
     try:
@@ -317,6 +403,9 @@ def test_host_join_refuses_a_host_whose_versions_differ(cluster, tmp_path):
             os.killpg(joining.pid, signal.SIGKILL)
             joining.wait()
     assert joining.returncode == 2, stdout + stderr
-    assert "versions differ from the head's" in stderr and "cortex-nb: head 0.1.0, this host 9.9.9+other-0.1.0" in stderr
+    assert (
+        "versions differ from the head's" in stderr
+        and "cortex-nb: head 0.1.0, this host 9.9.9+other-0.1.0" in stderr
+    )
     assert "ray start" not in stdout  # refused before Ray started anything here
     assert cluster.host_names() == before

@@ -16,7 +16,7 @@ from cortex_nb.runs import run_cell_source
 
 from .run_projects import write_project
 
-CELL = '''
+CELL = """
 import json, os, struct, zlib
 from helper import GREETING
 
@@ -32,7 +32,7 @@ os.makedirs("results", exist_ok=True)
 open("results/table.csv", "w").write("step,loss\\n1,2.5\\n2,1.25\\n")
 open("plot.png", "wb").write(png(4, 3, (255, 0, 0)))
 print("cell done")
-'''
+"""
 
 
 def test_cell_source_runs_as_main_py_and_outputs_display_by_kind(runs_client, tmp_path):
@@ -41,7 +41,11 @@ def test_cell_source_runs_as_main_py_and_outputs_display_by_kind(runs_client, tm
     (notebook_dir / "helper.py").write_text("GREETING = 'hello from helper.py'\n")
     (notebook_dir / "main.py").write_text("raise SystemExit('the cell replaces a main.py on disk')\n")
     handle = run_cell_source(
-        runs_client, CELL, includes=["*.py"], workdir=notebook_dir, timeout_s=120,
+        runs_client,
+        CELL,
+        includes=["*.py"],
+        workdir=notebook_dir,
+        timeout_s=120,
         outputs={"metrics": "metrics.json", "table": "results/table.csv", "plot": "plot.png"},
     )
     assert handle.info["spec"]["command"] == ["python", "main.py"]
@@ -50,8 +54,11 @@ def test_cell_source_runs_as_main_py_and_outputs_display_by_kind(runs_client, tm
 
     shown = []
     paths = fetch_and_display_outputs(handle, notebook_dir, display=shown.append)
-    assert paths == {"metrics": notebook_dir / "metrics.json", "table": notebook_dir / "results" / "table.csv",
-                     "plot": notebook_dir / "plot.png"}
+    assert paths == {
+        "metrics": notebook_dir / "metrics.json",
+        "table": notebook_dir / "results" / "table.csv",
+        "plot": notebook_dir / "plot.png",
+    }
     by_kind = {type(item): item for item in shown}
     pretty = by_kind[Pretty].data
     assert json.loads(pretty.split("\n", 1)[1]) == {"accuracy": 0.75, "greeting": "hello from helper.py"}
@@ -64,13 +71,23 @@ def test_cell_source_runs_as_main_py_and_outputs_display_by_kind(runs_client, tm
 
 def _cli(backend, *args: str, cwd=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "CORTEX_URL": backend.url, "CORTEX_TOKEN": backend.token}
-    return subprocess.run([sys.executable, "-m", "cortex_nb.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "cortex_nb.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=180,
+    )
 
 
 def test_cli_run_wait_and_runs(runs_backend, tmp_path):
-    spec = write_project(tmp_path / "project", "import json; print('from the cli'); json.dump([1, 2], open('o.json', 'w'))",
-                         name="cli-run", outputs={"o": {"path": "o.json"}})
+    spec = write_project(
+        tmp_path / "project",
+        "import json; print('from the cli'); json.dump([1, 2], open('o.json', 'w'))",
+        name="cli-run",
+        outputs={"o": {"path": "o.json"}},
+    )
     result = _cli(runs_backend, "run", str(spec), "--wait", "--outputs", str(tmp_path / "got"))
     assert result.returncode == 0, result.stderr
     assert "from the cli" in result.stdout

@@ -23,4 +23,8 @@ def tier(request, tmp_path_factory):
 @pytest.mark.parametrize("case", list(CASES))
 def test_run_cannot_escape(tier, case, tmp_path):
     escapes = CASES[case](tier, tmp_path)
-    assert escapes == [], f"{tier.name} tier, {case}: " + "; ".join(map(str, escapes)) + f"\nbackend log:\n{tier.backend.log()[-2000:]}"
+    assert escapes == [], (
+        f"{tier.name} tier, {case}: "
+        + "; ".join(map(str, escapes))
+        + f"\nbackend log:\n{tier.backend.log()[-2000:]}"
+    )

@@ -37,7 +37,9 @@ def test_gpu_run_takes_whole_distinct_gpus_and_waits_for_idle_ones():
     assert scheduler.admit() == []  # the run waits for an idle GPU, and the job waits behind it (FIFO)
     assert "run-1gpu" not in started and scheduler.is_pending("job-b")
     scheduler.release("job-a")
-    assert [holder for holder, _ in scheduler.admit()] == []  # cuda:0 went whole to the run; job-b still waits
+    assert [
+        holder for holder, _ in scheduler.admit()
+    ] == []  # cuda:0 went whole to the run; job-b still waits
     assert [device.id for device in started["run-1gpu"]] == ["cuda:0"] * 4
     scheduler.release("run-2gpu")
     assert [holder for holder, _ in scheduler.admit()] == ["job-b"]
@@ -60,7 +62,9 @@ def test_spec_asking_for_more_gpus_than_the_host_has_is_refused():
     for gpu in ({"count": 3}, {"count": 2, "min_vram_gib": 40}):
         with pytest.raises(ApiError) as caught:
             validate_run_spec({**spec, "resources": {"gpu": gpu}}, catalog, scheduler)
-        assert caught.value.code == "exceeds_capacity" and caught.value.detail["field"] == "resources.gpu.count"
+        assert (
+            caught.value.code == "exceeds_capacity" and caught.value.detail["field"] == "resources.gpu.count"
+        )
 
 
 def test_run_environment_names_its_gpus_and_nothing_secret(monkeypatch):

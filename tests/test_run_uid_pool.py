@@ -25,7 +25,11 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="run uids exist only f
 
 def _sleepers(marker: str) -> list[int]:
     """The run's `sleep` itself (bubblewrap's processes carry the command line in their arguments too)."""
-    return [pid for pid in processes_with(f"sleep {marker}") if open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"sleep")]
+    return [
+        pid
+        for pid in processes_with(f"sleep {marker}")
+        if open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"sleep")
+    ]
 
 
 def _uid_of(pid: int) -> int:
@@ -69,12 +73,16 @@ def test_a_uid_with_leftovers_is_quarantined_not_reused(tmp_path):
 def test_a_uid_that_owns_a_process_is_skipped(tmp_path):
     base = 1_600_000_000 + random.randrange(10**6) * 16
     marker = str(10**7 + random.randrange(10**7))
-    stranger = subprocess.Popen(["setpriv", f"--reuid={base}", f"--regid={base}", "--clear-groups", "sleep", marker])
+    stranger = subprocess.Popen(
+        ["setpriv", f"--reuid={base}", f"--regid={base}", "--clear-groups", "sleep", marker]
+    )
     try:
         deadline = time.monotonic() + 10
         while not processes_with(f"sleep {marker}") and time.monotonic() < deadline:
             time.sleep(0.05)
-        backend = start_backend(tmp_path / "backend", "--devices", "cpu:1", "--warm-workers", "0", "--run-uid-base", str(base))
+        backend = start_backend(
+            tmp_path / "backend", "--devices", "cpu:1", "--warm-workers", "0", "--run-uid-base", str(base)
+        )
         try:
             with Client(backend.url, backend.token) as client:
                 handle = client.run(write_project(tmp_path / "p", "print('hi')", name="uid"))
@@ -92,19 +100,32 @@ def test_a_second_root_backend_leaves_the_first_ones_runs_alone(tmp_path):
     marker = str(10**7 + random.randrange(10**7))
     # Both on one pool of their own (the default one may be in use by other backends on a shared machine).
     base = str(1_600_000_000 + random.randrange(10**6) * 16)
-    first = start_backend(tmp_path / "first", "--devices", "cpu:1", "--warm-workers", "0", "--run-kill-grace", "1",
-                          "--run-uid-base", base)
+    first = start_backend(
+        tmp_path / "first",
+        "--devices",
+        "cpu:1",
+        "--warm-workers",
+        "0",
+        "--run-kill-grace",
+        "1",
+        "--run-uid-base",
+        base,
+    )
     second = None
     try:
         with Client(first.url, first.token) as client:
-            handle = client.run(write_project(tmp_path / "a", "", name="long", command=f"echo up; exec sleep {marker}"))
+            handle = client.run(
+                write_project(tmp_path / "a", "", name="long", command=f"echo up; exec sleep {marker}")
+            )
             wait_for_log(handle, "up")
             deadline = time.monotonic() + 10
             while not _sleepers(marker) and time.monotonic() < deadline:
                 time.sleep(0.05)
             [pid] = _sleepers(marker)
             first_uid = _uid_of(pid)
-            second = start_backend(tmp_path / "second", "--devices", "cpu:1", "--warm-workers", "0", "--run-uid-base", base)
+            second = start_backend(
+                tmp_path / "second", "--devices", "cpu:1", "--warm-workers", "0", "--run-uid-base", base
+            )
             with Client(second.url, second.token) as other:
                 quick = other.run(write_project(tmp_path / "b", "print('quick')", name="quick"))
                 assert quick.wait(120)["status"] == "done", quick.info
@@ -131,12 +152,27 @@ def test_without_the_sandbox_a_runs_files_in_shared_places_go_before_its_uid_is_
     workspace = Path(tempfile.mkdtemp(prefix="cortex-runs-test-", dir="/tmp"))
     os.chmod(workspace, 0o711)
     marker = f"cortex-left-{random.randrange(10**9)}"
-    backend = start_backend(tmp_path / "backend", "--devices", "cpu:1", "--warm-workers", "0", "--run-namespaces", "off",
-                            "--runs-workspace", str(workspace))
+    backend = start_backend(
+        tmp_path / "backend",
+        "--devices",
+        "cpu:1",
+        "--warm-workers",
+        "0",
+        "--run-namespaces",
+        "off",
+        "--runs-workspace",
+        str(workspace),
+    )
     try:
         with Client(backend.url, backend.token) as client:
-            leaver = client.run(write_project(tmp_path / "a", "", name="leaver",
-                                              command=f"echo secret > /tmp/{marker}; echo secret > /var/tmp/{marker}"))
+            leaver = client.run(
+                write_project(
+                    tmp_path / "a",
+                    "",
+                    name="leaver",
+                    command=f"echo secret > /tmp/{marker}; echo secret > /var/tmp/{marker}",
+                )
+            )
             assert leaver.wait(120)["status"] == "done", (leaver.info, leaver.logs())
             assert not Path("/tmp", marker).exists() and not Path("/var/tmp", marker).exists()
             follower = client.run(write_project(tmp_path / "b", "", name="follower", command="echo next"))

@@ -41,8 +41,15 @@ WRITE_OUTPUTS = """
 
 
 def test_happy_path_outputs_verified_downloaded_and_reported(runs_client, tmp_path):
-    spec = write_project(tmp_path / "project", WRITE_OUTPUTS, name="happy",
-                         outputs={"metrics": {"path": "out/metrics.json"}, "table": {"path": "out/table.csv", "max_bytes": 4096}})
+    spec = write_project(
+        tmp_path / "project",
+        WRITE_OUTPUTS,
+        name="happy",
+        outputs={
+            "metrics": {"path": "out/metrics.json"},
+            "table": {"path": "out/table.csv", "max_bytes": 4096},
+        },
+    )
     handle = runs_client.run(spec)
     final = handle.wait(120)
     assert final["status"] == "done", final
@@ -69,11 +76,15 @@ def test_happy_path_outputs_verified_downloaded_and_reported(runs_client, tmp_pa
 
 
 def test_run_logs_are_in_the_logbook_with_streams(runs_client, tmp_path):
-    spec = write_project(tmp_path, """
+    spec = write_project(
+        tmp_path,
+        """
         import sys
         print("to stdout")
         print("to stderr", file=sys.stderr)
-    """, name="streams")
+    """,
+        name="streams",
+    )
     handle = runs_client.run(spec)
     handle.wait(120)
     page = handle.log_page(0, limit=100)
@@ -86,7 +97,9 @@ def test_run_logs_are_in_the_logbook_with_streams(runs_client, tmp_path):
 
 
 def test_output_tampered_after_collection_fails_client_verification(runs_client, runs_backend, tmp_path):
-    spec = write_project(tmp_path / "project", WRITE_OUTPUTS, name="tamper", outputs={"metrics": {"path": "out/metrics.json"}})
+    spec = write_project(
+        tmp_path / "project", WRITE_OUTPUTS, name="tamper", outputs={"metrics": {"path": "out/metrics.json"}}
+    )
     handle = runs_client.run(spec)
     assert handle.wait(120)["status"] == "done"
     stored = runs_backend.data_dir / "runs" / handle.run_id / "outputs" / "metrics"
@@ -111,8 +124,15 @@ def test_output_tampered_after_collection_fails_client_verification(runs_client,
 
 
 def test_missing_required_output_fails_output_missing(runs_client, tmp_path):
-    spec = write_project(tmp_path, "print('forgot to write it')", name="missing",
-                         outputs={"metrics": {"path": "out/metrics.json"}, "optional": {"path": "extra.txt", "required": False}})
+    spec = write_project(
+        tmp_path,
+        "print('forgot to write it')",
+        name="missing",
+        outputs={
+            "metrics": {"path": "out/metrics.json"},
+            "optional": {"path": "extra.txt", "required": False},
+        },
+    )
     handle = runs_client.run(spec)
     final = handle.wait(120)
     assert final["status"] == "failed" and final["failure_code"] == "output_missing"
@@ -123,8 +143,12 @@ def test_missing_required_output_fails_output_missing(runs_client, tmp_path):
 
 
 def test_optional_output_may_be_absent(runs_client, tmp_path):
-    spec = write_project(tmp_path, "open('a.txt', 'w').write('a')", name="optional",
-                         outputs={"a": {"path": "a.txt"}, "b": {"path": "b.txt", "required": False}})
+    spec = write_project(
+        tmp_path,
+        "open('a.txt', 'w').write('a')",
+        name="optional",
+        outputs={"a": {"path": "a.txt"}, "b": {"path": "b.txt", "required": False}},
+    )
     handle = runs_client.run(spec)
     assert handle.wait(120)["status"] == "done"
     rows = {row["name"]: row for row in handle.output_list()}
@@ -135,50 +159,76 @@ def test_optional_output_may_be_absent(runs_client, tmp_path):
 
 
 def test_too_large_output_fails_output_too_large(runs_client, tmp_path):
-    spec = write_project(tmp_path, "open('big.bin', 'wb').write(b'x' * 1000)", name="too-large",
-                         outputs={"big": {"path": "big.bin", "max_bytes": 100}})
+    spec = write_project(
+        tmp_path,
+        "open('big.bin', 'wb').write(b'x' * 1000)",
+        name="too-large",
+        outputs={"big": {"path": "big.bin", "max_bytes": 100}},
+    )
     final = runs_client.run(spec).wait(120)
     assert final["failure_code"] == "output_too_large"
     assert "1000 bytes" in final["failure_message"] and "100" in final["failure_message"]
 
 
 def test_undeclared_output_is_refused_with_its_code(runs_client, runs_backend, tmp_path):
-    spec = write_project(tmp_path, "open('a.txt', 'w').write('a'); open('secret.txt', 'w').write('s')", name="undeclared",
-                         outputs={"a": {"path": "a.txt"}})
+    spec = write_project(
+        tmp_path,
+        "open('a.txt', 'w').write('a'); open('secret.txt', 'w').write('s')",
+        name="undeclared",
+        outputs={"a": {"path": "a.txt"}},
+    )
     handle = runs_client.run(spec)
     assert handle.wait(120)["status"] == "done"
     with pytest.raises(NotFoundError) as caught:
         handle.outputs("secret", tmp_path / "s.txt")
     assert caught.value.code == "output_not_declared"
-    response = httpx.get(f"{runs_backend.url}/v1/runs/{handle.run_id}/outputs/secret",
-                         headers={"Authorization": f"Bearer {runs_backend.token}"})
+    response = httpx.get(
+        f"{runs_backend.url}/v1/runs/{handle.run_id}/outputs/secret",
+        headers={"Authorization": f"Bearer {runs_backend.token}"},
+    )
     assert response.status_code == 404 and response.json()["error"]["code"] == "output_not_declared"
     assert not (runs_backend.data_dir / "runs" / handle.run_id / "outputs" / "secret").exists()
 
 
 def test_output_symlink_is_not_followed(runs_client, tmp_path):
-    spec = write_project(tmp_path, "import os; os.symlink('/etc/hostname', 'leak.txt')", name="symlink",
-                         outputs={"leak": {"path": "leak.txt"}})
+    spec = write_project(
+        tmp_path,
+        "import os; os.symlink('/etc/hostname', 'leak.txt')",
+        name="symlink",
+        outputs={"leak": {"path": "leak.txt"}},
+    )
     final = runs_client.run(spec).wait(120)
     assert final["failure_code"] == "output_missing" and "symlink" in final["failure_message"]
 
 
 def test_failing_command_reports_exit_code(runs_client, tmp_path):
-    spec = write_project(tmp_path, "import sys; print('bad input', file=sys.stderr); sys.exit(3)", name="exit-3")
+    spec = write_project(
+        tmp_path, "import sys; print('bad input', file=sys.stderr); sys.exit(3)", name="exit-3"
+    )
     handle = runs_client.run(spec)
     final = handle.wait(120)
     assert final["failure_code"] == "workload_runtime_failed" and final["exit_code"] == 3
     assert "code 3" in final["failure_message"] and "bad input" in final["failure_message"]
     assert handle.report()["exit_code"] == 3
-    missing = runs_client.run(write_project(tmp_path / "missing", "", name="no-such-command", command=["no-such-command"]))
+    missing = runs_client.run(
+        write_project(tmp_path / "missing", "", name="no-such-command", command=["no-such-command"])
+    )
     final = missing.wait(120)
-    assert final["failure_code"] == "workload_runtime_failed" and "could not start the command" in final["failure_message"]
+    assert (
+        final["failure_code"] == "workload_runtime_failed"
+        and "could not start the command" in final["failure_message"]
+    )
     assert final["exit_code"] == 127
 
 
 def test_command_string_runs_through_sh(runs_client, tmp_path):
-    spec = write_project(tmp_path, "", name="shell", command="echo one | tr a-z A-Z > shout.txt",
-                         outputs={"shout": {"path": "shout.txt"}})
+    spec = write_project(
+        tmp_path,
+        "",
+        name="shell",
+        command="echo one | tr a-z A-Z > shout.txt",
+        outputs={"shout": {"path": "shout.txt"}},
+    )
     handle = runs_client.run(spec)
     assert handle.wait(120)["status"] == "done"
     assert handle.outputs("shout", tmp_path / "shout.txt").read_text() == "ONE\n"
@@ -187,17 +237,25 @@ def test_command_string_runs_through_sh(runs_client, tmp_path):
 def test_inputs_arrive_at_their_paths(runs_client, tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "numbers.txt").write_text("3\n4\n5\n")
-    spec = write_project(tmp_path, """
+    spec = write_project(
+        tmp_path,
+        """
         total = sum(int(line) for line in open("data/numbers.txt"))
         open("sum.txt", "w").write(str(total))
-    """, name="inputs", inputs={"numbers": {"path": "data/numbers.txt"}}, outputs={"sum": {"path": "sum.txt"}})
+    """,
+        name="inputs",
+        inputs={"numbers": {"path": "data/numbers.txt"}},
+        outputs={"sum": {"path": "sum.txt"}},
+    )
     handle = runs_client.run(spec)
     assert handle.wait(120)["status"] == "done"
     assert handle.outputs("sum", tmp_path / "sum-out.txt").read_text() == "12"
 
 
 def test_models_are_staged_read_only(runs_client, gpt2_dir, tmp_path):
-    spec = write_project(tmp_path, """
+    spec = write_project(
+        tmp_path,
+        """
         import json, os
         found = sorted(os.listdir("models/small-gpt2"))
         config = json.load(open("models/small-gpt2/config.json"))
@@ -210,7 +268,11 @@ def test_models_are_staged_read_only(runs_client, gpt2_dir, tmp_path):
         options = [fields[5] for fields in mounts if fields[4].endswith("/models/small-gpt2")]
         json.dump({"files": found, "model_type": config["model_type"], "writable": writable, "options": options},
                   open("seen.json", "w"))
-    """, name="models", models=["small-gpt2"], outputs={"seen": {"path": "seen.json"}})
+    """,
+        name="models",
+        models=["small-gpt2"],
+        outputs={"seen": {"path": "seen.json"}},
+    )
     handle = runs_client.run(spec)
     assert handle.wait(120)["status"] == "done", handle.info
     seen = json.loads(handle.outputs("seen", tmp_path / "seen.json").read_text())
@@ -248,8 +310,12 @@ class _DropRunAnswers(http.server.BaseHTTPRequestHandler):
     def _forward(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        headers = {key: value for key, value in self.headers.items() if key.lower() not in ("host", "content-length")}
-        response = httpx.request(self.command, self.server.backend_url + self.path, headers=headers, content=body, timeout=60)
+        headers = {
+            key: value for key, value in self.headers.items() if key.lower() not in ("host", "content-length")
+        }
+        response = httpx.request(
+            self.command, self.server.backend_url + self.path, headers=headers, content=body, timeout=60
+        )
         if self.command == "POST" and self.path.split("?")[0] == "/v1/runs":
             type(self).dropped += 1
             self.close_connection = True
@@ -275,8 +341,11 @@ def test_lost_submission_answer_is_resumable_and_runs_once(runs_backend, runs_cl
     marker = f"lost-{uuid.uuid4().hex[:8]}"
     spec = write_project(tmp_path, f"print('{marker}')", name="lost-answer")
     try:
-        proxied = Client(f"http://127.0.0.1:{server.server_address[1]}", runs_backend.token,
-                         retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.05))
+        proxied = Client(
+            f"http://127.0.0.1:{server.server_address[1]}",
+            runs_backend.token,
+            retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.05),
+        )
         with pytest.raises(SubmissionOutcomeUnknown) as caught:
             proxied.run(spec)
         proxied.close()
@@ -294,14 +363,20 @@ def test_lost_submission_answer_is_resumable_and_runs_once(runs_backend, runs_cl
 
 
 def _post_run(backend, body: dict) -> httpx.Response:
-    return httpx.post(f"{backend.url}/v1/runs", json=body, headers={"Authorization": f"Bearer {backend.token}"}, timeout=30)
+    return httpx.post(
+        f"{backend.url}/v1/runs", json=body, headers={"Authorization": f"Bearer {backend.token}"}, timeout=30
+    )
 
 
 def test_backend_refuses_bad_specs_naming_the_field(runs_backend):
     spec = {"version": 1, "name": "raw", "command": ["true"]}
     cases = [
         ({**spec, "retries": 3}, "spec_invalid", "retries"),
-        ({**spec, "outputs": {"m": {"path": "m", "max_bytes": 2**30}}}, "spec_invalid", "outputs.m.max_bytes"),
+        (
+            {**spec, "outputs": {"m": {"path": "m", "max_bytes": 2**30}}},
+            "spec_invalid",
+            "outputs.m.max_bytes",
+        ),
         ({**spec, "models": ["not-registered"]}, "spec_invalid", "models[0]"),
         ({**spec, "models": ["tiny"]}, "spec_invalid", "models[0]"),
         ({**spec, "resources": {"gpu": {"count": 1}}}, "exceeds_capacity", "resources.gpu.count"),
@@ -320,7 +395,10 @@ def test_client_refuses_a_bad_spec_before_uploading(runs_client, tmp_path):
         runs_client.run(spec)
     assert caught.value.detail["field"] == "outputs.m.max_bytes"
     with pytest.raises(BadRequestError) as caught:
-        runs_client.run({"version": 1, "name": "x", "command": "true", "source": {"include": ["nothing-*.py"]}}, base_dir=tmp_path)
+        runs_client.run(
+            {"version": 1, "name": "x", "command": "true", "source": {"include": ["nothing-*.py"]}},
+            base_dir=tmp_path,
+        )
     assert caught.value.detail["field"] == "source.include[0]"
 
 
@@ -337,9 +415,14 @@ def _tar(files: dict[str, bytes]) -> bytes:
 def _upload(backend, data: bytes) -> dict:
     upload_id = "test-" + uuid.uuid4().hex
     response = httpx.put(
-        f"{backend.url}/v1/runs/uploads/{upload_id}/chunks/0", content=data,
-        headers={"Authorization": f"Bearer {backend.token}", "X-Cortex-Chunk-Sha256": hashlib.sha256(data).hexdigest(),
-                 "X-Cortex-Chunk-Count": "1"})
+        f"{backend.url}/v1/runs/uploads/{upload_id}/chunks/0",
+        content=data,
+        headers={
+            "Authorization": f"Bearer {backend.token}",
+            "X-Cortex-Chunk-Sha256": hashlib.sha256(data).hexdigest(),
+            "X-Cortex-Chunk-Count": "1",
+        },
+    )
     assert response.status_code == 200, response.text
     return {"upload_id": upload_id, "sha256": hashlib.sha256(data).hexdigest()}
 
@@ -347,14 +430,18 @@ def _upload(backend, data: bytes) -> dict:
 def test_archive_that_differs_from_its_manifest_is_refused(runs_backend):
     spec = {"version": 1, "name": "raw", "command": ["python", "main.py"]}
     real = b"print('hi')\n"
-    manifest = [{"path": "main.py", "bytes": len(real), "sha256": hashlib.sha256(real).hexdigest(), "kind": "source"}]
+    manifest = [
+        {"path": "main.py", "bytes": len(real), "sha256": hashlib.sha256(real).hexdigest(), "kind": "source"}
+    ]
     cases = {
         "content": _tar({"main.py": b"print('HI')\n"}),
         "extra member": _tar({"main.py": real, "other.py": b""}),
         "missing member": _tar({}),
     }
     for case, archive in cases.items():
-        response = _post_run(runs_backend, {"spec": spec, "manifest": manifest, "archive": _upload(runs_backend, archive)})
+        response = _post_run(
+            runs_backend, {"spec": spec, "manifest": manifest, "archive": _upload(runs_backend, archive)}
+        )
         assert response.status_code == 400, case
         assert response.json()["error"]["code"] == "manifest_mismatch", (case, response.text)
     link = io.BytesIO()
@@ -362,20 +449,43 @@ def test_archive_that_differs_from_its_manifest_is_refused(runs_backend):
         info = tarfile.TarInfo("main.py")
         info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tar.addfile(info)
-    response = _post_run(runs_backend, {"spec": spec, "manifest": manifest, "archive": _upload(runs_backend, link.getvalue())})
+    response = _post_run(
+        runs_backend, {"spec": spec, "manifest": manifest, "archive": _upload(runs_backend, link.getvalue())}
+    )
     assert response.json()["error"]["code"] == "manifest_mismatch"
     escaping = [{**manifest[0], "path": "../main.py"}]
-    response = _post_run(runs_backend, {"spec": spec, "manifest": escaping, "archive": _upload(runs_backend, _tar({"main.py": real}))})
+    response = _post_run(
+        runs_backend,
+        {"spec": spec, "manifest": escaping, "archive": _upload(runs_backend, _tar({"main.py": real}))},
+    )
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_field"
-    ok = _post_run(runs_backend, {"spec": spec, "manifest": manifest, "archive": _upload(runs_backend, _tar({"main.py": real}))})
+    ok = _post_run(
+        runs_backend,
+        {"spec": spec, "manifest": manifest, "archive": _upload(runs_backend, _tar({"main.py": real}))},
+    )
     assert ok.status_code == 201, ok.text
 
 
 def test_submitting_needs_runs_write_and_reading_needs_jobs_read(runs_backend, runs_client, tmp_path):
     def token(*scopes: str) -> str:
         result = subprocess.run(
-            [sys.executable, "-m", "cortex_backend", "token", "create", "--name", "scoped", "--scopes", *scopes,
-             "--data-dir", str(runs_backend.data_dir)], capture_output=True, text=True, check=True)
+            [
+                sys.executable,
+                "-m",
+                "cortex_backend",
+                "token",
+                "create",
+                "--name",
+                "scoped",
+                "--scopes",
+                *scopes,
+                "--data-dir",
+                str(runs_backend.data_dir),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return result.stdout.strip()
 
     spec = write_project(tmp_path, "print('scoped')", name="scoped")
@@ -406,7 +516,9 @@ def test_history_lists_recent_runs_newest_first(runs_client, tmp_path):
 
 
 def test_runs_queue_behind_training_jobs_on_the_same_slots(tmp_path):
-    backend = start_backend(tmp_path / "backend", "--devices", "cpu:1", "--warm-workers", "0", "--worker-threads", "1")
+    backend = start_backend(
+        tmp_path / "backend", "--devices", "cpu:1", "--warm-workers", "0", "--worker-threads", "1"
+    )
     try:
         with Client(backend.url, backend.token) as client:
             job = client.create_job([{"type": "training", "base_model": "tiny"}])
@@ -418,7 +530,9 @@ def test_runs_queue_behind_training_jobs_on_the_same_slots(tmp_path):
             assert handle.wait(120)["status"] == "done"
             assert "my turn" in handle.logs()
             # and a job queues behind a running run
-            sleeper = client.run(write_project(tmp_path / "sleeper", "import time; time.sleep(60)", name="sleeper"))
+            sleeper = client.run(
+                write_project(tmp_path / "sleeper", "import time; time.sleep(60)", name="sleeper")
+            )
             wait_for_log(sleeper, "sandbox: ")
             queued = client.create_job([{"type": "sampling", "base_model": "tiny"}])
             assert client.get_job(queued["job_id"])["status"] == "pending"

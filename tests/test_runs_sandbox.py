@@ -66,12 +66,23 @@ def loopback_server():
 
 def test_required_isolation_gets_netns_and_cannot_reach_loopback(runs_client, loopback_server, tmp_path):
     port, accepted = loopback_server
-    spec = write_project(tmp_path / "project", CONNECT_PROBE, name="netns", command=["python", "main.py", str(port)],
-                         isolation="required", outputs={"net": {"path": "net.json"}})
+    spec = write_project(
+        tmp_path / "project",
+        CONNECT_PROBE,
+        name="netns",
+        command=["python", "main.py", str(port)],
+        isolation="required",
+        outputs={"net": {"path": "net.json"}},
+    )
     # The same code outside the sandbox reaches the server.
     outside = tmp_path / "outside"
     outside.mkdir()
-    subprocess.run([sys.executable, str(tmp_path / "project" / "main.py"), str(port)], cwd=outside, check=True, timeout=60)
+    subprocess.run(
+        [sys.executable, str(tmp_path / "project" / "main.py"), str(port)],
+        cwd=outside,
+        check=True,
+        timeout=60,
+    )
     outside_result = json.loads((outside / "net.json").read_text())
     assert outside_result["connected"] is True and "lo" in outside_result["interfaces_up"]
     assert len(accepted) == 1
@@ -80,7 +91,9 @@ def test_required_isolation_gets_netns_and_cannot_reach_loopback(runs_client, lo
     assert handle.wait(120)["status"] == "done", handle.info
     inside = json.loads(handle.outputs("net", tmp_path / "net.json").read_text())
     # A network namespace of its own: only its own loopback, where nothing of the host listens.
-    assert inside["connected"] is False and ("refused" in inside["error"].lower() or "unreachable" in inside["error"].lower())
+    assert inside["connected"] is False and (
+        "refused" in inside["error"].lower() or "unreachable" in inside["error"].lower()
+    )
     assert inside["interfaces"] == ["lo"]
     assert len(accepted) == 1  # nothing more arrived
     report = handle.report()
@@ -92,7 +105,9 @@ def test_run_finds_no_token_file_and_no_secrets_in_its_environment(runs_client, 
     token_path = runs_backend.data_dir / "admin.token"
     db_path = runs_backend.data_dir / "cortex.sqlite3"
     secrets = [runs_backend.token, *RUNS_BACKEND_SECRETS.values()]
-    spec = write_project(tmp_path, """
+    spec = write_project(
+        tmp_path,
+        """
         import json, os, sys
         found = {}
         for name, path in (("token", sys.argv[1]), ("db", sys.argv[2])):
@@ -119,8 +134,11 @@ def test_run_finds_no_token_file_and_no_secrets_in_its_environment(runs_client, 
                 found[f"home:{home}"] = type(exc).__name__
         found["capabilities"] = [line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff:")][0]
         json.dump(found, open("found.json", "w"))
-    """, name="secrets", command=["python", "main.py", str(token_path), str(db_path), str(runs_backend.data_dir)],
-        outputs={"found": {"path": "found.json", "max_bytes": 1 << 20}})
+    """,
+        name="secrets",
+        command=["python", "main.py", str(token_path), str(db_path), str(runs_backend.data_dir)],
+        outputs={"found": {"path": "found.json", "max_bytes": 1 << 20}},
+    )
     handle = runs_client.run(spec)
     assert handle.wait(120)["status"] == "done", handle.info
     raw = handle.outputs("found", tmp_path / "found.json").read_text()
@@ -135,18 +153,25 @@ def test_run_finds_no_token_file_and_no_secrets_in_its_environment(runs_client, 
     # Only the sandbox's own processes are visible: its init and the command.
     assert len({key.split("/")[0] for key in found["proc"]}) <= 3
     # /root shows at most the Python runtime the run needs (bound back read-only), never root's other files.
-    runtime = {os.path.realpath(path).split("/")[2] for path in (sys.base_prefix, sys.prefix)
-               if os.path.realpath(path).startswith("/root/")}
+    runtime = {
+        os.path.realpath(path).split("/")[2]
+        for path in (sys.base_prefix, sys.prefix)
+        if os.path.realpath(path).startswith("/root/")
+    }
     assert not isinstance(found["home:/root"], list) or set(found["home:/root"]) <= runtime
     assert found["env"]["HOME"] == "/tmp/cortex-run" and found["home:/tmp/cortex-run"] == ["main.py"]
 
 
 def test_memory_hog_ends_workload_out_of_memory(runs_client, tmp_path):
-    spec = write_project(tmp_path, """
+    spec = write_project(
+        tmp_path,
+        """
         blocks = []
         while True:
             blocks.append(bytearray(64 * 1024 * 1024))
-    """, name="memory-hog")
+    """,
+        name="memory-hog",
+    )
     handle = runs_client.run(spec)
     final = handle.wait(120)
     assert final["status"] == "failed"
@@ -157,8 +182,13 @@ def test_memory_hog_ends_workload_out_of_memory(runs_client, tmp_path):
 
 def test_sleeper_ends_timed_out(runs_client, tmp_path):
     marker = f"sleeper-{random.randrange(10**9)}"
-    spec = write_project(tmp_path, "import sys, time; time.sleep(600)", name="sleeper",
-                         command=["python", "main.py", marker], timeout_seconds=2)
+    spec = write_project(
+        tmp_path,
+        "import sys, time; time.sleep(600)",
+        name="sleeper",
+        command=["python", "main.py", marker],
+        timeout_seconds=2,
+    )
     handle = runs_client.run(spec)
     started = time.monotonic()
     final = handle.wait(60)
@@ -217,8 +247,19 @@ def fallback_backend(tmp_path_factory):
     the run's uid must reach its work dir by itself, so the workspace lives in a world-traversable folder."""
     workspace = tempfile.mkdtemp(prefix="cortex-runs-test-", dir="/tmp")
     os.chmod(workspace, 0o711)
-    process = start_backend(tmp_path_factory.mktemp("fallback-backend"), "--devices", "cpu:2", "--warm-workers", "0",
-                            "--run-namespaces", "off", "--run-kill-grace", "1", "--runs-workspace", workspace)
+    process = start_backend(
+        tmp_path_factory.mktemp("fallback-backend"),
+        "--devices",
+        "cpu:2",
+        "--warm-workers",
+        "0",
+        "--run-namespaces",
+        "off",
+        "--run-kill-grace",
+        "1",
+        "--runs-workspace",
+        workspace,
+    )
     yield process
     process.stop()
     shutil.rmtree(workspace, ignore_errors=True)
@@ -232,7 +273,9 @@ def test_cancelled_run_leaves_no_processes_without_namespaces(fallback_backend, 
 
 def test_required_isolation_without_namespaces_fails_before_the_code_starts(fallback_backend, tmp_path):
     with Client(fallback_backend.url, fallback_backend.token) as client:
-        spec = write_project(tmp_path, "", name="needs-netns", command="echo THE-CODE-RAN", isolation="required")
+        spec = write_project(
+            tmp_path, "", name="needs-netns", command="echo THE-CODE-RAN", isolation="required"
+        )
         handle = client.run(spec)
         final = handle.wait(60)
         assert final["status"] == "failed" and final["failure_code"] == "isolation_unsupported"
@@ -249,7 +292,9 @@ def test_backend_crash_fails_the_run_and_restart_cleans_up(tmp_path):
     backend = start_backend(data_dir, "--devices", "cpu:2", "--warm-workers", "0")
     n = random.randrange(10**6, 10**7)
     with Client(backend.url, backend.token) as client:
-        handle = client.run(write_project(tmp_path / "p", "", name="crash", command=f"sleep {n} & echo up; wait"))
+        handle = client.run(
+            write_project(tmp_path / "p", "", name="crash", command=f"sleep {n} & echo up; wait")
+        )
         wait_for_log(handle, "up")
         run_id = handle.run_id
     assert processes_with(f"sleep {n}")
@@ -279,14 +324,25 @@ def test_runs_work_when_the_backends_python_lives_under_tmp(tmp_path):
         here = Path(__file__).resolve().parents[1]
         site = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
         paths = [str(here), str(here / "backend"), str(here / "server_extension"), site]
-        backend = start_backend(tmp_path / "data", "--devices", "cpu:1", "--warm-workers", "0",
-                                env={"PYTHONPATH": os.pathsep.join(paths)}, python=str(venv / "bin" / "python"))
+        backend = start_backend(
+            tmp_path / "data",
+            "--devices",
+            "cpu:1",
+            "--warm-workers",
+            "0",
+            env={"PYTHONPATH": os.pathsep.join(paths)},
+            python=str(venv / "bin" / "python"),
+        )
         try:
             with Client(backend.url, backend.token) as client:
-                spec = write_project(tmp_path / "project", """
+                spec = write_project(
+                    tmp_path / "project",
+                    """
                     import json, sys
                     json.dump({"prefix": sys.prefix}, open("out.json", "w"))
-                """, outputs={"out": {"path": "out.json"}})
+                """,
+                    outputs={"out": {"path": "out.json"}},
+                )
                 handle = client.run(str(spec))
                 info = handle.wait(120)
                 assert info["status"] == "done", info

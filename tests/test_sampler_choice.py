@@ -37,7 +37,6 @@ def test_an_explicit_choice_is_kept_and_a_bad_one_refused():
         assign_samplers([CPU], "sglang")
 
 
-
 def test_a_ray_backend_refuses_sampler_vllm_rather_than_ignoring_it(tmp_path):
     """Ray hosts' devices sample with the built-in engine: asking for vLLM there is refused at start."""
     pytest.importorskip("ray", reason="the ray extra is not installed")

@@ -34,20 +34,29 @@ def test_sampling_a_saved_adapter_is_a_snapshot_on_any_sub_job_of_its_shape(clie
         assert saved["checkpoint_id"] == "snap"
         probe = random_batch(rng, 259, batch=2, length=10, pad_tail=False)
         at_save = trainer.forward(probe).result()["tensors"]["logprobs"]
-        snapshot_tokens = trainer.generate(PROMPTS, adapter={"checkpoint_id": "snap"}, **GREEDY).result().tokens
+        snapshot_tokens = (
+            trainer.generate(PROMPTS, adapter={"checkpoint_id": "snap"}, **GREEDY).result().tokens
+        )
         assert snapshot_tokens == trainer.generate(PROMPTS, **GREEDY).result().tokens
 
         _train(trainer, rng, 3)
         later = trainer.forward(probe).result()["tensors"]["logprobs"]
         assert np.abs(later - at_save).max() > 1e-3, "training on must have moved the live adapter"
         # The checkpoint still samples and scores as it did when saved, on the trainer and on another job.
-        assert trainer.generate(PROMPTS, adapter={"checkpoint_id": "snap"}, **GREEDY).result().tokens == snapshot_tokens
-        on_sampler = sampler.generate(PROMPTS, adapter={"job_id": trainer.job_id, "checkpoint_id": "snap"}, **GREEDY)
+        assert (
+            trainer.generate(PROMPTS, adapter={"checkpoint_id": "snap"}, **GREEDY).result().tokens
+            == snapshot_tokens
+        )
+        on_sampler = sampler.generate(
+            PROMPTS, adapter={"job_id": trainer.job_id, "checkpoint_id": "snap"}, **GREEDY
+        )
         assert on_sampler.result().tokens == snapshot_tokens
         scored = trainer.forward(probe, adapter={"checkpoint_id": "snap"}).result()["tensors"]["logprobs"]
         np.testing.assert_allclose(scored, at_save, rtol=0, atol=1e-6)
         # ...and the live adapter is back in place after each such request.
-        np.testing.assert_allclose(trainer.forward(probe).result()["tensors"]["logprobs"], later, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(
+            trainer.forward(probe).result()["tensors"]["logprobs"], later, rtol=0, atol=1e-6
+        )
 
         # "base": the model without any adapter, equal to transformers on the base model.
         base = trainer.forward(probe, adapter="base").result()["tensors"]["logprobs"]
@@ -56,11 +65,15 @@ def test_sampling_a_saved_adapter_is_a_snapshot_on_any_sub_job_of_its_shape(clie
         np.testing.assert_allclose(base, expected, rtol=0, atol=1e-5)
 
         # Another owner never reaches this checkpoint; a checkpoint that does not exist is named.
-        with Client(backend.url, create_token(backend.data_dir, "mallory", "jobs:read", "jobs:write")) as mallory:
+        with Client(
+            backend.url, create_token(backend.data_dir, "mallory", "jobs:read", "jobs:write")
+        ) as mallory:
             own = mallory.create_sampler("tiny", lora={"r": 4})
             try:
                 with pytest.raises(NotFoundError) as caught:
-                    own.generate(PROMPTS, adapter={"job_id": trainer.job_id, "checkpoint_id": "snap"}, **GREEDY)
+                    own.generate(
+                        PROMPTS, adapter={"job_id": trainer.job_id, "checkpoint_id": "snap"}, **GREEDY
+                    )
                 assert caught.value.code == "checkpoint_not_found"
             finally:
                 own.cancel()
@@ -69,7 +82,9 @@ def test_sampling_a_saved_adapter_is_a_snapshot_on_any_sub_job_of_its_shape(clie
         # An adapter of another shape (rank 8 here) does not fit; a malformed selector is named.
         other_shape.wait_ready()
         with pytest.raises(BadRequestError) as caught:
-            other_shape.generate(PROMPTS, adapter={"job_id": trainer.job_id, "checkpoint_id": "snap"}, **GREEDY)
+            other_shape.generate(
+                PROMPTS, adapter={"job_id": trainer.job_id, "checkpoint_id": "snap"}, **GREEDY
+            )
         assert caught.value.code == "incompatible_adapter" and "r" in caught.value.detail
         with pytest.raises(BadRequestError) as caught:
             trainer.generate(PROMPTS, adapter={"step": 3}, **GREEDY)
@@ -81,7 +96,9 @@ def test_sampling_a_saved_adapter_is_a_snapshot_on_any_sub_job_of_its_shape(clie
         trained = trainer.forward_backward(batch).result()
         assert scored["loss"] == pytest.approx(trained["loss"], rel=1e-6)
         assert scored["metrics"]["loss:sum"] == pytest.approx(trained["metrics"]["loss:sum"], rel=1e-6)
-        np.testing.assert_allclose(scored["tensors"]["logprobs"], trained["tensors"]["logprobs"], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(
+            scored["tensors"]["logprobs"], trained["tensors"]["logprobs"], rtol=0, atol=1e-6
+        )
     finally:
         trainer.cancel()
         sampler.cancel()

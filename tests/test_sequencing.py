@@ -16,8 +16,12 @@ from .reference import random_batch
 
 
 def _post(backend, job_id: str, op: str, sequence: str, **kwargs) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {backend.token}", wire.SEQUENCE_HEADER: sequence,
-               "Idempotency-Key": str(uuid.uuid4()), **kwargs.pop("headers", {})}
+    headers = {
+        "Authorization": f"Bearer {backend.token}",
+        wire.SEQUENCE_HEADER: sequence,
+        "Idempotency-Key": str(uuid.uuid4()),
+        **kwargs.pop("headers", {}),
+    }
     return httpx.post(f"{backend.url}/v1/jobs/{job_id}/{op}", headers=headers, timeout=30, **kwargs)
 
 
@@ -83,4 +87,7 @@ def test_bad_sequence_values_are_named(backend, job):
         response = _post(backend, job.job_id, "step", value, json={})
         assert response.status_code == 400, value
         error = response.json()["error"]
-        assert error["code"] == "invalid_field" and error["detail"]["field"] in (wire.SEQUENCE_HEADER, "sequence"), value
+        assert error["code"] == "invalid_field" and error["detail"]["field"] in (
+            wire.SEQUENCE_HEADER,
+            "sequence",
+        ), value

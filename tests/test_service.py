@@ -33,7 +33,11 @@ def test_tokens_are_stored_hashed_and_the_admin_token_is_private(one_slot_backen
         assert token.encode() not in path.read_bytes()
         assert one_slot_backend.token.encode() not in path.read_bytes()
     with Client(one_slot_backend.url, token) as carol:
-        assert carol.whoami() == {"owner": "carol", "token_id": carol.whoami()["token_id"], "scopes": ["jobs:read"]}
+        assert carol.whoami() == {
+            "owner": "carol",
+            "token_id": carol.whoami()["token_id"],
+            "scopes": ["jobs:read"],
+        }
 
 
 def test_a_job_that_does_not_fit_queues_until_a_device_frees(one_slot_backend):
@@ -82,11 +86,15 @@ def test_an_idle_job_is_completed_and_frees_its_device(one_slot_backend):
 
 
 def test_list_jobs_pages_with_a_cursor(backend, client):
-    made = [client.create_job([{"type": "sampling", "base_model": "tiny"}], name=f"page-{i}") for i in range(3)]
+    made = [
+        client.create_job([{"type": "sampling", "base_model": "tiny"}], name=f"page-{i}") for i in range(3)
+    ]
     headers = {"Authorization": f"Bearer {backend.token}"}
     page = httpx.get(f"{backend.url}/v1/jobs", params={"limit": 2}, headers=headers).json()
     assert len(page["jobs"]) == 2 and page["next_cursor"]
-    rest = httpx.get(f"{backend.url}/v1/jobs", params={"limit": 2, "cursor": page["next_cursor"]}, headers=headers).json()
+    rest = httpx.get(
+        f"{backend.url}/v1/jobs", params={"limit": 2, "cursor": page["next_cursor"]}, headers=headers
+    ).json()
     assert not {j["job_id"] for j in page["jobs"]} & {j["job_id"] for j in rest["jobs"]}
     assert [j["job_id"] for j in page["jobs"]] == [made[2]["job_id"], made[1]["job_id"]]  # newest first
     for job in made:
@@ -98,6 +106,8 @@ def test_list_jobs_pages_with_a_cursor(backend, client):
 def test_models_and_capacity_describe_the_host(client):
     models = {m["name"]: m for m in client.list_models()}
     assert models["tiny"]["kind"] == "builtin" and models["tiny"]["vocab_size"] == 259
-    assert models["small-gpt2"]["kind"] == "local" and models["small-gpt2"]["architecture"] == "GPT2LMHeadModel"
+    assert (
+        models["small-gpt2"]["kind"] == "local" and models["small-gpt2"]["architecture"] == "GPT2LMHeadModel"
+    )
     capacity = client.get_capacity()
     assert capacity["devices"][0]["kind"] == "cpu" and capacity["slots_total"] == 8

@@ -25,8 +25,17 @@ BODY_TIMEOUT_S = 3.0
 
 @pytest.fixture(scope="module")
 def guarded_backend(tmp_path_factory):
-    process = start_backend(tmp_path_factory.mktemp("guarded"), "--devices", "cpu:1", "--warm-workers", "0",
-                            "--http-body-timeout", str(BODY_TIMEOUT_S), "--http-idle-timeout", str(BODY_TIMEOUT_S))
+    process = start_backend(
+        tmp_path_factory.mktemp("guarded"),
+        "--devices",
+        "cpu:1",
+        "--warm-workers",
+        "0",
+        "--http-body-timeout",
+        str(BODY_TIMEOUT_S),
+        "--http-idle-timeout",
+        str(BODY_TIMEOUT_S),
+    )
     yield process
     process.stop()
 
@@ -93,16 +102,24 @@ def test_slow_bodies_time_out_while_normal_requests_are_answered(guarded_backend
     # Every slow connection was closed by the backend once its body deadline passed (3 s of the 10).
     assert len(closed_by_server) == SLOW_CONNECTIONS, f"{SLOW_CONNECTIONS - len(closed_by_server)} still open"
     latencies.sort()
-    print(f"normal requests during {SLOW_CONNECTIONS} slow bodies: n={len(latencies)}"
-          f" p50={latencies[len(latencies) // 2] * 1000:.1f} ms p99={latencies[int(len(latencies) * 0.99)] * 1000:.1f} ms")
+    print(
+        f"normal requests during {SLOW_CONNECTIONS} slow bodies: n={len(latencies)}"
+        f" p50={latencies[len(latencies) // 2] * 1000:.1f} ms p99={latencies[int(len(latencies) * 0.99)] * 1000:.1f} ms"
+    )
     assert guarded_backend.healthy()
     assert os.path.getsize(guarded_backend.log_path or guarded_backend.data_dir / "backend.log") < 256 * 1024
 
 
 def test_connections_past_the_cap_get_a_503_and_the_backend_recovers(tmp_path):
     # With 96 descriptors the cap is 48 connections (half the open-files limit).
-    backend = start_backend(tmp_path / "capped", "--devices", "cpu:1", "--warm-workers", "0",
-                            prefix=["prlimit", "--nofile=96:96", "--"])
+    backend = start_backend(
+        tmp_path / "capped",
+        "--devices",
+        "cpu:1",
+        "--warm-workers",
+        "0",
+        prefix=["prlimit", "--nofile=96:96", "--"],
+    )
     address = urlsplit(backend.url)
     held: list[socket.socket] = []
     try:
@@ -168,8 +185,12 @@ def _cpu_seconds(pid: int) -> float:
 
 def run_out_of_descriptors(kind: str, hold_s: float = 3.0) -> dict:
     """Hold more connections than a server started with 64 descriptors can accept; what did it do?"""
-    process = subprocess.Popen(["prlimit", "--nofile=64:64", "--", sys.executable, "-c", GUARDED_SERVER, kind],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        ["prlimit", "--nofile=64:64", "--", sys.executable, "-c", GUARDED_SERVER, kind],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         port = int(process.stdout.readline())
         held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(100)]

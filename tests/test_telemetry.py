@@ -44,23 +44,29 @@ def value(families: dict, family: str, sample_name: str, **labels: str) -> float
 
 
 def admin_recent_telemetry(backend) -> list[dict]:
-    response = httpx.get(f"{backend.url}/v1/telemetry", params={"limit": 1000},
-                         headers={"Authorization": f"Bearer {backend.token}"})
+    response = httpx.get(
+        f"{backend.url}/v1/telemetry",
+        params={"limit": 1000},
+        headers={"Authorization": f"Bearer {backend.token}"},
+    )
     assert response.status_code == 200
     return response.json()["records"]
 
 
 # redaction -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text, secret", [
-    (f"no job '{SECRET}' is visible to this token", SECRET),
-    ("Authorization: Bearer abcdefghijklmnopqrstuvwxyz0123", "abcdefghijklmnopqrstuvwxyz0123"),
-    ("could not reach https://ann:hunter2hunter2@gpu-box:8765/v1", "hunter2hunter2"),
-    ("GET /v1/x?access_token=s3cr3tvalue&limit=5", "s3cr3tvalue"),
-    ('{"password": "correct horse battery"}', "correct horse"),
-    ("CORTEX_TOKEN=abc123def456 in the environment", "abc123def456"),
-    ("hf_" + "A1b2C3d4E5f6G7h8I9j0", "A1b2C3d4E5f6G7h8I9j0"),
-    ("TINKER key tml-" + "Zx9_Yw8-Vu7Ts6Rq5Po4", "Zx9_Yw8-Vu7Ts6Rq5Po4"),
-])
+@pytest.mark.parametrize(
+    "text, secret",
+    [
+        (f"no job '{SECRET}' is visible to this token", SECRET),
+        ("Authorization: Bearer abcdefghijklmnopqrstuvwxyz0123", "abcdefghijklmnopqrstuvwxyz0123"),
+        ("could not reach https://ann:hunter2hunter2@gpu-box:8765/v1", "hunter2hunter2"),
+        ("GET /v1/x?access_token=s3cr3tvalue&limit=5", "s3cr3tvalue"),
+        ('{"password": "correct horse battery"}', "correct horse"),
+        ("CORTEX_TOKEN=abc123def456 in the environment", "abc123def456"),
+        ("hf_" + "A1b2C3d4E5f6G7h8I9j0", "A1b2C3d4E5f6G7h8I9j0"),
+        ("TINKER key tml-" + "Zx9_Yw8-Vu7Ts6Rq5Po4", "Zx9_Yw8-Vu7Ts6Rq5Po4"),
+    ],
+)
 def test_redaction_removes_credentials_and_keeps_the_rest(text, secret):
     cleaned = redact(text)
     assert secret not in cleaned and "[REDACTED]" in cleaned
@@ -68,8 +74,11 @@ def test_redaction_removes_credentials_and_keeps_the_rest(text, secret):
 
 
 def test_redaction_leaves_ordinary_lines_alone():
-    for line in ["[engine] step=3 grad_norm=0.5 lr=0.0001 tokens=128 peak_memory=375MiB",
-                 "sampling_params: max_tokens=64 temperature=0.7", "job job-abc123 is cancelled"]:
+    for line in [
+        "[engine] step=3 grad_norm=0.5 lr=0.0001 tokens=128 peak_memory=375MiB",
+        "sampling_params: max_tokens=64 temperature=0.7",
+        "job job-abc123 is cancelled",
+    ]:
         assert redact(line) == line
 
 
@@ -92,19 +101,31 @@ def test_failures_are_sent_by_default_redacted_and_counted_in_metrics(backend, t
         failure, success = list(client.telemetry.recent)[-2:]
         assert failure["operation"] == "get_job" and failure["success"] is False
         assert failure["error_type"] == "NotFoundError" and failure["http_status"] == 404
-        assert failure["error_code"] == "job_not_found" and failure["attempts"] == 1 and failure["retries"] == 0
+        assert (
+            failure["error_code"] == "job_not_found" and failure["attempts"] == 1 and failure["retries"] == 0
+        )
         assert SECRET not in failure["message"] and "ctx_[REDACTED]" in failure["message"]
         assert success["operation"] == "list_jobs" and success["success"] is True
         assert client.telemetry.sent >= 1
 
-    received = [r for r in admin_recent_telemetry(backend) if r["operation"] == "get_job" and not r["success"]]
+    received = [
+        r for r in admin_recent_telemetry(backend) if r["operation"] == "get_job" and not r["success"]
+    ]
     assert received and received[-1]["message"] == failure["message"]
     assert not any(r["operation"] == "list_jobs" and r["success"] for r in admin_recent_telemetry(backend))
     after = scrape(backend)
     assert SECRET not in after["text"]
-    labels = {"operation": "get_job", "outcome": "failure", "error_type": "NotFoundError", "http_status": "404"}
+    labels = {
+        "operation": "get_job",
+        "outcome": "failure",
+        "error_type": "NotFoundError",
+        "http_status": "404",
+    }
     name = "cortex_client_operations"
-    assert value(after["families"], name, name + "_total", **labels) == value(before, name, name + "_total", **labels) + 1
+    assert (
+        value(after["families"], name, name + "_total", **labels)
+        == value(before, name, name + "_total", **labels) + 1
+    )
 
 
 def test_successes_are_sent_only_when_asked(backend, telemetry_on, monkeypatch):
@@ -116,13 +137,35 @@ def test_successes_are_sent_only_when_asked(backend, telemetry_on, monkeypatch):
         assert client.telemetry.flush(10)
         operations = [record["operation"] for record in client.telemetry.recent]
     # Nested calls count once, as the outermost operation (poll_request, not its get_request_status).
-    assert operations[:5] == ["check_version", "create_job", "wait_for_job", "forward_backward", "poll_request"]
+    assert operations[:5] == [
+        "check_version",
+        "create_job",
+        "wait_for_job",
+        "forward_backward",
+        "poll_request",
+    ]
     assert operations[-1] == "complete_job"
     families = scrape(backend)["families"]
-    assert value(families, "cortex_client_operations", "cortex_client_operations_total",
-                 operation="forward_backward", outcome="success") >= 1
-    assert value(families, "cortex_client_operation_duration_seconds", "cortex_client_operation_duration_seconds_count",
-                 operation="forward_backward", outcome="success") >= 1
+    assert (
+        value(
+            families,
+            "cortex_client_operations",
+            "cortex_client_operations_total",
+            operation="forward_backward",
+            outcome="success",
+        )
+        >= 1
+    )
+    assert (
+        value(
+            families,
+            "cortex_client_operation_duration_seconds",
+            "cortex_client_operation_duration_seconds_count",
+            operation="forward_backward",
+            outcome="success",
+        )
+        >= 1
+    )
 
 
 def test_disabling_telemetry_records_and_sends_nothing(backend, monkeypatch):
@@ -131,12 +174,21 @@ def test_disabling_telemetry_records_and_sends_nothing(backend, monkeypatch):
     with Client(backend.url, backend.token) as client:
         with pytest.raises(NotFoundError):
             client.get_job("job-none")
-        assert not client.telemetry.enabled and list(client.telemetry.recent) == [] and client.telemetry.sent == 0
+        assert (
+            not client.telemetry.enabled
+            and list(client.telemetry.recent) == []
+            and client.telemetry.sent == 0
+        )
 
 
 def test_retries_and_attempts_are_counted(telemetry_on):
     # Nothing listens on this port: every attempt fails to connect, and the client retries.
-    client = Client("http://127.0.0.1:9", None, check_version=False, retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01))
+    client = Client(
+        "http://127.0.0.1:9",
+        None,
+        check_version=False,
+        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01),
+    )
     with pytest.raises(ConnectionError) as raised:
         client.check_version()
     record = client.telemetry.recent[-1]
@@ -147,8 +199,9 @@ def test_retries_and_attempts_are_counted(telemetry_on):
 
 
 def test_a_password_in_the_url_never_reaches_telemetry(telemetry_on):
-    client = Client("http://ann:pa55word-abc@127.0.0.1:9", "tok", check_version=False,
-                    retry=RetryPolicy(max_attempts=1))
+    client = Client(
+        "http://ann:pa55word-abc@127.0.0.1:9", "tok", check_version=False, retry=RetryPolicy(max_attempts=1)
+    )
     with pytest.raises(ConnectionError) as raised:
         client.get_job("job-x")
     assert "pa55word-abc" in str(raised.value)
@@ -181,19 +234,50 @@ def test_malformed_telemetry_is_refused_or_counted_not_trusted(backend):
     bad = httpx.post(f"{backend.url}/v1/telemetry", json={"records": "nope"}, headers=headers)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_field"
     before = scrape(backend)["families"]
-    odd = httpx.post(f"{backend.url}/v1/telemetry", headers=headers, json={"records": [
-        {"operation": "made_up_op", "success": False, "duration_ms": 5, "error_type": "Whatever", "http_status": 500,
-         "message": f"Bearer {SECRET}"},
-        {"operation": "get_job", "success": "yes", "duration_ms": 5},
-    ]})
+    odd = httpx.post(
+        f"{backend.url}/v1/telemetry",
+        headers=headers,
+        json={
+            "records": [
+                {
+                    "operation": "made_up_op",
+                    "success": False,
+                    "duration_ms": 5,
+                    "error_type": "Whatever",
+                    "http_status": 500,
+                    "message": f"Bearer {SECRET}",
+                },
+                {"operation": "get_job", "success": "yes", "duration_ms": 5},
+            ]
+        },
+    )
     assert odd.status_code == 202 and odd.json() == {"accepted": 1}
     after = scrape(backend)
-    assert value(after["families"], "cortex_client_operations", "cortex_client_operations_total",
-                 operation="other", error_type="other", http_status="500") == \
-        value(before, "cortex_client_operations", "cortex_client_operations_total",
-              operation="other", error_type="other", http_status="500") + 1
-    assert value(after["families"], "cortex_telemetry_records_rejected", "cortex_telemetry_records_rejected_total") == \
-        value(before, "cortex_telemetry_records_rejected", "cortex_telemetry_records_rejected_total") + 1
+    assert (
+        value(
+            after["families"],
+            "cortex_client_operations",
+            "cortex_client_operations_total",
+            operation="other",
+            error_type="other",
+            http_status="500",
+        )
+        == value(
+            before,
+            "cortex_client_operations",
+            "cortex_client_operations_total",
+            operation="other",
+            error_type="other",
+            http_status="500",
+        )
+        + 1
+    )
+    assert (
+        value(
+            after["families"], "cortex_telemetry_records_rejected", "cortex_telemetry_records_rejected_total"
+        )
+        == value(before, "cortex_telemetry_records_rejected", "cortex_telemetry_records_rejected_total") + 1
+    )
     assert SECRET not in after["text"]
     assert all(SECRET not in str(record) for record in admin_recent_telemetry(backend))
     reader = create_token(backend.data_dir, "ursula", "jobs:read", "jobs:write")
@@ -207,7 +291,9 @@ def test_a_secret_in_an_error_message_reaches_only_its_owner(backend, telemetry_
     with Client(backend.url, owner_token) as owner:
         # The backend refuses an unknown LoRA module by name: the secret is in the owner's error.
         with pytest.raises(BadRequestError) as raised:
-            owner.create_job([{"type": "training", "base_model": "tiny", "lora": {"target_modules": [SECRET]}}])
+            owner.create_job(
+                [{"type": "training", "base_model": "tiny", "lora": {"target_modules": [SECRET]}}]
+            )
         assert raised.value.code == "invalid_field" and SECRET in str(raised.value)
         # A checkpoint named like the secret: the worker logs its name when it loads it.
         job = owner.create_training_job("tiny", lora={"r": 4})
@@ -250,10 +336,14 @@ def test_operator_metrics_parse_and_count_routes_statuses_queue_and_devices(back
     time.sleep(1.2)  # one monitor tick
     after = scrape(backend)["families"]
     requests = "cortex_http_requests"
-    assert value(after, requests, requests + "_total", route="list_jobs", method="GET", status="200") >= \
-        value(before, requests, requests + "_total", route="list_jobs", method="GET", status="200") + 1
-    assert value(after, requests, requests + "_total", route="get_job", status="404") == \
-        value(before, requests, requests + "_total", route="get_job", status="404") + 1
+    assert (
+        value(after, requests, requests + "_total", route="list_jobs", method="GET", status="200")
+        >= value(before, requests, requests + "_total", route="list_jobs", method="GET", status="200") + 1
+    )
+    assert (
+        value(after, requests, requests + "_total", route="get_job", status="404")
+        == value(before, requests, requests + "_total", route="get_job", status="404") + 1
+    )
     latency = "cortex_http_request_duration_seconds"
     assert after[latency].type == "histogram"
     assert value(after, latency, latency + "_count", route="list_jobs") >= 1

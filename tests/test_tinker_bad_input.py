@@ -25,8 +25,14 @@ RETRIED_BY_THE_SDK = {408, 409, 429} | set(range(500, 600))
 
 def refusals(backend) -> Counter:
     """(route, status) -> count of the Tinker routes' 4xx/5xx answers so far (GET /metrics, admin token)."""
-    text = httpx.get(backend.url + "/metrics", headers={"Authorization": f"Bearer {backend.token}"}, timeout=30).text
-    found = re.findall(r'^cortex_http_requests_total\{[^}]*route="(tinker:[^"]+)"[^}]*status="([45]\d\d)"[^}]*\} (\S+)$', text, re.M)
+    text = httpx.get(
+        backend.url + "/metrics", headers={"Authorization": f"Bearer {backend.token}"}, timeout=30
+    ).text
+    found = re.findall(
+        r'^cortex_http_requests_total\{[^}]*route="(tinker:[^"]+)"[^}]*status="([45]\d\d)"[^}]*\} (\S+)$',
+        text,
+        re.M,
+    )
     return Counter({(route, int(status)): int(float(count)) for route, status, count in found})
 
 
@@ -37,7 +43,9 @@ def refused_once(backend, exception: type[BaseException], route: str, status: in
     with pytest.raises(exception) as caught:
         yield caught
     new = refusals(backend) - before
-    assert new == Counter({(f"tinker:{route}", status): 1}), f"expected one {status} from {route}, got {dict(new)}"
+    assert new == Counter({(f"tinker:{route}", status): 1}), (
+        f"expected one {status} from {route}, got {dict(new)}"
+    )
     assert status not in RETRIED_BY_THE_SDK
     for word in words:
         assert word in str(caught.value), f"{word!r} not in {caught.value}"
@@ -47,22 +55,50 @@ def test_user_errors_fail_fast_and_name_the_problem(service_client, backend):
     import tinker
     from tinker import types
 
-    with refused_once(backend, tinker.BadRequestError, "create_model", 400, "Qwen/Qwen3-Nope", "unknown_model", TINKER_MODEL):
+    with refused_once(
+        backend, tinker.BadRequestError, "create_model", 400, "Qwen/Qwen3-Nope", "unknown_model", TINKER_MODEL
+    ):
         service_client.create_lora_training_client(base_model="Qwen/Qwen3-Nope", rank=4).result()
 
     training = service_client.create_lora_training_client(base_model=TINKER_MODEL, rank=4).result()
-    good = types.Datum(model_input=types.ModelInput.from_ints([5, 6, 7]), loss_fn_inputs={"target_tokens": [6, 7, 8], "weights": [1.0] * 3})
-    lengths_disagree = types.Datum(model_input=types.ModelInput.from_ints([5, 6, 7, 8, 9]),
-                                   loss_fn_inputs={"target_tokens": [6, 7, 8, 9], "weights": [1.0] * 5})
-    with refused_once(backend, tinker.BadRequestError, "forward_backward", 400, "data[1].loss_fn_inputs.target_tokens has 4 values",
-                      "has 5 tokens"):
+    good = types.Datum(
+        model_input=types.ModelInput.from_ints([5, 6, 7]),
+        loss_fn_inputs={"target_tokens": [6, 7, 8], "weights": [1.0] * 3},
+    )
+    lengths_disagree = types.Datum(
+        model_input=types.ModelInput.from_ints([5, 6, 7, 8, 9]),
+        loss_fn_inputs={"target_tokens": [6, 7, 8, 9], "weights": [1.0] * 5},
+    )
+    with refused_once(
+        backend,
+        tinker.BadRequestError,
+        "forward_backward",
+        400,
+        "data[1].loss_fn_inputs.target_tokens has 4 values",
+        "has 5 tokens",
+    ):
         training.forward_backward([good, lengths_disagree], "cross_entropy").result()
-    with refused_once(backend, tinker.BadRequestError, "forward_backward", 400, "'cispo' is not supported", "cross_entropy",
-                      "importance_sampling", "ppo"):
+    with refused_once(
+        backend,
+        tinker.BadRequestError,
+        "forward_backward",
+        400,
+        "'cispo' is not supported",
+        "cross_entropy",
+        "importance_sampling",
+        "ppo",
+    ):
         training.forward_backward([good], "cispo").result()
     with refused_once(backend, tinker.BadRequestError, "forward_backward", 400, "token ids outside"):
-        training.forward_backward([types.Datum(model_input=types.ModelInput.from_ints([5, 10**6]),
-                                               loss_fn_inputs={"target_tokens": [6, 7], "weights": [1.0, 1.0]})], "cross_entropy").result()
+        training.forward_backward(
+            [
+                types.Datum(
+                    model_input=types.ModelInput.from_ints([5, 10**6]),
+                    loss_fn_inputs={"target_tokens": [6, 7], "weights": [1.0, 1.0]},
+                )
+            ],
+            "cross_entropy",
+        ).result()
     # A refused request uses up its place in the model's order: the next one runs, and so does the step after it.
     result = training.forward_backward([good], "cross_entropy").result()
     assert result.metrics["loss:sum"] > 0
@@ -84,7 +120,14 @@ def test_another_owners_paths_are_not_found(service_client, backend, tinker_key)
         state_path = theirs.save_state("theirs").result().path
     finally:
         other.close("success").result()
-    with refused_once(backend, tinker.NotFoundError, "create_sampling_session", 404, "checkpoint_not_found", "sampler.theirs"):
+    with refused_once(
+        backend,
+        tinker.NotFoundError,
+        "create_sampling_session",
+        404,
+        "checkpoint_not_found",
+        "sampler.theirs",
+    ):
         service_client.create_sampling_client(model_path=sampler_path).result()
     with refused_once(backend, tinker.NotFoundError, "load_weights", 404, "checkpoint_not_found"):
         service_client.create_training_client_from_state(state_path).result()
@@ -94,7 +137,9 @@ def test_another_owners_paths_are_not_found(service_client, backend, tinker_key)
     with refused_once(backend, tinker.NotFoundError, "delete_checkpoint", 404, "model_not_found"):
         rest.delete_checkpoint_from_tinker_path(sampler_path).result()
     with refused_once(backend, tinker.AuthenticationError, "client_config", 401, "unauthenticated"):
-        tinker.ServiceClient(base_url=backend.url, api_key="tml-not-a-key").create_lora_training_client(base_model=TINKER_MODEL).result()
+        tinker.ServiceClient(base_url=backend.url, api_key="tml-not-a-key").create_lora_training_client(
+            base_model=TINKER_MODEL
+        ).result()
 
 
 EXPIRING_CLIENT = """
@@ -111,16 +156,42 @@ def test_a_session_whose_process_died_expires(tmp_path, llama_dir):
     import tinker
     from tinker import types
 
-    backend = start_backend(tmp_path / "backend", "--model", f"{TINKER_MODEL}={llama_dir}", "--devices", "cpu:2",
-                            "--warm-workers", "0", "--tinker-session-timeout", "2")
+    backend = start_backend(
+        tmp_path / "backend",
+        "--model",
+        f"{TINKER_MODEL}={llama_dir}",
+        "--devices",
+        "cpu:2",
+        "--warm-workers",
+        "0",
+        "--tinker-session-timeout",
+        "2",
+    )
     try:
         key = create_token(backend.data_dir, "expiring", "jobs:read", "jobs:write", tinker=True)
         # The process exits right after printing (no close): its heartbeat thread dies with it.
-        printed = subprocess.run([sys.executable, "-c", EXPIRING_CLIENT, backend.url, key, TINKER_MODEL],
-                                 capture_output=True, text=True, timeout=120, check=True)
-        sampler = tinker.SamplingClient.from_sampler_handle(printed.stdout.strip().splitlines()[-1], api_key=key)
+        printed = subprocess.run(
+            [sys.executable, "-c", EXPIRING_CLIENT, backend.url, key, TINKER_MODEL],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        sampler = tinker.SamplingClient.from_sampler_handle(
+            printed.stdout.strip().splitlines()[-1], api_key=key
+        )
         time.sleep(3)
-        with refused_once(backend, tinker.APIStatusError, "asample", 410, "has ended", "expired: no heartbeat for 2 s", "ServiceClient"):
-            sampler.sample(types.ModelInput.from_ints([5, 6, 7]), 1, types.SamplingParams(max_tokens=2)).result()
+        with refused_once(
+            backend,
+            tinker.APIStatusError,
+            "asample",
+            410,
+            "has ended",
+            "expired: no heartbeat for 2 s",
+            "ServiceClient",
+        ):
+            sampler.sample(
+                types.ModelInput.from_ints([5, 6, 7]), 1, types.SamplingParams(max_tokens=2)
+            ).result()
     finally:
         backend.stop()

@@ -20,21 +20,38 @@ def test_a_forward_backward_request_the_sdk_writes_is_read_back():
     weights = torch.zeros(1, 6)
     weights[0, 4] = -0.5  # a 2-D tensor the SDK sends as sparse CSR
     data = [
-        types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
-                    loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 0.5, -2.0]}),
-        types.Datum(model_input=types.ModelInput(chunks=[types.EncodedTextChunk(tokens=[7, 8]), types.EncodedTextChunk(tokens=[9])]),
-                    loss_fn_inputs={"target_tokens": types.TensorData(data=[8, 9, 10], dtype="int64", shape=[3]),
-                                    "logprobs": [-1.0, -2.0, -3.0], "advantages": [0.5, 0.5, 0.5],
-                                    "weights": types.TensorData.from_torch_sparse(weights)}),
+        types.Datum(
+            model_input=types.ModelInput.from_ints([1, 2, 3]),
+            loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 0.5, -2.0]},
+        ),
+        types.Datum(
+            model_input=types.ModelInput(
+                chunks=[types.EncodedTextChunk(tokens=[7, 8]), types.EncodedTextChunk(tokens=[9])]
+            ),
+            loss_fn_inputs={
+                "target_tokens": types.TensorData(data=[8, 9, 10], dtype="int64", shape=[3]),
+                "logprobs": [-1.0, -2.0, -3.0],
+                "advantages": [0.5, 0.5, 0.5],
+                "weights": types.TensorData.from_torch_sparse(weights),
+            },
+        ),
     ]
     request = types.ForwardBackwardRequest(
-        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn="ppo", loss_fn_config={"clip_low_threshold": 0.7}),
-        model_id="tk-0123456789abcdef:train:0", seq_id=3,
+        forward_backward_input=types.ForwardBackwardInput(
+            data=data, loss_fn="ppo", loss_fn_config={"clip_low_threshold": 0.7}
+        ),
+        model_id="tk-0123456789abcdef:train:0",
+        seq_id=3,
     )
     proto = forward_backward_request_to_proto(request)
     proto.forward_only = True
     decoded = messages.decode_forward_backward(proto.SerializeToString())
-    assert (decoded.model_id, decoded.seq_id, decoded.loss_fn, decoded.forward_only) == ("tk-0123456789abcdef:train:0", 3, "ppo", True)
+    assert (decoded.model_id, decoded.seq_id, decoded.loss_fn, decoded.forward_only) == (
+        "tk-0123456789abcdef:train:0",
+        3,
+        "ppo",
+        True,
+    )
     assert decoded.loss_fn_config == {"clip_low_threshold": pytest.approx(0.7)}
     assert decoded.data[0].tokens.tolist() == [1, 2, 3]
     assert decoded.data[1].tokens.tolist() == [7, 8, 9]
@@ -53,12 +70,19 @@ def test_what_we_write_the_sdk_reads():
     )
     assert output.metrics == {"loss:sum": 4.75, "tokens:sum": 6.0}
     assert [out["logprobs"].tolist() for out in output.loss_fn_outputs] == [[-1.5, -0.25], [], [-3.0]]
-    sample = deserialize_sample_response(messages.encode_sample_response(
-        [{"tokens": [5, 6], "logprobs": [-0.5, -0.75], "finish_reason": "stop"},
-         {"tokens": [7], "logprobs": [-1.0], "finish_reason": "length"}],
-        [None, -2.0, -0.5],
-    ))
-    assert [(s.tokens, s.logprobs, s.stop_reason) for s in sample.sequences] == [([5, 6], [-0.5, -0.75], "stop"), ([7], [-1.0], "length")]
+    sample = deserialize_sample_response(
+        messages.encode_sample_response(
+            [
+                {"tokens": [5, 6], "logprobs": [-0.5, -0.75], "finish_reason": "stop"},
+                {"tokens": [7], "logprobs": [-1.0], "finish_reason": "length"},
+            ],
+            [None, -2.0, -0.5],
+        )
+    )
+    assert [(s.tokens, s.logprobs, s.stop_reason) for s in sample.sequences] == [
+        ([5, 6], [-0.5, -0.75], "stop"),
+        ([7], [-1.0], "length"),
+    ]
     assert sample.prompt_logprobs == [None, -2.0, -0.5]
 
 

@@ -20,11 +20,29 @@ from .tinker_fixtures import NEEDS_SDK, TINKER_MODEL
 pytestmark = NEEDS_SDK
 
 
-def _start_recipe(module: str, args: dict[str, object], backend, tinker_key: str, hf_home, log_path) -> subprocess.Popen:
-    env = {**os.environ, "TINKER_API_KEY": tinker_key, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    command = [sys.executable, "-m", module, f"base_url={backend.url}", f"model_name={TINKER_MODEL}", "renderer_name=role_colon",
-               f"log_path={log_path}", "behavior_if_log_dir_exists=delete", *(f"{key}={value}" for key, value in args.items())]
+def _start_recipe(
+    module: str, args: dict[str, object], backend, tinker_key: str, hf_home, log_path
+) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "TINKER_API_KEY": tinker_key,
+        "HF_HOME": str(hf_home),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        module,
+        f"base_url={backend.url}",
+        f"model_name={TINKER_MODEL}",
+        "renderer_name=role_colon",
+        f"log_path={log_path}",
+        "behavior_if_log_dir_exists=delete",
+        *(f"{key}={value}" for key, value in args.items()),
+    ]
     output = open(log_path.parent / f"{log_path.name}.out", "w")  # noqa: SIM115
     return subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
 
@@ -54,20 +72,59 @@ def _final_checkpoints_are_ours(backend, tinker_key: str, log_path) -> None:
 
 def test_cookbook_supervised_and_rl_recipes(backend, tinker_key, hf_home, tmp_path):
     conversations = tmp_path / "arithmetic.jsonl"
-    conversations.write_text("".join(
-        json.dumps({"messages": [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["completion"]}]}) + "\n"
-        for row in addition_problems(seed=0)
-    ))
+    conversations.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": row["prompt"]},
+                        {"role": "assistant", "content": row["completion"]},
+                    ]
+                }
+            )
+            + "\n"
+            for row in addition_problems(seed=0)
+        )
+    )
     sl_log, rl_log = tmp_path / "sl", tmp_path / "rl"
     # Both at once, as two users would: each is its own Tinker session and its own job.
-    supervised = _start_recipe("tinker_cookbook.recipes.chat_sl.train", {
-        "dataset": conversations, "lora_rank": 8, "learning_rate": 1e-2, "batch_size": 16, "max_steps": 4, "max_length": 64,
-        "save_every": 0, "eval_every": 0, "infrequent_eval_every": 0,
-    }, backend, tinker_key, hf_home, sl_log)
-    rl = _start_recipe("tinker_cookbook.recipes.math_rl.train", {
-        "env": "arithmetic", "loss_fn": "importance_sampling", "lora_rank": 8, "learning_rate": 1e-2,
-        "groups_per_batch": 2, "group_size": 4, "max_tokens": 4, "max_steps": 2, "eval_every": 0, "save_every": 0,
-    }, backend, tinker_key, hf_home, rl_log)
+    supervised = _start_recipe(
+        "tinker_cookbook.recipes.chat_sl.train",
+        {
+            "dataset": conversations,
+            "lora_rank": 8,
+            "learning_rate": 1e-2,
+            "batch_size": 16,
+            "max_steps": 4,
+            "max_length": 64,
+            "save_every": 0,
+            "eval_every": 0,
+            "infrequent_eval_every": 0,
+        },
+        backend,
+        tinker_key,
+        hf_home,
+        sl_log,
+    )
+    rl = _start_recipe(
+        "tinker_cookbook.recipes.math_rl.train",
+        {
+            "env": "arithmetic",
+            "loss_fn": "importance_sampling",
+            "lora_rank": 8,
+            "learning_rate": 1e-2,
+            "groups_per_batch": 2,
+            "group_size": 4,
+            "max_tokens": 4,
+            "max_steps": 2,
+            "eval_every": 0,
+            "save_every": 0,
+        },
+        backend,
+        tinker_key,
+        hf_home,
+        rl_log,
+    )
 
     metrics = _finished(supervised, sl_log)
     assert len(metrics) == 4
@@ -83,5 +140,7 @@ def test_cookbook_supervised_and_rl_recipes(backend, tinker_key, hf_home, tmp_pa
         # 2 problems x 4 samples were drawn, scored by the cookbook's own arithmetic checker, and trained on; the
         # trainer's logprobs of the sampled tokens equal the sampler's (KL ~ 0).
         assert row["env/all/total_episodes"] == 8 and row["tokens/sampled"] > 0 and row["tokens/trained"] > 0
-        assert "env/all/reward/total" in row and row["optim/kl_sample_train_v1"] == pytest.approx(0.0, abs=1e-3)
+        assert "env/all/reward/total" in row and row["optim/kl_sample_train_v1"] == pytest.approx(
+            0.0, abs=1e-3
+        )
     _final_checkpoints_are_ours(backend, tinker_key, rl_log)

@@ -32,7 +32,9 @@ def closeness(row: dict[str, str], text: str) -> float:
         return 0.0
 
 
-def test_supervised_then_rl_loop_learns_arithmetic(service_client, backend, tinker_key, llama_dir, cortex_shell):
+def test_supervised_then_rl_loop_learns_arithmetic(
+    service_client, backend, tinker_key, llama_dir, cortex_shell
+):
     import tinker
     from tinker import types
     from tokenizers import Tokenizer
@@ -43,13 +45,23 @@ def test_supervised_then_rl_loop_learns_arithmetic(service_client, backend, tink
 
     def datum(row: dict[str, str]) -> types.Datum:
         """Prompt and completion (+ EOS); loss on the completion only, as the cookbook's renderers weight it."""
-        prompt, completion = tokenizer.encode(row["prompt"]).ids, tokenizer.encode(row["completion"]).ids + [eos]
+        prompt, completion = (
+            tokenizer.encode(row["prompt"]).ids,
+            tokenizer.encode(row["completion"]).ids + [eos],
+        )
         tokens = prompt + completion
-        return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                           loss_fn_inputs={"target_tokens": tokens[1:], "weights": [0.0] * (len(prompt) - 1) + [1.0] * len(completion)})
+        return types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={
+                "target_tokens": tokens[1:],
+                "weights": [0.0] * (len(prompt) - 1) + [1.0] * len(completion),
+            },
+        )
 
     # Supervised: sl_loop.py's shape (linear LR decay, forward_backward + optim_step queued, then read).
-    training_client = service_client.create_lora_training_client(base_model=TINKER_MODEL, rank=8, seed=0).result()
+    training_client = service_client.create_lora_training_client(
+        base_model=TINKER_MODEL, rank=8, seed=0
+    ).result()
     nll = []
     for step in range(SL_STEPS):
         batch = [datum(row) for row in random.Random(step).sample(rows, SL_BATCH)]
@@ -60,15 +72,28 @@ def test_supervised_then_rl_loop_learns_arithmetic(service_client, backend, tink
         optim_future.result()
         weights = [d.loss_fn_inputs["weights"].to_numpy() for d in batch]
         logprobs = [out["logprobs"].to_numpy() for out in result.loss_fn_outputs]
-        nll.append(-sum(float(lp @ w) for lp, w in zip(logprobs, weights, strict=True)) / sum(w.sum() for w in weights))
+        nll.append(
+            -sum(float(lp @ w) for lp, w in zip(logprobs, weights, strict=True))
+            / sum(w.sum() for w in weights)
+        )
     assert np.mean(nll[-5:]) < 0.6 * np.mean(nll[:5]), f"mean NLL should fall: {nll[:5]} ... {nll[-5:]}"
     state_path = training_client.save_state("sl-final").result().path
     probe_datum = datum(rows[0])
-    trained = training_client.forward([probe_datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    trained = (
+        training_client.forward([probe_datum], "cross_entropy")
+        .result()
+        .loss_fn_outputs[0]["logprobs"]
+        .to_numpy()
+    )
     # The saved state loads without its optimizer too, into a new client. (The SDK's deprecated load_state into an
     # existing client sends the same load_weights call; it is not repeated here, to spare a job.)
     weights_only = service_client.create_training_client_from_state(state_path).result()
-    loaded = weights_only.forward([probe_datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    loaded = (
+        weights_only.forward([probe_datum], "cross_entropy")
+        .result()
+        .loss_fn_outputs[0]["logprobs"]
+        .to_numpy()
+    )
     np.testing.assert_allclose(loaded, trained, rtol=0, atol=1e-6)
 
     # RL: rl_loop.py's shape, from the supervised state (optimizer included): sample a group per prompt from the
@@ -77,8 +102,14 @@ def test_supervised_then_rl_loop_learns_arithmetic(service_client, backend, tink
     probe = [row for row in rows[:20]]
 
     def greedy_closeness(sampling_client) -> float:
-        futures = [sampling_client.sample(types.ModelInput.from_ints(tokenizer.encode(row["prompt"]).ids), 1,
-                                          types.SamplingParams(max_tokens=3, temperature=0.0)) for row in probe]
+        futures = [
+            sampling_client.sample(
+                types.ModelInput.from_ints(tokenizer.encode(row["prompt"]).ids),
+                1,
+                types.SamplingParams(max_tokens=3, temperature=0.0),
+            )
+            for row in probe
+        ]
         texts = [tokenizer.decode([t for t in f.result().sequences[0].tokens if t != eos]) for f in futures]
         return float(np.mean([closeness(row, text) for row, text in zip(probe, texts, strict=True)]))
 
@@ -88,12 +119,18 @@ def test_supervised_then_rl_loop_learns_arithmetic(service_client, backend, tink
         sampling_client = training_client.save_weights_and_get_sampling_client().result()
         batch_rows = random.Random(100 + iteration).sample(rows, RL_PROMPTS)
         prompts = [types.ModelInput.from_ints(tokenizer.encode(row["prompt"]).ids) for row in batch_rows]
-        futures = [sampling_client.sample(prompt, GROUP, types.SamplingParams(max_tokens=3, temperature=1.0, seed=1000 * iteration + i))
-                   for i, prompt in enumerate(prompts)]
+        futures = [
+            sampling_client.sample(
+                prompt, GROUP, types.SamplingParams(max_tokens=3, temperature=1.0, seed=1000 * iteration + i)
+            )
+            for i, prompt in enumerate(prompts)
+        ]
         datums, prompt_lengths, group_rewards = [], [], []
         for row, prompt, future in zip(batch_rows, prompts, futures, strict=True):
             sequences = future.result().sequences
-            rewards_g = [closeness(row, tokenizer.decode([t for t in s.tokens if t != eos])) for s in sequences]
+            rewards_g = [
+                closeness(row, tokenizer.decode([t for t in s.tokens if t != eos])) for s in sequences
+            ]
             group_rewards.append(np.mean(rewards_g))
             advantages = [reward - np.mean(rewards_g) for reward in rewards_g]
             if all(advantage == 0.0 for advantage in advantages):
@@ -102,15 +139,22 @@ def test_supervised_then_rl_loop_learns_arithmetic(service_client, backend, tink
                 ob_len = prompt.length - 1
                 model_input = prompt.append(types.EncodedTextChunk(tokens=sequence.tokens[:-1]))
                 prompt_lengths.append(ob_len)
-                datums.append(types.Datum(model_input=model_input, loss_fn_inputs={
-                    "target_tokens": [0] * ob_len + sequence.tokens,
-                    "logprobs": [0.0] * ob_len + sequence.logprobs,
-                    "advantages": [0.0] * ob_len + [advantage] * (model_input.length - ob_len),
-                }))
+                datums.append(
+                    types.Datum(
+                        model_input=model_input,
+                        loss_fn_inputs={
+                            "target_tokens": [0] * ob_len + sequence.tokens,
+                            "logprobs": [0.0] * ob_len + sequence.logprobs,
+                            "advantages": [0.0] * ob_len + [advantage] * (model_input.length - ob_len),
+                        },
+                    )
+                )
         rewards.append(float(np.mean(group_rewards)))
         if datums:
             fwd_bwd_future = training_client.forward_backward(datums, loss_fn="importance_sampling")
-            optim_future = training_client.optim_step(tinker.AdamParams(learning_rate=RL_LR, beta1=0.9, beta2=0.95, eps=1e-8))
+            optim_future = training_client.optim_step(
+                tinker.AdamParams(learning_rate=RL_LR, beta1=0.9, beta2=0.95, eps=1e-8)
+            )
             trained = fwd_bwd_future.result().loss_fn_outputs[0]["logprobs"].to_numpy()
             optim_future.result()
             # On-policy: the trainer scores the sampled tokens as the sampler did.
@@ -132,11 +176,16 @@ def test_supervised_then_rl_loop_learns_arithmetic(service_client, backend, tink
         # The supervised job's progress record, folded from its requests like any primitive loop's.
         progress = ours.get_job(sl_job)["progress"]
         assert progress["source"] == "primitive" and progress["step"] == SL_STEPS
-        assert progress["last_checkpoint"] == "sl-final" and progress["loss_per_token"] == pytest.approx(nll[-1], rel=1e-4)
+        assert progress["last_checkpoint"] == "sl-final" and progress["loss_per_token"] == pytest.approx(
+            nll[-1], rel=1e-4
+        )
     listed = run_cell(cortex_shell, "%cortex jobs --limit 200")
     assert listed.success, listed.stderr
     row = listed.result.set_index("job_id").loc[job_id]
-    assert row["name"] == f"tinker {TINKER_MODEL} r=8" and f"tinker.model_id={training_client.model_id}" in row["labels"]
+    assert (
+        row["name"] == f"tinker {TINKER_MODEL} r=8"
+        and f"tinker.model_id={training_client.model_id}" in row["labels"]
+    )
     shown = run_cell(cortex_shell, f"%cortex checkpoints {sl_job}")
     assert shown.success, shown.stderr
     assert "sl-final" in shown.result["checkpoint_id"].tolist()

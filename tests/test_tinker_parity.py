@@ -39,24 +39,40 @@ def _reference_logprobs(model: torch.nn.Module, tokens: list[int], targets: list
     return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(targets)[:, None]).squeeze(-1)
 
 
-def test_lora_training_sampling_and_logprobs_match_peft_and_transformers(service_client, backend, tinker_key, llama_dir, tmp_path):
+def test_lora_training_sampling_and_logprobs_match_peft_and_transformers(
+    service_client, backend, tinker_key, llama_dir, tmp_path
+):
     from tinker import types
 
     vocab = int(reference_base(TINKER_MODEL, llama_dir).config.vocab_size)
-    reference = reference_lora(reference_base(TINKER_MODEL, llama_dir), r=RANK, alpha=32, seed=SEED, target_modules=TARGETS)
+    reference = reference_lora(
+        reference_base(TINKER_MODEL, llama_dir), r=RANK, alpha=32, seed=SEED, target_modules=TARGETS
+    )
     reference.eval()
     parameters = [p for p in reference.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=ADAM["learning_rate"], betas=(ADAM["beta1"], ADAM["beta2"]), eps=ADAM["eps"],
-                                  weight_decay=ADAM["weight_decay"])
-    training = service_client.create_lora_training_client(base_model=TINKER_MODEL, rank=RANK, seed=SEED).result()
+    optimizer = torch.optim.AdamW(
+        parameters,
+        lr=ADAM["learning_rate"],
+        betas=(ADAM["beta1"], ADAM["beta2"]),
+        eps=ADAM["eps"],
+        weight_decay=ADAM["weight_decay"],
+    )
+    training = service_client.create_lora_training_client(
+        base_model=TINKER_MODEL, rank=RANK, seed=SEED
+    ).result()
     info = training.get_info()
     assert info.model_data.model_name == TINKER_MODEL and info.lora_rank == RANK and info.is_lora
 
     rng = np.random.default_rng(5)
     for step in range(STEPS):
         examples = _examples(rng, vocab)
-        data = [types.Datum(model_input=types.ModelInput.from_ints(e["input"]),
-                            loss_fn_inputs={"target_tokens": e["target"], "weights": e["weights"]}) for e in examples]
+        data = [
+            types.Datum(
+                model_input=types.ModelInput.from_ints(e["input"]),
+                loss_fn_inputs={"target_tokens": e["target"], "weights": e["weights"]},
+            )
+            for e in examples
+        ]
         # Queued back to back, as the cookbook does, before reading either result.
         forward_backward = training.forward_backward(data, "cross_entropy")
         optim = training.optim_step(types.AdamParams(**ADAM))
@@ -66,12 +82,16 @@ def test_lora_training_sampling_and_logprobs_match_peft_and_transformers(service
         for example, output in zip(examples, result.loss_fn_outputs, strict=True):
             logprobs = _reference_logprobs(reference, example["input"], example["target"])
             expected_loss = expected_loss - (torch.tensor(example["weights"]) * logprobs).sum()
-            np.testing.assert_allclose(output["logprobs"].to_numpy(), logprobs.detach().numpy(), rtol=0, atol=TOLERANCE)
+            np.testing.assert_allclose(
+                output["logprobs"].to_numpy(), logprobs.detach().numpy(), rtol=0, atol=TOLERANCE
+            )
         expected_loss.backward()
         expected_loss = expected_loss.detach()
         optimizer.step()
         optimizer.zero_grad()
-        assert result.metrics["loss:sum"] == pytest.approx(expected_loss.item(), rel=TOLERANCE, abs=TOLERANCE), f"step {step}"
+        assert result.metrics["loss:sum"] == pytest.approx(
+            expected_loss.item(), rel=TOLERANCE, abs=TOLERANCE
+        ), f"step {step}"
         assert stepped.metrics["step"] == step + 1
 
     # One PPO step on top (Tinker's clipped objective): sampling logprobs a little off the current ones, so some
@@ -81,18 +101,33 @@ def test_lora_training_sampling_and_logprobs_match_peft_and_transformers(service
     for example in examples:
         with torch.no_grad():
             current = _reference_logprobs(reference, example["input"], example["target"])
-        example["old"] = (current + torch.from_numpy(rng.normal(0.0, 0.2, size=len(example["target"])))).float().tolist()
+        example["old"] = (
+            (current + torch.from_numpy(rng.normal(0.0, 0.2, size=len(example["target"])))).float().tolist()
+        )
         example["advantages"] = rng.normal(0.0, 1.0, size=len(example["target"])).round(3).tolist()
-        ppo_data.append(types.Datum(model_input=types.ModelInput.from_ints(example["input"]), loss_fn_inputs={
-            "target_tokens": example["target"], "logprobs": example["old"], "advantages": example["advantages"]}))
+        ppo_data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(example["input"]),
+                loss_fn_inputs={
+                    "target_tokens": example["target"],
+                    "logprobs": example["old"],
+                    "advantages": example["advantages"],
+                },
+            )
+        )
     clip = {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
     forward_backward = training.forward_backward(ppo_data, "ppo", clip)
     optim = training.optim_step(types.AdamParams(**ADAM))
     result, _ = forward_backward.result(), optim.result()
     for example, output in zip(examples, result.loss_fn_outputs, strict=True):
         logprobs = _reference_logprobs(reference, example["input"], example["target"])
-        np.testing.assert_allclose(output["logprobs"].to_numpy(), logprobs.detach().numpy(), rtol=0, atol=TOLERANCE)
-        ratio, advantages = torch.exp(logprobs - torch.tensor(example["old"])), torch.tensor(example["advantages"])
+        np.testing.assert_allclose(
+            output["logprobs"].to_numpy(), logprobs.detach().numpy(), rtol=0, atol=TOLERANCE
+        )
+        ratio, advantages = (
+            torch.exp(logprobs - torch.tensor(example["old"])),
+            torch.tensor(example["advantages"]),
+        )
         clipped = torch.clamp(ratio, clip["clip_low_threshold"], clip["clip_high_threshold"])
         expected_loss = expected_loss - torch.minimum(ratio * advantages, clipped * advantages).sum()
     expected_loss.backward()
@@ -105,10 +140,16 @@ def test_lora_training_sampling_and_logprobs_match_peft_and_transformers(service
     sampler = training.save_weights_and_get_sampling_client().result()
     prompt = rng.integers(3, vocab, size=7).tolist()
     with torch.no_grad():
-        expected_greedy = reference.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, 7, dtype=torch.long),
-                                             max_new_tokens=10, do_sample=False)[0, 7:].tolist()
+        expected_greedy = reference.generate(
+            input_ids=torch.tensor([prompt]),
+            attention_mask=torch.ones(1, 7, dtype=torch.long),
+            max_new_tokens=10,
+            do_sample=False,
+        )[0, 7:].tolist()
         expected_prompt = [None, *_reference_logprobs(reference, prompt[:-1], prompt[1:]).tolist()]
-    greedy = sampler.sample(types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=10, temperature=0.0)).result()
+    greedy = sampler.sample(
+        types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=10, temperature=0.0)
+    ).result()
     assert greedy.sequences[0].tokens == expected_greedy
     scored = sampler.compute_logprobs(types.ModelInput.from_ints(prompt)).result()
     assert scored[0] is None
@@ -147,9 +188,15 @@ def test_base_model_logprobs_and_greedy_equal_transformers(service_client, llama
             expected = _reference_logprobs(base, prompt[:-1], prompt[1:]).numpy()
             assert scored[0] is None and len(scored) == len(prompt)
             np.testing.assert_allclose(scored[1:], expected, rtol=0, atol=TOLERANCE)
-            greedy = sampler.sample(types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=8, temperature=0)).result()
-            reference = base.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                      max_new_tokens=8, do_sample=False)[0, len(prompt):].tolist()
+            greedy = sampler.sample(
+                types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=8, temperature=0)
+            ).result()
+            reference = base.generate(
+                input_ids=torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=8,
+                do_sample=False,
+            )[0, len(prompt) :].tolist()
             assert greedy.sequences[0].tokens == reference
 
 
@@ -161,11 +208,18 @@ def test_forward_backward_custom_trains_as_the_same_loss_in_peft(service_client,
 
     tokens = [5, 17, 33, 2, 60, 41, 9, 12]
     w = [0.0, 0.5, 1.0, -0.25, 2.0, 1.0, 0.75]
-    data = [types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": w})]
+    data = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={"target_tokens": tokens[1:], "weights": w},
+        )
+    ]
 
     def custom(batch, logprobs):
-        loss = sum((torch.tensor(d.loss_fn_inputs["weights"].data) * lp).sum() for d, lp in zip(batch, logprobs, strict=True))
+        loss = sum(
+            (torch.tensor(d.loss_fn_inputs["weights"].data) * lp).sum()
+            for d, lp in zip(batch, logprobs, strict=True)
+        )
         return loss, {"custom:sum": float(loss.detach())}
 
     client = service_client.create_lora_training_client(base_model=TINKER_MODEL, rank=RANK, seed=3).result()
@@ -173,17 +227,28 @@ def test_forward_backward_custom_trains_as_the_same_loss_in_peft(service_client,
     client.optim_step(types.AdamParams(**ADAM)).result()
     after = client.forward(data, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
 
-    reference = reference_lora(reference_base(TINKER_MODEL, llama_dir), r=RANK, alpha=32, seed=3, target_modules=TARGETS).eval()
-    optimizer = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=ADAM["learning_rate"],
-                                  betas=(ADAM["beta1"], ADAM["beta2"]), eps=ADAM["eps"], weight_decay=ADAM["weight_decay"])
+    reference = reference_lora(
+        reference_base(TINKER_MODEL, llama_dir), r=RANK, alpha=32, seed=3, target_modules=TARGETS
+    ).eval()
+    optimizer = torch.optim.AdamW(
+        [p for p in reference.parameters() if p.requires_grad],
+        lr=ADAM["learning_rate"],
+        betas=(ADAM["beta1"], ADAM["beta2"]),
+        eps=ADAM["eps"],
+        weight_decay=ADAM["weight_decay"],
+    )
     expected_loss = (torch.tensor(w) * _reference_logprobs(reference, tokens[:-1], tokens[1:])).sum()
     expected_loss.backward()
     optimizer.step()
     with torch.no_grad():
         expected_after = _reference_logprobs(reference, tokens[:-1], tokens[1:]).numpy()
-    assert custom_result.metrics["custom:sum"] == pytest.approx(expected_loss.item(), rel=TOLERANCE, abs=TOLERANCE)
+    assert custom_result.metrics["custom:sum"] == pytest.approx(
+        expected_loss.item(), rel=TOLERANCE, abs=TOLERANCE
+    )
     # What the backend computed: cross_entropy with the negative weights -w, whose value is C itself.
-    assert custom_result.metrics["surrogate_loss:sum"] == pytest.approx(expected_loss.item(), rel=TOLERANCE, abs=TOLERANCE)
+    assert custom_result.metrics["surrogate_loss:sum"] == pytest.approx(
+        expected_loss.item(), rel=TOLERANCE, abs=TOLERANCE
+    )
     np.testing.assert_allclose(after, expected_after, rtol=0, atol=TOLERANCE)
 
 

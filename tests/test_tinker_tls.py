@@ -20,11 +20,21 @@ def test_the_sdk_trains_and_samples_over_tls(tls_backend, monkeypatch):
     service = tinker.ServiceClient(base_url=tls_backend.url, api_key=key)
     try:
         training = service.create_lora_training_client(base_model="tiny", rank=4, seed=0).result()
-        datum = types.Datum(model_input=types.ModelInput.from_ints([256, 49, 43, 50]),
-                            loss_fn_inputs={"target_tokens": [49, 43, 50, 61], "weights": [1.0] * 4})
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints([256, 49, 43, 50]),
+            loss_fn_inputs={"target_tokens": [49, 43, 50, 61], "weights": [1.0] * 4},
+        )
         assert training.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"] > 0
         training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
         sampler = training.save_weights_and_get_sampling_client().result()
-        assert len(sampler.sample(types.ModelInput.from_ints([256, 49]), 1, types.SamplingParams(max_tokens=3)).result().sequences[0].tokens) >= 1
+        assert (
+            len(
+                sampler.sample(types.ModelInput.from_ints([256, 49]), 1, types.SamplingParams(max_tokens=3))
+                .result()
+                .sequences[0]
+                .tokens
+            )
+            >= 1
+        )
     finally:
         service.close("success").result()

@@ -40,7 +40,9 @@ def test_client_refuses_a_certificate_whose_fingerprint_does_not_match(tls_backe
 
 
 def test_certificate_file_works_as_ca_and_system_cas_refuse_it(tls_backend):
-    with Client(tls_backend.url, tls_backend.token, verify=str(tls_backend.data_dir / "tls" / "cert.pem")) as client:
+    with Client(
+        tls_backend.url, tls_backend.token, verify=str(tls_backend.data_dir / "tls" / "cert.pem")
+    ) as client:
         assert client.whoami()["owner"]
     with pytest.raises(errors.ConnectionError) as caught:
         Client(tls_backend.url, tls_backend.token, retry=NO_RETRY)
@@ -88,7 +90,11 @@ def test_self_signed_certificate_is_kept_across_starts(tmp_path):
     from cryptography import x509
 
     cert, _ = make_self_signed("10.1.2.3")
-    names = x509.load_pem_x509_certificate(cert).extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    names = (
+        x509.load_pem_x509_certificate(cert)
+        .extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        .value
+    )
     assert "10.1.2.3" in {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
     assert "localhost" in names.get_values_for_type(x509.DNSName)
 
@@ -111,9 +117,28 @@ def test_serve_refuses_inconsistent_tls_options(tmp_path):
     (tmp_path / "key.pem").write_bytes(other_key)
     cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
     assert "go together" in _tls_arguments_error(Namespace(tls=None, tls_cert=cert_file, tls_key=None))
-    assert "exclude each other" in _tls_arguments_error(Namespace(tls="self-signed", tls_cert=cert_file, tls_key=key_file))
+    assert "exclude each other" in _tls_arguments_error(
+        Namespace(tls="self-signed", tls_cert=cert_file, tls_key=key_file)
+    )
     # The command itself refuses a key that is not the certificate's, before serving anything.
-    done = subprocess.run([sys.executable, "-m", "cortex_backend", "serve", "--port", "0", "--data-dir", str(tmp_path / "data"),
-                           "--tls-cert", str(cert_file), "--tls-key", str(key_file)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cortex_backend",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--tls-cert",
+            str(cert_file),
+            "--tls-key",
+            str(key_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "cannot serve TLS" in done.stderr, done.stderr
     assert not (tmp_path / "data" / "backend.json").exists()

@@ -40,15 +40,24 @@ def test_a_full_spec_parses_into_its_parts():
     [
         ("data: a.jsonl\nsteps: 3\nstepz: 4\n", "unknown key stepz; allowed: base_model"),
         ("data: a.jsonl\nsteps: 3\nfoo: 1\nbar: 2\n", "unknown keys foo, bar"),
-        ("data: a.jsonl\nsteps: 3\noptimizer: {learning_rate: 1}\n", "unknown key in optimizer optimizer.learning_rate"),
+        (
+            "data: a.jsonl\nsteps: 3\noptimizer: {learning_rate: 1}\n",
+            "unknown key in optimizer optimizer.learning_rate",
+        ),
         ("data: a.jsonl\nsteps: 0\n", "steps: must be >= 1, not 0"),
         ("data: a.jsonl\nsteps: 2.5\n", "steps: must be a whole number"),
         ("data: a.jsonl\nsteps: 2\nepochs: 1\n", "exactly one of steps"),
         ("steps: 2\n", "data: missing"),
         ("data: a.jsonl\nsteps: 2\neval: {every: 5}\n", "eval.data: missing"),
-        ("data: a.jsonl\nsteps: 2\nsample: {every: 5, prompts: []}\n", "sample.prompts: must be a non-empty list"),
+        (
+            "data: a.jsonl\nsteps: 2\nsample: {every: 5, prompts: []}\n",
+            "sample.prompts: must be a non-empty list",
+        ),
         ("data: a.jsonl\nsteps: 2\noptimizer: {lr: 0}\n", "optimizer.lr: must be > 0"),
-        ("data: a.jsonl\nsteps: 2\nsave: {every: 5, type: full}\n", "save.type: must be resumable or weights-only"),
+        (
+            "data: a.jsonl\nsteps: 2\nsave: {every: 5, type: full}\n",
+            "save.type: must be resumable or weights-only",
+        ),
         ("- just\n- a list\n", "must be a YAML mapping"),
         ("", "the train spec is empty"),
         ("data: [a\n", "not valid YAML"),
@@ -67,7 +76,9 @@ def test_save_is_accepted_because_checkpoints_exist():
 
 def test_examples_from_jsonl_text_files_and_variables(tmp_path):
     rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps({"text": "plain"}) + "\n\n" + json.dumps({"prompt": "Q", "completion": "A"}) + "\n")
+    rows.write_text(
+        json.dumps({"text": "plain"}) + "\n\n" + json.dumps({"prompt": "Q", "completion": "A"}) + "\n"
+    )
     examples = load_examples(str(rows), {})
     assert [(e.prompt, e.text) for e in examples] == [(None, "plain"), ("Q", "A")]
     story = tmp_path / "story.txt"
@@ -106,6 +117,12 @@ def test_prompt_completion_examples_get_rows_of_their_own_unless_packed(client):
     packed = tokenize_and_pack(client, "tiny", pairs, 32, packing=True)
     assert len(packed.rows) == 2 and len(packed.rows[0][0]) == 33
     text = tokenize_and_pack(client, "tiny", [Example(None, "x" * 40), Example(None, "y" * 40)], 32)
-    assert [len(tokens) for tokens, _ in text.rows] == [33, 33, 20]  # packed: 2 x (BOS + 40 + EOS) = 84 tokens, rows start every 32
-    long_alone = tokenize_and_pack(client, "tiny", [Example(None, "x" * 40), Example(None, "y" * 40)], 32, packing=False)
+    assert [len(tokens) for tokens, _ in text.rows] == [
+        33,
+        33,
+        20,
+    ]  # packed: 2 x (BOS + 40 + EOS) = 84 tokens, rows start every 32
+    long_alone = tokenize_and_pack(
+        client, "tiny", [Example(None, "x" * 40), Example(None, "y" * 40)], 32, packing=False
+    )
     assert [len(tokens) for tokens, _ in long_alone.rows] == [33, 10, 33, 10]  # each cut on its own

@@ -28,7 +28,9 @@ def polyline_ys(svg: str) -> list[float]:
     return [float(point.split(",")[1]) for point in points]
 
 
-def trained_state(steps: int = 30, name: str | None = "lr-3e-3", status: str = "running", **progress) -> JobState:
+def trained_state(
+    steps: int = 30, name: str | None = "lr-3e-3", status: str = "running", **progress
+) -> JobState:
     """A job as the backend answers it, its progress record holding `steps` points of loss 8/step."""
     state = JobState("job-render", name, "tiny")
     state.set_job(job_json(steps, name, status, **progress))
@@ -36,13 +38,27 @@ def trained_state(steps: int = 30, name: str | None = "lr-3e-3", status: str = "
 
 
 def job_json(steps: int, name: str | None = "lr-3e-3", status: str = "running", **progress) -> dict:
-    record = {"source": "managed", "phase": "training" if status == "running" else "finished", "step": steps,
-              "total_steps": steps, "loss_per_token": 8.0 / steps, "summed_loss": 8.0 / steps * 512,
-              "history": [{"step": step, "loss_per_token": 8.0 / step} for step in range(1, steps + 1)],
-              "eval_history": [], "updated_at": time.time(), **progress}
-    return {"job_id": "job-render", "status": status, "name": name, "started_at": time.time() - 125,
-            "finished_at": None, "progress": record,
-            "sub_jobs": [{"type": "training", "base_model": "tiny", "device": "cpu"}]}
+    record = {
+        "source": "managed",
+        "phase": "training" if status == "running" else "finished",
+        "step": steps,
+        "total_steps": steps,
+        "loss_per_token": 8.0 / steps,
+        "summed_loss": 8.0 / steps * 512,
+        "history": [{"step": step, "loss_per_token": 8.0 / step} for step in range(1, steps + 1)],
+        "eval_history": [],
+        "updated_at": time.time(),
+        **progress,
+    }
+    return {
+        "job_id": "job-render",
+        "status": status,
+        "name": name,
+        "started_at": time.time() - 125,
+        "finished_at": None,
+        "progress": record,
+        "sub_jobs": [{"type": "training", "base_model": "tiny", "device": "cpu"}],
+    }
 
 
 def test_charts_scale_with_the_cell_and_standalone_ones_have_a_size_and_ink():
@@ -50,9 +66,13 @@ def test_charts_scale_with_the_cell_and_standalone_ones_have_a_size_and_ink():
     root = ElementTree.fromstring(live)
     assert root.get("viewBox") == "0 0 360 170" and root.get("width") == "100%" and root.get("height") is None
     assert "height:auto" in root.get("style")
-    alone = ElementTree.fromstring(line_chart("x", [Line("train", "#000", [(1, 3.0), (2, 2.0)])], standalone=True))
+    alone = ElementTree.fromstring(
+        line_chart("x", [Line("train", "#000", [(1, 3.0), (2, 2.0)])], standalone=True)
+    )
     assert alone.get("width") == "360" and alone.get("height") == "170"
-    assert "currentColor" not in ElementTree.tostring(alone, encoding="unicode")  # an <img> has no text colour
+    assert "currentColor" not in ElementTree.tostring(
+        alone, encoding="unicode"
+    )  # an <img> has no text colour
 
 
 def test_log_scale_spaces_decades_evenly_and_leaves_out_what_it_cannot_draw():
@@ -74,6 +94,7 @@ def test_log_scale_toggle_redraws_the_loss_chart(client):
     widget.throttle.flush()
     assert 'aria-label="loss per token (log scale)"' in widget.loss_chart.value
     logged = polyline_ys(widget.loss_chart.value)
+
     # 8/step: how far down the curve is at step 15, as a share of its whole drop, on each axis.
     def share(ys: list[float]) -> float:
         return (ys[14] - ys[0]) / (ys[-1] - ys[0])
@@ -89,14 +110,23 @@ def test_disclosures_keep_what_the_user_opened_across_renders(client):
     widget = JobWidget(client, state)
     state.add_log_lines(["[engine] ready"])
     widget.render()
-    assert widget.logs.selected_index is None and widget.samples.selected_index == 0  # defaults: log shut, samples open
+    assert (
+        widget.logs.selected_index is None and widget.samples.selected_index == 0
+    )  # defaults: log shut, samples open
     widget.logs.selected_index = 0  # the user opens the log tail (a click sets this from the browser)
     widget.samples.selected_index = None  # and closes the samples
     assert state.logs_open  # so the feed reads the log often while it is shown
     for step in range(5):
         state.add_log_lines([f"line {step}"])
-        state.set_job(job_json(30 + step, samples={"step": 20 + step, "items": [{"prompt": "2+3=", "text": "5"},
-                                                                                {"prompt": "7+5=", "text": "12"}]}))
+        state.set_job(
+            job_json(
+                30 + step,
+                samples={
+                    "step": 20 + step,
+                    "items": [{"prompt": "2+3=", "text": "5"}, {"prompt": "7+5=", "text": "12"}],
+                },
+            )
+        )
         widget.render()
     assert widget.logs.selected_index == 0 and widget.samples.selected_index is None
     assert "line 4" in widget.logs_body.value and widget.logs.titles == ("log tail: last 6 lines",)
@@ -127,11 +157,17 @@ def test_a_running_job_shows_relative_times_and_a_finished_one_a_clock_time():
     assert job_view.refresh_in(snap, now) == pytest.approx(5, abs=1.5)  # "just now" for the last progress
     state.set_job(job_json(30, updated_at=now - 40, summed_loss=987.6))
     parts = job_view.stats_parts(state.snapshot(), now)
-    assert "last progress 40 s ago" in parts and "summed loss 987.6" in parts and "loss per token 0.2667" in parts
+    assert (
+        "last progress 40 s ago" in parts
+        and "summed loss 987.6" in parts
+        and "loss per token 0.2667" in parts
+    )
     finished = now - 3600
     state.set_job({**job_json(30, status="done"), "finished_at": finished})
     snap = state.snapshot()
-    assert f"finished {time.strftime('%Y-%m-%d %H:%M', time.localtime(finished))}" in job_view.stats_parts(snap, now)
+    assert f"finished {time.strftime('%Y-%m-%d %H:%M', time.localtime(finished))}" in job_view.stats_parts(
+        snap, now
+    )
     assert job_view.refresh_in(snap, now) is None  # nothing changes by itself any more
 
 
@@ -155,21 +191,46 @@ def test_throttle_renders_again_when_the_view_asks_without_being_marked():
 
 
 def test_static_picture_is_self_contained_html_with_the_final_curve(client):
-    state = trained_state(steps=12, status="done", eval_loss_per_token=1.5,
-                          eval_history=[{"step": 12, "eval_loss_per_token": 1.5}])
-    state.add_metrics([{"at": 10.0 + i, "device": "cpu", "cpu_percent": 50.0, "ram_used_bytes": 4, "ram_total_bytes": 16,
-                        "job_cpu_percent": 25.0, "job_ram_bytes": 2} for i in range(3)],
-                      note="CPU host: no GPU metrics")
+    state = trained_state(
+        steps=12,
+        status="done",
+        eval_loss_per_token=1.5,
+        eval_history=[{"step": 12, "eval_loss_per_token": 1.5}],
+    )
+    state.add_metrics(
+        [
+            {
+                "at": 10.0 + i,
+                "device": "cpu",
+                "cpu_percent": 50.0,
+                "ram_used_bytes": 4,
+                "ram_total_bytes": 16,
+                "job_cpu_percent": 25.0,
+                "job_ram_bytes": 2,
+            }
+            for i in range(3)
+        ],
+        note="CPU host: no GPU metrics",
+    )
     widget = JobWidget(client, state)
     bundle = widget._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle  # the live view, and next to it the picture
     picture = bundle["text/html"]
-    assert 'class="cortex-job-static"' in picture and "<svg" not in picture  # charts only as <img>: sanitizers keep those
-    assert "step 12/12" in picture and "loss per token 0.6667" in picture and "eval loss per token 1.5000" in picture
+    assert (
+        'class="cortex-job-static"' in picture and "<svg" not in picture
+    )  # charts only as <img>: sanitizers keep those
+    assert (
+        "step 12/12" in picture
+        and "loss per token 0.6667" in picture
+        and "eval loss per token 1.5000" in picture
+    )
     assert "<b>lr-3e-3</b> <code>job-render</code>" in picture and ">done</span>" in picture
     assert "CPU host: no GPU metrics" in picture and picture.count("GPU metrics") == 1
     images = re.findall(r'<img src="data:image/svg\+xml;base64,([^"]+)" alt="([^"]*)"', picture)
-    assert [alt for _, alt in images] == ["loss per token: 8.0000 at step 1, 0.6667 at step 12", "device metrics"]
+    assert [alt for _, alt in images] == [
+        "loss per token: 8.0000 at step 1, 0.6667 at step 12",
+        "device metrics",
+    ]
     loss_svg = base64.b64decode(images[0][0]).decode()
     assert len(ElementTree.fromstring(loss_svg).find(f"{SVG}polyline").get("points").split()) == 12
     device = ElementTree.fromstring(base64.b64decode(images[1][0]).decode())

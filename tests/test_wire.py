@@ -14,8 +14,13 @@ from .reference import random_batch
 
 
 def test_frame_round_trip_keeps_dtypes_shapes_and_metadata():
-    tensors = {"input_ids": np.arange(12, dtype=np.int64).reshape(3, 4), "weights": np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4)}
-    tensors_back, metadata = wire.decode_frame(wire.encode_frame(tensors, {"loss_fn": "ppo", "loss_fn_config": {"clip_low_threshold": 0.7}}))
+    tensors = {
+        "input_ids": np.arange(12, dtype=np.int64).reshape(3, 4),
+        "weights": np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4),
+    }
+    tensors_back, metadata = wire.decode_frame(
+        wire.encode_frame(tensors, {"loss_fn": "ppo", "loss_fn_config": {"clip_low_threshold": 0.7}})
+    )
     assert metadata == {"loss_fn": "ppo", "loss_fn_config": {"clip_low_threshold": 0.7}}
     for name, value in tensors.items():
         assert tensors_back[name].dtype == value.dtype
@@ -24,8 +29,13 @@ def test_frame_round_trip_keeps_dtypes_shapes_and_metadata():
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"1234567", (10**9).to_bytes(8, "little") + b"{}", (2).to_bytes(8, "little") + b"[]",
-     (4).to_bytes(8, "little") + b"nope"],
+    [
+        b"",
+        b"1234567",
+        (10**9).to_bytes(8, "little") + b"{}",
+        (2).to_bytes(8, "little") + b"[]",
+        (4).to_bytes(8, "little") + b"nope",
+    ],
 )
 def test_malformed_frames_are_refused_with_a_code(data):
     with pytest.raises(ApiError) as info:
@@ -67,16 +77,28 @@ def test_a_retried_chunked_request_runs_once(backend, client: Client):
     job = client.create_training_job("tiny", seed=8)
     headers = {"Authorization": f"Bearer {backend.token}"}
     try:
-        frame = wire.encode_frame(random_batch(np.random.default_rng(3), 259, 2, 16), {"loss_fn": "cross_entropy"})
+        frame = wire.encode_frame(
+            random_batch(np.random.default_rng(3), 259, 2, 16), {"loss_fn": "cross_entropy"}
+        )
         chunks = wire.split_chunks(frame, 512)
         upload = "up-retry-once"
         for chunk in chunks + chunks[:2]:  # resending chunks is harmless
             response = httpx.put(
-                f"{backend.url}/v1/uploads/{upload}/chunks/{chunk.index}", content=chunk.data,
-                headers={**headers, wire.CHUNK_SHA_HEADER: chunk.sha256, wire.CHUNK_COUNT_HEADER: str(len(chunks))},
+                f"{backend.url}/v1/uploads/{upload}/chunks/{chunk.index}",
+                content=chunk.data,
+                headers={
+                    **headers,
+                    wire.CHUNK_SHA_HEADER: chunk.sha256,
+                    wire.CHUNK_COUNT_HEADER: str(len(chunks)),
+                },
             )
             assert response.status_code == 200, response.text
-        submit_headers = {**headers, "Idempotency-Key": upload, wire.UPLOAD_HEADER: upload, wire.UPLOAD_SHA_HEADER: wire.sha256_hex(frame)}
+        submit_headers = {
+            **headers,
+            "Idempotency-Key": upload,
+            wire.UPLOAD_HEADER: upload,
+            wire.UPLOAD_SHA_HEADER: wire.sha256_hex(frame),
+        }
         first = httpx.post(f"{backend.url}/v1/jobs/{job.job_id}/forward_backward", headers=submit_headers)
         again = httpx.post(f"{backend.url}/v1/jobs/{job.job_id}/forward_backward", headers=submit_headers)
         assert first.status_code == again.status_code == 202
@@ -85,8 +107,11 @@ def test_a_retried_chunked_request_runs_once(backend, client: Client):
         client.poll_request(job.job_id, first.json()["request_id"])
         assert job.step().result()["batches"] == 1  # the frame's gradients were applied exactly once
         # A chunk whose bytes do not match its declared hash is refused.
-        bad = httpx.put(f"{backend.url}/v1/uploads/up-bad/chunks/0", content=b"abc",
-                        headers={**headers, wire.CHUNK_SHA_HEADER: "0" * 64, wire.CHUNK_COUNT_HEADER: "1"})
+        bad = httpx.put(
+            f"{backend.url}/v1/uploads/up-bad/chunks/0",
+            content=b"abc",
+            headers={**headers, wire.CHUNK_SHA_HEADER: "0" * 64, wire.CHUNK_COUNT_HEADER: "1"},
+        )
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "chunk_mismatch"
     finally:
         job.cancel()
@@ -101,7 +126,9 @@ def test_idempotency_key_replays_and_refuses_a_different_body(backend, client: C
         again = httpx.post(f"{backend.url}/v1/jobs/{job.job_id}/step", json={}, headers=headers)
         assert first.json()["request_id"] == again.json()["request_id"]
         assert client.poll_request(job.job_id, first.json()["request_id"])["step"] == 1
-        other = httpx.post(f"{backend.url}/v1/jobs/{job.job_id}/step", json={"learning_rate": 0.5}, headers=headers)
+        other = httpx.post(
+            f"{backend.url}/v1/jobs/{job.job_id}/step", json={"learning_rate": 0.5}, headers=headers
+        )
         assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_key_reused"
         # Creating a job with the same key twice creates one job.
         body = {"sub_jobs": [{"type": "sampling", "base_model": "tiny"}]}

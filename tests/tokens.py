@@ -10,8 +10,23 @@ from pathlib import Path
 def create_token(data_dir: Path, name: str, *scopes: str, tinker: bool = False) -> str:
     """`tinker=True` asks for a key with the `tml-` prefix the Tinker SDK requires."""
     result = subprocess.run(
-        [sys.executable, "-m", "cortex_nb.cli", "backend", "token", "create", "--name", name, "--data-dir", str(data_dir),
-         "--scopes", *scopes, *(["--tinker"] if tinker else [])],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "cortex_nb.cli",
+            "backend",
+            "token",
+            "create",
+            "--name",
+            name,
+            "--data-dir",
+            str(data_dir),
+            "--scopes",
+            *scopes,
+            *(["--tinker"] if tinker else []),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return result.stdout.strip()

@@ -62,25 +62,55 @@ class UserHome:
         return Path(self.python).parent.parent / "lib" / "python3.11" / "site-packages"
 
     def env(self) -> dict[str, str]:
-        env = {"HOME": str(self.home), "PATH": f"{Path(self.python).parent}:/usr/bin:/bin", "LANG": "C.UTF-8",
-               "CORTEX_DISABLE_TELEMETRY": "1"}
-        if "PYTHONPATH" in os.environ:  # a checkout other than the installed one (comparing against older code)
+        env = {
+            "HOME": str(self.home),
+            "PATH": f"{Path(self.python).parent}:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "CORTEX_DISABLE_TELEMETRY": "1",
+        }
+        if (
+            "PYTHONPATH" in os.environ
+        ):  # a checkout other than the installed one (comparing against older code)
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         return env
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run([*as_user(self.uid), *argv], env=self.env(), capture_output=True, text=True,
-                              check=check, timeout=120)
+        return subprocess.run(
+            [*as_user(self.uid), *argv],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=120,
+        )
 
     def start_backend(self, *args: str) -> BackendProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        for path in (self.home / ".local", self.home / ".local" / "share", self.data_dir.parent, self.data_dir):
+        for path in (
+            self.home / ".local",
+            self.home / ".local" / "share",
+            self.data_dir.parent,
+            self.data_dir,
+        ):
             os.chown(path, self.uid, self.uid)
-        return start_backend(self.data_dir, *args, python=self.python, prefix=as_user(self.uid), clean_env=self.env())
+        return start_backend(
+            self.data_dir, *args, python=self.python, prefix=as_user(self.uid), clean_env=self.env()
+        )
 
     def create_token(self, name: str, *scopes: str) -> str:
-        result = self.run(self.python, "-m", "cortex_backend", "token", "create", "--data-dir", str(self.data_dir),
-                          "--name", name, "--scopes", *scopes)
+        result = self.run(
+            self.python,
+            "-m",
+            "cortex_backend",
+            "token",
+            "create",
+            "--data-dir",
+            str(self.data_dir),
+            "--name",
+            name,
+            "--scopes",
+            *scopes,
+        )
         return result.stdout.strip()
 
     def remove(self) -> None:

@@ -81,7 +81,9 @@ def url_specs(service: Service) -> list[tornado.web.URLSpec]:
     return list(specs.values())
 
 
-def make_app(service: Service, face_specs: list[tornado.web.URLSpec] | None = None) -> tornado.web.Application:
+def make_app(
+    service: Service, face_specs: list[tornado.web.URLSpec] | None = None
+) -> tornado.web.Application:
     """Our routes, plus those of any compatibility face (backend/cortex_backend/compat) the server runs."""
     return tornado.web.Application(
         url_specs(service) + list(face_specs or []),

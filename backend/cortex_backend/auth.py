@@ -57,7 +57,9 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_token(store: Store, name: str, scopes: list[str], owner: str | None = None, prefix: str = TOKEN_PREFIX) -> str:
+def create_token(
+    store: Store, name: str, scopes: list[str], owner: str | None = None, prefix: str = TOKEN_PREFIX
+) -> str:
     """Create a token and return it; only its hash is kept. `prefix` only changes how the token reads."""
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown:
@@ -85,7 +87,10 @@ def authenticate(store: Store, header: str | None, api_key: str | None = None) -
         )
     row = store.token_by_hash(hash_token(token))
     if row is None:
-        raise ApiError("unauthenticated", "the token is unknown or revoked; create one with 'cortex-nb backend token create'")
+        raise ApiError(
+            "unauthenticated",
+            "the token is unknown or revoked; create one with 'cortex-nb backend token create'",
+        )
     return Principal(token_id=row["id"], owner=row["owner"], scopes=frozenset(row["scopes"]))
 
 

@@ -193,7 +193,9 @@ class CheckpointManager:
         pending = any(s.job_id == job_id and s.requested_id == checkpoint_id for s in self._saves.values())
         return pending or self.store.get_checkpoint(job_id, checkpoint_id) is not None
 
-    def prepare_save(self, request_id: str, job: dict[str, Any], sub: dict[str, Any], body: SaveBody) -> dict[str, Any]:
+    def prepare_save(
+        self, request_id: str, job: dict[str, Any], sub: dict[str, Any], body: SaveBody
+    ) -> dict[str, Any]:
         """Reserve a save's id and its estimated bytes, and choose its temporary directory."""
         kind = body.type
         requested = body.checkpoint_id
@@ -215,14 +217,25 @@ class CheckpointManager:
         )
         return {"type": kind, "checkpoint_id": requested, "directory": str(directory)}
 
-    def adopt(self, request_id: str, job: dict[str, Any], sub_job_id: str, name: str, kind: str, directory: str,
-              manifest: dict[str, Any]) -> dict[str, Any]:
+    def adopt(
+        self,
+        request_id: str,
+        job: dict[str, Any],
+        sub_job_id: str,
+        name: str,
+        kind: str,
+        directory: str,
+        manifest: dict[str, Any],
+    ) -> dict[str, Any]:
         """Make valid a checkpoint a managed training loop wrote (`name`, or `name-2`... if taken), exactly
         as a finished save request is: files checked, quota applied, renamed, recorded."""
         job_dir = self.job_dir(job["owner"], job["id"])
         path = Path(directory)
         if path.parent != job_dir or not path.name.startswith(TEMP_PREFIX) or kind not in CHECKPOINT_TYPES:
-            raise ApiError("internal_error", f"a training loop reported a checkpoint outside its job's directory: {directory}")
+            raise ApiError(
+                "internal_error",
+                f"a training loop reported a checkpoint outside its job's directory: {directory}",
+            )
         unique = self.free_name(job["id"], validate_checkpoint_id(name))
         self._saves[request_id] = PendingSave(job["owner"], job["id"], sub_job_id, unique, kind, path, 0)
         return self.commit_save(request_id, {"manifest": manifest})
@@ -310,7 +323,9 @@ class CheckpointManager:
         self, request_id: str, principal: Principal, job: dict[str, Any], sub: dict[str, Any], body: LoadBody
     ) -> dict[str, Any]:
         source_job_id = body.source_job_id or job["id"]
-        row, directory = self._hold_for_reading(request_id, principal, job, sub, source_job_id, body.checkpoint_id)
+        row, directory = self._hold_for_reading(
+            request_id, principal, job, sub, source_job_id, body.checkpoint_id
+        )
         return {
             "directory": str(directory),
             "manifest": row["manifest"],
@@ -328,7 +343,11 @@ class CheckpointManager:
         sub-job (held against deletion until the request ends)."""
         if adapter == "base":
             return "base"
-        if not isinstance(adapter, dict) or set(adapter) - {"checkpoint_id", "job_id"} or "checkpoint_id" not in adapter:
+        if (
+            not isinstance(adapter, dict)
+            or set(adapter) - {"checkpoint_id", "job_id"}
+            or "checkpoint_id" not in adapter
+        ):
             raise ApiError(
                 "invalid_field",
                 'adapter: must be "base" or {"checkpoint_id", "job_id"?} naming a checkpoint (job_id defaults to this job)',
@@ -337,11 +356,22 @@ class CheckpointManager:
         source_job_id = adapter.get("job_id") or job["id"]
         if not isinstance(source_job_id, str):
             raise ApiError("invalid_field", "adapter.job_id: must be a job id", {"field": "adapter.job_id"})
-        row, directory = self._hold_for_reading(request_id, principal, job, sub, source_job_id, adapter["checkpoint_id"])
-        return {"key": f"{row['job_id']}/{row['id']}", "directory": str(directory), "manifest": row["manifest"]}
+        row, directory = self._hold_for_reading(
+            request_id, principal, job, sub, source_job_id, adapter["checkpoint_id"]
+        )
+        return {
+            "key": f"{row['job_id']}/{row['id']}",
+            "directory": str(directory),
+            "manifest": row["manifest"],
+        }
 
     def _hold_for_reading(
-        self, request_id: str, principal: Principal, job: dict[str, Any], sub: dict[str, Any], source_job_id: str,
+        self,
+        request_id: str,
+        principal: Principal,
+        job: dict[str, Any],
+        sub: dict[str, Any],
+        source_job_id: str,
         checkpoint_id: Any,
     ) -> tuple[dict[str, Any], Path]:
         """Find a checkpoint the job's owner owns, check it fits the sub-job, and count this request as its reader."""
@@ -449,5 +479,3 @@ class CheckpointManager:
                     f"{name} of checkpoint {plan.checkpoint['id']} no longer matches its"
                     " SHA-256; the backend will not serve it. Save a new checkpoint.",
                 )
-
-

@@ -29,10 +29,15 @@ from .training_loops import TrainingLoops, loop_spec
 log = logging.getLogger("cortex_backend.completion")
 
 
-
 class Completion:
-    def __init__(self, store: Store, jobs: JobManager, requests: RequestManager, progress: ProgressBook,
-                 loops: TrainingLoops) -> None:
+    def __init__(
+        self,
+        store: Store,
+        jobs: JobManager,
+        requests: RequestManager,
+        progress: ProgressBook,
+        loops: TrainingLoops,
+    ) -> None:
         self.store = store
         self.jobs = jobs
         self.requests = requests
@@ -85,7 +90,11 @@ class Completion:
 
     def idle_until(self, job: dict[str, Any]) -> float | None:
         """When a running job with nothing to do is completed (None while it works, or keeps alive)."""
-        if job["status"] != states.JOB_RUNNING or self.requests.has_active(job["id"]) or self.jobs.is_completing(job["id"]):
+        if (
+            job["status"] != states.JOB_RUNNING
+            or self.requests.has_active(job["id"])
+            or self.jobs.is_completing(job["id"])
+        ):
             return None
         record = self.progress.get(job["id"])
         timeout = self.jobs.idle_timeout_s(job)
@@ -100,7 +109,11 @@ class Completion:
         for job in self.store.jobs_with_status([states.JOB_RUNNING]):
             deadline = self.keep_alive_until(job) or self.idle_until(job)
             if deadline is not None and now >= deadline:
-                log.info("job %s had nothing to do since %.0fs: completing it", job["id"], now - job["last_activity_at"])
+                log.info(
+                    "job %s had nothing to do since %.0fs: completing it",
+                    job["id"],
+                    now - job["last_activity_at"],
+                )
                 self._complete(job)
                 completed.append(job["id"])
         return completed

@@ -143,7 +143,10 @@ class BackendSettings:
     @property
     def sampler_options(self) -> dict:
         """What a worker's sampling engine is told (engine/vllm_sampler.py reads it)."""
-        return {"gpu_memory_fraction": self.vllm_gpu_memory_fraction, "cpu_kv_cache_gib": self.vllm_cpu_kv_cache_gib}
+        return {
+            "gpu_memory_fraction": self.vllm_gpu_memory_fraction,
+            "cpu_kv_cache_gib": self.vllm_cpu_kv_cache_gib,
+        }
 
     @property
     def db_path(self) -> Path:

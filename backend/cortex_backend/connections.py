@@ -28,11 +28,23 @@ ACCEPT_BACKOFF_S = 0.5
 ACCEPT_BATCH = 128
 OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
-_BUSY_BODY = json.dumps({"error": {"code": "too_many_connections", "message": (
-    "the backend has as many connections open as it allows (--max-connections); retry shortly")}}).encode()
-BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
-                 b"Connection: close\r\nRetry-After: 1\r\nContent-Length: " + str(len(_BUSY_BODY)).encode()
-                 + b"\r\n\r\n" + _BUSY_BODY)
+_BUSY_BODY = json.dumps(
+    {
+        "error": {
+            "code": "too_many_connections",
+            "message": (
+                "the backend has as many connections open as it allows (--max-connections); retry shortly"
+            ),
+        }
+    }
+).encode()
+BUSY_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
+    b"Connection: close\r\nRetry-After: 1\r\nContent-Length: "
+    + str(len(_BUSY_BODY)).encode()
+    + b"\r\n\r\n"
+    + _BUSY_BODY
+)
 
 
 def raise_descriptor_limit() -> int:
@@ -81,8 +93,12 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
                     # Stop watching the socket for a moment instead of failing on every loop turn.
                     self.accept_pauses += 1
                     if self.accept_pauses == 1 or self.accept_pauses % 100 == 0:
-                        log.warning("out of file descriptors (%s); pausing new connections for %.1f s (%d pause(s) so far)",
-                                    exc.strerror, ACCEPT_BACKOFF_S, self.accept_pauses)
+                        log.warning(
+                            "out of file descriptors (%s); pausing new connections for %.1f s (%d pause(s) so far)",
+                            exc.strerror,
+                            ACCEPT_BACKOFF_S,
+                            self.accept_pauses,
+                        )
                     loop.remove_handler(sock)
                     loop.call_later(ACCEPT_BACKOFF_S, self._resume_accepting, sock, on_readable)
                     return
@@ -98,8 +114,11 @@ class GuardedHTTPServer(tornado.httpserver.HTTPServer):
         if len(self._connections) >= self.max_connections:
             self.refused_connections += 1
             if self.refused_connections == 1 or self.refused_connections % 1000 == 0:
-                log.warning("connection cap (%d) reached; refused %d connection(s) so far", self.max_connections,
-                            self.refused_connections)
+                log.warning(
+                    "connection cap (%d) reached; refused %d connection(s) so far",
+                    self.max_connections,
+                    self.refused_connections,
+                )
             stream.write(BUSY_RESPONSE).add_done_callback(lambda _: stream.close())
             return
         super().handle_stream(stream, address)

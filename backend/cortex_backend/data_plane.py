@@ -101,8 +101,11 @@ class RequestManager:
         if requested is not None:
             match = [sub for sub in subs if sub["id"] == requested]
             if not match:
-                raise ApiError("invalid_field", f"sub_job: job {job['id']} has no sub-job {requested!r}; it has {[s['id'] for s in subs]}",
-                               {"field": "sub_job"})
+                raise ApiError(
+                    "invalid_field",
+                    f"sub_job: job {job['id']} has no sub-job {requested!r}; it has {[s['id'] for s in subs]}",
+                    {"field": "sub_job"},
+                )
             sub = match[0]
             if op not in states.OPERATIONS_BY_TYPE[sub["type"]]:
                 raise ApiError("unsupported_operation", f"a {sub['type']} sub-job does not serve {op}")
@@ -147,8 +150,12 @@ class RequestManager:
             mask = tensors.get("attention_mask")
             tokens = int(mask.sum()) if mask is not None else int(tensors["input_ids"].size)
             # The worker computes with these validated params, never with the frame's own metadata.
-            return {"loss_fn": loss.name, "loss_fn_config": config, "batch_shape": list(tensors["input_ids"].shape),
-                    "tokens": tokens}, body
+            return {
+                "loss_fn": loss.name,
+                "loss_fn_config": config,
+                "batch_shape": list(tensors["input_ids"].shape),
+                "tokens": tokens,
+            }, body
         if op == "forward":
             tensors, metadata = wire.decode_frame(body, copy=False)
             params: dict[str, Any] = {}
@@ -159,7 +166,9 @@ class RequestManager:
                 params["loss_fn"], required = loss.name, loss.tensors
             validate_token_batch(tensors, required, info, limit)
             if metadata.get("adapter") is not None:
-                params["adapter"] = self.checkpoints.prepare_adapter(request_id, principal, job, sub, metadata["adapter"])
+                params["adapter"] = self.checkpoints.prepare_adapter(
+                    request_id, principal, job, sub, metadata["adapter"]
+                )
             return {**params, "batch_shape": list(tensors["input_ids"].shape)}, body
         if op == "step":
             return json_body.model_dump(), b""
@@ -170,7 +179,12 @@ class RequestManager:
             if json_body.adapter is not None:
                 adapter = json_body.adapter
                 generate["adapter"] = self.checkpoints.prepare_adapter(
-                    request_id, principal, job, sub, adapter if isinstance(adapter, str) else adapter.model_dump(exclude_none=True))
+                    request_id,
+                    principal,
+                    job,
+                    sub,
+                    adapter if isinstance(adapter, str) else adapter.model_dump(exclude_none=True),
+                )
             return generate, b""
         return {}, b""
 
@@ -195,7 +209,9 @@ class RequestManager:
         try:
             job, sub, json_body = self._target(principal, job_id, op, json_body, sub_job)
             request_id = new_request_id()
-            params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
+            params, blob = self.prepare(
+                op, sub, body, json_body, job=job, principal=principal, request_id=request_id
+            )
             self._enqueue(job_id, sub, request_id, op, params, blob, stream, sequence[1] if sequence else 0)
             return self.store.get_request(request_id)
         except ApiError as exc:
@@ -225,13 +241,25 @@ class RequestManager:
                     job, sub, json_body = self._target(principal, job_id, op, json_body, sub_job)
                     request_id = new_request_id()
                     if op in FRAME_OPERATIONS and len(body) > OFF_LOOP_FRAME_BYTES:
-                        params, blob = await asyncio.to_thread(self.prepare, op, sub, body, json_body, job=job,
-                                                               principal=principal, request_id=request_id)
+                        params, blob = await asyncio.to_thread(
+                            self.prepare,
+                            op,
+                            sub,
+                            body,
+                            json_body,
+                            job=job,
+                            principal=principal,
+                            request_id=request_id,
+                        )
                         # it may have ended meanwhile
                         job, sub, json_body = self._target(principal, job_id, op, json_body, sub_job)
                     else:
-                        params, blob = self.prepare(op, sub, body, json_body, job=job, principal=principal, request_id=request_id)
-                    self._enqueue(job_id, sub, request_id, op, params, blob, stream, sequence[1] if sequence else 0)
+                        params, blob = self.prepare(
+                            op, sub, body, json_body, job=job, principal=principal, request_id=request_id
+                        )
+                    self._enqueue(
+                        job_id, sub, request_id, op, params, blob, stream, sequence[1] if sequence else 0
+                    )
                     return self.store.get_request(request_id)
                 except ApiError as exc:
                     if stream is not None:
@@ -256,8 +284,11 @@ class RequestManager:
         if seq in stream.refusals:
             raise stream.refusals[seq]
         if seq < stream.next_seq:
-            raise ApiError("invalid_field", f"sequence {seq} of stream {sequence[0]!r} was used before; number submissions upward",
-                           {"field": "sequence"})
+            raise ApiError(
+                "invalid_field",
+                f"sequence {seq} of stream {sequence[0]!r} was used before; number submissions upward",
+                {"field": "sequence"},
+            )
         return stream, None
 
     def _target(
@@ -310,7 +341,12 @@ class RequestManager:
     def _stream(self, job_id: str, sequence: tuple[str, int]) -> SequenceStream:
         name, seq = sequence
         stream = self._streams.setdefault((job_id, name), SequenceStream())
-        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1 or seq >= stream.next_seq + MAX_SEQUENCE_GAP:
+        if (
+            isinstance(seq, bool)
+            or not isinstance(seq, int)
+            or seq < 1
+            or seq >= stream.next_seq + MAX_SEQUENCE_GAP
+        ):
             raise ApiError(
                 "invalid_field",
                 f"sequence: {seq!r} is not a number from 1 up to {stream.next_seq + MAX_SEQUENCE_GAP - 1}"
@@ -319,7 +355,9 @@ class RequestManager:
             )
         return stream
 
-    def submit_for_service(self, job: dict[str, Any], op: str, params: dict[str, Any], blob: bytes = b"") -> str:
+    def submit_for_service(
+        self, job: dict[str, Any], op: str, params: dict[str, Any], blob: bytes = b""
+    ) -> str:
         """Queue a request the service makes itself on the job's training sub-job (a managed loop, the
         final save before a device is freed); returns its id. It is an ordinary request: listed,
         cancellable, and it keeps the job from idling."""
@@ -331,13 +369,26 @@ class RequestManager:
         return request_id
 
     def _enqueue(
-        self, job_id: str, sub: dict[str, Any], request_id: str, op: str, params: dict[str, Any], blob: bytes,
-        stream: SequenceStream | None = None, seq: int = 0,
+        self,
+        job_id: str,
+        sub: dict[str, Any],
+        request_id: str,
+        op: str,
+        params: dict[str, Any],
+        blob: bytes,
+        stream: SequenceStream | None = None,
+        seq: int = 0,
     ) -> None:
         """Record the request and send it to its sub-job, or (numbered, early) hold it until its turn."""
         self.store.insert_request(
-            {"id": request_id, "job_id": job_id, "sub_job_id": sub["id"], "op": op, "status": states.REQUEST_QUEUED,
-             "params": _recorded_params(params)}
+            {
+                "id": request_id,
+                "job_id": job_id,
+                "sub_job_id": sub["id"],
+                "op": op,
+                "status": states.REQUEST_QUEUED,
+                "params": _recorded_params(params),
+            }
         )
         self.store.add_request_event(request_id, "queued", {"sub_job_id": sub["id"]})
         self._active.setdefault(job_id, set()).add(request_id)
@@ -348,10 +399,14 @@ class RequestManager:
             stream.request_ids[seq] = request_id
             stream.held[seq] = (sub["id"], request_id, op, params, blob)
             if seq != stream.next_seq:
-                self.store.add_request_event(request_id, "waiting_for_sequence", {"sequence": seq, "next": stream.next_seq})
+                self.store.add_request_event(
+                    request_id, "waiting_for_sequence", {"sequence": seq, "next": stream.next_seq}
+                )
             self._release_in_order(job_id, stream)
 
-    def _dispatch(self, job_id: str, sub_job_id: str, request_id: str, op: str, params: dict[str, Any], blob: bytes) -> None:
+    def _dispatch(
+        self, job_id: str, sub_job_id: str, request_id: str, op: str, params: dict[str, Any], blob: bytes
+    ) -> None:
         if op == "weight_sync":
             self.weight_sync.dispatch(job_id, request_id, sub_job_id, params)
         else:
@@ -421,7 +476,12 @@ class RequestManager:
         request = self._visible_request(principal, job_id, request_id)
         if request["status"] == states.REQUEST_QUEUED:
             self.executor.cancel_request(job_id, request["sub_job_id"], request_id)
-            self._finish(job_id, request_id, states.REQUEST_CANCELLED, error=("cancelled", "cancelled before it started"))
+            self._finish(
+                job_id,
+                request_id,
+                states.REQUEST_CANCELLED,
+                error=("cancelled", "cancelled before it started"),
+            )
         elif request["status"] == states.REQUEST_RUNNING:
             # The worker interrupts what it can (generate); other operations finish and say so.
             self.executor.cancel_request(job_id, request["sub_job_id"], request_id)
@@ -448,7 +508,12 @@ class RequestManager:
             # A save is valid only once the service has renamed and recorded it.
             try:
                 result = {"checkpoint": self.checkpoints.commit_save(request_id, result or {})}
-                result.update({key: result["checkpoint"][key] for key in ("checkpoint_id", "step", "size_bytes", "type")})
+                result.update(
+                    {
+                        key: result["checkpoint"][key]
+                        for key in ("checkpoint_id", "step", "size_bytes", "type")
+                    }
+                )
             except ApiError as exc:
                 self._finish(job_id, request_id, states.REQUEST_FAILED, error=(exc.code, exc.message))
                 return
@@ -460,7 +525,12 @@ class RequestManager:
                 callback(request, result or {})
             self._finish(job_id, request_id, status, result=result, tensors=blob or None)
         else:
-            self._finish(job_id, request_id, status, error=(message.get("code", "operation_failed"), message.get("message", "")))
+            self._finish(
+                job_id,
+                request_id,
+                status,
+                error=(message.get("code", "operation_failed"), message.get("message", "")),
+            )
 
     def _finish(
         self,
@@ -471,7 +541,12 @@ class RequestManager:
         tensors: bytes | None = None,
         error: tuple[str, str] | None = None,
     ) -> None:
-        fields: dict[str, Any] = {"status": status, "finished_at": time.time(), "result": result, "tensors": tensors}
+        fields: dict[str, Any] = {
+            "status": status,
+            "finished_at": time.time(),
+            "result": result,
+            "tensors": tensors,
+        }
         if error:
             fields.update(error_code=error[0], error_message=error[1])
         self.store.update_request(request_id, **fields)
@@ -496,18 +571,29 @@ class RequestManager:
             if request is None or request["status"] in states.REQUEST_TERMINAL:
                 continue
             if status == states.JOB_CANCELLED:
-                self._finish(job_id, request_id, states.REQUEST_CANCELLED, error=("cancelled", "the job was cancelled"))
+                self._finish(
+                    job_id, request_id, states.REQUEST_CANCELLED, error=("cancelled", "the job was cancelled")
+                )
             else:
-                self._finish(job_id, request_id, states.REQUEST_FAILED,
-                             error=(code or "job_finished", f"the job ended ({status}): {message or ''}".strip()))
+                self._finish(
+                    job_id,
+                    request_id,
+                    states.REQUEST_FAILED,
+                    error=(code or "job_finished", f"the job ended ({status}): {message or ''}".strip()),
+                )
 
     def recover_after_restart(self) -> None:
         for request in self.store.requests_with_status([states.REQUEST_QUEUED, states.REQUEST_RUNNING]):
             self.store.update_request(
-                request["id"], status=states.REQUEST_FAILED, finished_at=time.time(), error_code="backend_restarted",
+                request["id"],
+                status=states.REQUEST_FAILED,
+                finished_at=time.time(),
+                error_code="backend_restarted",
                 error_message="the backend restarted while this request was in flight; submit it again",
             )
-            self.store.add_request_event(request["id"], states.REQUEST_FAILED, {"error_code": "backend_restarted"})
+            self.store.add_request_event(
+                request["id"], states.REQUEST_FAILED, {"error_code": "backend_restarted"}
+            )
 
 
 def _recorded_params(params: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,12 @@ from .store import Store
 
 
 def public_dataset(row: dict[str, Any]) -> dict[str, Any]:
-    return {"dataset_id": row["id"], "rows": row["rows"], "bytes": row["bytes"], "created_at": row["created_at"]}
+    return {
+        "dataset_id": row["id"],
+        "rows": row["rows"],
+        "bytes": row["bytes"],
+        "created_at": row["created_at"],
+    }
 
 
 class DatasetStore:
@@ -47,8 +52,12 @@ class DatasetStore:
         _checked_id(dataset_id)
         actual = hashlib.sha256(body).hexdigest()
         if actual != dataset_id:
-            raise ApiError("hash_mismatch", f"the body's SHA-256 is {actual}, not {dataset_id}; the dataset id is the"
-                           " SHA-256 hex of the JSONL bytes as sent", {"expected": dataset_id, "actual": actual})
+            raise ApiError(
+                "hash_mismatch",
+                f"the body's SHA-256 is {actual}, not {dataset_id}; the dataset id is the"
+                " SHA-256 hex of the JSONL bytes as sent",
+                {"expected": dataset_id, "actual": actual},
+            )
         with self._lock:
             return self._put_checked(principal, dataset_id, body)
 
@@ -59,10 +68,14 @@ class DatasetStore:
         if self.quota_bytes is not None:
             held = self.store.dataset_bytes(principal.owner)
             if held + len(body) > self.quota_bytes:
-                raise ApiError("quota_exceeded", (
-                    f"dataset quota exceeded: this token's owner keeps {held:,} bytes of datasets and may keep"
-                    f" {self.quota_bytes:,}; ask the operator to raise --dataset-quota-bytes"),
-                    {"quota_bytes": self.quota_bytes, "used_bytes": held, "needed_bytes": len(body)})
+                raise ApiError(
+                    "quota_exceeded",
+                    (
+                        f"dataset quota exceeded: this token's owner keeps {held:,} bytes of datasets and may keep"
+                        f" {self.quota_bytes:,}; ask the operator to raise --dataset-quota-bytes"
+                    ),
+                    {"quota_bytes": self.quota_bytes, "used_bytes": held, "needed_bytes": len(body)},
+                )
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -88,8 +101,12 @@ class DatasetStore:
         owner = owner or principal.owner
         row = self.store.get_dataset(owner, _checked_id(dataset_id)) if principal.can_see(owner) else None
         if row is None or not self.path(owner, dataset_id).is_file():
-            raise ApiError("dataset_not_found", f"no dataset {dataset_id} is visible to this token; upload it with"
-                           " PUT /v1/datasets/{dataset_id} (Client.train uploads for you)", {"dataset_id": dataset_id})
+            raise ApiError(
+                "dataset_not_found",
+                f"no dataset {dataset_id} is visible to this token; upload it with"
+                " PUT /v1/datasets/{dataset_id} (Client.train uploads for you)",
+                {"dataset_id": dataset_id},
+            )
         return public_dataset(row)
 
     def read(self, owner: str, dataset_id: str) -> bytes:
@@ -98,6 +115,9 @@ class DatasetStore:
 
 def _checked_id(dataset_id: str) -> str:
     if not isinstance(dataset_id, str) or not DATASET_ID.match(dataset_id):
-        raise ApiError("invalid_field", "dataset_id: must be the SHA-256 hex (64 lowercase hex digits) of the dataset",
-                       {"field": "dataset_id"})
+        raise ApiError(
+            "invalid_field",
+            "dataset_id: must be the SHA-256 hex (64 lowercase hex digits) of the dataset",
+            {"field": "dataset_id"},
+        )
     return dataset_id

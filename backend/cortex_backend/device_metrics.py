@@ -23,7 +23,9 @@ def _job_view(sample: dict[str, Any], job_id: str) -> dict[str, Any]:
     (`job_cpu_percent` on the host's scale, `job_ram_bytes`); absent, not zero, where they were not."""
     view = {key: value for key, value in sample.items() if key not in PRIVATE_FIELDS}
     prefix = job_id + "/"
-    view["sub_job_ids"] = [entry[len(prefix):] for entry in sample.get("sub_jobs", []) if entry.startswith(prefix)]
+    view["sub_job_ids"] = [
+        entry[len(prefix) :] for entry in sample.get("sub_jobs", []) if entry.startswith(prefix)
+    ]
     own = [reading for name, reading in (sample.get("workers") or {}).items() if name.startswith(prefix)]
     if own:
         view["job_cpu_percent"] = round(sum(reading["cpu_percent"] for reading in own), 2)

@@ -48,7 +48,9 @@ class Device:
         return {"CUDA_VISIBLE_DEVICES": ""}
 
 
-def visible_nvml_indices(visible: str | None, total: int, index_of_uuid: Callable[[str], int | None]) -> list[int]:
+def visible_nvml_indices(
+    visible: str | None, total: int, index_of_uuid: Callable[[str], int | None]
+) -> list[int]:
     """NVML indices named by a CUDA_VISIBLE_DEVICES value: indices (in PCI bus order) or GPU/MIG UUIDs.
 
     As CUDA does, the list ends at the first entry that names no device; None means every GPU.

@@ -23,7 +23,13 @@ KEY = "events"
 
 
 def public_event(row: dict[str, Any]) -> dict[str, Any]:
-    event = {"seq": row["seq"], "at": row["at"], "kind": row["kind"], "job_id": row["job_id"], "status": row["status"]}
+    event = {
+        "seq": row["seq"],
+        "at": row["at"],
+        "kind": row["kind"],
+        "job_id": row["job_id"],
+        "status": row["status"],
+    }
     if row["kind"] == "request":
         event.update(request_id=row["request_id"], sub_job_id=row["sub_job_id"], op=row["op"])
     if row["failure_code"]:

@@ -28,7 +28,15 @@ from .samplers import assign_samplers
 log = logging.getLogger("cortex_backend.executor")
 
 # Variables a worker must never inherit: credentials and the backend's own configuration.
-SCRUBBED_ENV_PREFIXES = ("CORTEX_", "JUPYTER", "JPY_", "AWS_", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "GITHUB_TOKEN")
+SCRUBBED_ENV_PREFIXES = (
+    "CORTEX_",
+    "JUPYTER",
+    "JPY_",
+    "AWS_",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "GITHUB_TOKEN",
+)
 
 
 class ExecutorListener(Protocol):
@@ -40,9 +48,13 @@ class ExecutorListener(Protocol):
 
     def request_started(self, job_id: str, request_id: str) -> None: ...
 
-    def request_finished(self, job_id: str, request_id: str, message: dict[str, Any], blob: bytes) -> None: ...
+    def request_finished(
+        self, job_id: str, request_id: str, message: dict[str, Any], blob: bytes
+    ) -> None: ...
 
-    def log_lines(self, job_id: str, sub_job_id: str, stream: str, lines: list[tuple[float, str]]) -> None: ...
+    def log_lines(
+        self, job_id: str, sub_job_id: str, stream: str, lines: list[tuple[float, str]]
+    ) -> None: ...
 
     def sync_message(self, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes) -> None:
         """A weight-sync message from a sub-job's worker, for another sub-job of the same job."""
@@ -77,7 +89,9 @@ class Executor(abc.ABC):
         """Start serving a sub-job; report `sub_job_ready` or `sub_job_failed`."""
 
     @abc.abstractmethod
-    def submit(self, job_id: str, sub_job_id: str, request_id: str, op: str, params: dict[str, Any], blob: bytes) -> None:
+    def submit(
+        self, job_id: str, sub_job_id: str, request_id: str, op: str, params: dict[str, Any], blob: bytes
+    ) -> None:
         """Queue a request behind the sub-job's earlier ones (held until the sub-job is ready)."""
 
     @abc.abstractmethod
@@ -126,7 +140,9 @@ class DeviceSampler(Protocol):
     def gpu_unavailable_reason(self) -> str | None: ...
 
 
-def report_message(listener: ExecutorListener, assignment: SubJobAssignment, header: dict[str, Any], blob: bytes) -> bool:
+def report_message(
+    listener: ExecutorListener, assignment: SubJobAssignment, header: dict[str, Any], blob: bytes
+) -> bool:
     """Hand a worker's message about its sub-job to the service; False for a kind the executor handles
     itself (warm, ready). One place, so every executor reports the same messages the same way."""
     kind = header.get("type")
@@ -152,14 +168,23 @@ def create_executor(settings: BackendSettings, listener: ExecutorListener) -> Ex
         from .ray_cluster.executor import RayExecutor
 
         return RayExecutor(listener, settings)
-    devices = assign_samplers(detect_devices(settings.devices, settings.sub_jobs_per_device), settings.sampler)
-    return LocalExecutor(listener, devices, settings.warm_workers, settings.worker_threads, faults=settings.fault_injection,
-                         sampler_options=settings.sampler_options)
+    devices = assign_samplers(
+        detect_devices(settings.devices, settings.sub_jobs_per_device), settings.sampler
+    )
+    return LocalExecutor(
+        listener,
+        devices,
+        settings.warm_workers,
+        settings.worker_threads,
+        faults=settings.fault_injection,
+        sampler_options=settings.sampler_options,
+    )
 
 
 # A blob larger than this is written to its worker a slice at a time (WorkerProcess.send).
 STREAMED_BLOB_BYTES = 1 << 20
 STREAM_SLICE_BYTES = 1 << 20
+
 
 @dataclass
 class WorkerProcess:
@@ -240,8 +265,15 @@ def worker_environment(device: Device) -> dict[str, str]:
 class LocalExecutor(Executor):
     """One worker process per sub-job on this host, plus warm spares per device."""
 
-    def __init__(self, listener: ExecutorListener, devices: list[Device], warm_workers: int = 1, worker_threads: int | None = None,
-                 faults: tuple[str, ...] = (), sampler_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        listener: ExecutorListener,
+        devices: list[Device],
+        warm_workers: int = 1,
+        worker_threads: int | None = None,
+        faults: tuple[str, ...] = (),
+        sampler_options: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(listener)
         self.devices = {device.id: device for device in devices}
         self.warm_workers = warm_workers
@@ -268,7 +300,11 @@ class LocalExecutor(Executor):
         parent_sock, child_sock = socket.socketpair()
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "cortex_backend.worker", "--fd", str(child_sock.fileno()),
+                sys.executable,
+                "-m",
+                "cortex_backend.worker",
+                "--fd",
+                str(child_sock.fileno()),
                 pass_fds=(child_sock.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
@@ -328,7 +364,9 @@ class LocalExecutor(Executor):
             }
         )
 
-    def submit(self, job_id: str, sub_job_id: str, request_id: str, op: str, params: dict[str, Any], blob: bytes) -> None:
+    def submit(
+        self, job_id: str, sub_job_id: str, request_id: str, op: str, params: dict[str, Any], blob: bytes
+    ) -> None:
         header = {"type": "request", "request_id": request_id, "op": op, "params": params}
         worker = self._workers.get((job_id, sub_job_id))
         if worker is None or worker.ready is None or not worker.ready.done():
@@ -338,7 +376,9 @@ class LocalExecutor(Executor):
 
     def cancel_request(self, job_id: str, sub_job_id: str, request_id: str) -> None:
         backlog = self._backlog.get((job_id, sub_job_id), [])
-        self._backlog[(job_id, sub_job_id)] = [item for item in backlog if item[0]["request_id"] != request_id]
+        self._backlog[(job_id, sub_job_id)] = [
+            item for item in backlog if item[0]["request_id"] != request_id
+        ]
         worker = self._workers.get((job_id, sub_job_id))
         if worker is not None:
             worker.send({"type": "cancel", "request_id": request_id})
@@ -403,7 +443,9 @@ class LocalExecutor(Executor):
         if kind == "ready":
             worker.ready.set_result(True)
             self.listener.sub_job_ready(assignment.job_id, assignment.sub_job_id, header.get("info") or {})
-            for queued_header, queued_blob in self._backlog.pop((assignment.job_id, assignment.sub_job_id), []):
+            for queued_header, queued_blob in self._backlog.pop(
+                (assignment.job_id, assignment.sub_job_id), []
+            ):
                 worker.send(queued_header, queued_blob)
             return
         if kind == "init_failed":

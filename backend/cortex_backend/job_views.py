@@ -22,8 +22,14 @@ from .store import Store
 
 
 class JobViews:
-    def __init__(self, store: Store, scheduler: Scheduler, jobs: JobManager, progress: ProgressBook,
-                 completion: Completion) -> None:
+    def __init__(
+        self,
+        store: Store,
+        scheduler: Scheduler,
+        jobs: JobManager,
+        progress: ProgressBook,
+        completion: Completion,
+    ) -> None:
         self.jobs = jobs
         self.progress = progress
         self.completion = completion
@@ -33,14 +39,24 @@ class JobViews:
         view = public_job(job)
         view["training_loop"] = job["spec"].get("training_loop")
         view["progress"] = self.progress.public(job["id"])
-        view["queue"] = self.queue.for_job(job["id"], principal) if job["status"] == states.JOB_PENDING else None
+        view["queue"] = (
+            self.queue.for_job(job["id"], principal) if job["status"] == states.JOB_PENDING else None
+        )
         idle_until = self.completion.idle_until(job)
-        view["idle"] = {"timeout_s": self.jobs.idle_timeout_s(job), "frees_at": idle_until} if idle_until else None
+        view["idle"] = (
+            {"timeout_s": self.jobs.idle_timeout_s(job), "frees_at": idle_until} if idle_until else None
+        )
         view["keep_alive_until"] = self.completion.keep_alive_until(job)
         return view
 
-    async def wait(self, principal: Principal, job_id: str, while_status: str | None, after_progress: float | None,
-                   wait_s: float) -> dict[str, Any]:
+    async def wait(
+        self,
+        principal: Principal,
+        job_id: str,
+        while_status: str | None,
+        after_progress: float | None,
+        wait_s: float,
+    ) -> dict[str, Any]:
         """The job now, or after waiting up to `wait_s` for its status to leave `while_status` or, with
         `after_progress`, for its progress record to be newer than that (or its queue to move)."""
         if after_progress is None:
@@ -49,8 +65,9 @@ class JobViews:
         progress = self.progress.public(job_id) or {}
         if progress.get("updated_at", 0.0) > after_progress or job["status"] in states.JOB_TERMINAL:
             return job
-        return await self.jobs.wait_for_change(principal, job_id, while_status, wait_s,
-                                               also_wake_on=(progress_key(job_id), queue_key(job_id)))
+        return await self.jobs.wait_for_change(
+            principal, job_id, while_status, wait_s, also_wake_on=(progress_key(job_id), queue_key(job_id))
+        )
 
     def frees_in(self, holder_id: str) -> float | None:
         """Seconds until a job holding slots frees them, where the backend can tell."""
@@ -62,7 +79,11 @@ class JobViews:
         if until is not None:
             return until - now
         record = self.progress.get(holder_id)
-        if record is not None and record.source == states.PROGRESS_MANAGED and record.phase == states.PHASE_TRAINING:
+        if (
+            record is not None
+            and record.source == states.PROGRESS_MANAGED
+            and record.phase == states.PHASE_TRAINING
+        ):
             eta = record.eta_s()
             keep_alive = self.completion.loops.keep_alive_s(job)
             return None if eta is None else eta + keep_alive

@@ -104,17 +104,28 @@ class JobManager:
         """The job if this principal may see it; otherwise the same 404 as a job that does not exist."""
         job = self.store.get_job(job_id)
         if job is None or not principal.can_see(job["owner"]):
-            raise ApiError("job_not_found", f"no job {job_id!r} is visible to this token; list yours with GET /v1/jobs")
+            raise ApiError(
+                "job_not_found", f"no job {job_id!r} is visible to this token; list yours with GET /v1/jobs"
+            )
         return job
 
-    def list(self, principal: Principal, status: str | None, limit: int, cursor: str | None) -> dict[str, Any]:
+    def list(
+        self, principal: Principal, status: str | None, limit: int, cursor: str | None
+    ) -> dict[str, Any]:
         """A page of job records (render each with `JobViews.render`) and the next cursor."""
         owner = None if principal.is_admin else principal.owner
-        page, next_cursor = split_page(self.store.list_jobs(owner, status, limit + 1, parse_cursor(cursor)), limit)
+        page, next_cursor = split_page(
+            self.store.list_jobs(owner, status, limit + 1, parse_cursor(cursor)), limit
+        )
         return {"jobs": page, "next_cursor": next_cursor}
 
     async def wait_for_change(
-        self, principal: Principal, job_id: str, from_status: str | None, wait_s: float, also_wake_on: tuple[str, ...] = ()
+        self,
+        principal: Principal,
+        job_id: str,
+        from_status: str | None,
+        wait_s: float,
+        also_wake_on: tuple[str, ...] = (),
     ) -> dict[str, Any]:
         """The job, once its status differs from `from_status` (or another of `also_wake_on` fires), or
         after `wait_s`. With `from_status` None, any of `also_wake_on` or a status change wakes it."""
@@ -133,15 +144,20 @@ class JobManager:
         job_id = spec.get("job_id") or new_job_id()
         if self.store.job_exists(job_id):
             # The same answer whoever owns it: job ids are global, and naming the job would confirm it to anyone.
-            raise ApiError("job_id_unavailable", "this job_id cannot be used; choose another job_id, or omit it to get a"
-                           " fresh one", {"field": "job_id"})
+            raise ApiError(
+                "job_id_unavailable",
+                "this job_id cannot be used; choose another job_id, or omit it to get a fresh one",
+                {"field": "job_id"},
+            )
         slots = len(spec["sub_jobs"])
         min_memory = int(float((spec.get("hardware") or {}).get("min_memory_gib", 0)) * 2**30)
         models = frozenset(sub["base_model"] for sub in spec["sub_jobs"])
         if not self.scheduler.fits_ever(slots, min_memory, models=models):
             missing = self._models_on_no_host(models)
             if missing:
-                raise ApiError("no_host_for_model", _no_host_message(missing), {"field": "sub_jobs", "models": missing})
+                raise ApiError(
+                    "no_host_for_model", _no_host_message(missing), {"field": "sub_jobs", "models": missing}
+                )
             raise ApiError(
                 "exceeds_capacity",
                 f"the job needs {slots} device slot(s)"
@@ -155,10 +171,23 @@ class JobManager:
         for sub in spec["sub_jobs"]:
             index = counts.get(sub["type"], 0)
             counts[sub["type"]] = index + 1
-            sub_jobs.append({"id": f"{sub['type']}-{index}", "type": sub["type"], "status": states.JOB_PENDING, "spec": sub})
+            sub_jobs.append(
+                {
+                    "id": f"{sub['type']}-{index}",
+                    "type": sub["type"],
+                    "status": states.JOB_PENDING,
+                    "spec": sub,
+                }
+            )
         self.store.insert_job(
-            {"id": job_id, "owner": principal.owner, "name": spec.get("name"), "experiment": spec.get("experiment"),
-             "status": states.JOB_PENDING, "spec": spec},
+            {
+                "id": job_id,
+                "owner": principal.owner,
+                "name": spec.get("name"),
+                "experiment": spec.get("experiment"),
+                "status": states.JOB_PENDING,
+                "spec": spec,
+            },
             sub_jobs,
         )
         self.scheduler.enqueue(job_id, slots, min_memory, models=models)
@@ -183,8 +212,12 @@ class JobManager:
             if missing:
                 self.end(job_id, states.JOB_FAILED, "no_host_for_model", _no_host_message(missing))
             else:
-                self.end(job_id, states.JOB_FAILED, "exceeds_capacity",
-                         f"the hosts left can never hold its {len(job['sub_jobs'])} sub-job(s); GET /v1/capacity shows them")
+                self.end(
+                    job_id,
+                    states.JOB_FAILED,
+                    "exceeds_capacity",
+                    f"the hosts left can never hold its {len(job['sub_jobs'])} sub-job(s); GET /v1/capacity shows them",
+                )
         self.admit()
         self.queue_moved()
 
@@ -202,7 +235,12 @@ class JobManager:
             for sub, device in zip(job["sub_jobs"], placement, strict=True):
                 self.store.update_sub_job(job_id, sub["id"], status=states.JOB_STARTING, device=device.id)
                 assignment = SubJobAssignment(
-                    job_id, sub["id"], sub["type"], sub["spec"], self.catalog.get(sub["spec"]["base_model"]), device
+                    job_id,
+                    sub["id"],
+                    sub["type"],
+                    sub["spec"],
+                    self.catalog.get(sub["spec"]["base_model"]),
+                    device,
                 )
                 self._spawn(self.executor.start_sub_job(assignment))
 
@@ -228,7 +266,9 @@ class JobManager:
         job = self.store.get_job(job_id)
         if job is None or job["status"] in states.JOB_TERMINAL:
             return
-        self.store.update_sub_job(job_id, sub_job_id, status=states.JOB_FAILED, failure_code=code, failure_message=message)
+        self.store.update_sub_job(
+            job_id, sub_job_id, status=states.JOB_FAILED, failure_code=code, failure_message=message
+        )
         self.end(job_id, states.JOB_FAILED, code, f"{sub_job_id}: {message}")
 
     # ending -----------------------------------------------------------------------------------
@@ -261,8 +301,13 @@ class JobManager:
         if job is None or job["status"] in states.JOB_TERMINAL:
             return
         self._completing.discard(job_id)
-        self._set_job_status(job_id, status, failure_code=code if status != states.JOB_DONE else None,
-                             failure_message=message if status != states.JOB_DONE else None, finished_at=time.time())
+        self._set_job_status(
+            job_id,
+            status,
+            failure_code=code if status != states.JOB_DONE else None,
+            failure_message=message if status != states.JOB_DONE else None,
+            finished_at=time.time(),
+        )
         for sub in job["sub_jobs"]:
             if sub["status"] not in states.JOB_TERMINAL:
                 self.store.update_sub_job(job_id, sub["id"], status=status)
@@ -296,9 +341,13 @@ class JobManager:
             failed += 1
             for sub in job["sub_jobs"]:
                 if sub["status"] not in states.JOB_TERMINAL:
-                    self.store.update_sub_job(job["id"], sub["id"], status=states.JOB_FAILED, failure_code="backend_restarted")
+                    self.store.update_sub_job(
+                        job["id"], sub["id"], status=states.JOB_FAILED, failure_code="backend_restarted"
+                    )
             self.store.update_job(
-                job["id"], status=states.JOB_FAILED, failure_code="backend_restarted",
+                job["id"],
+                status=states.JOB_FAILED,
+                failure_code="backend_restarted",
                 failure_message="the backend restarted while this job was in flight; create a new job"
                 " (and load a checkpoint, if you saved one)",
                 finished_at=time.time(),
@@ -316,8 +365,10 @@ class JobManager:
 
 
 def _no_host_message(models: list[str]) -> str:
-    return (f"no host in the cluster has model {models[0]!r} now; add one that has it with"
-            f" `cortex-nb host join HEAD_ADDRESS --model {models[0]}=DIR` (GET /v1/capacity lists each host's models)")
+    return (
+        f"no host in the cluster has model {models[0]!r} now; add one that has it with"
+        f" `cortex-nb host join HEAD_ADDRESS --model {models[0]}=DIR` (GET /v1/capacity lists each host's models)"
+    )
 
 
 def _log_task_failure(task: asyncio.Task) -> None:

@@ -62,10 +62,21 @@ class LogBook:
         first = self.store.first_log_seq(job_id)
         dropped = max(0, first - 1 - cursor) if first else 0
         next_cursor = lines[-1]["seq"] if lines else max(cursor, first - 1 if dropped else cursor)
-        return {"lines": lines, "cursor": next_cursor, "dropped": dropped, "retention_lines": self.retention_lines}
+        return {
+            "lines": lines,
+            "cursor": next_cursor,
+            "dropped": dropped,
+            "retention_lines": self.retention_lines,
+        }
 
     async def follow(
-        self, job_id: str, cursor: int, limit: int, wait_s: float, sub_job_id: str | None = None, redacted: bool = False
+        self,
+        job_id: str,
+        cursor: int,
+        limit: int,
+        wait_s: float,
+        sub_job_id: str | None = None,
+        redacted: bool = False,
     ) -> dict[str, Any]:
         """A page that waits up to `wait_s` for the first new line when none is there yet."""
         page = self.page(job_id, cursor, limit, sub_job_id, redacted)

@@ -77,7 +77,12 @@ class ModelInfo:
 
     def to_wire(self) -> dict[str, Any]:
         """What a worker needs to load the model (sent over the service-worker channel)."""
-        return {"name": self.name, "kind": self.kind, "path": str(self.path) if self.path else None, "config": self.config}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "path": str(self.path) if self.path else None,
+            "config": self.config,
+        }
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> ModelInfo:
@@ -128,7 +133,9 @@ def inspect_model_dir(name: str, path: Path) -> ModelInfo:
     if config.get("auto_map"):
         raise ValueError(f"model {name}: its config asks for remote code (auto_map); that is never run")
     if not list(path.glob("*.safetensors")):
-        raise ValueError(f"model {name}: {path} has no *.safetensors weights (pickle checkpoints are never loaded)")
+        raise ValueError(
+            f"model {name}: {path} has no *.safetensors weights (pickle checkpoints are never loaded)"
+        )
     return ModelInfo(name, "local", path, config)
 
 
@@ -163,7 +170,9 @@ class ModelCatalog:
             )
         info = self._models.get(name)
         if info is None:
-            raise ApiError("unknown_model", f"no model named {name!r} is registered; registered: {self.names()}")
+            raise ApiError(
+                "unknown_model", f"no model named {name!r} is registered; registered: {self.names()}"
+            )
         return info
 
     def list(self) -> list[dict[str, Any]]:
@@ -177,5 +186,8 @@ class ModelCatalog:
             elif info.path is not None and (info.path / "tokenizer.json").exists():
                 self._tokenizers[name] = FileTokenizer(info.path)
             else:
-                raise ApiError("unsupported_operation", f"model {name!r} has no tokenizer.json; send token ids instead of text")
+                raise ApiError(
+                    "unsupported_operation",
+                    f"model {name!r} has no tokenizer.json; send token ids instead of text",
+                )
         return self._tokenizers[name]

@@ -57,11 +57,15 @@ class GpuReader:
         except lib.NVMLError:
             pass
         try:
-            fields["gpu_temperature_c"] = float(lib.nvmlDeviceGetTemperature(handle, lib.NVML_TEMPERATURE_GPU))
+            fields["gpu_temperature_c"] = float(
+                lib.nvmlDeviceGetTemperature(handle, lib.NVML_TEMPERATURE_GPU)
+            )
         except lib.NVMLError:
             pass
         try:
-            fields["gpu_power_watts"] = lib.nvmlDeviceGetPowerUsage(handle) / 1000.0  # NVML reports milliwatts
+            fields["gpu_power_watts"] = (
+                lib.nvmlDeviceGetPowerUsage(handle) / 1000.0
+            )  # NVML reports milliwatts
         except lib.NVMLError:
             pass
         return fields
@@ -144,7 +148,9 @@ class Monitor:
         self.retention_s = retention_s
         # Readings taken on other hosts (a cluster executor's); None: this host's devices, read here.
         self.sampler = sampler
-        self.gpu_unavailable_reason = sampler.gpu_unavailable_reason() if sampler else gpu_unavailable_reason(devices)
+        self.gpu_unavailable_reason = (
+            sampler.gpu_unavailable_reason() if sampler else gpu_unavailable_reason(devices)
+        )
         self.gpu_metrics_note = gpu_metrics_note(devices, self.gpu_unavailable_reason)
         # The OS process serving a sub-job on this host (the executor's), for per-worker CPU/RAM.
         self.worker_pid = worker_pid
@@ -247,7 +253,7 @@ class Monitor:
         return samples
 
     def _read_workers(self, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """"job/sub_job" -> its worker's CPU and RAM, for the workers this host runs and could read."""
+        """ "job/sub_job" -> its worker's CPU and RAM, for the workers this host runs and could read."""
         if self.worker_pid is None:
             return {}
         pids: dict[str, int] = {}

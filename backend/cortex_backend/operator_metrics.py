@@ -21,7 +21,10 @@ METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"}
 
 # Monitor sample field -> (metric name, help). Absent fields (no NVML) produce no series.
 DEVICE_GAUGES: dict[str, tuple[str, str]] = {
-    "gpu_utilization_percent": ("cortex_gpu_utilization_percent", "GPU utilisation over the last NVML period"),
+    "gpu_utilization_percent": (
+        "cortex_gpu_utilization_percent",
+        "GPU utilisation over the last NVML period",
+    ),
     "gpu_memory_used_bytes": ("cortex_gpu_memory_used_bytes", "GPU memory in use (all processes)"),
     "gpu_memory_total_bytes": ("cortex_gpu_memory_total_bytes", "GPU memory in total"),
     "gpu_temperature_c": ("cortex_gpu_temperature_celsius", "GPU temperature"),
@@ -63,10 +66,14 @@ class _StateCollector:
         queue = GaugeMetricFamily("cortex_queue_depth", "jobs and source runs waiting for a device slot")
         queue.add_metric([], capacity.get("pending", 0))
         yield queue
-        active = GaugeMetricFamily("cortex_active_sub_jobs", "sub-jobs and source runs placed on a device (starting or running)")
+        active = GaugeMetricFamily(
+            "cortex_active_sub_jobs", "sub-jobs and source runs placed on a device (starting or running)"
+        )
         active.add_metric([], self.state.active_sub_jobs())
         yield active
-        in_use = GaugeMetricFamily("cortex_device_slots_in_use", "slots in use per device (sub-jobs and runs)", labels=["device"])
+        in_use = GaugeMetricFamily(
+            "cortex_device_slots_in_use", "slots in use per device (sub-jobs and runs)", labels=["device"]
+        )
         total = GaugeMetricFamily("cortex_device_slots", "slots per device", labels=["device"])
         for device in capacity.get("devices", []):
             in_use.add_metric([device["id"]], device["slots_in_use"])
@@ -86,7 +93,9 @@ class _StateCollector:
                 if field in sample:
                     family.add_metric([sample["device"]], sample[field])
             yield family
-        available = GaugeMetricFamily("cortex_gpu_metrics_available", "1 when NVML answers for the served GPUs")
+        available = GaugeMetricFamily(
+            "cortex_gpu_metrics_available", "1 when NVML answers for the served GPUs"
+        )
         available.add_metric([], 0 if self.state.gpu_unavailable_reason() else 1)
         yield available
 
@@ -105,28 +114,41 @@ class OperatorMetrics:
         disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=False)
         self.http_requests = Counter(
-            "cortex_http_requests", "HTTP requests answered, by route name, method and status",
-            ["route", "method", "status"], registry=self.registry,
+            "cortex_http_requests",
+            "HTTP requests answered, by route name, method and status",
+            ["route", "method", "status"],
+            registry=self.registry,
         )
         self.http_latency = Histogram(
             "cortex_http_request_duration_seconds",
             "time to answer, by route name (long-polls and log streams that waited are not observed)",
-            ["route"], buckets=LATENCY_BUCKETS, registry=self.registry,
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.client_operations = Counter(
-            "cortex_client_operations", "client SDK operation outcomes reported by telemetry",
-            ["operation", "outcome", "error_type", "http_status"], registry=self.registry,
+            "cortex_client_operations",
+            "client SDK operation outcomes reported by telemetry",
+            ["operation", "outcome", "error_type", "http_status"],
+            registry=self.registry,
         )
         self.client_duration = Histogram(
-            "cortex_client_operation_duration_seconds", "client SDK operation duration reported by telemetry",
-            ["operation", "outcome"], buckets=CLIENT_BUCKETS, registry=self.registry,
+            "cortex_client_operation_duration_seconds",
+            "client SDK operation duration reported by telemetry",
+            ["operation", "outcome"],
+            buckets=CLIENT_BUCKETS,
+            registry=self.registry,
         )
         self.client_retries = Counter(
-            "cortex_client_retries", "HTTP retries inside client operations reported by telemetry",
-            ["operation"], registry=self.registry,
+            "cortex_client_retries",
+            "HTTP retries inside client operations reported by telemetry",
+            ["operation"],
+            registry=self.registry,
         )
         self.telemetry_rejected = Counter(
-            "cortex_telemetry_records_rejected", "telemetry records refused as malformed", registry=self.registry
+            "cortex_telemetry_records_rejected",
+            "telemetry records refused as malformed",
+            registry=self.registry,
         )
         self.registry.register(_StateCollector(state))
 
@@ -140,7 +162,9 @@ class OperatorMetrics:
         """A validated telemetry record (see telemetry.py): every label is already bounded."""
         outcome = "success" if record["success"] else "failure"
         status = str(record["http_status"]) if record.get("http_status") else "none"
-        self.client_operations.labels(record["operation"], outcome, record.get("error_type") or "none", status).inc()
+        self.client_operations.labels(
+            record["operation"], outcome, record.get("error_type") or "none", status
+        ).inc()
         self.client_duration.labels(record["operation"], outcome).observe(record["duration_ms"] / 1000.0)
         if record.get("retries"):
             self.client_retries.labels(record["operation"]).inc(record["retries"])

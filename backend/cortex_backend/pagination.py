@@ -17,7 +17,9 @@ def parse_cursor(cursor: str | None) -> tuple[float, str] | None:
     try:
         return float(created), last_id
     except ValueError:
-        raise ApiError("invalid_field", "cursor: not a cursor returned by this endpoint", {"field": "cursor"}) from None
+        raise ApiError(
+            "invalid_field", "cursor: not a cursor returned by this endpoint", {"field": "cursor"}
+        ) from None
 
 
 def split_page(rows: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]], str | None]:
@@ -27,7 +29,9 @@ def split_page(rows: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, A
     return page, (f"{page[-1]['created_at']!r}:{page[-1]['id']}" if more else None)
 
 
-def newest_first_query(table: str, owner: str | None, status: str | None, before: tuple[float, str] | None) -> tuple[str, list[Any]]:
+def newest_first_query(
+    table: str, owner: str | None, status: str | None, before: tuple[float, str] | None
+) -> tuple[str, list[Any]]:
     """`SELECT * FROM table WHERE ... ORDER BY created_at DESC, id DESC` (LIMIT is the caller's)."""
     clauses, params = [], []
     if owner is not None:

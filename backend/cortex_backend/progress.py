@@ -69,7 +69,9 @@ class ProgressRecord:
         self._tokens = 0
 
     # folding ---------------------------------------------------------------------------------------
-    def record_forward_backward(self, summed_loss: float, weights: float | None, tokens: int, at: float | None = None) -> None:
+    def record_forward_backward(
+        self, summed_loss: float, weights: float | None, tokens: int, at: float | None = None
+    ) -> None:
         """One batch's loss as the engine sums it, its loss-weight sum (None when its loss has none) and
         its tokens (attention-mask sum)."""
         if self.started_at is None:
@@ -89,7 +91,9 @@ class ProgressRecord:
         self.step = int(step)
         self.weight_version = int(step)
         self.summed_loss = self._loss
-        self.loss_per_token = self._loss / self._weights if self._weights_known and self._weights > 0 else None
+        self.loss_per_token = (
+            self._loss / self._weights if self._weights_known and self._weights > 0 else None
+        )
         self.tokens += self._tokens
         if self.loss_per_token is not None:
             self.history.append(self.step, self.loss_per_token)
@@ -107,10 +111,13 @@ class ProgressRecord:
             self.eval_history.append(self.eval_step, self.eval_loss_per_token)
 
     def record_samples(self, step: int, items: list[dict[str, str]]) -> None:
-        self.samples = {"step": int(step), "items": [
-            {"prompt": str(item["prompt"])[:SAMPLE_CHARS], "text": str(item["text"])[:SAMPLE_CHARS]}
-            for item in items[:MAX_SAMPLES]
-        ]}
+        self.samples = {
+            "step": int(step),
+            "items": [
+                {"prompt": str(item["prompt"])[:SAMPLE_CHARS], "text": str(item["text"])[:SAMPLE_CHARS]}
+                for item in items[:MAX_SAMPLES]
+            ],
+        }
 
     def record_checkpoint(self, checkpoint_id: str, step: int) -> None:
         self.last_checkpoint = checkpoint_id
@@ -120,7 +127,12 @@ class ProgressRecord:
         self.phase = phase
         if phase == states.PHASE_TRAINING and self.started_at is None:
             self.started_at = at or time.time()
-        if phase in (states.PHASE_KEEP_ALIVE, states.PHASE_FINISHED, states.PHASE_STOPPED, states.PHASE_FAILED):
+        if phase in (
+            states.PHASE_KEEP_ALIVE,
+            states.PHASE_FINISHED,
+            states.PHASE_STOPPED,
+            states.PHASE_FAILED,
+        ):
             self.finished_at = self.finished_at or at or time.time()
 
     @property
@@ -168,7 +180,9 @@ class ProgressRecord:
             "last_checkpoint_step": self.last_checkpoint_step,
             "weight_version": self.weight_version,
             "history": [{"step": _step(x), "loss_per_token": y} for x, y in self.history.points()],
-            "eval_history": [{"step": _step(x), "eval_loss_per_token": y} for x, y in self.eval_history.points()],
+            "eval_history": [
+                {"step": _step(x), "eval_loss_per_token": y} for x, y in self.eval_history.points()
+            ],
             "samples": self.samples,
             "updated_at": self.updated_at,
         }
@@ -228,7 +242,11 @@ class ProgressBook:
         """A job that ended while no record was in memory (after a backend restart): its stored record
         says how it ended too."""
         stored = self.store.get_progress(job_id)
-        if stored is None or stored.get("phase") not in (states.PHASE_WAITING, states.PHASE_TRAINING, states.PHASE_KEEP_ALIVE):
+        if stored is None or stored.get("phase") not in (
+            states.PHASE_WAITING,
+            states.PHASE_TRAINING,
+            states.PHASE_KEEP_ALIVE,
+        ):
             return
         ended = {states.JOB_DONE: states.PHASE_FINISHED, states.JOB_CANCELLED: states.PHASE_STOPPED}
         stored.update(phase=ended.get(status, states.PHASE_FAILED), eta_s=None, updated_at=time.time())
@@ -238,7 +256,11 @@ class ProgressBook:
 def fold_request(book: ProgressBook, request: dict[str, Any], result: dict[str, Any]) -> None:
     """Fold a succeeded request of a job's trainer into its record: a client's own loop, or the
     requests around a managed one (a sample in keep-alive, a save from the widget)."""
-    if not request["sub_job_id"].startswith(states.TRAINING) or request["op"] not in ("forward_backward", "step", "save"):
+    if not request["sub_job_id"].startswith(states.TRAINING) or request["op"] not in (
+        "forward_backward",
+        "step",
+        "save",
+    ):
         return
     job_id = request["job_id"]
     if request["op"] == "save" and book.get(job_id) is None:

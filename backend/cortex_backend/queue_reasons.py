@@ -48,25 +48,44 @@ class QueueReasons:
         if len(visible) < len(holders):
             hidden = len(holders) - len(visible)
             names.append(f"{hidden} of another user" if hidden == 1 else f"{hidden} of other users")
-        shown = ", ".join(names[:MAX_NAMED_HOLDERS]) + (f" and {len(names) - MAX_NAMED_HOLDERS} more"
-                                                          if len(names) > MAX_NAMED_HOLDERS else "")
-        reason = f"waiting for {what}: {used}/{total} held by {self._kinds(holders)} {shown}" if holders else \
-            f"waiting for {what}"
+        shown = ", ".join(names[:MAX_NAMED_HOLDERS]) + (
+            f" and {len(names) - MAX_NAMED_HOLDERS} more" if len(names) > MAX_NAMED_HOLDERS else ""
+        )
+        reason = (
+            f"waiting for {what}: {used}/{total} held by {self._kinds(holders)} {shown}"
+            if holders
+            else f"waiting for {what}"
+        )
         ahead = pending[: position - 1]
         if ahead:
             reason = f"{len(ahead)} ahead in the queue; {reason}"
-        return {"position": position, "reason": reason, "blocked_by": visible,
-                "estimate_s": self._estimate(ahead, slots, total - used, holders, devices)}
+        return {
+            "position": position,
+            "reason": reason,
+            "blocked_by": visible,
+            "estimate_s": self._estimate(ahead, slots, total - used, holders, devices),
+        }
 
     def pending_jobs(self, principal: Principal | None = None) -> list[dict[str, Any]]:
         """The pending jobs the principal may see, in queue order, for `GET /v1/capacity`."""
         rows = []
         for holder in self.scheduler.pending_holders():
             job = self.store.get_job(holder)
-            queue = self.for_job(holder, principal) if job is not None and self._visible(holder, principal) else None
+            queue = (
+                self.for_job(holder, principal)
+                if job is not None and self._visible(holder, principal)
+                else None
+            )
             if queue is not None:
-                rows.append({"job_id": holder, "name": job.get("name"), "position": queue["position"],
-                             "reason": queue["reason"], "estimate_s": queue["estimate_s"]})
+                rows.append(
+                    {
+                        "job_id": holder,
+                        "name": job.get("name"),
+                        "position": queue["position"],
+                        "reason": queue["reason"],
+                        "estimate_s": queue["estimate_s"],
+                    }
+                )
         return rows
 
     def _estimate(self, ahead: list[str], slots: int, free: int, holders: list[str], devices) -> float | None:
@@ -103,4 +122,3 @@ class QueueReasons:
         if runs == len(holders):
             return "run" if runs == 1 else "runs"
         return "jobs and runs"
-

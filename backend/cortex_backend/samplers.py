@@ -59,5 +59,7 @@ def sampler_note(setting: str, devices: list[Device]) -> str:
     engines = ", ".join(f"{device.id}: {device.sampler}" for device in devices) or "no devices"
     note = f"sampling engines (--sampler {setting}): {engines}"
     if setting == "auto" and vllm_version() is None and any(device.kind == "cuda" for device in devices):
-        note += "; vLLM is not installed, so GPUs sample with the built-in engine (pip install 'cortex-nb[vllm]')"
+        note += (
+            "; vLLM is not installed, so GPUs sample with the built-in engine (pip install 'cortex-nb[vllm]')"
+        )
     return note

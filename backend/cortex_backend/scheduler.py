@@ -38,15 +38,33 @@ class Scheduler:
     def total_slots(self) -> int:
         return sum(device.slots for device in self.devices)
 
-    def fits_ever(self, slots: int, min_memory_bytes: int = 0, exclusive: bool = False, models: frozenset[str] = frozenset()) -> bool:
+    def fits_ever(
+        self,
+        slots: int,
+        min_memory_bytes: int = 0,
+        exclusive: bool = False,
+        models: frozenset[str] = frozenset(),
+    ) -> bool:
         """Whether the devices served now could ever hold this (were every other holder gone)."""
-        eligible = [device for device in self.devices if self._has_memory(device, min_memory_bytes) and device.serves(models)]
+        eligible = [
+            device
+            for device in self.devices
+            if self._has_memory(device, min_memory_bytes) and device.serves(models)
+        ]
         if exclusive:
             return slots <= len([device for device in eligible if device.kind == "cuda"])
         return slots <= sum(device.slots for device in eligible)
 
-    def enqueue(self, holder_id: str, slots: int, min_memory_bytes: int = 0, *, kind: str = "job", exclusive: bool = False,
-                models: frozenset[str] = frozenset()) -> None:
+    def enqueue(
+        self,
+        holder_id: str,
+        slots: int,
+        min_memory_bytes: int = 0,
+        *,
+        kind: str = "job",
+        exclusive: bool = False,
+        models: frozenset[str] = frozenset(),
+    ) -> None:
         """Queue a holder. `exclusive`: `slots` distinct GPUs, each taken whole (source runs on GPUs).
         `models`: only devices serving all of them are eligible."""
         self._pending[holder_id] = (slots, min_memory_bytes)
@@ -120,10 +138,16 @@ class Scheduler:
         slots, min_memory_bytes = self._pending[holder_id]
         return slots, min_memory_bytes, holder_id in self._exclusive
 
-    def eligible_devices(self, min_memory_bytes: int = 0, exclusive: bool = False,
-                         models: frozenset[str] = frozenset()) -> list[Device]:
-        return [device for device in self.devices if self._has_memory(device, min_memory_bytes)
-                and (not exclusive or device.kind == "cuda") and device.serves(models)]
+    def eligible_devices(
+        self, min_memory_bytes: int = 0, exclusive: bool = False, models: frozenset[str] = frozenset()
+    ) -> list[Device]:
+        return [
+            device
+            for device in self.devices
+            if self._has_memory(device, min_memory_bytes)
+            and (not exclusive or device.kind == "cuda")
+            and device.serves(models)
+        ]
 
     def models_of(self, holder_id: str) -> frozenset[str]:
         """The models a pending holder needs its devices to serve (a cluster's hosts each serve some)."""
@@ -140,7 +164,9 @@ class Scheduler:
     def holders_on(self, devices: list[Device]) -> list[str]:
         """Holders placed on any of `devices`, in the order they were admitted."""
         ids = {device.id for device in devices}
-        return [holder for holder, placement in self._placements.items() if any(d.id in ids for d in placement)]
+        return [
+            holder for holder, placement in self._placements.items() if any(d.id in ids for d in placement)
+        ]
 
     def slots_held(self, holder_id: str, devices: list[Device]) -> int:
         ids = {device.id for device in devices}
@@ -153,8 +179,14 @@ class Scheduler:
     def _has_memory(device: Device, min_memory_bytes: int) -> bool:
         return not min_memory_bytes or (device.memory_bytes or 0) >= min_memory_bytes
 
-    def _place(self, slots: int, min_memory_bytes: int = 0, models: frozenset[str] = frozenset()) -> list[Device] | None:
-        eligible = [device for device in self.devices if self._has_memory(device, min_memory_bytes) and device.serves(models)]
+    def _place(
+        self, slots: int, min_memory_bytes: int = 0, models: frozenset[str] = frozenset()
+    ) -> list[Device] | None:
+        eligible = [
+            device
+            for device in self.devices
+            if self._has_memory(device, min_memory_bytes) and device.serves(models)
+        ]
         by_free = sorted(eligible, key=lambda device: -self._free(device))
         if by_free and self._free(by_free[0]) >= slots:
             return [by_free[0]] * slots
@@ -166,8 +198,11 @@ class Scheduler:
     def _place_exclusive(self, count: int, min_memory_bytes: int) -> list[Device] | None:
         """`count` distinct idle GPUs; the placement lists each once per slot, so release frees them whole."""
         idle = [
-            device for device in self.devices
-            if device.kind == "cuda" and self._has_memory(device, min_memory_bytes) and self._free(device) == device.slots
+            device
+            for device in self.devices
+            if device.kind == "cuda"
+            and self._has_memory(device, min_memory_bytes)
+            and self._free(device) == device.slots
         ]
         if len(idle) < count:
             return None
@@ -203,16 +238,24 @@ class Scheduler:
 
     def _forget_departed(self) -> None:
         present = {device.id for device in self.devices}
-        for device_id in [device_id for device_id, used in self._used.items() if device_id not in present and used <= 0]:
+        for device_id in [
+            device_id for device_id, used in self._used.items() if device_id not in present and used <= 0
+        ]:
             del self._used[device_id]
 
     def pending_that_never_fit(self, kind: str = "job") -> list[str]:
         """Pending holders of `kind` that no device served now could ever hold (their models are on no
         host, or too few slots are left)."""
         return [
-            holder_id for holder_id, (slots, min_memory_bytes) in self._pending.items()
-            if self._kinds.get(holder_id) == kind and not self.fits_ever(
-                slots, min_memory_bytes, holder_id in self._exclusive, self._models.get(holder_id, frozenset()))
+            holder_id
+            for holder_id, (slots, min_memory_bytes) in self._pending.items()
+            if self._kinds.get(holder_id) == kind
+            and not self.fits_ever(
+                slots,
+                min_memory_bytes,
+                holder_id in self._exclusive,
+                self._models.get(holder_id, frozenset()),
+            )
         ]
 
     def models_served(self) -> frozenset[str] | None:
@@ -226,8 +269,16 @@ class Scheduler:
         """Capacity per host: the per-device rows summed."""
         hosts: dict[str, dict] = {}
         for row in devices:
-            host = hosts.setdefault(row["host"], {"host": row["host"], "devices": [], "slots_total": 0, "slots_in_use": 0,
-                                                  "slots_available": 0})
+            host = hosts.setdefault(
+                row["host"],
+                {
+                    "host": row["host"],
+                    "devices": [],
+                    "slots_total": 0,
+                    "slots_in_use": 0,
+                    "slots_available": 0,
+                },
+            )
             host["devices"].append(row["id"])
             host["slots_total"] += row["slots"]
             host["slots_in_use"] += row["slots_in_use"]

@@ -37,7 +37,9 @@ log = logging.getLogger("cortex_backend")
 
 
 def _listen(server: tornado.httpserver.HTTPServer, host: str, port: int) -> int:
-    sockets = tornado.netutil.bind_sockets(port, address=host, family=socket.AF_INET if host.count(".") == 3 else socket.AF_UNSPEC)
+    sockets = tornado.netutil.bind_sockets(
+        port, address=host, family=socket.AF_INET if host.count(".") == 3 else socket.AF_UNSPEC
+    )
     server.add_sockets(sockets)
     return sockets[0].getsockname()[1]
 
@@ -63,22 +65,35 @@ async def run(settings: BackendSettings) -> None:
     await service.start()
     ensure_user_token(service.store, settings.user_token_path)
     server = GuardedHTTPServer(
-        make_app(service, face_url_specs(service)), max_body_size=MAX_STREAMED_BODY, ssl_options=ssl_options,
+        make_app(service, face_url_specs(service)),
+        max_body_size=MAX_STREAMED_BODY,
+        ssl_options=ssl_options,
         # A header block, or a whole body, that has not arrived by then closes the connection.
-        idle_connection_timeout=settings.http_idle_timeout_s, body_timeout=settings.http_body_timeout_s,
+        idle_connection_timeout=settings.http_idle_timeout_s,
+        body_timeout=settings.http_body_timeout_s,
     )
     # Leave descriptors for the store, workers and runs whatever the cap says.
     server.max_connections = max(16, min(settings.max_connections, descriptors // 2))
     port = _listen(server, settings.host, settings.port)
     url = f"{'https' if files else 'http'}://{settings.host}:{port}"
     # Local clients (Client.local(), the Jupyter extension) pin the fingerprint instead of trusting any certificate.
-    write_endpoint(settings, url, files.fingerprint() if files is not None else None, service.executor.describe())
+    write_endpoint(
+        settings, url, files.fingerprint() if files is not None else None, service.executor.describe()
+    )
     devices = ", ".join(f"{d.id} ({d.name}, {d.slots} slots)" for d in service.devices)
-    log.info("cortex-nb backend %s listening on %s; devices: %s; models: %s", __version__, url, devices, service.catalog.names())
+    log.info(
+        "cortex-nb backend %s listening on %s; devices: %s; models: %s",
+        __version__,
+        url,
+        devices,
+        service.catalog.names(),
+    )
     log.info("%s", sampler_note(settings.sampler, service.devices))
     print(f"cortex-nb backend listening on {url} (admin token in {settings.admin_token_path})", flush=True)
     if files is not None:
-        print(f"TLS certificate {files.cert}; clients pin it with verify = \"{files.fingerprint()}\"", flush=True)
+        print(
+            f'TLS certificate {files.cert}; clients pin it with verify = "{files.fingerprint()}"', flush=True
+        )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -95,13 +110,21 @@ async def run(settings: BackendSettings) -> None:
     _remove_own_endpoint(settings.endpoint_path)
 
 
-def write_endpoint(settings: BackendSettings, url: str, tls_fingerprint: str | None = None,
-                   executor: dict | None = None) -> None:
+def write_endpoint(
+    settings: BackendSettings, url: str, tls_fingerprint: str | None = None, executor: dict | None = None
+) -> None:
     """backend.json, atomically and readable by this user only (it names the token files). `executor`
     describes the executor (a Ray backend's gives the address hosts join)."""
-    endpoint = {"url": url, "pid": os.getpid(), "token_file": str(settings.user_token_path),
-                "admin_token_file": str(settings.admin_token_path), "version": __version__,
-                "api_version": API_VERSION, "started_at": time.time(), "data_dir": str(settings.data_dir)}
+    endpoint = {
+        "url": url,
+        "pid": os.getpid(),
+        "token_file": str(settings.user_token_path),
+        "admin_token_file": str(settings.admin_token_path),
+        "version": __version__,
+        "api_version": API_VERSION,
+        "started_at": time.time(),
+        "data_dir": str(settings.data_dir),
+    }
     if tls_fingerprint is not None:
         endpoint["tls_fingerprint"] = tls_fingerprint
     if executor is not None:

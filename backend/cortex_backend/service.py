@@ -61,41 +61,73 @@ class Service:
         self.executor = executor or create_executor(settings, self)
         self.devices = self.executor.current_devices()
         self.scheduler = Scheduler(self.devices)
-        self.jobs = JobManager(self.store, self.catalog, self.scheduler, self.executor, settings.idle_timeout_s)
-        self.checkpoints = CheckpointManager(self.store, settings.checkpoints_dir, settings.checkpoint_quota_bytes)
+        self.jobs = JobManager(
+            self.store, self.catalog, self.scheduler, self.executor, settings.idle_timeout_s
+        )
+        self.checkpoints = CheckpointManager(
+            self.store, settings.checkpoints_dir, settings.checkpoint_quota_bytes
+        )
         self.weight_sync = WeightSyncCoordinator(self.executor)
-        self.requests = RequestManager(self.store, self.catalog, self.jobs, self.executor,
-                                       checkpoints=self.checkpoints, weight_sync=self.weight_sync)
+        self.requests = RequestManager(
+            self.store,
+            self.catalog,
+            self.jobs,
+            self.executor,
+            checkpoints=self.checkpoints,
+            weight_sync=self.weight_sync,
+        )
         self.logs = LogBook(self.store, settings.log_retention_lines)
         self.uploads = UploadStore(settings.uploads_dir, settings.upload_quota_bytes, settings.upload_ttl_s)
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.waiters.notify(job_id))
-        self.runs = RunManager(settings, self.store, self.catalog, self.scheduler, self.logs, self.uploads, self.jobs.admit)
+        self.runs = RunManager(
+            settings, self.store, self.catalog, self.scheduler, self.logs, self.uploads, self.jobs.admit
+        )
         if not self.executor.runs_on_this_host:
-            self.runs.unavailable_reason = ("source runs execute on the backend's own host, and this backend runs its"
-                                            " work on a cluster's hosts (--executor ray); use a backend with the local executor")
+            self.runs.unavailable_reason = (
+                "source runs execute on the backend's own host, and this backend runs its"
+                " work on a cluster's hosts (--executor ray); use a backend with the local executor"
+            )
         self._sweeper: asyncio.Task | None = None
         # managed training: datasets, loops in the training worker, progress records, freeing devices
         self.progress = ProgressBook(self.store, self.jobs.waiters.notify)
-        self.requests.on_succeeded.append(lambda request, result: fold_request(self.progress, request, result))
+        self.requests.on_succeeded.append(
+            lambda request, result: fold_request(self.progress, request, result)
+        )
         self.jobs.on_job_ended.append(lambda job_id, status, *_: self.progress.job_ended(job_id, status))
         self.datasets = DatasetStore(self.store, settings.datasets_dir, settings.dataset_quota_bytes)
-        self.training_loops = TrainingLoops(self.store, self.catalog, self.jobs, self.requests, self.checkpoints,
-                                            self.datasets, self.progress, self.system_log_line)
+        self.training_loops = TrainingLoops(
+            self.store,
+            self.catalog,
+            self.jobs,
+            self.requests,
+            self.checkpoints,
+            self.datasets,
+            self.progress,
+            self.system_log_line,
+        )
         self.completion = Completion(self.store, self.jobs, self.requests, self.progress, self.training_loops)
         self.job_views = JobViews(self.store, self.scheduler, self.jobs, self.progress, self.completion)
         # observability
-        self.monitor = Monitor(self.store, self.devices, settings.monitor_interval_s, settings.metrics_retention_s,
-                               worker_pid=self.executor.worker_pid, sampler=self.executor.device_sampler())
+        self.monitor = Monitor(
+            self.store,
+            self.devices,
+            settings.monitor_interval_s,
+            settings.metrics_retention_s,
+            worker_pid=self.executor.worker_pid,
+            sampler=self.executor.device_sampler(),
+        )
         self.device_metrics = DeviceMetrics(self.store, self.jobs, self.monitor)
         self.events = EventFeed(self.store, settings.event_retention)
-        self.operator_metrics = OperatorMetrics(LiveState(
-            capacity=self.scheduler.capacity,
-            job_counts=self.store.job_counts_by_status,
-            latest_samples=self.monitor.latest,
-            gpu_unavailable_reason=lambda: self.monitor.gpu_unavailable_reason,
-            log_counts=lambda: {"appended": self.logs.lines_appended, "dropped": self.logs.lines_dropped},
-            active_sub_jobs=lambda: len(self.store.active_sub_jobs()),
-        ))
+        self.operator_metrics = OperatorMetrics(
+            LiveState(
+                capacity=self.scheduler.capacity,
+                job_counts=self.store.job_counts_by_status,
+                latest_samples=self.monitor.latest,
+                gpu_unavailable_reason=lambda: self.monitor.gpu_unavailable_reason,
+                log_counts=lambda: {"appended": self.logs.lines_appended, "dropped": self.logs.lines_dropped},
+                active_sub_jobs=lambda: len(self.store.active_sub_jobs()),
+            )
+        )
         self.telemetry = TelemetrySink(self.operator_metrics)
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.forget(job_id))
         self._housekeeper: asyncio.Task | None = None
@@ -105,11 +137,16 @@ class Service:
         self.uploads.clear()
         self.checkpoints.recover()
         if self.settings.fault_injection:
-            log.warning("FAULT INJECTION IS ON (%s): this backend is for tests only", ", ".join(self.settings.fault_injection))
+            log.warning(
+                "FAULT INJECTION IS ON (%s): this backend is for tests only",
+                ", ".join(self.settings.fault_injection),
+            )
         failed = self.jobs.recover_after_restart(self._trained_to_the_end)
         self.requests.recover_after_restart()
         if failed:
-            log.warning("%d job(s) were in flight at the last stop and are now failed (backend_restarted)", failed)
+            log.warning(
+                "%d job(s) were in flight at the last stop and are now failed (backend_restarted)", failed
+            )
         await self.runs.start()
         await self.executor.start()
         self._sweeper = asyncio.create_task(self._sweep_idle_jobs())
@@ -132,12 +169,21 @@ class Service:
         """Bound what grows without end (device samples are trimmed by the monitor): the event feed, unused
         upload chunks, remembered Idempotency-Keys, and finished jobs and runs past their retention."""
         settings = self.settings
-        interval = min(HOUSEKEEPING_S, settings.upload_ttl_s / 2, settings.idempotency_ttl_s / 2,
-                       max(1.0, settings.history_retention_s / 2))
+        interval = min(
+            HOUSEKEEPING_S,
+            settings.upload_ttl_s / 2,
+            settings.idempotency_ttl_s / 2,
+            max(1.0, settings.history_retention_s / 2),
+        )
         while True:
-            for name, chore in (("event feed trim", self.events.trim),
-                                ("idempotency trim", lambda: self.store.trim_idempotency(time.time() - settings.idempotency_ttl_s)),
-                                ("history trim", self._forget_old_history)):
+            for name, chore in (
+                ("event feed trim", self.events.trim),
+                (
+                    "idempotency trim",
+                    lambda: self.store.trim_idempotency(time.time() - settings.idempotency_ttl_s),
+                ),
+                ("history trim", self._forget_old_history),
+            ):
                 try:
                     chore()
                 except Exception:
@@ -155,8 +201,12 @@ class Service:
         for run_id in runs:
             shutil.rmtree(self.settings.runs_dir / run_id, ignore_errors=True)
         if jobs or runs:
-            log.info("forgot %d job(s) and %d run(s) that ended more than %.1f day(s) ago", len(jobs), len(runs),
-                     self.settings.history_retention_s / 86400)
+            log.info(
+                "forgot %d job(s) and %d run(s) that ended more than %.1f day(s) ago",
+                len(jobs),
+                len(runs),
+                self.settings.history_retention_s / 86400,
+            )
 
     async def _sweep_idle_jobs(self) -> None:
         while True:
@@ -174,7 +224,9 @@ class Service:
         """After a restart: was this job's training over (a keep-alive cut short), so that it is done?"""
         progress = self.store.get_progress(job_id) or {}
         return progress.get("source") == states.PROGRESS_MANAGED and progress.get("phase") in (
-            states.PHASE_KEEP_ALIVE, states.PHASE_FINISHED)
+            states.PHASE_KEEP_ALIVE,
+            states.PHASE_FINISHED,
+        )
 
     def system_log_line(self, job_id: str, line: str) -> None:
         """A line from the backend itself in a job's logs."""

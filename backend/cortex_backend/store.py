@@ -238,7 +238,8 @@ class Store:
                 # Run logs moved out of the job-log namespace (logs.run_log_key).
                 self._db.execute(
                     "UPDATE logs SET job_id = 'run:' || job_id WHERE job_id IN (SELECT id FROM runs)"
-                    " AND job_id NOT IN (SELECT id FROM jobs)")
+                    " AND job_id NOT IN (SELECT id FROM jobs)"
+                )
                 self._db.execute("PRAGMA user_version = 1")
 
     def close(self) -> None:
@@ -272,13 +273,17 @@ class Store:
         return row
 
     def list_tokens(self) -> list[dict[str, Any]]:
-        rows = self._rows("SELECT id, name, owner, scopes, created_at, revoked_at FROM tokens ORDER BY created_at")
+        rows = self._rows(
+            "SELECT id, name, owner, scopes, created_at, revoked_at FROM tokens ORDER BY created_at"
+        )
         for row in rows:
             row["scopes"] = json.loads(row["scopes"])
         return rows
 
     def revoke_token(self, token_id: str) -> bool:
-        cursor = self._execute("UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (time.time(), token_id))
+        cursor = self._execute(
+            "UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (time.time(), token_id)
+        )
         return cursor.rowcount > 0
 
     # jobs -----------------------------------------------------------------------------------
@@ -288,8 +293,16 @@ class Store:
             self._execute(
                 "INSERT INTO jobs (id, owner, name, experiment, status, spec, created_at, last_activity_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (job["id"], job["owner"], job.get("name"), job.get("experiment"), job["status"],
-                 json.dumps(job["spec"]), now, now),
+                (
+                    job["id"],
+                    job["owner"],
+                    job.get("name"),
+                    job.get("experiment"),
+                    job["status"],
+                    json.dumps(job["spec"]),
+                    now,
+                    now,
+                ),
             )
             for position, sub in enumerate(sub_jobs):
                 self._execute(
@@ -343,14 +356,24 @@ class Store:
         if "info" in fields:
             fields["info"] = json.dumps(fields["info"])
         columns = ", ".join(f"{name} = ?" for name in fields)
-        self._execute(f"UPDATE sub_jobs SET {columns} WHERE job_id = ? AND id = ?", [*fields.values(), job_id, sub_job_id])
+        self._execute(
+            f"UPDATE sub_jobs SET {columns} WHERE job_id = ? AND id = ?",
+            [*fields.values(), job_id, sub_job_id],
+        )
 
     # requests -------------------------------------------------------------------------------
     def insert_request(self, request: dict[str, Any]) -> None:
         self._execute(
             "INSERT INTO requests (id, job_id, sub_job_id, op, status, params, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (request["id"], request["job_id"], request["sub_job_id"], request["op"], request["status"],
-             json.dumps(request["params"]), time.time()),
+            (
+                request["id"],
+                request["job_id"],
+                request["sub_job_id"],
+                request["op"],
+                request["status"],
+                json.dumps(request["params"]),
+                time.time(),
+            ),
         )
 
     def get_request(self, request_id: str) -> dict[str, Any] | None:
@@ -370,7 +393,9 @@ class Store:
         )
         return rows
 
-    def requests_with_status(self, statuses: Iterable[str], job_id: str | None = None) -> list[dict[str, Any]]:
+    def requests_with_status(
+        self, statuses: Iterable[str], job_id: str | None = None
+    ) -> list[dict[str, Any]]:
         statuses = list(statuses)
         marks = ",".join("?" * len(statuses))
         sql = f"SELECT id, job_id, sub_job_id, op, status FROM requests WHERE status IN ({marks})"
@@ -388,7 +413,9 @@ class Store:
 
     def add_request_event(self, request_id: str, type_: str, data: dict[str, Any]) -> int:
         with self.transaction():
-            rows = self._rows("SELECT COALESCE(MAX(seq), 0) AS seq FROM request_events WHERE request_id = ?", (request_id,))
+            rows = self._rows(
+                "SELECT COALESCE(MAX(seq), 0) AS seq FROM request_events WHERE request_id = ?", (request_id,)
+            )
             seq = rows[0]["seq"] + 1
             self._execute(
                 "INSERT INTO request_events (request_id, seq, at, type, data) VALUES (?, ?, ?, ?, ?)",
@@ -430,22 +457,30 @@ class Store:
         sub-jobs, requests, request events, logs and events; returns their ids."""
         rows = self._rows(
             "SELECT id FROM jobs WHERE finished_at IS NOT NULL AND finished_at < ?"
-            " AND id NOT IN (SELECT job_id FROM checkpoints) ORDER BY finished_at LIMIT ?", (ended_before, limit))
+            " AND id NOT IN (SELECT job_id FROM checkpoints) ORDER BY finished_at LIMIT ?",
+            (ended_before, limit),
+        )
         ids = [row["id"] for row in rows]
         with self.transaction():
             for job_id in ids:
-                self._execute("DELETE FROM request_events WHERE request_id IN (SELECT id FROM requests WHERE job_id = ?)",
-                              (job_id,))
+                self._execute(
+                    "DELETE FROM request_events WHERE request_id IN (SELECT id FROM requests WHERE job_id = ?)",
+                    (job_id,),
+                )
                 for table in ("requests", "sub_jobs", "logs", "events", "progress"):
                     self._execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
                 self._execute("DELETE FROM jobs WHERE id = ?", (job_id,))
         return ids
 
-    def forget_finished_runs(self, ended_before: float, limit: int, log_key: Callable[[str], str]) -> list[str]:
+    def forget_finished_runs(
+        self, ended_before: float, limit: int, log_key: Callable[[str], str]
+    ) -> list[str]:
         """Delete up to `limit` runs that ended before `ended_before`, with their logs (kept under
         `log_key(run_id)`); returns their ids (their files are the caller's to remove)."""
-        rows = self._rows("SELECT id FROM runs WHERE finished_at IS NOT NULL AND finished_at < ? ORDER BY finished_at LIMIT ?",
-                          (ended_before, limit))
+        rows = self._rows(
+            "SELECT id FROM runs WHERE finished_at IS NOT NULL AND finished_at < ? ORDER BY finished_at LIMIT ?",
+            (ended_before, limit),
+        )
         ids = [row["id"] for row in rows]
         with self.transaction():
             for run_id in ids:
@@ -467,7 +502,9 @@ class Store:
                 )
         return seq
 
-    def read_logs(self, job_id: str, after: int, limit: int, sub_job_id: str | None = None) -> list[dict[str, Any]]:
+    def read_logs(
+        self, job_id: str, after: int, limit: int, sub_job_id: str | None = None
+    ) -> list[dict[str, Any]]:
         sql = "SELECT seq, sub_job_id, at, stream, line FROM logs WHERE job_id = ? AND seq > ?"
         params: list[Any] = [job_id, after]
         if sub_job_id is not None:
@@ -499,8 +536,16 @@ class Store:
         self._execute(
             "INSERT INTO runs (id, owner, submission_id, name, status, spec, manifest, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (run["id"], run["owner"], run["submission_id"], run["name"], run["status"], json.dumps(run["spec"]),
-             json.dumps(run["manifest"]), time.time()),
+            (
+                run["id"],
+                run["owner"],
+                run["submission_id"],
+                run["name"],
+                run["status"],
+                json.dumps(run["spec"]),
+                json.dumps(run["manifest"]),
+                time.time(),
+            ),
         )
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
@@ -538,9 +583,19 @@ class Store:
         self._execute(
             "INSERT INTO checkpoints (job_id, id, owner, sub_job_id, type, step, size_bytes, base_model, manifest,"
             " request_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (checkpoint["job_id"], checkpoint["id"], checkpoint["owner"], checkpoint["sub_job_id"], checkpoint["type"],
-             checkpoint["step"], checkpoint["size_bytes"], checkpoint["base_model"], json.dumps(checkpoint["manifest"]),
-             checkpoint.get("request_id"), checkpoint.get("created_at", time.time())),
+            (
+                checkpoint["job_id"],
+                checkpoint["id"],
+                checkpoint["owner"],
+                checkpoint["sub_job_id"],
+                checkpoint["type"],
+                checkpoint["step"],
+                checkpoint["size_bytes"],
+                checkpoint["base_model"],
+                json.dumps(checkpoint["manifest"]),
+                checkpoint.get("request_id"),
+                checkpoint.get("created_at", time.time()),
+            ),
         )
 
     def _checkpoint_rows(self, sql: str, params: Iterable[Any]) -> list[dict[str, Any]]:
@@ -550,22 +605,32 @@ class Store:
         return rows
 
     def get_checkpoint(self, job_id: str, checkpoint_id: str) -> dict[str, Any] | None:
-        rows = self._checkpoint_rows("SELECT * FROM checkpoints WHERE job_id = ? AND id = ?", (job_id, checkpoint_id))
+        rows = self._checkpoint_rows(
+            "SELECT * FROM checkpoints WHERE job_id = ? AND id = ?", (job_id, checkpoint_id)
+        )
         return rows[0] if rows else None
 
     def list_checkpoints(self, job_id: str) -> list[dict[str, Any]]:
-        return self._checkpoint_rows("SELECT * FROM checkpoints WHERE job_id = ? ORDER BY created_at, id", (job_id,))
+        return self._checkpoint_rows(
+            "SELECT * FROM checkpoints WHERE job_id = ? ORDER BY created_at, id", (job_id,)
+        )
 
     def all_checkpoints(self) -> list[dict[str, Any]]:
         return self._rows("SELECT job_id, id, owner FROM checkpoints")
 
     def delete_checkpoint(self, job_id: str, checkpoint_id: str) -> bool:
-        return self._execute("DELETE FROM checkpoints WHERE job_id = ? AND id = ?", (job_id, checkpoint_id)).rowcount > 0
+        return (
+            self._execute(
+                "DELETE FROM checkpoints WHERE job_id = ? AND id = ?", (job_id, checkpoint_id)
+            ).rowcount
+            > 0
+        )
 
     def checkpoint_bytes(self, owner: str) -> int:
-        rows = self._rows("SELECT COALESCE(SUM(size_bytes), 0) AS total FROM checkpoints WHERE owner = ?", (owner,))
+        rows = self._rows(
+            "SELECT COALESCE(SUM(size_bytes), 0) AS total FROM checkpoints WHERE owner = ?", (owner,)
+        )
         return int(rows[0]["total"])
-
 
     # observability: events ---------------------------------------------------------------------
     def events_after(self, after: int, owner: str | None, limit: int) -> list[dict[str, Any]]:
@@ -591,14 +656,22 @@ class Store:
     def add_device_samples(self, samples: list[dict[str, Any]]) -> None:
         """Persist monitor samples: each has `at` and `device`; the other fields are kept as JSON."""
         rows = [
-            (sample["device"], sample["at"], json.dumps({k: v for k, v in sample.items() if k not in ("device", "at")}))
+            (
+                sample["device"],
+                sample["at"],
+                json.dumps({k: v for k, v in sample.items() if k not in ("device", "at")}),
+            )
             for sample in samples
         ]
         with self.transaction():
             for row in rows:
-                self._execute("INSERT OR REPLACE INTO device_samples (device, at, data) VALUES (?, ?, ?)", row)
+                self._execute(
+                    "INSERT OR REPLACE INTO device_samples (device, at, data) VALUES (?, ?, ?)", row
+                )
 
-    def device_samples(self, devices: list[str], since: float, until: float | None, limit: int) -> list[dict[str, Any]]:
+    def device_samples(
+        self, devices: list[str], since: float, until: float | None, limit: int
+    ) -> list[dict[str, Any]]:
         """Samples of `devices` with since < at <= until, oldest first (ties by device)."""
         if not devices:
             return []
@@ -621,7 +694,9 @@ class Store:
             "SELECT job_id, id AS sub_job_id, device FROM sub_jobs WHERE status IN ('starting', 'running')"
             " AND device IS NOT NULL ORDER BY job_id, position"
         )
-        for run in self._rows("SELECT id, devices FROM runs WHERE status IN ('starting', 'running') ORDER BY created_at"):
+        for run in self._rows(
+            "SELECT id, devices FROM runs WHERE status IN ('starting', 'running') ORDER BY created_at"
+        ):
             for device in sorted(set(json.loads(run["devices"] or "[]"))):
                 rows.append({"job_id": run["id"], "sub_job_id": "main", "device": device})
         return rows
@@ -634,7 +709,11 @@ class Store:
         )
 
     def dataset_bytes(self, owner: str) -> int:
-        return int(self._rows("SELECT COALESCE(SUM(bytes), 0) AS total FROM datasets WHERE owner = ?", (owner,))[0]["total"])
+        return int(
+            self._rows("SELECT COALESCE(SUM(bytes), 0) AS total FROM datasets WHERE owner = ?", (owner,))[0][
+                "total"
+            ]
+        )
 
     def get_dataset(self, owner: str, dataset_id: str) -> dict[str, Any] | None:
         rows = self._rows("SELECT * FROM datasets WHERE owner = ? AND id = ?", (owner, dataset_id))
@@ -651,7 +730,10 @@ class Store:
         return json.loads(rows[0]["data"]) if rows else None
 
     def job_counts_by_status(self) -> dict[str, int]:
-        return {row["status"]: row["n"] for row in self._rows("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status")}
+        return {
+            row["status"]: row["n"]
+            for row in self._rows("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status")
+        }
 
 
 class _Transaction:

@@ -47,7 +47,9 @@ def clean_record(raw: Any) -> dict[str, Any]:
     if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 <= duration < 1e10:
         raise ValueError("duration_ms")
     status = raw.get("http_status")
-    if status is not None and (isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599):
+    if status is not None and (
+        isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599
+    ):
         raise ValueError("http_status")
     record = {
         "operation": _label(raw.get("operation"), ESSENTIAL_OPERATIONS),

@@ -70,7 +70,9 @@ def make_self_signed(host: str) -> tuple[bytes, bytes]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     dns, ips = _names(host)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"cortex-nb backend on {socket.gethostname()}"[:64])])
+    name = x509.Name(
+        [x509.NameAttribute(NameOID.COMMON_NAME, f"cortex-nb backend on {socket.gethostname()}"[:64])]
+    )
     now = datetime.datetime.now(datetime.timezone.utc)
     alt_names = [x509.DNSName(d) for d in dns] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
     certificate = (
@@ -84,14 +86,27 @@ def make_self_signed(host: str) -> tuple[bytes, bytes]:
         .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
         # A self-signed certificate that can be its own trust anchor (clients give it as their CA file).
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, content_commitment=False,
-                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                     crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return certificate.public_bytes(serialization.Encoding.PEM), key_pem
 
 

@@ -73,12 +73,19 @@ class TrainingLoops:
             loop = parse_training_loop(raw)
         except SpecError as exc:
             field = "training_loop" + (f".{exc.field}" if exc.field else "")
-            raise ApiError("invalid_field", f"training_loop.{exc.message}" if exc.field else f"training_loop: {exc.message}",
-                           {"field": field}) from None
+            raise ApiError(
+                "invalid_field",
+                f"training_loop.{exc.message}" if exc.field else f"training_loop: {exc.message}",
+                {"field": field},
+            ) from None
         trainers = [sub for sub in spec["sub_jobs"] if sub["type"] == states.TRAINING]
         if len(spec["sub_jobs"]) != 1 or len(trainers) != 1:
-            raise ApiError("invalid_field", "training_loop: a managed training run has exactly one sub-job, of type"
-                           " training; create samplers as jobs of their own", {"field": "sub_jobs"})
+            raise ApiError(
+                "invalid_field",
+                "training_loop: a managed training run has exactly one sub-job, of type"
+                " training; create samplers as jobs of their own",
+                {"field": "sub_jobs"},
+            )
         self.datasets.get(principal, loop.data)
         if loop.eval is not None:
             self.datasets.get(principal, loop.eval.data)
@@ -105,8 +112,11 @@ class TrainingLoops:
         record = self.progress.start(job_id, states.PROGRESS_MANAGED)
         record.set_phase(states.PHASE_TRAINING)
         self.progress.changed(job_id, persist=True)
-        params = {"spec": loop, "data_bytes": len(train),
-                  "checkpoint_dir": str(self.checkpoints.job_dir(job["owner"], job_id))}
+        params = {
+            "spec": loop,
+            "data_bytes": len(train),
+            "checkpoint_dir": str(self.checkpoints.job_dir(job["owner"], job_id)),
+        }
         self._loops[job_id] = self.requests.submit_for_service(job, "train_loop", params, train + held_out)
 
     def stop(self, job_id: str) -> bool:
@@ -133,7 +143,9 @@ class TrainingLoops:
             record.total_steps = int(header["total_steps"])
             persist = True
         elif event == "step":
-            record.record_forward_backward(header["loss"], header["weights"], header["tokens"], header.get("at"))
+            record.record_forward_backward(
+                header["loss"], header["weights"], header["tokens"], header.get("at")
+            )
             record.record_step(header["step"], header.get("at"))
         elif event == "eval":
             record.record_eval(header["step"], header["loss"], header["weights"])
@@ -149,10 +161,20 @@ class TrainingLoops:
 
     def _adopt_checkpoint(self, job: dict[str, Any], sub_job_id: str, header: dict[str, Any]) -> None:
         try:
-            row = self.checkpoints.adopt(header["request_id"], job, sub_job_id, header["checkpoint_id"], header["checkpoint_type"],
-                                         header["directory"], header["manifest"])
+            row = self.checkpoints.adopt(
+                header["request_id"],
+                job,
+                sub_job_id,
+                header["checkpoint_id"],
+                header["checkpoint_type"],
+                header["directory"],
+                header["manifest"],
+            )
         except ApiError as exc:
-            self.log_line(job["id"], f"[system] checkpoint {header['checkpoint_id']} was not kept: [{exc.code}] {exc.message}")
+            self.log_line(
+                job["id"],
+                f"[system] checkpoint {header['checkpoint_id']} was not kept: [{exc.code}] {exc.message}",
+            )
             return
         self.progress.get(job["id"]).record_checkpoint(row["checkpoint_id"], row["step"])
 
@@ -164,7 +186,9 @@ class TrainingLoops:
         if status == "failed":
             record.set_phase(states.PHASE_FAILED)
             self.progress.changed(job_id, persist=True)
-            self.jobs.end(job_id, states.JOB_FAILED, header.get("code") or "training_loop_failed", header.get("message"))
+            self.jobs.end(
+                job_id, states.JOB_FAILED, header.get("code") or "training_loop_failed", header.get("message")
+            )
             return
         if status == "finished" and self.keep_alive_s(job) > 0 and not self.jobs.is_completing(job_id):
             record.set_phase(states.PHASE_KEEP_ALIVE)
@@ -175,4 +199,3 @@ class TrainingLoops:
         self.progress.changed(job_id, persist=True)
         # The loop's request finishes right after this message: the job ends then, freeing its device.
         self.jobs.finish_when_drained(job_id, self.requests.has_active)
-

@@ -34,17 +34,28 @@ class UploadStore:
 
     def _owner_bytes(self, principal: Principal) -> int:
         folder = self.root / principal.owner.encode().hex()
-        return sum(path.stat().st_size for path in folder.glob("*/*") if path.is_file()) if folder.exists() else 0
+        return (
+            sum(path.stat().st_size for path in folder.glob("*/*") if path.is_file())
+            if folder.exists()
+            else 0
+        )
 
     def _dir(self, principal: Principal, upload_id: str) -> Path:
         if not ID_PATTERN.match(upload_id):
-            raise ApiError("invalid_field", "upload_id: letters, digits, '_', '.', '-' only", {"field": "upload_id"})
+            raise ApiError(
+                "invalid_field", "upload_id: letters, digits, '_', '.', '-' only", {"field": "upload_id"}
+            )
         owner = principal.owner.encode().hex()
         return self.root / owner / upload_id
 
-    def put_chunk(self, principal: Principal, upload_id: str, index: int, count: int, sha256: str, data: bytes) -> dict:
+    def put_chunk(
+        self, principal: Principal, upload_id: str, index: int, count: int, sha256: str, data: bytes
+    ) -> dict:
         if not 0 < count <= wire.MAX_CHUNKS or not 0 <= index < count:
-            raise ApiError("invalid_field", f"chunk {index} of {count}: index must be in [0, count), count at most {wire.MAX_CHUNKS}")
+            raise ApiError(
+                "invalid_field",
+                f"chunk {index} of {count}: index must be in [0, count), count at most {wire.MAX_CHUNKS}",
+            )
         if len(data) > wire.CHUNK_BYTES:
             raise ApiError("body_too_large", f"a chunk is at most {wire.CHUNK_BYTES} bytes")
         wire.verify_chunk(data, sha256)
@@ -55,16 +66,23 @@ class UploadStore:
         with self._lock:
             if path.exists():
                 if wire.sha256_hex(path.read_bytes()) != sha256.lower():
-                    raise ApiError("chunk_mismatch", f"chunk {index} of upload {upload_id} was already stored with other content")
+                    raise ApiError(
+                        "chunk_mismatch",
+                        f"chunk {index} of upload {upload_id} was already stored with other content",
+                    )
                 return {"upload_id": upload_id, "index": index, "status": "stored"}
             if self.quota_bytes is not None:
                 held = self._owner_bytes(principal)
                 if held + len(data) > self.quota_bytes:
-                    raise ApiError("quota_exceeded", (
-                        f"upload quota exceeded: this token's owner holds {held:,} bytes of chunks no request has used yet"
-                        f" and may hold {self.quota_bytes:,}; use (or let expire, after {self.ttl_s:g} s) the uploads you"
-                        " have, or ask the operator to raise --upload-quota-bytes"),
-                        {"quota_bytes": self.quota_bytes, "used_bytes": held, "needed_bytes": len(data)})
+                    raise ApiError(
+                        "quota_exceeded",
+                        (
+                            f"upload quota exceeded: this token's owner holds {held:,} bytes of chunks no request has used yet"
+                            f" and may hold {self.quota_bytes:,}; use (or let expire, after {self.ttl_s:g} s) the uploads you"
+                            " have, or ask the operator to raise --upload-quota-bytes"
+                        ),
+                        {"quota_bytes": self.quota_bytes, "used_bytes": held, "needed_bytes": len(data)},
+                    )
             folder.mkdir(parents=True, exist_ok=True)
             temporary = path.with_suffix(".partial")
             temporary.write_bytes(data)
@@ -118,7 +136,10 @@ class UploadStore:
         folder, parts = self._complete_parts(principal, upload_id)
         sizes = [part.stat().st_size for part in parts]
         if sum(sizes) > wire.MAX_FRAME_BYTES:
-            raise ApiError("body_too_large", f"upload {upload_id} is {sum(sizes)} bytes; a frame is at most {wire.MAX_FRAME_BYTES}")
+            raise ApiError(
+                "body_too_large",
+                f"upload {upload_id} is {sum(sizes)} bytes; a frame is at most {wire.MAX_FRAME_BYTES}",
+            )
         if not sum(sizes):
             self._consume(folder, parts)
             if wire.sha256_hex(b"") != sha256.lower():
@@ -131,13 +152,18 @@ class UploadStore:
             with open(part, "rb") as handle:
                 read = handle.readinto(view[offset : offset + size])
             if read != size:
-                raise ApiError("chunk_mismatch", f"chunk {part.name} of upload {upload_id} changed while it was read")
+                raise ApiError(
+                    "chunk_mismatch", f"chunk {part.name} of upload {upload_id} changed while it was read"
+                )
             digest.update(view[offset : offset + size])
             offset += size
         view.release()
         if digest.hexdigest() != sha256.lower():
-            raise ApiError("chunk_mismatch", f"the assembled upload's SHA-256 is {digest.hexdigest()}, expected {sha256};"
-                           " upload the chunks again")
+            raise ApiError(
+                "chunk_mismatch",
+                f"the assembled upload's SHA-256 is {digest.hexdigest()}, expected {sha256};"
+                " upload the chunks again",
+            )
         self._consume(folder, parts)
         return data
 
@@ -153,7 +179,9 @@ class UploadStore:
                 out.write(data)
         if digest.hexdigest() != sha256.lower():
             dest.unlink(missing_ok=True)
-            raise ApiError("chunk_mismatch", f"upload {upload_id} does not match its SHA-256; upload it again")
+            raise ApiError(
+                "chunk_mismatch", f"upload {upload_id} does not match its SHA-256; upload it again"
+            )
         self._consume(folder, parts)
         return size
 

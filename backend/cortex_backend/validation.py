@@ -59,8 +59,14 @@ def dumps_strict(value: Any) -> str:
     return strict_json.dumps(value)
 
 
-def check_number(value: Any, field: str, low: float | None = None, high: float | None = None, integer: bool = False) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+def check_number(
+    value: Any, field: str, low: float | None = None, high: float | None = None, integer: bool = False
+) -> Any:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (integer and not isinstance(value, int))
+    ):
         raise _field_error(field, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise _field_error(field, f"must be a finite number, got {value!r}")
@@ -73,7 +79,10 @@ def check_number(value: Any, field: str, low: float | None = None, high: float |
 
 def validate_identifier(value: Any, field: str) -> str:
     if not isinstance(value, str) or not ID_PATTERN.match(value):
-        raise _field_error(field, "must be 1-64 characters of letters, digits, '_', '.', '-', starting with a letter or digit")
+        raise _field_error(
+            field,
+            "must be 1-64 characters of letters, digits, '_', '.', '-', starting with a letter or digit",
+        )
     return value
 
 
@@ -85,8 +94,12 @@ def _check_target_modules(modules: list[str], field: str, info: ModelInfo) -> No
     for module in modules:
         if not any(name == module or name.endswith("." + module) for name in known):
             leaves = sorted({name.rsplit(".", 1)[-1] for name in known})
-            raise _field_error(field, f"model {info.name} has no module {module!r}; its modules are named "
-                                      + ", ".join(leaves[:24]) + (" ..." if len(leaves) > 24 else ""))
+            raise _field_error(
+                field,
+                f"model {info.name} has no module {module!r}; its modules are named "
+                + ", ".join(leaves[:24])
+                + (" ..." if len(leaves) > 24 else ""),
+            )
 
 
 def validate_job(body: CreateJob, catalog: ModelCatalog) -> dict[str, Any]:
@@ -96,13 +109,26 @@ def validate_job(body: CreateJob, catalog: ModelCatalog) -> dict[str, Any]:
     for i, sub in enumerate(body.sub_jobs):
         field = f"sub_jobs[{i}]"
         info = catalog.get(sub.base_model)
-        if sub.lora is not None and isinstance(sub.lora.target_modules, list) and "target_modules" in sub.lora.model_fields_set:
+        if (
+            sub.lora is not None
+            and isinstance(sub.lora.target_modules, list)
+            and "target_modules" in sub.lora.model_fields_set
+        ):
             _check_target_modules(sub.lora.target_modules, f"{field}.lora.target_modules", info)
         if sub.max_seq_len is not None and sub.max_seq_len > (info.max_positions or 1 << 20):
-            raise _field_error(f"{field}.max_seq_len", f"must be at most {info.max_positions or 1 << 20}, got {sub.max_seq_len}")
+            raise _field_error(
+                f"{field}.max_seq_len",
+                f"must be at most {info.max_positions or 1 << 20}, got {sub.max_seq_len}",
+            )
         spec = sub.model_dump(exclude_unset=True)
-        normalised.append({**spec, "lora": spec.get("lora") or {}, "optimizer": spec.get("optimizer") or {},
-                           "seed": sub.seed})
+        normalised.append(
+            {
+                **spec,
+                "lora": spec.get("lora") or {},
+                "optimizer": spec.get("optimizer") or {},
+                "seed": sub.seed,
+            }
+        )
     # Samplers share the trainer's LoRA shape unless told otherwise, so weights sync as deltas.
     trainers = [sub for sub in normalised if sub["type"] == TRAINING]
     if trainers:
@@ -118,7 +144,9 @@ def validate_job(body: CreateJob, catalog: ModelCatalog) -> dict[str, Any]:
 def _int_tensor(tensors: dict[str, np.ndarray], name: str) -> np.ndarray:
     array = tensors[name]
     if array.dtype.kind not in "iu":
-        raise ApiError("invalid_batch", f"tensor '{name}' must hold integers, got {array.dtype}", {"field": name})
+        raise ApiError(
+            "invalid_batch", f"tensor '{name}' must hold integers, got {array.dtype}", {"field": name}
+        )
     return array
 
 
@@ -130,10 +158,17 @@ def validate_token_batch(
     names = ("input_ids", *required)
     missing = [name for name in names if name not in tensors]
     if missing:
-        raise ApiError("invalid_batch", f"the frame lacks tensor(s) {missing}; it needs {list(names)}", {"missing": missing})
+        raise ApiError(
+            "invalid_batch",
+            f"the frame lacks tensor(s) {missing}; it needs {list(names)}",
+            {"missing": missing},
+        )
     input_ids = _int_tensor(tensors, "input_ids")
     if input_ids.ndim != 2 or 0 in input_ids.shape:
-        raise ApiError("invalid_batch", f"input_ids must be a non-empty [batch, length] matrix, got shape {list(input_ids.shape)}")
+        raise ApiError(
+            "invalid_batch",
+            f"input_ids must be a non-empty [batch, length] matrix, got shape {list(input_ids.shape)}",
+        )
     for name in (*required, "attention_mask"):
         if name not in tensors:
             continue
@@ -146,7 +181,10 @@ def validate_token_batch(
         if TENSORS[name].integer:
             _int_tensor(tensors, name)
     if input_ids.shape[1] > max_seq_len:
-        raise ApiError("invalid_batch", f"sequence length {input_ids.shape[1]} exceeds the sub-job's max_seq_len {max_seq_len}")
+        raise ApiError(
+            "invalid_batch",
+            f"sequence length {input_ids.shape[1]} exceeds the sub-job's max_seq_len {max_seq_len}",
+        )
     for name in ("input_ids", "target_tokens"):
         if name in tensors:
             array = tensors[name]
@@ -164,12 +202,17 @@ def validate_token_batch(
 def validate_loss(metadata: dict[str, Any]) -> tuple[LossSpec, dict[str, float]]:
     """The frame's loss and its complete config (the spec's defaults where the client sent none)."""
     if "loss_fn" not in metadata:
-        raise ApiError("invalid_frame", f"the frame's metadata names no loss_fn; send one of {sorted(LOSSES)}",
-                       {"field": "loss_fn"})
+        raise ApiError(
+            "invalid_frame",
+            f"the frame's metadata names no loss_fn; send one of {sorted(LOSSES)}",
+            {"field": "loss_fn"},
+        )
     name = metadata["loss_fn"]
     spec = LOSSES.get(name) if isinstance(name, str) else None
     if spec is None:
-        raise ApiError("unknown_loss", f"loss_fn {name!r} is not one of {sorted(LOSSES)}", {"field": "loss_fn"})
+        raise ApiError(
+            "unknown_loss", f"loss_fn {name!r} is not one of {sorted(LOSSES)}", {"field": "loss_fn"}
+        )
     config = metadata.get("loss_fn_config") or {}
     if not isinstance(config, dict):
         raise _field_error("loss_fn_config", "must be an object")
@@ -179,7 +222,9 @@ def validate_loss(metadata: dict[str, Any]) -> tuple[LossSpec, dict[str, float]]
     return spec, spec.with_defaults(config)
 
 
-def validate_prompts(prompts: Any, catalog: ModelCatalog, info: ModelInfo, max_tokens: int, max_seq_len: int) -> list[list[int]]:
+def validate_prompts(
+    prompts: Any, catalog: ModelCatalog, info: ModelInfo, max_tokens: int, max_seq_len: int
+) -> list[list[int]]:
     """Text or token-id prompts, tokenized here so lengths are checked before anything queues."""
     if not isinstance(prompts, list) or not prompts:
         raise _field_error("prompts", "must be a non-empty list of strings or token-id lists")
@@ -189,10 +234,16 @@ def validate_prompts(prompts: Any, catalog: ModelCatalog, info: ModelInfo, max_t
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, str):
             ids = catalog.tokenizer(info.name).encode(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
             ids = prompt
             if min(ids) < 0 or max(ids) >= info.vocab_size:
-                raise _field_error(f"prompts[{i}]", f"holds token ids outside [0, {info.vocab_size})", "invalid_batch")
+                raise _field_error(
+                    f"prompts[{i}]", f"holds token ids outside [0, {info.vocab_size})", "invalid_batch"
+                )
         else:
             raise _field_error(f"prompts[{i}]", "must be a string or a non-empty list of token ids")
         if not ids:

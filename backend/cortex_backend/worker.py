@@ -98,8 +98,12 @@ class Worker:
         if self.sub_job_type in ("training", "sampling"):
             from .engine.sampling_engine import open_engine
 
-            self.sampler = open_engine(message.get("sampler") or "transformers", self.state, self.sub_job_type,
-                                       message.get("sampler_options"))
+            self.sampler = open_engine(
+                message.get("sampler") or "transformers",
+                self.state,
+                self.sub_job_type,
+                message.get("sampler_options"),
+            )
             described["sampler"] = self.sampler.describe()
         print(
             f"[engine] {message['sub_job_id']} ready: {info.name} on {described['device']} ({described['dtype']}),"
@@ -128,8 +132,11 @@ class Worker:
 
     def step(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         result = self.trainer.step(
-            params.get("learning_rate"), betas=params.get("betas"), eps=params.get("eps"),
-            weight_decay=params.get("weight_decay"), grad_clip=params.get("grad_clip"),
+            params.get("learning_rate"),
+            betas=params.get("betas"),
+            eps=params.get("eps"),
+            weight_decay=params.get("weight_decay"),
+            grad_clip=params.get("grad_clip"),
         )
         print(
             f"[engine] step={result['step']} grad_norm={result['grad_norm']:.4g} lr={result['learning_rate']:.3g}"
@@ -141,7 +148,9 @@ class Worker:
     def generate(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         request_id = self.current
         with self.saved_adapters.applied(self.state, params.get("adapter")):
-            result = self.sampler.generate(params["prompt_tokens"], params["sampling_params"], lambda: request_id in self.cancelled)
+            result = self.sampler.generate(
+                params["prompt_tokens"], params["sampling_params"], lambda: request_id in self.cancelled
+            )
         return result, b""
 
     def forward(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
@@ -149,24 +158,40 @@ class Worker:
 
         tensors, _ = wire.decode_frame(blob)
         with self.saved_adapters.applied(self.state, params.get("adapter")):
-            result, out = forward(self.state, tensors, params.get("loss_fn"), params.get("loss_fn_config") or {})
+            result, out = forward(
+                self.state, tensors, params.get("loss_fn"), params.get("loss_fn_config") or {}
+            )
         return result, wire.encode_frame(out)
 
     # checkpoints and weight sync -------------------------------------------------------------------
     def save(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         from .engine.checkpoint import write_checkpoint
 
-        manifest = write_checkpoint(self.state, self.trainer, Path(params["directory"]), params["type"], self.faults)
+        manifest = write_checkpoint(
+            self.state, self.trainer, Path(params["directory"]), params["type"], self.faults
+        )
         print(f"[engine] saved a {params['type']} checkpoint at step {manifest['step']}", flush=True)
         return {"manifest": manifest}, b""
 
     def load(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         from .engine.checkpoint import load_checkpoint
 
-        result = load_checkpoint(self.state, self.trainer, Path(params["directory"]), params["manifest"],
-                                 bool(params.get("restore_optimizer", True)))
-        print(f"[engine] loaded checkpoint {params['checkpoint_id']} from {params['source_job_id']} (step {result['step']})", flush=True)
-        return {**result, "checkpoint_id": params["checkpoint_id"], "source_job_id": params["source_job_id"]}, b""
+        result = load_checkpoint(
+            self.state,
+            self.trainer,
+            Path(params["directory"]),
+            params["manifest"],
+            bool(params.get("restore_optimizer", True)),
+        )
+        print(
+            f"[engine] loaded checkpoint {params['checkpoint_id']} from {params['source_job_id']} (step {result['step']})",
+            flush=True,
+        )
+        return {
+            **result,
+            "checkpoint_id": params["checkpoint_id"],
+            "source_job_id": params["source_job_id"],
+        }, b""
 
     def _sync_sender(self, sync_id: str) -> Callable[[str, str, dict[str, Any], bytes], None]:
         def send(to: str, kind: str, fields: dict[str, Any], blob: bytes) -> None:
@@ -182,21 +207,40 @@ class Worker:
             raise OperationError("unsupported_operation", "only a training sub-job is a weight-sync source")
         sync_id = self.current
         try:
-            result = self.sync_source.run(sync_id, list(params["targets"]), params["format"], self.trainer.step_count,
-                                          self.mailbox, self._sync_sender(sync_id), lambda: sync_id in self.cancelled)
+            result = self.sync_source.run(
+                sync_id,
+                list(params["targets"]),
+                params["format"],
+                self.trainer.step_count,
+                self.mailbox,
+                self._sync_sender(sync_id),
+                lambda: sync_id in self.cancelled,
+            )
         finally:
             self.mailbox.close(sync_id)
-        print(f"[engine] weight_sync step={result['weight_version']} path={result['path']} bytes={result['bytes']}"
-              f" ms={result['ms']:.1f}", flush=True)
+        print(
+            f"[engine] weight_sync step={result['weight_version']} path={result['path']} bytes={result['bytes']}"
+            f" ms={result['ms']:.1f}",
+            flush=True,
+        )
         return result, b""
 
     def weight_sync_apply(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         from .engine.weight_sync import run_target
 
         barrier_id = self.current
-        result = run_target(self.state, params["sync_id"], params["source"], self.mailbox, self._sync_sender(params["sync_id"]),
-                            lambda: barrier_id in self.cancelled, self.faults)
-        if self.sampler is not None:  # the engine takes the new weights now, so the next generate needs nothing more
+        result = run_target(
+            self.state,
+            params["sync_id"],
+            params["source"],
+            self.mailbox,
+            self._sync_sender(params["sync_id"]),
+            lambda: barrier_id in self.cancelled,
+            self.faults,
+        )
+        if (
+            self.sampler is not None
+        ):  # the engine takes the new weights now, so the next generate needs nothing more
             started = time.perf_counter()
             self.sampler.refresh()
             result["sampler"] = self.sampler.name
@@ -218,7 +262,9 @@ class Worker:
         def stop_requested() -> bool:
             return loop_id in self.cancelled or self._shutting_down
 
-        loop = TrainingLoop(self.state, self.trainer, params, blob, report, self._serve_waiting, stop_requested, self.faults)
+        loop = TrainingLoop(
+            self.state, self.trainer, params, blob, report, self._serve_waiting, stop_requested, self.faults
+        )
         return loop.run(), b""
 
     def _serve_waiting(self) -> None:
@@ -281,15 +327,33 @@ class Worker:
             if self.sampler is not None:  # follow an adapter changed by the last operation (a sync or load)
                 self.sampler.refresh()
             result, out_blob = operation(header.get("params") or {}, blob)
-            self.channel.send({"type": "finished", "request_id": request_id, "status": "succeeded", "result": result}, out_blob)
+            self.channel.send(
+                {"type": "finished", "request_id": request_id, "status": "succeeded", "result": result},
+                out_blob,
+            )
         except OperationError as exc:
             status = "cancelled" if exc.code == "cancelled" else "failed"
-            self.channel.send({"type": "finished", "request_id": request_id, "status": status, "code": exc.code, "message": exc.message})
+            self.channel.send(
+                {
+                    "type": "finished",
+                    "request_id": request_id,
+                    "status": status,
+                    "code": exc.code,
+                    "message": exc.message,
+                }
+            )
         except Exception as exc:  # report, never die: one bad request must not end the sub-job
             code = "out_of_memory" if "out of memory" in str(exc).lower() else "operation_failed"
             traceback.print_exc()
-            self.channel.send({"type": "finished", "request_id": request_id, "status": "failed", "code": code,
-                               "message": f"{header['op']} failed: {type(exc).__name__}: {exc}"})
+            self.channel.send(
+                {
+                    "type": "finished",
+                    "request_id": request_id,
+                    "status": "failed",
+                    "code": code,
+                    "message": f"{header['op']} failed: {type(exc).__name__}: {exc}",
+                }
+            )
         finally:
             self.current = None
             self.cancelled.discard(request_id)
@@ -339,7 +403,9 @@ def serve_channel(channel: Channel) -> None:
         worker.initialise(header)
     except Exception as exc:
         traceback.print_exc()
-        channel.send({"type": "init_failed", "code": "worker_start_failed", "message": f"{type(exc).__name__}: {exc}"})
+        channel.send(
+            {"type": "init_failed", "code": "worker_start_failed", "message": f"{type(exc).__name__}: {exc}"}
+        )
         return
     threading.Thread(target=worker.read_loop, name="cortex-worker-reader", daemon=True).start()
     worker.serve()

@@ -22,7 +22,13 @@ from .error_text import describe
 from .help import overview
 from .registry import SUBCOMMANDS, noninteractive
 
-__all__ = ["SUBCOMMANDS", "CortexMagics", "load_ipython_extension", "noninteractive", "unload_ipython_extension"]
+__all__ = [
+    "SUBCOMMANDS",
+    "CortexMagics",
+    "load_ipython_extension",
+    "noninteractive",
+    "unload_ipython_extension",
+]
 
 
 @magics_class
@@ -55,9 +61,13 @@ class CortexMagics(Magics):
             return None
         command = SUBCOMMANDS.get(name)
         if command is None:
-            raise UsageError(f"cortex: no subcommand {name!r}; subcommands: {', '.join(SUBCOMMANDS)} (see %cortex?)")
+            raise UsageError(
+                f"cortex: no subcommand {name!r}; subcommands: {', '.join(SUBCOMMANDS)} (see %cortex?)"
+            )
         if command.kind == "cell" and cell is None:
-            raise UsageError(f"cortex {name} is a cell magic: write %%cortex {name} on the first line of a cell")
+            raise UsageError(
+                f"cortex {name} is a cell magic: write %%cortex {name} on the first line of a cell"
+            )
         if command.kind == "line" and cell is not None:
             raise UsageError(f"cortex {name} is a line magic: use %cortex {name} (one percent sign)")
         try:
@@ -69,7 +79,9 @@ class CortexMagics(Magics):
         except SpecError as exc:
             raise UsageError(f"cortex {name}: {one_line(describe(name, exc, cell))}") from None
         except errors.ConnectionError as exc:
-            raise UsageError(f"cortex {name}: backend gone: {one_line(exc.message)}; {self.reconnect_hint()}") from None
+            raise UsageError(
+                f"cortex {name}: backend gone: {one_line(exc.message)}; {self.reconnect_hint()}"
+            ) from None
         except errors.CortexError as exc:
             raise UsageError(f"cortex {name}: [{exc.code}] {one_line(describe(name, exc, cell))}") from None
 

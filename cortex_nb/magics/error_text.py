@@ -40,8 +40,12 @@ _PATTERNS = {name: _route_pattern(name) for name in MAGIC_FOR_ROUTE}
 def in_magic_words(message: str) -> str:
     """Replace each REST route a hint names by the magic that does the same."""
     for name, magic in MAGIC_FOR_ROUTE.items():
+
         def fill(match: re.Match[str], magic: str = magic) -> str:
-            values = {key: (value if not value.startswith("{") else key.upper()) for key, value in match.groupdict().items()}
+            values = {
+                key: (value if not value.startswith("{") else key.upper())
+                for key, value in match.groupdict().items()
+            }
             return magic.format(**values)
 
         message = _PATTERNS[name].sub(fill, message)
@@ -64,7 +68,9 @@ def with_cell_line(message: str, field: str | None, cell: str | None) -> str:
         return message
     name = spec_key(field)
     lines = key_lines(cell)
-    written = name  # the deepest key written in the cell: `lora.target_modules[2]` is on `lora.target_modules`
+    written = (
+        name  # the deepest key written in the cell: `lora.target_modules[2]` is on `lora.target_modules`
+    )
     while written and written not in lines:
         written = re.sub(r"\[\d+\]$", "", written) if written.endswith("]") else written.rpartition(".")[0]
     if not written:
@@ -72,7 +78,7 @@ def with_cell_line(message: str, field: str | None, cell: str | None) -> str:
     where = f"line {lines[written] + 1}"
     for prefix in (field, name):
         if message.startswith(prefix + ":"):
-            return f"{name} ({where}){message[len(prefix):]}"
+            return f"{name} ({where}){message[len(prefix) :]}"
     return f"{message} ({where})"
 
 

@@ -25,8 +25,14 @@ if TYPE_CHECKING:
 @magic_arguments(name="cortex connect")
 @argument("target", nargs="?", help="a profile name or a backend URL (http://host:port or https://host:port)")
 @argument("--token-env", metavar="VAR", help="with a URL: read the token from $VAR (default $CORTEX_TOKEN)")
-@argument("--verify", metavar="PIN_OR_CA", help="with an https URL: a sha256:... fingerprint to pin, or a CA file")
-@argument("--local", action="store_true", help="your local backend on this machine (found through its state file, or started; it outlives the kernel)")
+@argument(
+    "--verify", metavar="PIN_OR_CA", help="with an https URL: a sha256:... fingerprint to pin, or a CA file"
+)
+@argument(
+    "--local",
+    action="store_true",
+    help="your local backend on this machine (found through its state file, or started; it outlives the kernel)",
+)
 @argument("--data-dir", metavar="DIR", help="with --local: the local backend's data dir")
 def connect_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     """Connect to a cortex backend. With no argument it tries, in order: env CORTEX_URL/CORTEX_TOKEN,
@@ -71,9 +77,11 @@ def status_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     print(f"backend {version.get('service')} {version.get('version')}, API {version.get('api_version')}")
     print(f"token: {token}")
     samplers = sorted({device["sampler"] for device in capacity["devices"] if device.get("sampler")})
-    print(f"devices: {len(capacity['devices'])} ({', '.join(kinds)}), slots {capacity['slots_available']}"
-          f"/{capacity['slots_total']} free, {capacity.get('pending', 0)} job(s) queued"
-          + (f"; sampling with {', '.join(samplers)}" if samplers else ""))
+    print(
+        f"devices: {len(capacity['devices'])} ({', '.join(kinds)}), slots {capacity['slots_available']}"
+        f"/{capacity['slots_total']} free, {capacity.get('pending', 0)} job(s) queued"
+        + (f"; sampling with {', '.join(samplers)}" if samplers else "")
+    )
     print("jobs: " + (", ".join(f"{count} {word}" for word, count in sorted(counts.items())) or "none"))
     for row in capacity.get("pending_jobs") or []:
         estimate = f" (about {clock(row['estimate_s'])})" if row.get("estimate_s") is not None else ""
@@ -137,7 +145,9 @@ def job_command(self: CortexMagics, args: Any, cell: str | None):
 @magic_arguments(name="cortex logs")
 @argument("job_id")
 @argument("-n", "--lines", type=int, default=50, help="how many of the last lines (default 50)")
-@argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends (Ctrl-C stops)")
+@argument(
+    "-f", "--follow", action="store_true", help="keep printing new lines until the job ends (Ctrl-C stops)"
+)
 def logs_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     """Print a job's log tail; with -f keep following it."""
     client = self.client()
@@ -194,8 +204,12 @@ def checkpoints_command(self: CortexMagics, args: Any, cell: str | None):
 @subcommand("compare", "line", "compare runs: loss curves, hyperparameters and final metrics, A/B samples")
 @magic_arguments(name="cortex compare")
 @argument("job_ids", nargs="+", metavar="ID", help="two or more jobs")
-@argument("--prompt", action="append", metavar="TEXT", help="a prompt to sample from each (repeatable; default:"
-          " the runs' own sample prompts)")
+@argument(
+    "--prompt",
+    action="append",
+    metavar="TEXT",
+    help="a prompt to sample from each (repeatable; default: the runs' own sample prompts)",
+)
 @argument("--max-tokens", type=int, default=32, help="tokens to sample per prompt (default 32)")
 @argument("--no-samples", action="store_true", help="only curves and the table: start no sampling job")
 @argument("-o", "--output", metavar="VAR", help="store the Comparison in VAR")
@@ -207,8 +221,13 @@ def compare_command(self: CortexMagics, args: Any, cell: str | None):
 
     if len(args.job_ids) < 2:
         raise UsageError("cortex compare: give two or more job ids")
-    comparison = compare(args.job_ids, client=self.client(), prompts=args.prompt, max_tokens=args.max_tokens,
-                         samples=not args.no_samples)
+    comparison = compare(
+        args.job_ids,
+        client=self.client(),
+        prompts=args.prompt,
+        max_tokens=args.max_tokens,
+        samples=not args.no_samples,
+    )
     if noninteractive():
         print(comparison.text())
     else:

@@ -31,16 +31,39 @@ def parse_outputs(pairs: list[str] | None) -> dict[str, str]:
 
 @subcommand("run", "cell", "run the cell as main.py on the backend host; outputs come back verified")
 @magic_arguments(name="cortex run")
-@argument("--include", action="append", metavar="GLOB", help="files beside the notebook to ship with main.py (repeatable)")
-@argument("--output", action="append", metavar="NAME=PATH", help="a file main.py writes, to bring back (repeatable)")
+@argument(
+    "--include",
+    action="append",
+    metavar="GLOB",
+    help="files beside the notebook to ship with main.py (repeatable)",
+)
+@argument(
+    "--output", action="append", metavar="NAME=PATH", help="a file main.py writes, to bring back (repeatable)"
+)
 @argument("--gpu", type=int, default=0, help="GPUs the run needs (default 0)")
-@argument("--model", action="append", metavar="NAME", help="a registered model staged read-only at models/NAME (repeatable)")
-@argument("--timeout", type=float, metavar="S", help="seconds before the run is stopped (default from the run spec)")
+@argument(
+    "--model",
+    action="append",
+    metavar="NAME",
+    help="a registered model staged read-only at models/NAME (repeatable)",
+)
+@argument(
+    "--timeout", type=float, metavar="S", help="seconds before the run is stopped (default from the run spec)"
+)
 @argument("--name", default="cell", help="a name for the run")
-@argument("--isolation", choices=("best_effort", "required"), default="best_effort",
-          help="required: fail rather than run without a network namespace")
+@argument(
+    "--isolation",
+    choices=("best_effort", "required"),
+    default="best_effort",
+    help="required: fail rather than run without a network namespace",
+)
 @argument("--wait", action="store_true", help="block until the run ends (Ctrl-C cancels it)")
-@argument("-o", "--output-var", metavar="VAR", help="store the RunHandle in VAR (otherwise it is the cell's result, _)")
+@argument(
+    "-o",
+    "--output-var",
+    metavar="VAR",
+    help="store the RunHandle in VAR (otherwise it is the cell's result, _)",
+)
 def run_command(self: CortexMagics, args: Any, cell: str | None):
     """Run the cell's code as main.py on the backend host, as a finite source run (docs/run-spec.md).
     A widget follows its logs; when it ends, the declared outputs are downloaded next to the notebook
@@ -53,9 +76,16 @@ def run_command(self: CortexMagics, args: Any, cell: str | None):
     client = self.client()
     workdir = Path.cwd()
     handle = run_cell_source(
-        client, cell, includes=args.include or (), outputs=parse_outputs(args.output), gpu=args.gpu,
-        models=args.model or (), timeout_s=args.timeout or run_spec.DEFAULT_TIMEOUT_S, workdir=workdir,
-        name=args.name, isolation=args.isolation,
+        client,
+        cell,
+        includes=args.include or (),
+        outputs=parse_outputs(args.output),
+        gpu=args.gpu,
+        models=args.model or (),
+        timeout_s=args.timeout or run_spec.DEFAULT_TIMEOUT_S,
+        workdir=workdir,
+        name=args.name,
+        isolation=args.isolation,
     )
     if noninteractive():
         follow_in_text(handle, workdir)
@@ -94,8 +124,10 @@ def follow_in_text(handle: Any, workdir: Path) -> None:
     info = handle.refresh()
     print(run_summary(info))
     if info["status"] != JOB_DONE:
-        raise RunFailed(f"run {handle.run_id} {info['status']}: {info.get('failure_message') or ''}".strip(),
-                        code=info.get("failure_code") or info["status"])
+        raise RunFailed(
+            f"run {handle.run_id} {info['status']}: {info.get('failure_message') or ''}".strip(),
+            code=info.get("failure_code") or info["status"],
+        )
     fetch_and_display_outputs(handle, workdir)
 
 

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 @argument("--max-tokens", type=int, default=64, help="tokens to generate per sample (default 64)")
 @argument("--top-p", type=float, help="nucleus sampling threshold (default 1.0)")
 @argument("--seed", type=int, help="make sampling reproducible")
-@argument("-o", "--output", metavar="VAR", help="store the DataFrame in VAR (otherwise it is the cell's result, _)")
+@argument(
+    "-o", "--output", metavar="VAR", help="store the DataFrame in VAR (otherwise it is the cell's result, _)"
+)
 def sample_command(self: CortexMagics, args: Any, cell: str | None):
     """Sample completions. The cell holds one prompt per line, or a YAML list of prompts. Returns a
     DataFrame of prompt, sample, logprob and finish_reason. Ctrl-C cancels the request."""
@@ -31,8 +33,17 @@ def sample_command(self: CortexMagics, args: Any, cell: str | None):
     if bool(args.job) == bool(args.model):
         raise UsageError("cortex sample: give exactly one of --job ID or --model NAME")
     prompts = parse_prompts(cell or "")
-    sampling = {key: value for key, value in (("n", args.n), ("temperature", args.temperature),
-                ("max_tokens", args.max_tokens), ("top_p", args.top_p), ("seed", args.seed)) if value is not None}
+    sampling = {
+        key: value
+        for key, value in (
+            ("n", args.n),
+            ("temperature", args.temperature),
+            ("max_tokens", args.max_tokens),
+            ("top_p", args.top_p),
+            ("seed", args.seed),
+        )
+        if value is not None
+    }
     client = self.client()
     sampler = None
     future = None
@@ -69,7 +80,9 @@ def parse_prompts(body: str) -> list[str]:
         try:
             prompts = yaml.safe_load(stripped)
         except yaml.YAMLError as exc:
-            raise UsageError(f"cortex sample: the prompt list is not valid YAML: {str(exc).splitlines()[0]}") from None
+            raise UsageError(
+                f"cortex sample: the prompt list is not valid YAML: {str(exc).splitlines()[0]}"
+            ) from None
         if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
             raise UsageError("cortex sample: a YAML prompt list must hold strings only")
     else:

@@ -18,11 +18,20 @@ if TYPE_CHECKING:
     from . import CortexMagics
 
 
-@subcommand("train", "cell", "fine-tune with LoRA from a YAML spec in the cell, on the backend; shows a live widget")
+@subcommand(
+    "train", "cell", "fine-tune with LoRA from a YAML spec in the cell, on the backend; shows a live widget"
+)
 @magic_arguments(name="cortex train")
 @argument("--name", help="a name for the job")
-@argument("-o", "--output", metavar="VAR", help="store the TrainingJob in VAR (otherwise it is the cell's result, _)")
-@argument("--wait", action="store_true", help="block until training ends (Ctrl-C stops watching; the run goes on)")
+@argument(
+    "-o",
+    "--output",
+    metavar="VAR",
+    help="store the TrainingJob in VAR (otherwise it is the cell's result, _)",
+)
+@argument(
+    "--wait", action="store_true", help="block until training ends (Ctrl-C stops watching; the run goes on)"
+)
 def train_command(self: CortexMagics, args: Any, cell: str | None):
     """Fine-tune a model with LoRA. The cell body is a YAML spec (keys below). The backend runs the
     training loop; the cell returns at once and the widget follows the run, which goes on if this
@@ -85,5 +94,8 @@ def watch(job: Any, state: Any, printer: bool = True) -> bool:
 
 def interrupted_note(job_id: str, state: Any) -> str:
     """What Ctrl-C left behind: the run goes on; how to see it or stop it."""
-    return (f"stopped watching {job_id} at step {state.step}" + (f"/{state.total_steps}" if state.total_steps else "")
-            + f"; it goes on training on the backend: %cortex job {job_id} shows it, %cortex cancel {job_id} stops it")
+    return (
+        f"stopped watching {job_id} at step {state.step}"
+        + (f"/{state.total_steps}" if state.total_steps else "")
+        + f"; it goes on training on the backend: %cortex job {job_id} shows it, %cortex cancel {job_id} stops it"
+    )

@@ -55,8 +55,9 @@ def matches(entry: dict[str, Any], sha256: str, size: int) -> bool:
     return entry["sha256"] == sha256 and int(entry["size"]) == size
 
 
-def build_manifest(kind: str, step: int, adapter: dict[str, Any], state_hash: str,
-                   files: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def build_manifest(
+    kind: str, step: int, adapter: dict[str, Any], state_hash: str, files: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
     """The manifest of a checkpoint directory, written last."""
     return {
         "format_version": FORMAT_VERSION,
@@ -98,4 +99,10 @@ def export_manifest(checkpoint: dict[str, Any], contents: str) -> dict[str, Any]
 
 def safe_member_name(name: str) -> bool:
     """An export member name is a plain file name: no directories, no hidden or relative names."""
-    return bool(name) and "/" not in name and "\\" not in name and name not in (".", "..") and not name.startswith(".")
+    return (
+        bool(name)
+        and "/" not in name
+        and "\\" not in name
+        and name not in (".", "..")
+        and not name.startswith(".")
+    )

@@ -71,26 +71,51 @@ class LossSpec:
         return {**self.defaults(), **{name: float(value) for name, value in config.items()}}
 
 
-TENSORS: dict[str, TensorSpec] = {spec.name: spec for spec in (
-    TensorSpec("input_ids", "int64", "the tokens fed to the model"),
-    TensorSpec("attention_mask", "int64", "1 for real tokens, 0 for padding (optional; all ones when absent)"),
-    TensorSpec("target_tokens", "int64", "the token whose log-probability each position scores"),
-    TensorSpec("weights", "float32", "each position's weight in the summed loss (0 leaves it out; may be negative)"),
-    TensorSpec("logprobs", "float32", "each target's log-probability under the policy that sampled it"),
-    TensorSpec("advantages", "float32", "each position's advantage"),
-)}
+TENSORS: dict[str, TensorSpec] = {
+    spec.name: spec
+    for spec in (
+        TensorSpec("input_ids", "int64", "the tokens fed to the model"),
+        TensorSpec(
+            "attention_mask", "int64", "1 for real tokens, 0 for padding (optional; all ones when absent)"
+        ),
+        TensorSpec("target_tokens", "int64", "the token whose log-probability each position scores"),
+        TensorSpec(
+            "weights",
+            "float32",
+            "each position's weight in the summed loss (0 leaves it out; may be negative)",
+        ),
+        TensorSpec("logprobs", "float32", "each target's log-probability under the policy that sampled it"),
+        TensorSpec("advantages", "float32", "each position's advantage"),
+    )
+}
 
-LOSSES: dict[str, LossSpec] = {spec.name: spec for spec in (
-    LossSpec("cross_entropy", "loss = sum(weights * -logprob(target))", ("target_tokens", "weights"),
-             metrics=("loss:sum", "weights:sum")),
-    LossSpec("importance_sampling", "loss = -sum(exp(logprob - sampling_logprob) * advantage)",
-             ("target_tokens", "logprobs", "advantages"), metrics=("loss:sum", "ratio:mean")),
-    LossSpec("ppo", "loss = -sum(min(ratio * adv, clip(ratio, low, high) * adv)), ratio = exp(logprob - sampling_logprob)",
-             ("target_tokens", "logprobs", "advantages"),
-             config=(ConfigKey("clip_low_threshold", 0.8, 0.0, 1.0, "the ratio's lower clip"),
-                     ConfigKey("clip_high_threshold", 1.2, 1.0, 100.0, "the ratio's upper clip")),
-             metrics=("loss:sum", "ratio:mean", "clip_fraction:mean")),
-)}
+LOSSES: dict[str, LossSpec] = {
+    spec.name: spec
+    for spec in (
+        LossSpec(
+            "cross_entropy",
+            "loss = sum(weights * -logprob(target))",
+            ("target_tokens", "weights"),
+            metrics=("loss:sum", "weights:sum"),
+        ),
+        LossSpec(
+            "importance_sampling",
+            "loss = -sum(exp(logprob - sampling_logprob) * advantage)",
+            ("target_tokens", "logprobs", "advantages"),
+            metrics=("loss:sum", "ratio:mean"),
+        ),
+        LossSpec(
+            "ppo",
+            "loss = -sum(min(ratio * adv, clip(ratio, low, high) * adv)), ratio = exp(logprob - sampling_logprob)",
+            ("target_tokens", "logprobs", "advantages"),
+            config=(
+                ConfigKey("clip_low_threshold", 0.8, 0.0, 1.0, "the ratio's lower clip"),
+                ConfigKey("clip_high_threshold", 1.2, 1.0, 100.0, "the ratio's upper clip"),
+            ),
+            metrics=("loss:sum", "ratio:mean", "clip_fraction:mean"),
+        ),
+    )
+}
 LOSS_FUNCTIONS = tuple(LOSSES)
 # loss -> the tensors it needs besides input_ids (a view of LOSSES, for code that predates LossSpec)
 LOSS_INPUTS: dict[str, tuple[str, ...]] = {name: spec.tensors for name, spec in LOSSES.items()}

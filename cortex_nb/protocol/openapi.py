@@ -78,14 +78,20 @@ def _models(table: tuple[Route, ...]) -> list[tuple[type[BaseModel], str]]:
 
 
 def _content(content: Content) -> dict[str, Any]:
-    schema = {"type": "string"} if content.media_type.startswith(("text/", "application/x-ndjson")) else \
-        {"type": "string", "format": "binary"}
+    schema = (
+        {"type": "string"}
+        if content.media_type.startswith(("text/", "application/x-ndjson"))
+        else {"type": "string", "format": "binary"}
+    )
     return {content.media_type: {"schema": schema}}
 
 
 def _error_response(codes: list[str], refs: dict[Any, dict[str, str]]) -> dict[str, Any]:
-    detail = refs[(ErrorDetail, "serialization")]["$ref"] if (ErrorDetail, "serialization") in refs else \
-        "#/components/schemas/ErrorDetail"
+    detail = (
+        refs[(ErrorDetail, "serialization")]["$ref"]
+        if (ErrorDetail, "serialization") in refs
+        else "#/components/schemas/ErrorDetail"
+    )
     schema = {
         "type": "object",
         "required": ["error"],
@@ -96,8 +102,15 @@ def _error_response(codes: list[str], refs: dict[Any, dict[str, str]]) -> dict[s
 
 
 def _parameters(route: Route) -> list[dict[str, Any]]:
-    parameters = [{"name": name, "in": "path", "required": True, "schema": dict(PATH_SCHEMAS.get(name, {"type": "string"}))}
-                  for name in route.path_params]
+    parameters = [
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "schema": dict(PATH_SCHEMAS.get(name, {"type": "string"})),
+        }
+        for name in route.path_params
+    ]
     if route.query is not None:
         schema = route.query.model_json_schema(mode="validation")
         required = set(schema.get("required", ()))
@@ -113,18 +126,26 @@ def _parameters(route: Route) -> list[dict[str, Any]]:
 
 
 def operation(route: Route, refs: dict[Any, dict[str, str]]) -> dict[str, Any]:
-    op: dict[str, Any] = {"operationId": route.name, "summary": route.summary or route.name,
-                          "tags": [route.template.split("/")[2] if route.template.startswith("/v1/") else "meta"]}
+    op: dict[str, Any] = {
+        "operationId": route.name,
+        "summary": route.summary or route.name,
+        "tags": [route.template.split("/")[2] if route.template.startswith("/v1/") else "meta"],
+    }
     parameters = _parameters(route)
     if parameters:
         op["parameters"] = parameters
     if isinstance(route.body, type):
         required = bool(route.body.model_json_schema(mode="validation").get("required"))
-        op["requestBody"] = {"required": required,
-                             "content": {"application/json": {"schema": refs[(route.body, "validation")]}}}
+        op["requestBody"] = {
+            "required": required,
+            "content": {"application/json": {"schema": refs[(route.body, "validation")]}},
+        }
     elif isinstance(route.body, Content):
-        op["requestBody"] = {"required": not route.body.optional, "description": route.body.description,
-                             "content": _content(route.body)}
+        op["requestBody"] = {
+            "required": not route.body.optional,
+            "description": route.body.description,
+            "content": _content(route.body),
+        }
     success: dict[str, Any] = {"description": route.summary or "success"}
     if isinstance(route.reply, type):
         success["content"] = {"application/json": {"schema": refs[(route.reply, "serialization")]}}
@@ -134,7 +155,9 @@ def operation(route: Route, refs: dict[Any, dict[str, str]]) -> dict[str, Any]:
     if route.stream is not None:
         success["content"] = {**success.get("content", {}), **_content(route.stream)}
     if route.links:
-        success["links"] = {target: {"operationId": target, "parameters": parameters} for target, parameters in route.links}
+        success["links"] = {
+            target: {"operationId": target, "parameters": parameters} for target, parameters in route.links
+        }
     responses: dict[str, Any] = {str(route.status): success}
     by_status: dict[int, list[str]] = {}
     for code in error_codes(route):
@@ -163,17 +186,28 @@ def build(table: tuple[Route, ...] | None = None) -> dict[str, Any]:
             "version": API_VERSION,
             "x-package-version": __version__,
             "description": "Fine-tune and sample language models on GPUs. Errors are always "
-                           "`{\"error\": {\"code\", \"message\", \"detail\"}}` with a stable code (x-error-codes).",
+            '`{"error": {"code", "message", "detail"}}` with a stable code (x-error-codes).',
         },
         "paths": paths,
         "components": {
             "schemas": defs.get("$defs", {}),
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                           "description": "a backend token (scopes: jobs:read, jobs:write, runs:write, admin)"}},
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "a backend token (scopes: jobs:read, jobs:write, runs:write, admin)",
+                }
+            },
         },
-        "x-error-codes": {code: {"status": entry.status, "meaning": entry.meaning, "ends": list(entry.ends),
-                                 **({"answered_by": ANSWERED_ELSEWHERE[code]} if code in ANSWERED_ELSEWHERE else {})}
-                          for code, entry in ERROR_CODES.items()},
+        "x-error-codes": {
+            code: {
+                "status": entry.status,
+                "meaning": entry.meaning,
+                "ends": list(entry.ends),
+                **({"answered_by": ANSWERED_ELSEWHERE[code]} if code in ANSWERED_ELSEWHERE else {}),
+            }
+            for code, entry in ERROR_CODES.items()
+        },
     }
 
 

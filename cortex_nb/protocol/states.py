@@ -49,7 +49,14 @@ PHASE_KEEP_ALIVE = "keep_alive"
 PHASE_FINISHED = "finished"
 PHASE_STOPPED = "stopped"
 PHASE_FAILED = "failed"
-PROGRESS_PHASES = (PHASE_WAITING, PHASE_TRAINING, PHASE_KEEP_ALIVE, PHASE_FINISHED, PHASE_STOPPED, PHASE_FAILED)
+PROGRESS_PHASES = (
+    PHASE_WAITING,
+    PHASE_TRAINING,
+    PHASE_KEEP_ALIVE,
+    PHASE_FINISHED,
+    PHASE_STOPPED,
+    PHASE_FAILED,
+)
 
 # One word per state, everywhere a job is shown (the widget, %cortex jobs / status, the sidebar).
 WORD_QUEUED = "queued"
@@ -60,8 +67,16 @@ WORD_IDLE = "idle"  # running with nothing to do: the backend frees its device a
 WORD_DONE = "done"
 WORD_FAILED = "failed"
 WORD_CANCELLED = "cancelled"
-DISPLAY_WORDS = (WORD_QUEUED, WORD_STARTING, WORD_TRAINING, WORD_SAMPLING, WORD_IDLE, WORD_DONE, WORD_FAILED,
-                 WORD_CANCELLED)
+DISPLAY_WORDS = (
+    WORD_QUEUED,
+    WORD_STARTING,
+    WORD_TRAINING,
+    WORD_SAMPLING,
+    WORD_IDLE,
+    WORD_DONE,
+    WORD_FAILED,
+    WORD_CANCELLED,
+)
 
 
 def clock(seconds: float) -> str:
@@ -99,12 +114,18 @@ def display_state(job: dict, now: float | None = None) -> tuple[str, str | None]
             return WORD_TRAINING, f"step {progress.get('step', 0)}" + (f"/{total}" if total else "")
         if phase == PHASE_KEEP_ALIVE:
             until = job.get("keep_alive_until")
-            return WORD_SAMPLING, (f"keep-alive, freeing the device in {clock(until - now)}" if until else "keep-alive")
+            return WORD_SAMPLING, (
+                f"keep-alive, freeing the device in {clock(until - now)}" if until else "keep-alive"
+            )
         idle = job.get("idle")
         if idle:
             return WORD_IDLE, f"freeing the device in {clock(idle['frees_at'] - now)}"
         trains = any(sub.get("type") == TRAINING for sub in job.get("sub_jobs") or [])
-        return (WORD_TRAINING, f"step {progress['step']}" if progress.get("step") else None) if trains else (WORD_SAMPLING, None)
+        return (
+            (WORD_TRAINING, f"step {progress['step']}" if progress.get("step") else None)
+            if trains
+            else (WORD_SAMPLING, None)
+        )
     if status == JOB_FAILED:
         code, message = job.get("failure_code"), job.get("failure_message")
         return WORD_FAILED, (f"{code}: {message}" if message else code) if code else message

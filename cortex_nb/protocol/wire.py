@@ -65,10 +65,16 @@ def decode_frame(data: bytes | bytearray, copy: bool = True) -> tuple[dict[str, 
     With `copy=False` the arrays view `data` in place (read-only for bytes): what the backend uses to
     check a large frame without holding it twice."""
     if len(data) < 8:
-        raise ApiError("invalid_frame", "the body is not a safetensors frame: it is shorter than its 8-byte header length")
+        raise ApiError(
+            "invalid_frame",
+            "the body is not a safetensors frame: it is shorter than its 8-byte header length",
+        )
     (header_len,) = struct.unpack("<Q", data[:8])
     if header_len > _HEADER_LIMIT or 8 + header_len > len(data):
-        raise ApiError("invalid_frame", f"the frame's header length ({header_len}) does not fit the body ({len(data)} bytes)")
+        raise ApiError(
+            "invalid_frame",
+            f"the frame's header length ({header_len}) does not fit the body ({len(data)} bytes)",
+        )
     try:
         header = strict_json.loads(bytes(data[8 : 8 + header_len]))
     except strict_json.StrictJsonError as exc:
@@ -76,12 +82,18 @@ def decode_frame(data: bytes | bytearray, copy: bool = True) -> tuple[dict[str, 
     if not isinstance(header, dict):
         raise ApiError("invalid_frame", "the frame's header must be a JSON object")
     extra = header.get("__metadata__")
-    if extra is not None and not (isinstance(extra, dict) and all(isinstance(v, str) for v in extra.values())):
+    if extra is not None and not (
+        isinstance(extra, dict) and all(isinstance(v, str) for v in extra.values())
+    ):
         raise ApiError("invalid_frame", "the frame's __metadata__ must map names to strings")
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if not isinstance(info, dict) or not isinstance(info.get("dtype"), str) or info["dtype"] not in _ALLOWED_DTYPES:
+        if (
+            not isinstance(info, dict)
+            or not isinstance(info.get("dtype"), str)
+            or info["dtype"] not in _ALLOWED_DTYPES
+        ):
             dtype = info.get("dtype") if isinstance(info, dict) else None
             raise ApiError(
                 "invalid_frame",
@@ -104,8 +116,11 @@ def parse_sequence(value: str) -> tuple[str, int]:
     """The (stream, number) of a `X-Cortex-Sequence` header, or `invalid_field`."""
     found = _SEQUENCE_VALUE.fullmatch(value.strip())
     if found is None:
-        raise ApiError("invalid_field", f"{SEQUENCE_HEADER}: must be '<stream>/<n>' with n from 1 up, got {value[:80]!r}",
-                       {"field": SEQUENCE_HEADER})
+        raise ApiError(
+            "invalid_field",
+            f"{SEQUENCE_HEADER}: must be '<stream>/<n>' with n from 1 up, got {value[:80]!r}",
+            {"field": SEQUENCE_HEADER},
+        )
     return found.group(1), int(found.group(2))
 
 
@@ -121,25 +136,41 @@ def _tensor_views(data: bytes | bytearray, header: dict[str, Any], start: int) -
         if name == "__metadata__":
             continue
         shape, offsets = info.get("shape"), info.get("data_offsets")
-        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape)):
+        if not (
+            isinstance(shape, list)
+            and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape)
+        ):
             raise ApiError("invalid_frame", f"tensor '{name}' has an invalid shape {str(shape)[:80]}")
-        if not (isinstance(offsets, list) and len(offsets) == 2
-                and all(isinstance(o, int) and not isinstance(o, bool) and 0 <= o < 1 << 62 for o in offsets)):
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) and 0 <= o < 1 << 62 for o in offsets)
+        ):
             raise ApiError("invalid_frame", f"tensor '{name}' has invalid data_offsets {str(offsets)[:80]}")
         dtype = np.dtype(_NUMPY_DTYPES[info["dtype"]])
         count = int(np.prod(shape, dtype=object))
         if offsets[1] - offsets[0] != count * dtype.itemsize:
-            raise ApiError("invalid_frame", f"tensor '{name}': data_offsets {offsets} do not match shape {shape}")
+            raise ApiError(
+                "invalid_frame", f"tensor '{name}': data_offsets {offsets} do not match shape {shape}"
+            )
         entries.append((offsets[0], offsets[1], name, dtype, shape, count))
     entries.sort()
     position = 0
     for begin, end, name, *_ in entries:
         if begin != position:
-            raise ApiError("invalid_frame", f"tensor '{name}': its bytes overlap another tensor or leave a gap")
+            raise ApiError(
+                "invalid_frame", f"tensor '{name}': its bytes overlap another tensor or leave a gap"
+            )
         position = end
     if start + position != len(data):
-        raise ApiError("invalid_frame", f"the frame's tensors take {position} bytes but its data section is {len(data) - start}")
-    return {name: np.frombuffer(data, dtype, count, start + begin).reshape(shape) for begin, _, name, dtype, shape, count in entries}
+        raise ApiError(
+            "invalid_frame",
+            f"the frame's tensors take {position} bytes but its data section is {len(data) - start}",
+        )
+    return {
+        name: np.frombuffer(data, dtype, count, start + begin).reshape(shape)
+        for begin, _, name, dtype, shape, count in entries
+    }
 
 
 @dataclass(frozen=True)

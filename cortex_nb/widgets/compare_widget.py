@@ -25,8 +25,14 @@ class ComparisonWidget(widgets.VBox):
         self.curves = widgets.HTML(curves_svg(comparison))
         self.table = widgets.HTML(table_html(comparison))
         self.samples = widgets.HTML(ab_html(comparison))
-        super().__init__(children=[widgets.HTML(f"<b>{escape(repr(comparison))}</b>"), self.curves, self.table,
-                                   self.samples])
+        super().__init__(
+            children=[
+                widgets.HTML(f"<b>{escape(repr(comparison))}</b>"),
+                self.curves,
+                self.table,
+                self.samples,
+            ]
+        )
         self.add_class("cortex-compare-widget")
 
     def __repr__(self) -> str:
@@ -39,26 +45,44 @@ def curves_svg(comparison: Comparison) -> str:
         color = PALETTE[index % len(PALETTE)]
         rows = comparison.curves[comparison.curves["job_id"] == job["job_id"]]
         label = comparison.label(job["job_id"])
-        train = [(float(r.step), float(r.loss_per_token)) for r in rows.itertuples() if r.loss_per_token == r.loss_per_token]
-        held_out = [(float(r.step), float(r.eval_loss_per_token)) for r in rows.itertuples()
-                    if r.eval_loss_per_token == r.eval_loss_per_token]
+        train = [
+            (float(r.step), float(r.loss_per_token))
+            for r in rows.itertuples()
+            if r.loss_per_token == r.loss_per_token
+        ]
+        held_out = [
+            (float(r.step), float(r.eval_loss_per_token))
+            for r in rows.itertuples()
+            if r.eval_loss_per_token == r.eval_loss_per_token
+        ]
         lines.append(Line(label, color, train))
         if held_out:
             lines.append(Line(f"{label} eval", color, held_out, dashed=True))
-    return line_chart("loss per token (dashed: eval)", lines, x_label="step", empty_text="no steps recorded",
-                      width=560, height=220)
+    return line_chart(
+        "loss per token (dashed: eval)",
+        lines,
+        x_label="step",
+        empty_text="no steps recorded",
+        width=560,
+        height=220,
+    )
 
 
 def table_html(comparison: Comparison) -> str:
-    return ('<div class="cortex-compare-table" style="overflow-x:auto">'
-            + comparison.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}")
-            + "</div>")
+    return (
+        '<div class="cortex-compare-table" style="overflow-x:auto">'
+        + comparison.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}")
+        + "</div>"
+    )
 
 
 def ab_html(comparison: Comparison) -> str:
     if not comparison.ab:
         return ""
-    others = {job["job_id"]: [j["job_id"] for j in comparison.jobs if j["job_id"] != job["job_id"]] for job in comparison.jobs}
+    others = {
+        job["job_id"]: [j["job_id"] for j in comparison.jobs if j["job_id"] != job["job_id"]]
+        for job in comparison.jobs
+    }
     rows = []
     for sample in comparison.ab:
         other = others[sample.job_id][0]
@@ -67,9 +91,11 @@ def ab_html(comparison: Comparison) -> str:
             f"<td>{shaded_tokens(sample, other)}</td>"
             f"<td style='opacity:.7'>under {escape(comparison.label(other))}</td></tr>"
         )
-    return ('<details open class="cortex-compare-samples"><summary>A/B samples (greedy, from each run\'s checkpoint;'
-            " shade: log p under the other run minus its own)</summary><table><tr><th>prompt</th><th>run</th>"
-            "<th>sample</th><th></th></tr>" + "".join(rows) + "</table></details>")
+    return (
+        '<details open class="cortex-compare-samples"><summary>A/B samples (greedy, from each run\'s checkpoint;'
+        " shade: log p under the other run minus its own)</summary><table><tr><th>prompt</th><th>run</th>"
+        "<th>sample</th><th></th></tr>" + "".join(rows) + "</table></details>"
+    )
 
 
 def shaded_tokens(sample: ABSample, other_job_id: str) -> str:
@@ -77,6 +103,8 @@ def shaded_tokens(sample: ABSample, other_job_id: str) -> str:
     for token, difference in zip(sample.tokens, sample.difference(other_job_id), strict=True):
         strength = min(abs(difference) / FULL_SHADE_NATS, 1.0)
         color = f"rgba(220,38,38,{strength:.2f})" if difference < 0 else f"rgba(22,163,74,{strength:.2f})"
-        spans.append(f'<span class="cortex-ab-token" data-logprob-diff="{difference:.4f}" title="{difference:+.3f}"'
-                     f' style="background:{color}">{escape(token)}</span>')
+        spans.append(
+            f'<span class="cortex-ab-token" data-logprob-diff="{difference:.4f}" title="{difference:+.3f}"'
+            f' style="background:{color}">{escape(token)}</span>'
+        )
     return "<code>" + "".join(spans) + "</code>"

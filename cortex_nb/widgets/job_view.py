@@ -33,8 +33,14 @@ NEUTRAL = "#6b7280"
 # One colour per display word (`cortex_nb.protocol.states.display_state`). A cancel is the user's choice, not a
 # failure: it is as neutral as a queued job, and only `failed` is red.
 BADGE_COLORS = {
-    WORD_QUEUED: NEUTRAL, WORD_STARTING: "#2563eb", WORD_TRAINING: "#2563eb", WORD_SAMPLING: "#0f766e",
-    WORD_IDLE: "#64748b", WORD_DONE: "#15803d", WORD_FAILED: "#b91c1c", WORD_CANCELLED: NEUTRAL,
+    WORD_QUEUED: NEUTRAL,
+    WORD_STARTING: "#2563eb",
+    WORD_TRAINING: "#2563eb",
+    WORD_SAMPLING: "#0f766e",
+    WORD_IDLE: "#64748b",
+    WORD_DONE: "#15803d",
+    WORD_FAILED: "#b91c1c",
+    WORD_CANCELLED: NEUTRAL,
     "running": "#2563eb",  # a source run's word while it runs (it has no training phases)
 }
 BAR_STYLES = {WORD_DONE: "success", WORD_FAILED: "danger", WORD_CANCELLED: ""}
@@ -79,12 +85,22 @@ def header_html(snap: Snapshot) -> str:
     """Name first (what the user called it), then id, model, device, the status word and its detail
     (why it waits, when an idle job frees its device)."""
     color = BADGE_COLORS.get(snap.status, NEUTRAL)
-    parts = [f"<b>{escape(snap.name)}</b> <code>{escape(snap.job_id)}</code>" if snap.name else f"<b>{escape(snap.job_id)}</b>"]
+    parts = [
+        f"<b>{escape(snap.name)}</b> <code>{escape(snap.job_id)}</code>"
+        if snap.name
+        else f"<b>{escape(snap.job_id)}</b>"
+    ]
     parts.append(f"model <code>{escape(snap.model or '?')}</code>")
     parts.append(f"device <code>{escape(', '.join(snap.devices) or '-')}</code>")
-    badge = (f'<span class="cortex-status" style="background:{color};color:white;border-radius:8px;'
-             f'padding:1px 8px">{escape(snap.status)}</span>')
-    detail = f' <span class="cortex-status-detail" style="opacity:.7">{escape(snap.detail)}</span>' if snap.detail else ""
+    badge = (
+        f'<span class="cortex-status" style="background:{color};color:white;border-radius:8px;'
+        f'padding:1px 8px">{escape(snap.status)}</span>'
+    )
+    detail = (
+        f' <span class="cortex-status-detail" style="opacity:.7">{escape(snap.detail)}</span>'
+        if snap.detail
+        else ""
+    )
     return " · ".join(parts) + " " + badge + detail
 
 
@@ -134,8 +150,11 @@ def refresh_in(snap: Snapshot, now: float) -> float | None:
         return None
     if snap.idle or snap.job.get("keep_alive_until"):
         return 1.0 - now % 1.0 + 0.01  # "freeing the device in 4:32" counts down each second
-    waits = [ago(now - moment)[1] for moment in (snap.job.get("started_at"), (snap.job.get("progress") or {}).get("updated_at"))
-             if moment]
+    waits = [
+        ago(now - moment)[1]
+        for moment in (snap.job.get("started_at"), (snap.job.get("progress") or {}).get("updated_at"))
+        if moment
+    ]
     return min(waits) if waits else None
 
 
@@ -152,10 +171,19 @@ def bar_style(snap: Snapshot) -> str:
 
 
 def loss_chart_svg(snap: Snapshot, log_scale: bool = False, standalone: bool = False) -> str:
-    lines = [Line("train", COLORS["train"], snap.loss), Line("eval", COLORS["eval"], snap.eval_loss, dashed=True)]
+    lines = [
+        Line("train", COLORS["train"], snap.loss),
+        Line("eval", COLORS["eval"], snap.eval_loss, dashed=True),
+    ]
     title = "loss per token" + (" (log scale)" if log_scale else "")
-    return line_chart(title, lines, x_label="step", empty_text="waiting for the first step", log_y=log_scale,
-                      standalone=standalone)
+    return line_chart(
+        title,
+        lines,
+        x_label="step",
+        empty_text="waiting for the first step",
+        log_y=log_scale,
+        standalone=standalone,
+    )
 
 
 def device_chart_svg(snap: Snapshot, standalone: bool = False) -> str:
@@ -163,28 +191,40 @@ def device_chart_svg(snap: Snapshot, standalone: bool = False) -> str:
     to the job's own processes (where the backend could attribute them)."""
     metrics = snap.metrics
     if snap.metric_kind == "gpu":
-        lines = [Line("GPU util %", COLORS["util"], metrics.get("gpu_utilization_percent", [])),
-                 Line("GPU memory %", COLORS["memory"], metrics.get("gpu_memory_percent", []))]
+        lines = [
+            Line("GPU util %", COLORS["util"], metrics.get("gpu_utilization_percent", [])),
+            Line("GPU memory %", COLORS["memory"], metrics.get("gpu_memory_percent", [])),
+        ]
         title = "GPU"
     elif snap.metric_kind == "cpu":
-        lines = [Line("host CPU", COLORS["util"], metrics.get("cpu_percent", []), dashed=True),
-                 Line("host RAM", COLORS["memory"], metrics.get("ram_percent", []), dashed=True),
-                 Line("job CPU", COLORS["util"], metrics.get("job_cpu_percent", [])),
-                 Line("job RAM", COLORS["memory"], metrics.get("job_ram_percent", []))]
+        lines = [
+            Line("host CPU", COLORS["util"], metrics.get("cpu_percent", []), dashed=True),
+            Line("host RAM", COLORS["memory"], metrics.get("ram_percent", []), dashed=True),
+            Line("job CPU", COLORS["util"], metrics.get("job_cpu_percent", [])),
+            Line("job RAM", COLORS["memory"], metrics.get("job_ram_percent", [])),
+        ]
         title = "CPU / RAM, % of host"
     else:
         lines, title = [], "device"
     shown = snap.metrics_device or ", ".join(snap.devices)
     devices = f" · {shown}" if shown else ""
-    return line_chart(title + devices, lines, x_label="seconds", y_range=(0.0, 100.0),
-                      empty_text="waiting for device metrics", standalone=standalone)
+    return line_chart(
+        title + devices,
+        lines,
+        x_label="seconds",
+        y_range=(0.0, 100.0),
+        empty_text="waiting for device metrics",
+        standalone=standalone,
+    )
 
 
 def device_note_html(snap: Snapshot) -> str:
     """The one quiet line about missing GPU metrics (e.g. "CPU host: no GPU metrics")."""
     if not snap.metrics_note:
         return ""
-    return f'<div class="cortex-device-note" style="opacity:.6;font-size:11px">{escape(snap.metrics_note)}</div>'
+    return (
+        f'<div class="cortex-device-note" style="opacity:.6;font-size:11px">{escape(snap.metrics_note)}</div>'
+    )
 
 
 def samples_title(snap: Snapshot) -> str:
@@ -224,8 +264,10 @@ def progress_bar_html(snap: Snapshot) -> str:
     total = max(snap.total_steps or snap.step, 1)
     percent = 100.0 * min(snap.step, total) / total
     color = BAR_COLORS.get(bar_style(snap), BAR_COLORS["info"])
-    return (f'<div style="display:inline-block;vertical-align:middle;width:320px;height:14px;background:#e5e7eb">'
-            f'<div style="width:{percent:.1f}%;height:14px;background:{color}"></div></div>')
+    return (
+        f'<div style="display:inline-block;vertical-align:middle;width:320px;height:14px;background:#e5e7eb">'
+        f'<div style="width:{percent:.1f}%;height:14px;background:{color}"></div></div>'
+    )
 
 
 def static_html(snap: Snapshot, options: ViewOptions, now: float | None = None) -> str:

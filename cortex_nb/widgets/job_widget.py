@@ -73,9 +73,13 @@ class JobWidget(widgets.VBox):
         self.progress = widgets.IntProgress(min=0, max=1, value=0, layout=widgets.Layout(width="320px"))
         self.stats = widgets.HTML()
         self.loss_chart = widgets.HTML(layout=widgets.Layout(width="100%"))
-        self.log_scale = widgets.ToggleButton(value=False, description="log scale", icon="line-chart",
-                                              tooltip="Draw the loss on a logarithmic axis",
-                                              layout=widgets.Layout(width="auto", align_self="flex-start"))
+        self.log_scale = widgets.ToggleButton(
+            value=False,
+            description="log scale",
+            icon="line-chart",
+            tooltip="Draw the loss on a logarithmic axis",
+            layout=widgets.Layout(width="auto", align_self="flex-start"),
+        )
         self.device_chart = widgets.HTML(layout=widgets.Layout(width="100%"))
         self.device_note = widgets.HTML()
         self.samples_body = widgets.HTML()
@@ -83,48 +87,73 @@ class JobWidget(widgets.VBox):
         self.samples.layout.display = "none"
         self.logs_body = widgets.HTML()
         self.logs = disclosure("log tail", self.logs_body, open_=False)
-        self.cancel_button = widgets.Button(description="Cancel", icon="stop", button_style="danger",
-                                            tooltip="Stop this job now; nothing more is saved")
+        self.cancel_button = widgets.Button(
+            description="Cancel",
+            icon="stop",
+            button_style="danger",
+            tooltip="Stop this job now; nothing more is saved",
+        )
         self.cancel_button.on_click(self._on_cancel)
         # Once training is over the job only holds its device: freeing it is the action, and it keeps
         # the adapter (the backend saves checkpoint "final" first when steps are unsaved).
-        self.free_button = widgets.Button(description="Free device", icon="eject",
-                                          tooltip="End the job and free its device; unsaved trained steps are saved"
-                                                  " as checkpoint 'final' first",
-                                          layout=widgets.Layout(display="none"))
+        self.free_button = widgets.Button(
+            description="Free device",
+            icon="eject",
+            tooltip="End the job and free its device; unsaved trained steps are saved"
+            " as checkpoint 'final' first",
+            layout=widgets.Layout(display="none"),
+        )
         self.free_button.on_click(self._on_free)
         self.confirm_text = widgets.HTML()
-        self.stop_and_save_button = widgets.Button(description="Stop and save", icon="save", button_style="primary",
-                                                   tooltip="Stop after the step in hand and keep the adapter"
-                                                           " (checkpoint 'final'), freeing the device")
+        self.stop_and_save_button = widgets.Button(
+            description="Stop and save",
+            icon="save",
+            button_style="primary",
+            tooltip="Stop after the step in hand and keep the adapter"
+            " (checkpoint 'final'), freeing the device",
+        )
         self.stop_and_save_button.on_click(self._on_free)
-        self.confirm_button = widgets.Button(description="Cancel and discard", button_style="danger",
-                                             tooltip="Stop the job now; the trained steps since the last checkpoint are lost")
+        self.confirm_button = widgets.Button(
+            description="Cancel and discard",
+            button_style="danger",
+            tooltip="Stop the job now; the trained steps since the last checkpoint are lost",
+        )
         self.confirm_button.on_click(self._on_confirm_cancel)
         self.keep_button = widgets.Button(description="Keep training", tooltip="Do not cancel")
         self.keep_button.on_click(self._on_keep)
-        self.confirm = widgets.HBox([self.confirm_text, self.stop_and_save_button, self.confirm_button, self.keep_button],
-                                    layout=widgets.Layout(display="none", align_items="center", flex_flow="row wrap"))
-        self.save_button = widgets.Button(description="Save checkpoint", icon="save",
-                                          tooltip="Save a resumable checkpoint now")
+        self.confirm = widgets.HBox(
+            [self.confirm_text, self.stop_and_save_button, self.confirm_button, self.keep_button],
+            layout=widgets.Layout(display="none", align_items="center", flex_flow="row wrap"),
+        )
+        self.save_button = widgets.Button(
+            description="Save checkpoint", icon="save", tooltip="Save a resumable checkpoint now"
+        )
         self.save_button.on_click(self._on_save)
         self.open_in_sidebar = widgets.HTML(open_in_sidebar_html(state.job_id))
-        buttons = ([self.cancel_button, self.free_button] + ([self.save_button] if save_supported else [])
-                   + [self.open_in_sidebar])
-        charts = widgets.HBox([
-            widgets.VBox([self.loss_chart, self.log_scale], layout=widgets.Layout(**CHART_LAYOUT)),
-            widgets.VBox([self.device_chart, self.device_note], layout=widgets.Layout(**CHART_LAYOUT)),
-        ], layout=widgets.Layout(flex_flow="row wrap", width="100%"))
-        super().__init__(children=[
-            self.header,
-            self.message,
-            widgets.HBox([self.progress, self.stats], layout=widgets.Layout(flex_flow="row wrap")),
-            charts,
-            self.samples,
-            self.logs,
-            self.confirm,
-            widgets.HBox(buttons),
-        ])
+        buttons = (
+            [self.cancel_button, self.free_button]
+            + ([self.save_button] if save_supported else [])
+            + [self.open_in_sidebar]
+        )
+        charts = widgets.HBox(
+            [
+                widgets.VBox([self.loss_chart, self.log_scale], layout=widgets.Layout(**CHART_LAYOUT)),
+                widgets.VBox([self.device_chart, self.device_note], layout=widgets.Layout(**CHART_LAYOUT)),
+            ],
+            layout=widgets.Layout(flex_flow="row wrap", width="100%"),
+        )
+        super().__init__(
+            children=[
+                self.header,
+                self.message,
+                widgets.HBox([self.progress, self.stats], layout=widgets.Layout(flex_flow="row wrap")),
+                charts,
+                self.samples,
+                self.logs,
+                self.confirm,
+                widgets.HBox(buttons),
+            ]
+        )
         self.add_class("cortex-job-widget")
         self.save_supported = save_supported
         self.feed = JobFeed(client, state)
@@ -182,8 +211,11 @@ class JobWidget(widgets.VBox):
 
     # what a saved notebook keeps -----------------------------------------------------------------
     def view_options(self) -> ViewOptions:
-        return ViewOptions(log_scale=self.log_scale.value, samples_open=self.samples.selected_index == 0,
-                           logs_open=self.logs.selected_index == 0)
+        return ViewOptions(
+            log_scale=self.log_scale.value,
+            samples_open=self.samples.selected_index == 0,
+            logs_open=self.logs.selected_index == 0,
+        )
 
     def static_html(self) -> str:
         return static_html(self.state.snapshot(), self.view_options())
@@ -225,8 +257,11 @@ class JobWidget(widgets.VBox):
             saved = reply.pop("saved_checkpoint", None)
             self.state.set_job(reply)
             # Said once the backend has answered, so the final picture reads as what happened.
-            self.state.note(f"device freed; the adapter was saved as checkpoint {saved!r} first" if saved
-                            else "device freed")
+            self.state.note(
+                f"device freed; the adapter was saved as checkpoint {saved!r} first"
+                if saved
+                else "device freed"
+            )
         except CortexError as exc:
             self.action_errors.append(str(exc))
             self.state.note(f"free device failed: {exc.message}")
@@ -268,7 +303,11 @@ class JobWidget(widgets.VBox):
         try:
             job = TrainingJob(self.client, self.client.get_job(self.state.job_id))
             saved = job.save().result()
-            checkpoint_id = saved.get("checkpoint_id") if isinstance(saved, dict) else getattr(saved, "checkpoint_id", None)
+            checkpoint_id = (
+                saved.get("checkpoint_id")
+                if isinstance(saved, dict)
+                else getattr(saved, "checkpoint_id", None)
+            )
             self.state.record_checkpoint(str(checkpoint_id))
             self.state.note(f"saved checkpoint {checkpoint_id}")
         except CortexError as exc:
@@ -328,10 +367,14 @@ def unsaved_steps(snap: Snapshot) -> int:
 
 
 def cancel_warning(snap: Snapshot, unsaved: int) -> str:
-    last = (snap.job.get("progress") or {}).get("last_checkpoint") or (snap.checkpoints[-1] if snap.checkpoints else None)
+    last = (snap.job.get("progress") or {}).get("last_checkpoint") or (
+        snap.checkpoints[-1] if snap.checkpoints else None
+    )
     since = f"since checkpoint {last}" if last else "and no checkpoint was saved"
-    return (f"Cancel stops the job now and discards {unsaved} trained step{'s' if unsaved != 1 else ''} {since}. "
-            "Save a checkpoint first to keep them.")
+    return (
+        f"Cancel stops the job now and discards {unsaved} trained step{'s' if unsaved != 1 else ''} {since}. "
+        "Save a checkpoint first to keep them."
+    )
 
 
 def remember_widget(widget: JobWidget) -> None:

@@ -34,7 +34,9 @@ SHOWN: OrderedDict[str, RunWidget] = OrderedDict()
 def run_word(status: str | None) -> str:
     """A source run's word: its status, with `queued` for pending as jobs say it (a run has no
     training phases, so the job words for those do not apply)."""
-    return {JOB_PENDING: WORD_QUEUED, JOB_RUNNING: "running"}.get(status or JOB_PENDING, status or WORD_QUEUED)
+    return {JOB_PENDING: WORD_QUEUED, JOB_RUNNING: "running"}.get(
+        status or JOB_PENDING, status or WORD_QUEUED
+    )
 
 
 def log_line(entry: dict[str, Any]) -> str:
@@ -102,8 +104,14 @@ class RunFeed(BackgroundLoop):
                 return
 
     def _take(self, info: dict[str, Any]) -> None:
-        self.state.set_job({"status": info["status"], "name": info.get("name"),
-                            "failure_code": info.get("failure_code"), "failure_message": info.get("failure_message")})
+        self.state.set_job(
+            {
+                "status": info["status"],
+                "name": info.get("name"),
+                "failure_code": info.get("failure_code"),
+                "failure_message": info.get("failure_message"),
+            }
+        )
         self.state.devices = list(info.get("devices") or [])
 
 
@@ -121,13 +129,22 @@ class RunWidget(widgets.VBox):
         self.logs_body = widgets.HTML()
         self.logs = disclosure("log tail", self.logs_body, open_=True)
         self.outputs = widgets.Output()
-        self.cancel_button = widgets.Button(description="Cancel", icon="stop", button_style="danger",
-                                            tooltip="Cancel this run on the backend")
+        self.cancel_button = widgets.Button(
+            description="Cancel", icon="stop", button_style="danger", tooltip="Cancel this run on the backend"
+        )
         self.cancel_button.on_click(self._on_cancel)
         self.saved: dict[str, Path] = {}
         self.action_errors: list[str] = []
-        super().__init__(children=[self.header, self.message, self.progress, self.logs, self.outputs,
-                                   widgets.HBox([self.cancel_button])])
+        super().__init__(
+            children=[
+                self.header,
+                self.message,
+                self.progress,
+                self.logs,
+                self.outputs,
+                widgets.HBox([self.cancel_button]),
+            ]
+        )
         self.add_class("cortex-run-widget")
         self.feed = RunFeed(handle, self.state, self._collect_outputs)
         self.throttle = RenderThrottle(self.render, lambda: not self.feed.alive and self.state.finished)
@@ -197,7 +214,9 @@ class RunWidget(widgets.VBox):
         self.logs.titles = (logs_title(snap),)
         self.cancel_button.disabled = finished
         if self.saved:
-            self.message.value += "<br>" + escape("saved: " + ", ".join(f"{n} -> {p}" for n, p in sorted(self.saved.items())))
+            self.message.value += "<br>" + escape(
+                "saved: " + ", ".join(f"{n} -> {p}" for n, p in sorted(self.saved.items()))
+            )
 
     def __repr__(self) -> str:
         snap = self.state.snapshot()

@@ -49,22 +49,34 @@ def line_chart(
     """
     ink = STANDALONE_INK if standalone else "currentColor"
     if log_y:
-        kept = [Line(line.label, line.color, [(x, y) for x, y in line.points if y > 0 and math.isfinite(y)], line.dashed)
-                for line in lines]
+        kept = [
+            Line(
+                line.label,
+                line.color,
+                [(x, y) for x, y in line.points if y > 0 and math.isfinite(y)],
+                line.dashed,
+            )
+            for line in lines
+        ]
         hidden = sum(len(line.points) for line in lines) - sum(len(line.points) for line in kept)
         lines = kept
         if hidden:
             title += f" ({hidden} points ≤ 0 not shown)"
     drawn = [line for line in lines if any(math.isfinite(y) for _, y in line.points)]
-    size = (f'width="{width}" height="{height}"' if standalone
-            else f'width="100%" style="max-width:{round(width * MAX_SCALE)}px;height:auto;display:block"')
+    size = (
+        f'width="{width}" height="{height}"'
+        if standalone
+        else f'width="100%" style="max-width:{round(width * MAX_SCALE)}px;height:auto;display:block"'
+    )
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" {size} role="img"'
         f' aria-label="{escape(title)}" font-family="sans-serif" font-size="10">',
     ]
     if standalone:
         parts.append(f'<rect width="{width}" height="{height}" fill="white"/>')
-    parts.append(f'<text x="{MARGIN_LEFT}" y="14" font-size="11" font-weight="bold" fill="{ink}">{escape(title)}</text>')
+    parts.append(
+        f'<text x="{MARGIN_LEFT}" y="14" font-size="11" font-weight="bold" fill="{ink}">{escape(title)}</text>'
+    )
     plot_w = width - MARGIN_LEFT - MARGIN_RIGHT
     plot_h = height - MARGIN_TOP - MARGIN_BOTTOM
     parts.append(
@@ -97,10 +109,14 @@ def line_chart(
     y_ticks = [y0, y1]
     if log_y:
         decades = [10.0**power for power in range(math.ceil(v0), math.floor(v1) + 1)]
-        y_ticks += [value for value in decades if abs(sy(value) - sy(y0)) > 10 and abs(sy(value) - sy(y1)) > 10]
+        y_ticks += [
+            value for value in decades if abs(sy(value) - sy(y0)) > 10 and abs(sy(value) - sy(y1)) > 10
+        ]
         for value in decades:
-            parts.append(f'<line x1="{MARGIN_LEFT}" x2="{MARGIN_LEFT + plot_w}" y1="{sy(value):.1f}" y2="{sy(value):.1f}"'
-                         f' stroke="{ink}" stroke-opacity="0.12"/>')
+            parts.append(
+                f'<line x1="{MARGIN_LEFT}" x2="{MARGIN_LEFT + plot_w}" y1="{sy(value):.1f}" y2="{sy(value):.1f}"'
+                f' stroke="{ink}" stroke-opacity="0.12"/>'
+            )
     for value in y_ticks:
         parts.append(
             f'<text x="{MARGIN_LEFT - 4}" y="{sy(value) + 3:.1f}" text-anchor="end" fill="{ink}">{_tick(value)}</text>'
@@ -119,8 +135,10 @@ def line_chart(
     legend_x = MARGIN_LEFT
     for line in drawn:
         dash = ' stroke-dasharray="3 2"' if line.dashed else ""
-        parts.append(f'<line x1="{legend_x}" x2="{legend_x + 12}" y1="24" y2="24" stroke="{line.color}" stroke-width="2"{dash}/>'
-                     f'<text x="{legend_x + 15}" y="27" fill="{line.color}">{escape(line.label)}</text>')
+        parts.append(
+            f'<line x1="{legend_x}" x2="{legend_x + 12}" y1="24" y2="24" stroke="{line.color}" stroke-width="2"{dash}/>'
+            f'<text x="{legend_x + 15}" y="27" fill="{line.color}">{escape(line.label)}</text>'
+        )
         legend_x += 15 + 6 * len(line.label) + 12
     for line in drawn:
         points = [(x, y) for x, y in line.points if math.isfinite(y)]
@@ -130,7 +148,9 @@ def line_chart(
             parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{line.color}"/>')
         else:
             coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
-            parts.append(f'<polyline fill="none" stroke="{line.color}" stroke-width="1.6"{dash} points="{coords}"/>')
+            parts.append(
+                f'<polyline fill="none" stroke="{line.color}" stroke-width="1.6"{dash} points="{coords}"/>'
+            )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -139,7 +159,9 @@ def svg_img(svg: str, alt: str) -> str:
     """An SVG as an `<img>` with a data URL: kept by the HTML sanitizers of notebook viewers, which
     drop inline `<svg>` from untrusted output."""
     data = base64.b64encode(svg.encode()).decode("ascii")
-    return f'<img src="data:image/svg+xml;base64,{data}" alt="{escape(alt, quote=True)}" style="max-width:100%">'
+    return (
+        f'<img src="data:image/svg+xml;base64,{data}" alt="{escape(alt, quote=True)}" style="max-width:100%">'
+    )
 
 
 def _tick(value: float) -> str:

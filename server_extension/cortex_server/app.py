@@ -49,7 +49,9 @@ class CortexServerApp(ExtensionApp):
     )
     connect_timeout_s = Float(10.0, config=True, help="Seconds to wait for a connection to the backend.")
     request_timeout_s = Float(
-        300.0, config=True, help="Seconds a forwarded call may take, long-polls included (they ask for at most 60 s)."
+        300.0,
+        config=True,
+        help="Seconds a forwarded call may take, long-polls included (they ask for at most 60 s).",
     )
 
     @default("backend_verify")
@@ -68,18 +70,26 @@ class CortexServerApp(ExtensionApp):
         local_dir = Path(self.local_dir).expanduser()
         locator = locate(self.backend_url, self.token_file, local_dir)
         self.connection = BackendConnection(
-            locator, connect_timeout_s=self.connect_timeout_s, request_timeout_s=self.request_timeout_s,
+            locator,
+            connect_timeout_s=self.connect_timeout_s,
+            request_timeout_s=self.request_timeout_s,
             verify=self.backend_verify or None,
         )
         # ExtensionApp prepends base_url to these patterns (JupyterHub's /user/NAME/ included).
         api_prefix = url_path_join(self.serverapp.base_url, API_PATH)
-        arguments = {"connection": self.connection, "api_prefix": api_prefix, "starter": LocalBackendStarter(local_dir)}
-        self.handlers.extend([
-            (url_path_join("/", API_PATH, "status"), StatusHandler, arguments),
-            (url_path_join("/", API_PATH, "local", "start"), LocalBackendStartHandler, arguments),
-            # Every other path under cortex/api goes through the allowlist, which names what it refuses.
-            (url_path_join("/", API_PATH, r"(.+)"), ProxyHandler, arguments),
-        ])
+        arguments = {
+            "connection": self.connection,
+            "api_prefix": api_prefix,
+            "starter": LocalBackendStarter(local_dir),
+        }
+        self.handlers.extend(
+            [
+                (url_path_join("/", API_PATH, "status"), StatusHandler, arguments),
+                (url_path_join("/", API_PATH, "local", "start"), LocalBackendStartHandler, arguments),
+                # Every other path under cortex/api goes through the allowlist, which names what it refuses.
+                (url_path_join("/", API_PATH, r"(.+)"), ProxyHandler, arguments),
+            ]
+        )
         self.log.info("cortex_server: forwarding %s to %s", api_prefix, self.connection.target().description)
 
     async def stop_extension(self) -> None:

@@ -27,7 +27,9 @@ from .discovery import SOURCE_LOCAL, BackendLocator, BackendTarget
 # Request headers the browser or kernel may pass on to the backend (lower case).
 FORWARDED_REQUEST_HEADERS = frozenset({"content-type", "accept", "idempotency-key", "user-agent"})
 # Response headers the backend may pass back (lower case).
-FORWARDED_RESPONSE_HEADERS = frozenset({"content-type", "content-disposition", "retry-after", "idempotent-replay"})
+FORWARDED_RESPONSE_HEADERS = frozenset(
+    {"content-type", "content-disposition", "retry-after", "idempotent-replay"}
+)
 CORTEX_HEADER_PREFIX = "x-cortex-"
 
 
@@ -39,13 +41,19 @@ def default_token_file() -> str:
 
 
 def request_headers_to_forward(incoming: Iterable[tuple[str, str]]) -> dict[str, str]:
-    return {name: value for name, value in incoming
-            if name.lower() in FORWARDED_REQUEST_HEADERS or name.lower().startswith(CORTEX_HEADER_PREFIX)}
+    return {
+        name: value
+        for name, value in incoming
+        if name.lower() in FORWARDED_REQUEST_HEADERS or name.lower().startswith(CORTEX_HEADER_PREFIX)
+    }
 
 
 def response_headers_to_forward(incoming: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [(name, value) for name, value in incoming
-            if name.lower() in FORWARDED_RESPONSE_HEADERS or name.lower().startswith(CORTEX_HEADER_PREFIX)]
+    return [
+        (name, value)
+        for name, value in incoming
+        if name.lower() in FORWARDED_RESPONSE_HEADERS or name.lower().startswith(CORTEX_HEADER_PREFIX)
+    ]
 
 
 @dataclass
@@ -69,15 +77,24 @@ class TokenFile:
                 f"the Jupyter server cannot read the backend token file {str(location)!r} ({exc.strerror}); {self.hint}",
             ) from None
         if not self._cached[2]:
-            raise ApiError("proxy_not_configured", f"the backend token file {str(location)!r} is empty; {self.hint}")
+            raise ApiError(
+                "proxy_not_configured", f"the backend token file {str(location)!r} is empty; {self.hint}"
+            )
         return self._cached[2]
 
 
 class BackendConnection:
     """Sends requests to the backend on behalf of Jupyter-authenticated callers."""
 
-    def __init__(self, locator: BackendLocator, *, connect_timeout_s: float, request_timeout_s: float,
-                 max_clients: int = 64, verify: tls.Verify | None = None) -> None:
+    def __init__(
+        self,
+        locator: BackendLocator,
+        *,
+        connect_timeout_s: float,
+        request_timeout_s: float,
+        max_clients: int = 64,
+        verify: tls.Verify | None = None,
+    ) -> None:
         self.locator = locator
         self._token_file: TokenFile | None = None
         # An https backend's certificate: system CAs, a CA file or a pinned fingerprint (cortex_nb/tls.py).
@@ -106,8 +123,11 @@ class BackendConnection:
     def token(self, target: BackendTarget) -> str:
         assert target.token_file is not None
         if self._token_file is None or self._token_file.path != target.token_file:
-            hint = ("the local backend writes it when it starts; restart it (Start local backend in the Cortex sidebar)"
-                    if target.kind == SOURCE_LOCAL else TokenFile.hint)
+            hint = (
+                "the local backend writes it when it starts; restart it (Start local backend in the Cortex sidebar)"
+                if target.kind == SOURCE_LOCAL
+                else TokenFile.hint
+            )
             self._token_file = TokenFile(target.token_file, hint)
         return self._token_file.read()
 
@@ -126,8 +146,12 @@ class BackendConnection:
     ) -> HTTPRequest:
         target = target or self.target()
         if target.url is None:
-            raise ApiError("backend_unavailable", f"{target.description}: start it with Start local backend in the"
-                           " Cortex sidebar, or %cortex connect --local in a notebook", {"local_backend": "not_running"})
+            raise ApiError(
+                "backend_unavailable",
+                f"{target.description}: start it with Start local backend in the"
+                " Cortex sidebar, or %cortex connect --local in a notebook",
+                {"local_backend": "not_running"},
+            )
         outgoing = HTTPHeaders(headers or {})
         outgoing["User-Agent"] = f"cortex-server/{__version__} {outgoing.get('User-Agent', '')}".strip()
         if authenticated:
@@ -149,7 +173,9 @@ class BackendConnection:
             streaming_callback=streaming_callback,
         )
 
-    async def get_json(self, target: BackendTarget, path: str, *, authenticated: bool = True) -> tuple[int, Any]:
+    async def get_json(
+        self, target: BackendTarget, path: str, *, authenticated: bool = True
+    ) -> tuple[int, Any]:
         """A small JSON GET for the status page; (status, body) or raises on a connection failure."""
         try:
             response: HTTPResponse = await self.http.fetch(

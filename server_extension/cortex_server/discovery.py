@@ -39,8 +39,13 @@ class BackendTarget:
         return self.url is not None
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "description": self.description, "state_file": self.state_file,
-                "pid": self.pid, "can_start_local": self.kind == SOURCE_LOCAL}
+        return {
+            "kind": self.kind,
+            "description": self.description,
+            "state_file": self.state_file,
+            "pid": self.pid,
+            "can_start_local": self.kind == SOURCE_LOCAL,
+        }
 
 
 class BackendLocator(Protocol):
@@ -54,7 +59,11 @@ class ConfiguredBackend:
 
     def __init__(self, url: str, token_file: str, kind: str) -> None:
         self.kind = kind
-        where = "CortexServerApp.backend_url" if kind == SOURCE_CONFIG else "CORTEX_URL in the server's environment"
+        where = (
+            "CortexServerApp.backend_url"
+            if kind == SOURCE_CONFIG
+            else "CORTEX_URL in the server's environment"
+        )
         self._target = BackendTarget(kind, url.rstrip("/"), token_file, f"{url.rstrip('/')}, set by {where}")
 
     def current(self) -> BackendTarget:
@@ -76,14 +85,19 @@ class LocalBackend:
         token_file = endpoint.get("token_file") if endpoint else None
         if not isinstance(url, str) or not isinstance(token_file, str):
             return BackendTarget(
-                SOURCE_LOCAL, None, None,
+                SOURCE_LOCAL,
+                None,
+                None,
                 f"no local backend is running (none found through {self.state_file})",
                 state_file=str(self.state_file),
             )
         return BackendTarget(
-            SOURCE_LOCAL, url.rstrip("/"), token_file,
+            SOURCE_LOCAL,
+            url.rstrip("/"),
+            token_file,
             f"the local backend found through {self.state_file}",
-            state_file=str(self.state_file), pid=int(endpoint["pid"]),
+            state_file=str(self.state_file),
+            pid=int(endpoint["pid"]),
         )
 
 

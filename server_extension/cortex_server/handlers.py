@@ -31,7 +31,9 @@ class CortexAPIHandler(APIHandler):
 
     auth_resource = AUTH_RESOURCE
 
-    def initialize(self, connection: BackendConnection, api_prefix: str, starter: LocalBackendStarter) -> None:
+    def initialize(
+        self, connection: BackendConnection, api_prefix: str, starter: LocalBackendStarter
+    ) -> None:
         self.connection = connection
         self.starter = starter
         # "{base_url}cortex/api", the mount point; what follows it is the backend path.
@@ -47,11 +49,20 @@ class CortexAPIHandler(APIHandler):
             status, code, message, detail = exc.status, exc.code, exc.message, exc.detail
         elif isinstance(exc, web.HTTPError):
             status = exc.status_code
-            code = {401: "unauthenticated", 403: "forbidden", 404: "route_not_found",
-                    405: "method_not_allowed"}.get(status, "invalid_request" if status < 500 else "internal_error")
+            code = {
+                401: "unauthenticated",
+                403: "forbidden",
+                404: "route_not_found",
+                405: "method_not_allowed",
+            }.get(status, "invalid_request" if status < 500 else "internal_error")
             message, detail = exc.log_message or responses.get(status, "error"), {}
         else:
-            status, code, message, detail = 500, "internal_error", "the Jupyter proxy hit an unexpected error; it is logged", {}
+            status, code, message, detail = (
+                500,
+                "internal_error",
+                "the Jupyter proxy hit an unexpected error; it is logged",
+                {},
+            )
         self.set_status(status)
         self.finish(json.dumps({"error": {"code": code, "message": message, "detail": detail}}))
 
@@ -79,8 +90,11 @@ class LocalBackendStartHandler(CortexAPIHandler):
     async def post(self) -> None:
         target = self.connection.target()
         if target.kind != SOURCE_LOCAL:
-            raise ApiError("conflict", f"this Jupyter server uses the backend at {target.description}; it starts no"
-                           " local backend (unset CortexServerApp.backend_url and CORTEX_URL to use one)")
+            raise ApiError(
+                "conflict",
+                f"this Jupyter server uses the backend at {target.description}; it starts no"
+                " local backend (unset CortexServerApp.backend_url and CORTEX_URL to use one)",
+            )
         await self.starter.start()
         self.finish(json.dumps(await status_report(self.connection)))
 
@@ -133,11 +147,13 @@ class ProxyHandler(CortexAPIHandler):
 
     async def forward(self) -> None:
         # The raw path (still percent-encoded), so the allowlist and the backend match the same string.
-        allowed = allowlist.check(self.request.method, self.request.path[len(self.api_prefix):])
+        allowed = allowlist.check(self.request.method, self.request.path[len(self.api_prefix) :])
         target = self.connection.target()
         relay = _Relay(self)
         request = self.connection.build_request(
-            self.request.method, allowed.path, self.request.query,
+            self.request.method,
+            allowed.path,
+            self.request.query,
             headers=request_headers_to_forward(self.request.headers.get_all()),
             body=self.request.body or None,
             authenticated=allowed.route.scope is not None,

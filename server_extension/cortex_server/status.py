@@ -28,19 +28,26 @@ async def status_report(connection: BackendConnection) -> dict[str, Any]:
         "error": None,
     }
     if not target.found:
-        report["error"] = {"code": "backend_unavailable", "message": f"{target.description}: start one with Start"
-                           " local backend here, or %cortex connect --local in a notebook",
-                           "detail": {"local_backend": "not_running"}}
+        report["error"] = {
+            "code": "backend_unavailable",
+            "message": f"{target.description}: start one with Start"
+            " local backend here, or %cortex connect --local in a notebook",
+            "detail": {"local_backend": "not_running"},
+        }
         return report
     try:
         status, version = await connection.get_json(target, "/version", authenticated=False)
     except (OSError, ConnectionError) as exc:
-        report["error"] = {"code": "backend_unavailable",
-                           "message": f"cannot reach the backend at {target.url} ({target.description}): {exc}"}
+        report["error"] = {
+            "code": "backend_unavailable",
+            "message": f"cannot reach the backend at {target.url} ({target.description}): {exc}",
+        }
         return report
     if status != 200 or not isinstance(version, dict):
-        report["error"] = {"code": "backend_unavailable",
-                           "message": f"{target.url}/version answered HTTP {status}; is that a cortex-nb backend?"}
+        report["error"] = {
+            "code": "backend_unavailable",
+            "message": f"{target.url}/version answered HTTP {status}; is that a cortex-nb backend?",
+        }
         return report
     report["reachable"] = True
     report["backend"] = {key: version.get(key) for key in ("service", "version", "api_version")}
@@ -62,5 +69,8 @@ async def status_report(connection: BackendConnection) -> dict[str, Any]:
         report["identity"] = {"owner": whoami.get("owner"), "scopes": whoami.get("scopes")}
     else:
         error = (whoami or {}).get("error") if isinstance(whoami, dict) else None
-        report["error"] = error or {"code": "unauthenticated", "message": f"the backend refused the token (HTTP {status})"}
+        report["error"] = error or {
+            "code": "unauthenticated",
+            "message": f"the backend refused the token (HTTP {status})",
+        }
     return report

@@ -32,10 +32,15 @@ def local_dir(tmp_path):
 def jp_server_config(local_dir, monkeypatch):
     # Nothing configured: no trait, no CORTEX_URL; only where the local backend's state file lives.
     monkeypatch.delenv("CORTEX_URL", raising=False)
-    return Config({
-        "ServerApp": {"jpserver_extensions": {"cortex_server": True}, "allow_unauthenticated_access": False},
-        "CortexServerApp": {"local_dir": str(local_dir)},
-    })
+    return Config(
+        {
+            "ServerApp": {
+                "jpserver_extensions": {"cortex_server": True},
+                "allow_unauthenticated_access": False,
+            },
+            "CortexServerApp": {"local_dir": str(local_dir)},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +51,15 @@ def user_token(backend):
 
 def write_state_file(local_dir, *, url: str, pid: int, token_file) -> None:
     local_dir.mkdir(parents=True, exist_ok=True)
-    state = {"url": url, "pid": pid, "token_file": str(token_file), "version": __version__,
-             "api_version": API_VERSION, "started_at": time.time(), "data_dir": str(local_dir)}
+    state = {
+        "url": url,
+        "pid": pid,
+        "token_file": str(token_file),
+        "version": __version__,
+        "api_version": API_VERSION,
+        "started_at": time.time(),
+        "data_dir": str(local_dir),
+    }
     (local_dir / "backend.json").write_text(json.dumps(state))
 
 
@@ -87,8 +99,16 @@ async def test_the_local_backend_is_found_through_its_state_file_with_its_user_t
     assert str(local_dir / "backend.json") in status["source"]["description"]
     # The user's token, never the admin one: jobs made here belong to the user, as a kernel's do.
     assert status["identity"] == {"owner": "local-user", "scopes": list(USER_SCOPES)}
-    created = body(await jp_fetch("cortex", "api", "v1", "jobs", method="POST",
-                                  body=json.dumps({"sub_jobs": [{"type": "sampling", "base_model": "tiny"}]})))
+    created = body(
+        await jp_fetch(
+            "cortex",
+            "api",
+            "v1",
+            "jobs",
+            method="POST",
+            body=json.dumps({"sub_jobs": [{"type": "sampling", "base_model": "tiny"}]}),
+        )
+    )
     try:
         assert created["owner"] == "local-user"
     finally:

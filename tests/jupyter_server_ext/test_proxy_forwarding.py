@@ -80,9 +80,17 @@ def proxy(jp_serverapp, http_server_client, jp_base_url, jp_auth_header):
 async def test_forwarded_headers_are_allowlisted(proxy, upstream):
     http_server_client, jp_base_url, auth = proxy
     response = await http_server_client.fetch(
-        jp_base_url + "cortex/api/v1/jobs/job-1/cancel?sub_job=training-0", method="POST", body=b'{"a": 1}',
-        headers={**auth, "Cookie": "_xsrf=abc; username-x=secret-cookie", "Content-Type": "application/json",
-                 "Idempotency-Key": "key-1", "X-Cortex-Upload": "up-1", "X-Other": "dropped"},
+        jp_base_url + "cortex/api/v1/jobs/job-1/cancel?sub_job=training-0",
+        method="POST",
+        body=b'{"a": 1}',
+        headers={
+            **auth,
+            "Cookie": "_xsrf=abc; username-x=secret-cookie",
+            "Content-Type": "application/json",
+            "Idempotency-Key": "key-1",
+            "X-Cortex-Upload": "up-1",
+            "X-Other": "dropped",
+        },
     )
     assert json.loads(response.body) == {"ok": True}
     seen = upstream.requests[-1]
@@ -105,7 +113,11 @@ async def test_responses_stream_through(proxy, upstream):
             upstream.first_chunk_seen.set()
 
     response = await http_server_client.fetch(
-        jp_base_url + "cortex/api/v1/jobs/job-1/logs?wait=20", headers=auth, streaming_callback=on_chunk, request_timeout=60)
+        jp_base_url + "cortex/api/v1/jobs/job-1/logs?wait=20",
+        headers=auth,
+        streaming_callback=on_chunk,
+        request_timeout=60,
+    )
     assert response.code == 200
     assert b"".join(chunks) == b'{"seq": 1}\n{"seq": 2}\n'
     assert not any("upstream" in cookie for cookie in response.headers.get_list("Set-Cookie"))
@@ -115,7 +127,9 @@ async def test_unreachable_backend_is_a_json_502(proxy, upstream):
     http_server_client, jp_base_url, auth = proxy
     upstream.server.stop()
     await upstream.server.close_all_connections()
-    response = await http_server_client.fetch(jp_base_url + "cortex/api/v1/capacity", headers=auth, raise_error=False)
+    response = await http_server_client.fetch(
+        jp_base_url + "cortex/api/v1/capacity", headers=auth, raise_error=False
+    )
     assert response.code == 502
     assert json.loads(response.body)["error"]["code"] == "backend_unavailable"
 

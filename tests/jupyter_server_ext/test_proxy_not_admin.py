@@ -27,17 +27,26 @@ def default_backend(tmp_path, monkeypatch):
 @pytest.fixture
 def jp_server_config(default_backend):
     # No token_file: the extension's default is what this pins.
-    return Config({
-        "ServerApp": {"jpserver_extensions": {"cortex_server": True}, "allow_unauthenticated_access": False},
-        "CortexServerApp": {"backend_url": default_backend.url},
-    })
+    return Config(
+        {
+            "ServerApp": {
+                "jpserver_extensions": {"cortex_server": True},
+                "allow_unauthenticated_access": False,
+            },
+            "CortexServerApp": {"backend_url": default_backend.url},
+        }
+    )
 
 
 async def test_the_proxy_does_not_act_as_admin_by_default(jp_fetch, default_backend):
     someone_else = create_token(default_backend.data_dir, "someone-else", "jobs:read", "runs:write")
     spec = {"version": 1, "name": "not-yours", "command": ["true"]}
-    created = httpx.post(f"{default_backend.url}/v1/runs", json={"spec": spec}, timeout=60,
-                         headers={"Authorization": f"Bearer {someone_else}"})
+    created = httpx.post(
+        f"{default_backend.url}/v1/runs",
+        json={"spec": spec},
+        timeout=60,
+        headers={"Authorization": f"Bearer {someone_else}"},
+    )
     assert created.status_code == 201, created.text
     listed = json.loads((await jp_fetch("cortex", "api", "v1", "runs")).body)
     # An admin token would list everyone's runs; the proxy's must not see another owner's.

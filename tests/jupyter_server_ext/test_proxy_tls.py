@@ -31,11 +31,23 @@ async def test_proxy_works_against_an_https_backend(jp_fetch, tls_backend, pin):
     status = json.loads((await jp_fetch("cortex", "api", "status")).body)
     if pin == WRONG_PIN:
         assert not status["reachable"]
-        assert "pinned" in status["error"]["message"] and tls_backend.fingerprint in status["error"]["message"]
+        assert (
+            "pinned" in status["error"]["message"] and tls_backend.fingerprint in status["error"]["message"]
+        )
         return
     assert status["reachable"] and status["authenticated"], status
-    created = json.loads((await jp_fetch("cortex", "api", "v1", "jobs", method="POST",
-                                         body=json.dumps({"sub_jobs": [{"type": "sampling", "base_model": "tiny"}]}))).body)
+    created = json.loads(
+        (
+            await jp_fetch(
+                "cortex",
+                "api",
+                "v1",
+                "jobs",
+                method="POST",
+                body=json.dumps({"sub_jobs": [{"type": "sampling", "base_model": "tiny"}]}),
+            )
+        ).body
+    )
     try:
         listed = json.loads((await jp_fetch("cortex", "api", "v1", "jobs")).body)
         assert created["job_id"] in {job["job_id"] for job in listed["jobs"]}

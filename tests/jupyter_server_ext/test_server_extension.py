@@ -20,13 +20,15 @@ TINY_JOB = {"sub_jobs": [{"type": "training", "base_model": "tiny"}]}
 
 
 def server_config(backend_url: str, token_file: str) -> Config:
-    return Config({
-        "ServerApp": {
-            "jpserver_extensions": {"cortex_server": True, "jupyterlab": True},
-            "allow_unauthenticated_access": False,
-        },
-        "CortexServerApp": {"backend_url": backend_url, "token_file": token_file},
-    })
+    return Config(
+        {
+            "ServerApp": {
+                "jpserver_extensions": {"cortex_server": True, "jupyterlab": True},
+                "allow_unauthenticated_access": False,
+            },
+            "CortexServerApp": {"backend_url": backend_url, "token_file": token_file},
+        }
+    )
 
 
 @pytest.fixture
@@ -55,7 +57,9 @@ async def fetch_error(jp_fetch, *parts, **kwargs):
 def direct(backend, method: str, path: str, **kwargs):
     import httpx
 
-    return httpx.request(method, backend.url + path, headers={"Authorization": f"Bearer {backend.token}"}, timeout=30, **kwargs)
+    return httpx.request(
+        method, backend.url + path, headers={"Authorization": f"Bearer {backend.token}"}, timeout=30, **kwargs
+    )
 
 
 # auth ------------------------------------------------------------------------------------------------
@@ -68,10 +72,18 @@ async def test_unauthenticated_calls_are_refused(jp_fetch, http_server_client, j
             ("GET", "cortex/api/version"),
             ("POST", f"cortex/api/v1/jobs/{job_id}/cancel"),
         ]:
-            for headers in ({}, {"Authorization": "token not-the-jupyter-token"}, {"Authorization": f"Bearer {backend.token}"}):
+            for headers in (
+                {},
+                {"Authorization": "token not-the-jupyter-token"},
+                {"Authorization": f"Bearer {backend.token}"},
+            ):
                 response = await http_server_client.fetch(
-                    jp_base_url + path, method=method, headers=headers, body=b"{}" if method == "POST" else None,
-                    raise_error=False, follow_redirects=False,
+                    jp_base_url + path,
+                    method=method,
+                    headers=headers,
+                    body=b"{}" if method == "POST" else None,
+                    raise_error=False,
+                    follow_redirects=False,
                 )
                 assert response.code == 403, (method, path, headers, response.code)
                 assert backend.token not in response.body.decode()
@@ -85,15 +97,26 @@ async def test_authenticated_calls_reach_the_real_backend(jp_fetch, backend):
     version = body(await jp_fetch("cortex", "api", "version"))
     assert version == direct(backend, "GET", "/version").json()
     capacity = body(await jp_fetch("cortex", "api", "v1", "capacity"))
-    assert [d["id"] for d in capacity["devices"]] == [d["id"] for d in direct(backend, "GET", "/v1/capacity").json()["devices"]]
+    assert [d["id"] for d in capacity["devices"]] == [
+        d["id"] for d in direct(backend, "GET", "/v1/capacity").json()["devices"]
+    ]
 
-    created = await jp_fetch("cortex", "api", "v1", "jobs", method="POST", body=json.dumps({**TINY_JOB, "name": "via-proxy"}),
-                             headers={"Content-Type": "application/json"})
+    created = await jp_fetch(
+        "cortex",
+        "api",
+        "v1",
+        "jobs",
+        method="POST",
+        body=json.dumps({**TINY_JOB, "name": "via-proxy"}),
+        headers={"Content-Type": "application/json"},
+    )
     assert created.code == 200 or created.code == 201
     job_id = body(created)["job_id"]
     listed = body(await jp_fetch("cortex", "api", "v1", "jobs", params={"limit": 500}))
     assert job_id in [job["job_id"] for job in listed["jobs"]]
-    cancelled = body(await jp_fetch("cortex", "api", "v1", "jobs", job_id, "cancel", method="POST", body=b"{}"))
+    cancelled = body(
+        await jp_fetch("cortex", "api", "v1", "jobs", job_id, "cancel", method="POST", body=b"{}")
+    )
     assert cancelled["status"] == "cancelled"
     assert direct(backend, "GET", f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
 
@@ -101,7 +124,11 @@ async def test_authenticated_calls_reach_the_real_backend(jp_fetch, backend):
 async def test_status_reports_reachability_identity_and_versions(jp_fetch, backend):
     status = body(await jp_fetch("cortex", "api", "status"))
     assert status["reachable"] is True and status["authenticated"] is True
-    assert status["backend"] == {"service": "cortex-nb-backend", "version": __version__, "api_version": API_VERSION}
+    assert status["backend"] == {
+        "service": "cortex-nb-backend",
+        "version": __version__,
+        "api_version": API_VERSION,
+    }
     assert status["extension"] == {"version": __version__, "api_version": API_VERSION}
     assert status["versions_match"] is True and status["api_compatible"] is True
     whoami = direct(backend, "GET", "/v1/whoami").json()
@@ -116,8 +143,14 @@ async def test_routes_off_the_allowlist_are_refused(jp_fetch, backend):
     for route in off_allowlist:
         path = route.url(**{name: "x" for name in re.findall(r"\{(\w+)\}", route.template)})
         assert direct(backend, route.method, path).status_code != 404  # the backend serves it ...
-        code, error = await fetch_error(jp_fetch, "cortex", "api", *path.strip("/").split("/"), method=route.method,
-                                        **({"body": b"{}"} if route.method in ("POST", "PUT") else {}))
+        code, error = await fetch_error(
+            jp_fetch,
+            "cortex",
+            "api",
+            *path.strip("/").split("/"),
+            method=route.method,
+            **({"body": b"{}"} if route.method in ("POST", "PUT") else {}),
+        )
         assert (code, error["error"]["code"]) == (403, "route_not_proxied")  # ... the proxy does not
 
     code, error = await fetch_error(jp_fetch, "cortex", "api", "v1", "tokens")
@@ -128,7 +161,9 @@ async def test_routes_off_the_allowlist_are_refused(jp_fetch, backend):
 
 async def test_dot_segments_are_refused(http_server_client, jp_base_url, jp_auth_header):
     for path in ("cortex/api/v1/jobs/%2e%2e/whoami", "cortex/api/v1/jobs/../whoami", "cortex/api/v1/jobs/."):
-        response = await http_server_client.fetch(jp_base_url + path, headers=jp_auth_header, raise_error=False)
+        response = await http_server_client.fetch(
+            jp_base_url + path, headers=jp_auth_header, raise_error=False
+        )
         assert response.code in (400, 404), path
         assert json.loads(response.body)["error"]["code"] in ("invalid_request", "route_not_found")
 
@@ -136,7 +171,9 @@ async def test_dot_segments_are_refused(http_server_client, jp_base_url, jp_auth
 def test_allowlist_is_the_route_table():
     from cortex_server import allowlist
 
-    assert {route.name for route in allowlist.proxied_routes()} == {route.name for route in routes.ROUTES if route.proxied}
+    assert {route.name for route in allowlist.proxied_routes()} == {
+        route.name for route in routes.ROUTES if route.proxied
+    }
     for route in routes.ROUTES:
         path = route.url(**{name: "x" for name in re.findall(r"\{(\w+)\}", route.template)})
         if route.proxied:
@@ -150,8 +187,15 @@ def test_allowlist_is_the_route_table():
 async def test_backend_errors_pass_on_with_their_codes(jp_fetch):
     code, error = await fetch_error(jp_fetch, "cortex", "api", "v1", "jobs", "job-does-not-exist")
     assert (code, error["error"]["code"]) == (404, "job_not_found")
-    code, error = await fetch_error(jp_fetch, "cortex", "api", "v1", "jobs", method="POST",
-                                    body=json.dumps({"sub_jobs": [{"type": "training", "base_model": "../etc"}]}))
+    code, error = await fetch_error(
+        jp_fetch,
+        "cortex",
+        "api",
+        "v1",
+        "jobs",
+        method="POST",
+        body=json.dumps({"sub_jobs": [{"type": "training", "base_model": "../etc"}]}),
+    )
     assert code == 400 and error["error"]["code"] in ("invalid_model_name", "unknown_model", "invalid_field")
     code, error = await fetch_error(jp_fetch, "cortex", "api", "v1", "jobs", method="POST", body=b"{not json")
     assert (code, error["error"]["code"]) == (400, "invalid_json")
@@ -200,7 +244,10 @@ async def login_cookies(http_server_client, jp_base_url, jupyter_token) -> dict[
     keep(await http_server_client.fetch(jp_base_url + "login", raise_error=False, follow_redirects=False))
     assert "_xsrf" in cookies
     response = await http_server_client.fetch(
-        jp_base_url + "login", method="POST", follow_redirects=False, raise_error=False,
+        jp_base_url + "login",
+        method="POST",
+        follow_redirects=False,
+        raise_error=False,
         body=urlencode({"password": jupyter_token, "_xsrf": cookies["_xsrf"]}),
         headers={"Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())},
     )
@@ -209,7 +256,9 @@ async def login_cookies(http_server_client, jp_base_url, jupyter_token) -> dict[
     return cookies
 
 
-async def test_cookie_sessions_need_xsrf_for_mutations(http_server_client, jp_base_url, jp_serverapp, backend):
+async def test_cookie_sessions_need_xsrf_for_mutations(
+    http_server_client, jp_base_url, jp_serverapp, backend
+):
     cookies = await login_cookies(http_server_client, jp_base_url, jp_serverapp.identity_provider.token)
     cookie_header = {"Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())}
     listed = await http_server_client.fetch(jp_base_url + "cortex/api/v1/jobs", headers=cookie_header)
@@ -218,11 +267,14 @@ async def test_cookie_sessions_need_xsrf_for_mutations(http_server_client, jp_ba
     job_id = direct(backend, "POST", "/v1/jobs", json=TINY_JOB).json()["job_id"]
     try:
         url = f"{jp_base_url}cortex/api/v1/jobs/{job_id}/cancel"
-        refused = await http_server_client.fetch(url, method="POST", body=b"{}", headers=cookie_header, raise_error=False)
+        refused = await http_server_client.fetch(
+            url, method="POST", body=b"{}", headers=cookie_header, raise_error=False
+        )
         assert refused.code == 403
         assert direct(backend, "GET", f"/v1/jobs/{job_id}").json()["status"] != "cancelled"
         accepted = await http_server_client.fetch(
-            url, method="POST", body=b"{}", headers={**cookie_header, "X-XSRFToken": cookies["_xsrf"]})
+            url, method="POST", body=b"{}", headers={**cookie_header, "X-XSRFToken": cookies["_xsrf"]}
+        )
         assert json.loads(accepted.body)["status"] == "cancelled"
     finally:
         direct(backend, "POST", f"/v1/jobs/{job_id}/cancel")

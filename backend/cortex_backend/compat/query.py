@@ -15,5 +15,7 @@ def clamped_int(handler: RequestHandler, name: str, default: int, low: int = 0, 
     try:
         value = int(raw)
     except ValueError:
-        raise ApiError("invalid_field", f"{name}: must be an integer, got {raw[:40]!r}", {"field": name}) from None
+        raise ApiError(
+            "invalid_field", f"{name}: must be an integer, got {raw[:40]!r}", {"field": name}
+        ) from None
     return max(low, min(value, high))

@@ -67,8 +67,6 @@ def _write_paused(directory: Path, name: str, data: bytes) -> None:
     time.sleep(PAUSE_MID_SAVE_S)
 
 
-
-
 def adapter_config_bytes(model: torch.nn.Module, base_model: str) -> bytes:
     """adapter_config.json as peft writes it, naming the registered model instead of a server path."""
     config = copy.deepcopy(model.peft_config[ADAPTER_NAME])
@@ -132,8 +130,13 @@ def write_checkpoint(
         }
         _write_file(directory, TRAINER_STATE, json.dumps(trainer_state, indent=2).encode(), files)
         _write_file(directory, RNG_STATE, save_tensors(_rng_tensors()), files)
-    manifest = build_manifest(kind, step, signature(model, state.info.name),
-                              state_hash({name: t.float().numpy() for name, t in adapter.items()}), files)
+    manifest = build_manifest(
+        kind,
+        step,
+        signature(model, state.info.name),
+        state_hash({name: t.float().numpy() for name, t in adapter.items()}),
+        files,
+    )
     manifest_bytes = encode_manifest(manifest)
     with open(directory / MANIFEST, "wb") as handle:
         handle.write(manifest_bytes)

@@ -48,7 +48,11 @@ def ppo(logprobs: torch.Tensor, tensors: Tensors, config: dict[str, float]) -> L
     objective = torch.minimum(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
     loss = -objective.sum()
     clip_fraction = ((ratio < low) | (ratio > high)).float().mean().item()
-    return loss, {"loss:sum": loss.item(), "ratio:mean": ratio.mean().item(), "clip_fraction:mean": clip_fraction}
+    return loss, {
+        "loss:sum": loss.item(),
+        "ratio:mean": ratio.mean().item(),
+        "clip_fraction:mean": clip_fraction,
+    }
 
 
 REGISTRY: dict[str, Callable[[torch.Tensor, Tensors, dict[str, float]], LossResult]] = {
@@ -57,10 +61,14 @@ REGISTRY: dict[str, Callable[[torch.Tensor, Tensors, dict[str, float]], LossResu
     "ppo": ppo,
 }
 if set(REGISTRY) != set(LOSSES):
-    raise ImportError(f"the engine computes losses {sorted(REGISTRY)} but the protocol defines {sorted(LOSSES)}")
+    raise ImportError(
+        f"the engine computes losses {sorted(REGISTRY)} but the protocol defines {sorted(LOSSES)}"
+    )
 
 
-def compute_loss(loss_fn: str, logprobs: torch.Tensor, tensors: Tensors, config: dict[str, Any]) -> LossResult:
+def compute_loss(
+    loss_fn: str, logprobs: torch.Tensor, tensors: Tensors, config: dict[str, Any]
+) -> LossResult:
     """The scalar loss and its metrics (each named with its reduction, e.g. `loss:sum`). `config` is the
     validated config with every key of the loss's spec."""
     return REGISTRY[loss_fn](logprobs, tensors, config)

@@ -16,4 +16,7 @@ def peak_memory(device: torch.device) -> dict[str, int | str]:
     if device.type == "cuda":
         return {"peak_memory_bytes": int(torch.cuda.max_memory_allocated(device)), "peak_memory_kind": "gpu"}
     # ru_maxrss is in KiB on Linux: the process's high-water mark so far.
-    return {"peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak_memory_kind": "cpu_rss"}
+    return {
+        "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_memory_kind": "cpu_rss",
+    }

@@ -43,8 +43,12 @@ class SavedAdapters:
         live = adapter_parameters(state.model)
         loaded = load_tensors(data)
         if set(loaded) != set(live) or any(tuple(loaded[n].shape) != tuple(live[n].shape) for n in loaded):
-            raise OperationError("incompatible_adapter", f"checkpoint {key}'s adapter does not fit this sub-job's adapter")
-        tensors = {name: value.to(device=live[name].device, dtype=live[name].dtype) for name, value in loaded.items()}
+            raise OperationError(
+                "incompatible_adapter", f"checkpoint {key}'s adapter does not fit this sub-job's adapter"
+            )
+        tensors = {
+            name: value.to(device=live[name].device, dtype=live[name].dtype) for name, value in loaded.items()
+        }
         self._cache[key] = tensors
         self.loads += 1
         while len(self._cache) > self.capacity:
@@ -60,8 +64,14 @@ class SavedAdapters:
         if adapter is None:
             yield
             return
-        live = {name: parameter.detach().clone() for name, parameter in adapter_parameters(state.model).items()}
-        saved = {name: torch.zeros_like(value) for name, value in live.items()} if adapter == BASE else self.tensors(state, adapter)
+        live = {
+            name: parameter.detach().clone() for name, parameter in adapter_parameters(state.model).items()
+        }
+        saved = (
+            {name: torch.zeros_like(value) for name, value in live.items()}
+            if adapter == BASE
+            else self.tensors(state, adapter)
+        )
         assign(state.model, saved)
         try:
             yield

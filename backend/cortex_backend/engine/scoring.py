@@ -20,7 +20,10 @@ def model_logits(state: ModelState, tensors: dict[str, np.ndarray]) -> torch.Ten
 
 
 def forward(
-    state: ModelState, tensors: dict[str, np.ndarray], loss_fn: str | None = None, loss_fn_config: dict[str, Any] | None = None
+    state: ModelState,
+    tensors: dict[str, np.ndarray],
+    loss_fn: str | None = None,
+    loss_fn_config: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     result: dict[str, Any] = {"weight_version": state.weight_version}
     with state.inference():
@@ -40,4 +43,3 @@ def forward(
         result["weights:sum"] = float(weights.sum(dtype=np.float64))
         out = np.where(weights != 0, out, np.float32(0.0))
     return result, {"logprobs": out}
-

@@ -91,13 +91,17 @@ class Trainer:
         """Apply the accumulated gradients. Each hyperparameter given applies to this step only (the
         Tinker API sends them all on every step); the optimizer's moments carry on unchanged."""
         if self.pending_batches == 0:
-            raise OperationError("no_gradients", "step has no gradients to apply; call forward_backward first")
+            raise OperationError(
+                "no_gradients", "step has no gradients to apply; call forward_backward first"
+            )
         lr = float(learning_rate) if learning_rate is not None else float(self.settings["lr"])
         hyper = {
             "lr": lr,
             "betas": tuple(float(b) for b in (betas if betas is not None else self.settings["betas"])),
             "eps": float(eps if eps is not None else self.settings["eps"]),
-            "weight_decay": float(weight_decay if weight_decay is not None else self.settings["weight_decay"]),
+            "weight_decay": float(
+                weight_decay if weight_decay is not None else self.settings["weight_decay"]
+            ),
         }
         for group in self.optimizer.param_groups:
             group.update(hyper)
@@ -111,7 +115,9 @@ class Trainer:
         if not math.isfinite(grad_norm_value):
             self.optimizer.zero_grad(set_to_none=True)
             self.pending_batches = self.pending_tokens = 0
-            raise OperationError("non_finite_gradients", f"the gradient norm is {grad_norm_value}; the step was skipped")
+            raise OperationError(
+                "non_finite_gradients", f"the gradient norm is {grad_norm_value}; the step was skipped"
+            )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1

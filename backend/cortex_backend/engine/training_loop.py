@@ -66,18 +66,34 @@ class TrainingLoop:
             spec = parse_training_loop(self.params["spec"])
             data, eval_data = self._data(spec)
             total = spec.planned_steps(data.steps_per_epoch(spec.batch_size))
-            self.report({"event": "started", "total_steps": total, "examples": data.examples, "rows": len(data.rows),
-                         "tokens": data.tokens, "at": time.time()})
-            print(f"[engine] managed training: {total} steps of {spec.batch_size} x {spec.max_seq_len} tokens"
-                  f" ({data.examples} examples, {data.tokens} tokens, {len(data.rows)} rows)", flush=True)
+            self.report(
+                {
+                    "event": "started",
+                    "total_steps": total,
+                    "examples": data.examples,
+                    "rows": len(data.rows),
+                    "tokens": data.tokens,
+                    "at": time.time(),
+                }
+            )
+            print(
+                f"[engine] managed training: {total} steps of {spec.batch_size} x {spec.max_seq_len} tokens"
+                f" ({data.examples} examples, {data.tokens} tokens, {len(data.rows)} rows)",
+                flush=True,
+            )
             stopped = self._train(spec, data, eval_data, total)
-            saved = self._save(FINAL_CHECKPOINT, spec.save.type if spec.save else WEIGHTS_ONLY) \
-                if self.trainer.step_count > 0 else None
+            saved = (
+                self._save(FINAL_CHECKPOINT, spec.save.type if spec.save else WEIGHTS_ONLY)
+                if self.trainer.step_count > 0
+                else None
+            )
         except OperationError as exc:
             self.report({"event": "ended", "status": "failed", "code": exc.code, "message": exc.message})
             raise
         except SpecError as exc:
-            self.report({"event": "ended", "status": "failed", "code": "invalid_dataset", "message": exc.message})
+            self.report(
+                {"event": "ended", "status": "failed", "code": "invalid_dataset", "message": exc.message}
+            )
             raise OperationError("invalid_dataset", exc.message) from None
         except Exception as exc:
             code = "out_of_memory" if "out of memory" in str(exc).lower() else "training_loop_failed"
@@ -85,19 +101,30 @@ class TrainingLoop:
             self.report({"event": "ended", "status": "failed", "code": code, "message": message})
             raise OperationError(code, message) from exc
         status = "stopped" if stopped else "finished"
-        self.report({"event": "ended", "status": status, "step": self.trainer.step_count, "checkpoint": saved})
-        print(f"[engine] managed training {status} at step {self.trainer.step_count}"
-              + (f"; saved checkpoint {saved}" if saved else ""), flush=True)
+        self.report(
+            {"event": "ended", "status": status, "step": self.trainer.step_count, "checkpoint": saved}
+        )
+        print(
+            f"[engine] managed training {status} at step {self.trainer.step_count}"
+            + (f"; saved checkpoint {saved}" if saved else ""),
+            flush=True,
+        )
         if stopped:
-            raise OperationError("cancelled", f"stopped at step {self.trainer.step_count}"
-                                 + (f"; the adapter is saved as checkpoint {saved!r}" if saved else ""))
+            raise OperationError(
+                "cancelled",
+                f"stopped at step {self.trainer.step_count}"
+                + (f"; the adapter is saved as checkpoint {saved!r}" if saved else ""),
+            )
         return {"status": status, "step": self.trainer.step_count, "checkpoint": saved}
 
     def _data(self, spec: TrainSpec) -> tuple[PackedData, PackedData | None]:
         tokenizer = self.state.tokenizer
         if tokenizer is None:
-            raise OperationError("unsupported_operation", f"model {self.state.info.name} has no tokenizer.json: a managed"
-                                 " loop cannot tokenize its data; train it through the primitive API")
+            raise OperationError(
+                "unsupported_operation",
+                f"model {self.state.info.name} has no tokenizer.json: a managed"
+                " loop cannot tokenize its data; train it through the primitive API",
+            )
 
         def tokenize(texts: list[str], add_special_tokens: bool) -> list[list[int]]:
             return [tokenizer.encode(text, add_special_tokens=add_special_tokens) for text in texts]
@@ -105,20 +132,36 @@ class TrainingLoop:
         split = int(self.params["data_bytes"])
         train_text, eval_text = self.blob[:split].decode("utf-8"), self.blob[split:].decode("utf-8")
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        data = pack_examples(examples_from_jsonl(train_text.splitlines(), "the dataset"), tokenize, eos, pad,
-                             spec.max_seq_len, spec.packing)
+        data = pack_examples(
+            examples_from_jsonl(train_text.splitlines(), "the dataset"),
+            tokenize,
+            eos,
+            pad,
+            spec.max_seq_len,
+            spec.packing,
+        )
         eval_data = None
         if spec.eval is not None:
-            eval_data = pack_examples(examples_from_jsonl(eval_text.splitlines(), "the eval dataset", "eval.data"),
-                                      tokenize, eos, pad, spec.max_seq_len, spec.packing)
+            eval_data = pack_examples(
+                examples_from_jsonl(eval_text.splitlines(), "the eval dataset", "eval.data"),
+                tokenize,
+                eos,
+                pad,
+                spec.max_seq_len,
+                spec.packing,
+            )
         return data, eval_data
 
     def _train(self, spec: TrainSpec, data: PackedData, eval_data: PackedData | None, total: int) -> bool:
         """The steps; True if stopped before the last one."""
         from cortex_nb.batching import rows_to_batch
 
-        eval_batches = eval_data.eval_batches(spec.batch_size, spec.eval.max_rows) if eval_data and spec.eval else []
-        prompts = [self.state.tokenizer.encode(prompt) for prompt in spec.sample.prompts] if spec.sample else []
+        eval_batches = (
+            eval_data.eval_batches(spec.batch_size, spec.eval.max_rows) if eval_data and spec.eval else []
+        )
+        prompts = (
+            [self.state.tokenizer.encode(prompt) for prompt in spec.sample.prompts] if spec.sample else []
+        )
         batches = data.batches(spec.batch_size, spec.seed)
         for step in range(1, total + 1):
             if self.stop_requested():
@@ -126,14 +169,23 @@ class TrainingLoop:
             batch = rows_to_batch(next(batches), data.pad_id)
             result, _ = self.trainer.forward_backward(batch, "cross_entropy", {})
             stepped = self.trainer.step()
-            self.report({"event": "step", "step": stepped["step"], "loss": result["loss"],
-                         "weights": float(batch["weights"].sum()), "tokens": int(batch["attention_mask"].sum()),
-                         "at": time.time()})
+            self.report(
+                {
+                    "event": "step",
+                    "step": stepped["step"],
+                    "loss": result["loss"],
+                    "weights": float(batch["weights"].sum()),
+                    "tokens": int(batch["attention_mask"].sum()),
+                    "at": time.time(),
+                }
+            )
             weights = float(batch["weights"].sum())
             per_token = f" loss_per_token={result['loss'] / weights:.4g}" if weights else ""
-            print(f"[engine] step={stepped['step']}{per_token} summed_loss={result['loss']:.4g}"
-                  f" grad_norm={stepped['grad_norm']:.4g} lr={stepped['learning_rate']:.3g} tokens={stepped['tokens']}",
-                  flush=True)
+            print(
+                f"[engine] step={stepped['step']}{per_token} summed_loss={result['loss']:.4g}"
+                f" grad_norm={stepped['grad_norm']:.4g} lr={stepped['learning_rate']:.3g} tokens={stepped['tokens']}",
+                flush=True,
+            )
             final = step == total
             if eval_batches and (final or step % spec.eval.every == 0):
                 self._eval(stepped["step"], eval_batches)
@@ -157,10 +209,14 @@ class TrainingLoop:
     def _sample(self, step: int, spec: TrainSpec, prompts: list[list[int]]) -> None:
         from .sampler import generate
 
-        params = SamplingParams(max_tokens=spec.sample.max_tokens, temperature=float(spec.sample.temperature),
-                                seed=spec.seed).model_dump()
+        params = SamplingParams(
+            max_tokens=spec.sample.max_tokens, temperature=float(spec.sample.temperature), seed=spec.seed
+        ).model_dump()
         result = generate(self.state, prompts, params, self.stop_requested)
-        items = [{"prompt": spec.sample.prompts[s["prompt_index"]], "text": s["text"] or ""} for s in result["samples"]]
+        items = [
+            {"prompt": spec.sample.prompts[s["prompt_index"]], "text": s["text"] or ""}
+            for s in result["samples"]
+        ]
         self.report({"event": "samples", "step": step, "items": items})
 
     def _save(self, checkpoint_id: str, kind: str) -> str:
@@ -170,6 +226,13 @@ class TrainingLoop:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         directory = self.checkpoint_dir / f"{TEMP_PREFIX}loop-{checkpoint_id}-{secrets.token_hex(4)}"
         manifest = write_checkpoint(self.state, self.trainer, directory, kind, self.faults)
-        self.report({"event": "checkpoint", "checkpoint_id": checkpoint_id, "checkpoint_type": kind, "directory": str(directory),
-                     "manifest": manifest})
+        self.report(
+            {
+                "event": "checkpoint",
+                "checkpoint_id": checkpoint_id,
+                "checkpoint_type": kind,
+                "directory": str(directory),
+                "manifest": manifest,
+            }
+        )
         return checkpoint_id

@@ -59,12 +59,18 @@ class BaseHandler(tornado.web.RequestHandler):
         found = routes.match(self.request.method, self.request.path, self.routes_served)
         if found is None:
             if any(re.match(route.regex, self.request.path) for route in self.routes_served):
-                raise ApiError("method_not_allowed", f"{self.request.method} is not allowed on {self.request.path}")
-            raise ApiError("route_not_found", f"no route {self.request.method} {self.request.path}; see docs/api.md")
+                raise ApiError(
+                    "method_not_allowed", f"{self.request.method} is not allowed on {self.request.path}"
+                )
+            raise ApiError(
+                "route_not_found", f"no route {self.request.method} {self.request.path}; see docs/api.md"
+            )
         self.route = found[0]
         if self.route.scope is not None:
             self.principal = authenticate(
-                self.service.store, self.request.headers.get("Authorization"), self.request.headers.get(API_KEY_HEADER)
+                self.service.store,
+                self.request.headers.get("Authorization"),
+                self.request.headers.get(API_KEY_HEADER),
             )
             self.principal.require(self.route.scope)
         self._body_limit = self.body_limit()
@@ -115,8 +121,11 @@ class BaseHandler(tornado.web.RequestHandler):
     def query_args(self) -> Any:
         """The query parameters as the route's `Query` model (an empty value counts as absent)."""
         model = self.route.query
-        raw = {name: self.get_query_argument(name) for name in model.model_fields
-               if self.get_query_argument(name, "") != ""}
+        raw = {
+            name: self.get_query_argument(name)
+            for name in model.model_fields
+            if self.get_query_argument(name, "") != ""
+        }
         return parse(model, raw)
 
     # idempotency -------------------------------------------------------------------------------
@@ -149,7 +158,9 @@ class BaseHandler(tornado.web.RequestHandler):
         if seen is None:
             return False
         if seen["body_sha256"] != self._body_sha256():
-            raise ApiError("idempotency_key_reused", f"Idempotency-Key {key!r} was used before with a different body")
+            raise ApiError(
+                "idempotency_key_reused", f"Idempotency-Key {key!r} was used before with a different body"
+            )
         self.set_header("Idempotent-Replay", "true")
         self.write_json(seen["response"], seen["status"])
         return True
@@ -157,10 +168,14 @@ class BaseHandler(tornado.web.RequestHandler):
     def remember(self, status: int, response: Any) -> None:
         key = self.request.headers.get(IDEMPOTENCY_HEADER)
         if key and self.principal is not None:
-            self.service.store.remember_response(self.principal.owner, key, self._body_sha256(), status, response)
+            self.service.store.remember_response(
+                self.principal.owner, key, self._body_sha256(), status, response
+            )
 
     def _body_sha256(self) -> str:
-        return hashlib.sha256(self.route.name.encode() + b"\0" + self.request.path.encode() + b"\0" + bytes(self._body)).hexdigest()
+        return hashlib.sha256(
+            self.route.name.encode() + b"\0" + self.request.path.encode() + b"\0" + bytes(self._body)
+        ).hexdigest()
 
     # rendering ---------------------------------------------------------------------------------
     def write_json(self, value: Any, status: int = 200) -> None:
@@ -179,10 +194,20 @@ class BaseHandler(tornado.web.RequestHandler):
             code, message, detail, status = exc.code, exc.message, exc.detail, exc.status
         elif isinstance(exc, tornado.web.HTTPError):
             status = exc.status_code
-            code = {400: "invalid_request", 404: "route_not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(status, "internal_error")
+            code = {
+                400: "invalid_request",
+                404: "route_not_found",
+                405: "method_not_allowed",
+                413: "body_too_large",
+            }.get(status, "internal_error")
             message, detail = exc.log_message or self._reason, {}
         else:
-            status, code, message, detail = 500, "internal_error", "the backend hit an unexpected error; it is logged", {}
+            status, code, message, detail = (
+                500,
+                "internal_error",
+                "the backend hit an unexpected error; it is logged",
+                {},
+            )
         self.clear_header("Idempotent-Replay")
         if self._body_left_unread():
             # Tornado drops the connection after this answer; say so, or the client's next request on it fails.
@@ -205,7 +230,9 @@ class BaseHandler(tornado.web.RequestHandler):
             return
         waited = self.waited or self.get_query_argument("wait", "") not in ("", "0", "0.0")
         name = self.route.name if self.route is not None else "unmatched"
-        metrics.observe_request(name, self.request.method, self.get_status(), self.request.request_time(), waited)
+        metrics.observe_request(
+            name, self.request.method, self.get_status(), self.request.request_time(), waited
+        )
 
     def log_exception(self, typ, value, tb) -> None:
         if isinstance(value, ApiError):

@@ -43,8 +43,15 @@ class OperationHandler(BaseHandler):
                     # a refused numbered submission uses up its number, so the ones after it are not held
                     self.service.requests.refuse(self.principal, job_id, sequence, exc)
                 raise
-        request = await self.service.requests.submit_async(self.principal, job_id, op, body, json_body, sub_job, sequence)
-        response = {"request_id": request["id"], "job_id": job_id, "sub_job_id": request["sub_job_id"], "status": request["status"]}
+        request = await self.service.requests.submit_async(
+            self.principal, job_id, op, body, json_body, sub_job, sequence
+        )
+        response = {
+            "request_id": request["id"],
+            "job_id": job_id,
+            "sub_job_id": request["sub_job_id"],
+            "status": request["status"],
+        }
         self.remember(202, response)
         self.write_json(response, 202)
 
@@ -58,8 +65,16 @@ class RequestsHandler(BaseHandler):
 class RequestHandler(BaseHandler):
     async def get(self, job_id: str, request_id: str) -> None:
         query = self.query_args()
-        self.write_json(await self.service.requests.get(self.principal, job_id, request_id, query.cursor,
-                                                        min(query.max_events, 1000), min(query.wait, 60.0)))
+        self.write_json(
+            await self.service.requests.get(
+                self.principal,
+                job_id,
+                request_id,
+                query.cursor,
+                min(query.max_events, 1000),
+                min(query.wait, 60.0),
+            )
+        )
 
 
 class RequestTensorsHandler(BaseHandler):
@@ -73,4 +88,3 @@ class RequestTensorsHandler(BaseHandler):
 class RequestCancelHandler(BaseHandler):
     def post(self, job_id: str, request_id: str) -> None:
         self.write_json(self.service.requests.cancel(self.principal, job_id, request_id))
-

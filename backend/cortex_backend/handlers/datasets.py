@@ -16,4 +16,6 @@ class DatasetHandler(BaseHandler):
 
     async def put(self, dataset_id: str) -> None:
         # Hashing and parsing up to 256 MiB of rows happen in a thread: other clients keep being answered.
-        self.write_json(await asyncio.to_thread(self.service.datasets.put, self.principal, dataset_id, self.body))
+        self.write_json(
+            await asyncio.to_thread(self.service.datasets.put, self.principal, dataset_id, self.body)
+        )

@@ -13,13 +13,19 @@ class JobsHandler(BaseHandler):
     def get(self) -> None:
         query = self.query_args()
         page = self.service.jobs.list(self.principal, query.status, min(query.limit, MAX_PAGE), query.cursor)
-        self.write_json({"jobs": [self.service.job_views.render(job, self.principal) for job in page["jobs"]],
-                         "next_cursor": page["next_cursor"]})
+        self.write_json(
+            {
+                "jobs": [self.service.job_views.render(job, self.principal) for job in page["jobs"]],
+                "next_cursor": page["next_cursor"],
+            }
+        )
 
     def post(self) -> None:
         if self.replay_if_seen():
             return
-        job = self.service.job_views.render(self.service.jobs.create(self.principal, self.parse_body()), self.principal)
+        job = self.service.job_views.render(
+            self.service.jobs.create(self.principal, self.parse_body()), self.principal
+        )
         self.remember(201, job)
         self.write_json(job, 201)
 
@@ -27,14 +33,17 @@ class JobsHandler(BaseHandler):
 class JobHandler(BaseHandler):
     async def get(self, job_id: str) -> None:
         query = self.query_args()
-        job = await self.service.job_views.wait(self.principal, job_id, query.while_status, query.after_progress,
-                                                min(query.wait, MAX_WAIT_S))
+        job = await self.service.job_views.wait(
+            self.principal, job_id, query.while_status, query.after_progress, min(query.wait, MAX_WAIT_S)
+        )
         self.write_json(self.service.job_views.render(job, self.principal))
 
 
 class JobCancelHandler(BaseHandler):
     def post(self, job_id: str) -> None:
-        self.write_json(self.service.job_views.render(self.service.jobs.cancel(self.principal, job_id), self.principal))
+        self.write_json(
+            self.service.job_views.render(self.service.jobs.cancel(self.principal, job_id), self.principal)
+        )
 
 
 class JobCompleteHandler(BaseHandler):

@@ -48,7 +48,9 @@ class JobLogsHandler(BaseHandler):
         # A connection can close before routing gave the handler its path arguments.
         self.service.logs.waiters.notify(getattr(self, "path_kwargs", {}).get("job_id", ""))
 
-    async def _stream(self, job_id: str, cursor: int, sub_job: str | None, redacted: bool, heartbeat_s: float) -> None:
+    async def _stream(
+        self, job_id: str, cursor: int, sub_job: str | None, redacted: bool, heartbeat_s: float
+    ) -> None:
         logs, store = self.service.logs, self.service.store
         self.set_header("Content-Type", "application/x-ndjson; charset=utf-8")
         self.set_header("Cache-Control", "no-cache")
@@ -61,7 +63,9 @@ class JobLogsHandler(BaseHandler):
                 records: list[dict[str, Any]] = []
                 if page["dropped"]:
                     # The cursor just past the gap: the lines that follow are still to be sent.
-                    records.append({"type": "dropped", "dropped": page["dropped"], "cursor": cursor + page["dropped"]})
+                    records.append(
+                        {"type": "dropped", "dropped": page["dropped"], "cursor": cursor + page["dropped"]}
+                    )
                 records.extend({"type": "line", **line} for line in page["lines"])
                 cursor = page["cursor"]
                 if records:

@@ -26,7 +26,12 @@ class OpenApiHandler(BaseHandler):
 
 class CapacityHandler(BaseHandler):
     def get(self) -> None:
-        self.write_json({**self.service.capacity(), "pending_jobs": self.service.job_views.queue.pending_jobs(self.principal)})
+        self.write_json(
+            {
+                **self.service.capacity(),
+                "pending_jobs": self.service.job_views.queue.pending_jobs(self.principal),
+            }
+        )
 
 
 class ModelsHandler(BaseHandler):
@@ -40,15 +45,20 @@ class TokenizeHandler(BaseHandler):
         tokenizer = self.service.catalog.tokenizer(model)
         # Tokenizing (bounded by the body's schema) runs off the IO loop.
         tokens = await asyncio.to_thread(
-            lambda: [tokenizer.encode(text, add_special_tokens=body.add_special_tokens) for text in body.texts])
-        self.write_json({
-            "model": model,
-            "tokens": tokens,
-            "bos_token_id": tokenizer.bos_token_id,
-            "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id,
-            "vocab_size": tokenizer.vocab_size,
-        })
+            lambda: [
+                tokenizer.encode(text, add_special_tokens=body.add_special_tokens) for text in body.texts
+            ]
+        )
+        self.write_json(
+            {
+                "model": model,
+                "tokens": tokens,
+                "bos_token_id": tokenizer.bos_token_id,
+                "eos_token_id": tokenizer.eos_token_id,
+                "pad_token_id": tokenizer.pad_token_id,
+                "vocab_size": tokenizer.vocab_size,
+            }
+        )
 
 
 class DetokenizeHandler(BaseHandler):
@@ -58,8 +68,11 @@ class DetokenizeHandler(BaseHandler):
         vocab = tokenizer.vocab_size
         for index, row in enumerate(tokens):
             if row and (min(row) < 0 or max(row) >= vocab):
-                raise ApiError("invalid_field", f"tokens[{index}]: holds ids outside [0, {vocab}) for model {model}",
-                               {"field": f"tokens[{index}]"})
+                raise ApiError(
+                    "invalid_field",
+                    f"tokens[{index}]: holds ids outside [0, {vocab}) for model {model}",
+                    {"field": f"tokens[{index}]"},
+                )
         texts = await asyncio.to_thread(lambda: [tokenizer.decode(row) for row in tokens])
         self.write_json({"model": model, "texts": texts})
 
@@ -67,4 +80,6 @@ class DetokenizeHandler(BaseHandler):
 class WhoAmIHandler(BaseHandler):
     def get(self) -> None:
         principal = self.principal
-        self.write_json({"owner": principal.owner, "token_id": principal.token_id, "scopes": sorted(principal.scopes)})
+        self.write_json(
+            {"owner": principal.owner, "token_id": principal.token_id, "scopes": sorted(principal.scopes)}
+        )

@@ -8,7 +8,9 @@ from .base import BaseHandler
 class JobMetricsHandler(BaseHandler):
     def get(self, job_id: str) -> None:
         query = self.query_args()
-        self.write_json(self.service.device_metrics.for_job(self.principal, job_id, query.since, min(query.limit, 10_000)))
+        self.write_json(
+            self.service.device_metrics.for_job(self.principal, job_id, query.since, min(query.limit, 10_000))
+        )
 
 
 class HostMetricsHandler(BaseHandler):
@@ -19,8 +21,11 @@ class HostMetricsHandler(BaseHandler):
 class EventsHandler(BaseHandler):
     async def get(self) -> None:
         query = self.query_args()
-        self.write_json(await self.service.events.follow(self.principal, query.after, min(query.limit, 1000),
-                                                         min(query.wait, 60.0)))
+        self.write_json(
+            await self.service.events.follow(
+                self.principal, query.after, min(query.limit, 1000), min(query.wait, 60.0)
+            )
+        )
 
 
 class TelemetryHandler(BaseHandler):

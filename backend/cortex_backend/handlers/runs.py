@@ -16,11 +16,16 @@ OUTPUT_BLOCK = 1 << 20
 class RunsHandler(BaseHandler):
     def get(self) -> None:
         query = self.query_args()
-        self.write_json(self.service.runs.list(self.principal, query.status, min(query.limit, 500), query.cursor,
-                                               query.submission_id))
+        self.write_json(
+            self.service.runs.list(
+                self.principal, query.status, min(query.limit, 500), query.cursor, query.submission_id
+            )
+        )
 
     async def post(self) -> None:
-        run, created = await self.service.runs.submit(self.principal, self.parse_body().model_dump(exclude_unset=True))
+        run, created = await self.service.runs.submit(
+            self.principal, self.parse_body().model_dump(exclude_unset=True)
+        )
         if not created:
             self.set_header("Cortex-Existing-Run", "true")
         self.write_json(public_run(run), 201 if created else 200)
@@ -29,8 +34,13 @@ class RunsHandler(BaseHandler):
 class RunHandler(BaseHandler):
     async def get(self, run_id: str) -> None:
         query = self.query_args()
-        self.write_json(public_run(await self.service.runs.wait_for_change(self.principal, run_id, query.while_status,
-                                                                            min(query.wait, 60.0))))
+        self.write_json(
+            public_run(
+                await self.service.runs.wait_for_change(
+                    self.principal, run_id, query.while_status, min(query.wait, 60.0)
+                )
+            )
+        )
 
 
 class RunCancelHandler(BaseHandler):
@@ -50,8 +60,9 @@ class RunLogsHandler(BaseHandler):
         wait_s = min(query.wait, 60.0) if run["status"] not in states.JOB_TERMINAL else 0.0
         # Lines shown to anyone but the run's owner (an admin) are redacted, as job logs are.
         redacted = run["owner"] != self.principal.owner
-        page = await self.service.logs.follow(run_log_key(run_id), query.cursor, min(query.limit, MAX_PAGE), wait_s,
-                                              redacted=redacted)
+        page = await self.service.logs.follow(
+            run_log_key(run_id), query.cursor, min(query.limit, MAX_PAGE), wait_s, redacted=redacted
+        )
         page["run_status"] = self.service.runs.visible_run(self.principal, run_id)["status"]
         self.write_json(page)
 

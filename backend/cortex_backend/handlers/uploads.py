@@ -19,9 +19,21 @@ class UploadChunkHandler(BaseHandler):
         count = self.request.headers.get(wire.CHUNK_COUNT_HEADER)
         sha = self.request.headers.get(wire.CHUNK_SHA_HEADER, "")
         if count is None or not sha:
-            raise ApiError("invalid_request", f"send {wire.CHUNK_COUNT_HEADER} and {wire.CHUNK_SHA_HEADER} headers with each chunk")
+            raise ApiError(
+                "invalid_request",
+                f"send {wire.CHUNK_COUNT_HEADER} and {wire.CHUNK_SHA_HEADER} headers with each chunk",
+            )
         chunk_index = parse_decimal(index, "index", wire.MAX_CHUNKS)
         chunk_count = parse_decimal(count, wire.CHUNK_COUNT_HEADER, wire.MAX_CHUNKS)
         # Hashing and writing an 8 MiB chunk happen in a thread, off the IO loop.
-        self.write_json(await asyncio.to_thread(
-            self.service.uploads.put_chunk, self.principal, upload_id, chunk_index, chunk_count, sha, self.body))
+        self.write_json(
+            await asyncio.to_thread(
+                self.service.uploads.put_chunk,
+                self.principal,
+                upload_id,
+                chunk_index,
+                chunk_count,
+                sha,
+                self.body,
+            )
+        )

@@ -49,7 +49,9 @@ log = logging.getLogger("cortex_backend.ray_cluster")
 NAMESPACE = "cortex-nb"
 POLL_S = 5.0  # how long one next_messages call waits in the actor for news
 HOSTS_POLL_S = 1.0
-UNAVAILABLE_RETRY_S = 0.5  # an actor Ray cannot reach right now: ask again (its death comes as ActorDiedError)
+UNAVAILABLE_RETRY_S = (
+    0.5  # an actor Ray cannot reach right now: ask again (its death comes as ActorDiedError)
+)
 STOP_GRACE_S = 3.0
 
 
@@ -83,8 +85,13 @@ class ActorSubJob:
         self.sequence += 1
         return self.sequence - 1
 
-    def send(self, header: dict[str, Any], blob: Any = b"", files: dict[str, bytes] | None = None,
-             sequence: int | None = None) -> None:
+    def send(
+        self,
+        header: dict[str, Any],
+        blob: Any = b"",
+        files: dict[str, bytes] | None = None,
+        sequence: int | None = None,
+    ) -> None:
         """Queue a message for the worker (Ray resolves a stored payload into bytes on the actor's host)."""
         if sequence is None:
             sequence = self.next_sequence()
@@ -116,18 +123,33 @@ class RayExecutor(Executor):
     async def start(self) -> None:
         own = self._own_host()
         if self.address is None:
-            node = node_resources(own[0], own[1], list(own[2])) if own else {"num_cpus": 0, "num_gpus": 0, "resources": {}}
-            self.head = await RayHead.start(node, self.settings.ray_port, self.settings.ray_object_store_bytes,
-                                            self.settings.ray_temp_dir, self.settings.data_dir / "ray-head.log")
+            node = (
+                node_resources(own[0], own[1], list(own[2]))
+                if own
+                else {"num_cpus": 0, "num_gpus": 0, "resources": {}}
+            )
+            self.head = await RayHead.start(
+                node,
+                self.settings.ray_port,
+                self.settings.ray_object_store_bytes,
+                self.settings.ray_temp_dir,
+                self.settings.data_dir / "ray-head.log",
+            )
             self.address = self.head.address
         elif own is not None:
-            log.warning("--ray-address: this backend joins a cluster and serves no devices of its own; hosts join with"
-                        " `cortex-nb host join`")
+            log.warning(
+                "--ray-address: this backend joins a cluster and serves no devices of its own; hosts join with"
+                " `cortex-nb host join`"
+            )
             own = None
         await asyncio.to_thread(self._connect, own)
         await self._refresh_hosts()
         self._watcher = asyncio.create_task(self._watch_hosts())
-        log.info("Ray executor: cluster at %s; hosts join with `cortex-nb host join %s`", self.address, self.address)
+        log.info(
+            "Ray executor: cluster at %s; hosts join with `cortex-nb host join %s`",
+            self.address,
+            self.address,
+        )
 
     def _own_host(self) -> tuple[str, list[Device], dict[str, ModelInfo]] | None:
         """The head's own devices and models, served like a joined host's (unless `--devices none`)."""
@@ -158,7 +180,9 @@ class RayExecutor(Executor):
     async def shutdown(self) -> None:
         if self._watcher is not None:
             self._watcher.cancel()
-        await asyncio.gather(*(self.stop_sub_job(*key) for key in list(self._sub_jobs)), return_exceptions=True)
+        await asyncio.gather(
+            *(self.stop_sub_job(*key) for key in list(self._sub_jobs)), return_exceptions=True
+        )
         if self.store is not None:
             import ray
 
@@ -184,7 +208,11 @@ class RayExecutor(Executor):
         hosts = await asyncio.to_thread(self.cluster.read)
         if hosts == self.hosts:
             return
-        gone = {name for name, host in self.hosts.items() if name not in hosts or hosts[name].node_id != host.node_id}
+        gone = {
+            name
+            for name, host in self.hosts.items()
+            if name not in hosts or hosts[name].node_id != host.node_id
+        }
         joined = sorted(name for name in hosts if name not in self.hosts or name in gone)
         models = await asyncio.to_thread(self.cluster.models)
         self.hosts = hosts
@@ -192,7 +220,11 @@ class RayExecutor(Executor):
         for name in sorted(gone):
             log.warning("host %s left the cluster", name)
         for name in joined:
-            log.info("host %s joined: %s", name, ", ".join(f"{d.id} ({d.slots} slots)" for d in hosts[name].devices))
+            log.info(
+                "host %s joined: %s",
+                name,
+                ", ".join(f"{d.id} ({d.slots} slots)" for d in hosts[name].devices),
+            )
         self.sampler.update(hosts)
         # The service hears of the new devices first, so the slots the lost sub-jobs free below are never
         # given to a queued job on a host that is gone.
@@ -215,30 +247,38 @@ class RayExecutor(Executor):
         key = (assignment.job_id, assignment.sub_job_id)
         host = self.hosts.get(assignment.device.host)
         if host is None:
-            self.listener.sub_job_failed(assignment.job_id, assignment.sub_job_id, "host_lost",
-                                         f"host {assignment.device.host} left the cluster before {assignment.sub_job_id} started")
+            self.listener.sub_job_failed(
+                assignment.job_id,
+                assignment.sub_job_id,
+                "host_lost",
+                f"host {assignment.device.host} left the cluster before {assignment.sub_job_id} started",
+            )
             return
         model = assignment.model
         if model.kind == "local":  # the weights are in the host's own directory for this model
-            model = ModelInfo(model.name, model.kind, Path(host.model_path(model.name) or str(model.path)), model.config)
+            model = ModelInfo(
+                model.name, model.kind, Path(host.model_path(model.name) or str(model.path)), model.config
+            )
         actor = self._actor_class.options(**self._actor_options(assignment.device, host, model.name)).remote()
         sub = ActorSubJob(assignment, host, actor)
         self._sub_jobs[key] = sub
-        sub.send({
-            "type": "init",
-            "job_id": assignment.job_id,
-            "sub_job_id": assignment.sub_job_id,
-            "sub_job_type": assignment.sub_job_type,
-            "spec": assignment.spec,
-            "model": model.to_wire(),
-            # The GPU the scheduler chose, as locally (Ray's num_gpus reserves the host's share; naming the
-            # device keeps each sample attributed to the sub-job really on it); a CPU sub-job sees none.
-            "env": assignment.device.worker_env(),
-            "threads": self.settings.worker_threads,
-            "faults": list(self.settings.fault_injection),
-            "sampler": assignment.device.sampler,
-            "sampler_options": self.settings.sampler_options,
-        })
+        sub.send(
+            {
+                "type": "init",
+                "job_id": assignment.job_id,
+                "sub_job_id": assignment.sub_job_id,
+                "sub_job_type": assignment.sub_job_type,
+                "spec": assignment.spec,
+                "model": model.to_wire(),
+                # The GPU the scheduler chose, as locally (Ray's num_gpus reserves the host's share; naming the
+                # device keeps each sample attributed to the sub-job really on it); a CPU sub-job sees none.
+                "env": assignment.device.worker_env(),
+                "threads": self.settings.worker_threads,
+                "faults": list(self.settings.fault_injection),
+                "sampler": assignment.device.sampler,
+                "sampler_options": self.settings.sampler_options,
+            }
+        )
         for header, blob in self._backlog.pop(key, []):
             self._send(sub, header, blob)
         sub.pump = self._spawn(self._pump(sub))
@@ -258,7 +298,9 @@ class RayExecutor(Executor):
             "max_task_retries": 0,
         }
 
-    def submit(self, job_id: str, sub_job_id: str, request_id: str, op: str, params: dict[str, Any], blob: bytes) -> None:
+    def submit(
+        self, job_id: str, sub_job_id: str, request_id: str, op: str, params: dict[str, Any], blob: bytes
+    ) -> None:
         header = {"type": "request", "request_id": request_id, "op": op, "params": params}
         if not isinstance(blob, bytes):
             blob = bytes(memoryview(blob))  # an assembled upload is a memory map, which Ray cannot serialise
@@ -288,7 +330,9 @@ class RayExecutor(Executor):
     def cancel_request(self, job_id: str, sub_job_id: str, request_id: str) -> None:
         key = (job_id, sub_job_id)
         if key in self._backlog:
-            self._backlog[key] = [item for item in self._backlog[key] if item[0].get("request_id") != request_id]
+            self._backlog[key] = [
+                item for item in self._backlog[key] if item[0].get("request_id") != request_id
+            ]
         sub = self._sub_jobs.get(key)
         if sub is not None:
             sub.send({"type": "cancel", "request_id": request_id})
@@ -343,17 +387,29 @@ class RayExecutor(Executor):
         if sub.stopping or kind in ("hello", "warm"):
             return
         if kind == "log":
-            self.listener.log_lines(assignment.job_id, assignment.sub_job_id, header["stream"],
-                                    [(float(at), line) for at, line in header["lines"]])
+            self.listener.log_lines(
+                assignment.job_id,
+                assignment.sub_job_id,
+                header["stream"],
+                [(float(at), line) for at, line in header["lines"]],
+            )
             return
         if kind == "ready":
-            info = {**(header.get("info") or {}), "host": sub.host.name, "node_id": sub.placement.get("node_id"),
-                    "gpu_ids": sub.placement.get("gpu_ids", [])}
+            info = {
+                **(header.get("info") or {}),
+                "host": sub.host.name,
+                "node_id": sub.placement.get("node_id"),
+                "gpu_ids": sub.placement.get("gpu_ids", []),
+            }
             self.listener.sub_job_ready(assignment.job_id, assignment.sub_job_id, info)
             return
         if kind == "worker_exited":
-            self._fail(sub, "worker_crashed", f"the worker serving {assignment.sub_job_id} on host {sub.host.name} stopped"
-                       f" ({header.get('reason')}); see the job's logs. Other jobs are unaffected.")
+            self._fail(
+                sub,
+                "worker_crashed",
+                f"the worker serving {assignment.sub_job_id} on host {sub.host.name} stopped"
+                f" ({header.get('reason')}); see the job's logs. Other jobs are unaffected.",
+            )
             return
         if kind == "init_failed":
             sub.stopping = True
@@ -377,8 +433,13 @@ class RayExecutor(Executor):
                 raise TransferError("the head did not expect this save")
             await asyncio.to_thread(write_checkpoint_files, directory, files, manifest)
         except (TransferError, OSError) as exc:
-            return {"type": "finished", "request_id": request_id, "status": "failed", "code": "operation_failed",
-                    "message": f"save failed: the checkpoint written on host {sub.host.name} could not be kept: {exc}"}
+            return {
+                "type": "finished",
+                "request_id": request_id,
+                "status": "failed",
+                "code": "operation_failed",
+                "message": f"save failed: the checkpoint written on host {sub.host.name} could not be kept: {exc}",
+            }
         return header
 
     async def _keep_loop_checkpoint(self, sub: ActorSubJob, header: dict[str, Any]) -> dict[str, Any]:
@@ -394,8 +455,13 @@ class RayExecutor(Executor):
         try:
             await asyncio.to_thread(write)
         except (TransferError, OSError) as exc:  # the service then finds no files and says it kept nothing
-            log.warning("checkpoint %s of %s from host %s could not be kept: %s", header.get("checkpoint_id"),
-                        sub.assignment.job_id, sub.host.name, exc)
+            log.warning(
+                "checkpoint %s of %s from host %s could not be kept: %s",
+                header.get("checkpoint_id"),
+                sub.assignment.job_id,
+                sub.host.name,
+                exc,
+            )
         return header
 
     async def _actor_died(self, sub: ActorSubJob, exc: Exception) -> None:
@@ -409,8 +475,12 @@ class RayExecutor(Executor):
             if not sub.stopping:
                 self._fail(sub, "host_lost", _host_lost_message(sub))
         else:
-            self._fail(sub, "worker_crashed", f"the Ray actor serving {sub.assignment.sub_job_id} on host {sub.host.name}"
-                       f" died ({_reason(exc)}); see the job's logs. Other jobs are unaffected.")
+            self._fail(
+                sub,
+                "worker_crashed",
+                f"the Ray actor serving {sub.assignment.sub_job_id} on host {sub.host.name}"
+                f" died ({_reason(exc)}); see the job's logs. Other jobs are unaffected.",
+            )
 
     def _fail(self, sub: ActorSubJob, code: str, message: str) -> None:
         import ray
@@ -433,8 +503,10 @@ class RayExecutor(Executor):
 
 
 def _host_lost_message(sub: ActorSubJob) -> str:
-    return (f"host {sub.host.name} left the cluster (its Ray node is gone) while it served {sub.assignment.sub_job_id};"
-            " create a new job (and load a checkpoint, if you saved one). Other jobs are unaffected.")
+    return (
+        f"host {sub.host.name} left the cluster (its Ray node is gone) while it served {sub.assignment.sub_job_id};"
+        " create a new job (and load a checkpoint, if you saved one). Other jobs are unaffected."
+    )
 
 
 def _reason(exc: Exception) -> str:

@@ -31,8 +31,12 @@ READY_TEXT = "This command will now block forever"
 # Ray's agents are Python processes that take long to start on a loaded machine. Left to choose their own
 # ports, they report them through files the raylet waits 15 s for, then aborts the whole node; with the
 # ports given, the raylet does not wait. The register timeout covers the agents' later check-in.
-AGENT_PORT_OPTIONS = ("--metrics-export-port", "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port",
-                      "--runtime-env-agent-port")
+AGENT_PORT_OPTIONS = (
+    "--metrics-export-port",
+    "--dashboard-agent-grpc-port",
+    "--dashboard-agent-listen-port",
+    "--runtime-env-agent-port",
+)
 AGENT_TIMEOUT_ENV = {"RAY_agent_register_timeout_ms": "180000"}
 # A node that fails to start anyway is started again.
 START_ATTEMPTS = 3
@@ -63,17 +67,26 @@ class AgentPortWatcher(threading.Thread):
         done: set[int] = set()
         while not self.stopped.wait(0.05):
             try:
-                raylets = [child for child in psutil.Process(self.ray_start_pid).children(recursive=True)
-                           if child.pid not in done and child.name() == "raylet"]
+                raylets = [
+                    child
+                    for child in psutil.Process(self.ray_start_pid).children(recursive=True)
+                    if child.pid not in done and child.name() == "raylet"
+                ]
             except psutil.Error:
                 return
             for raylet in raylets:
                 try:
-                    options = dict(arg[2:].split("=", 1) for arg in raylet.cmdline() if arg.startswith("--") and "=" in arg)
+                    options = dict(
+                        arg[2:].split("=", 1)
+                        for arg in raylet.cmdline()
+                        if arg.startswith("--") and "=" in arg
+                    )
                 except psutil.Error:
                     continue
                 if options.get("session_dir") and options.get("node_id"):
-                    persist_port(options["session_dir"], options["node_id"], DASHBOARD_AGENT_LISTEN_PORT_NAME, -1)
+                    persist_port(
+                        options["session_dir"], options["node_id"], DASHBOARD_AGENT_LISTEN_PORT_NAME, -1
+                    )
                     done.add(raylet.pid)
 
 
@@ -109,10 +122,18 @@ def free_port() -> int:
 
 def start_arguments(node: dict[str, Any], object_store_bytes: int | None) -> list[str]:
     """`ray start` arguments for a node's resources (registry.node_resources), with free ports for its agents."""
-    arguments = ["--num-cpus", str(node["num_cpus"]), "--num-gpus", str(node["num_gpus"]),
-                 "--resources", json.dumps(node["resources"]), "--disable-usage-stats",
-                 # Ray's log monitor only copies workers' output to drivers; actors send theirs to the head.
-                 "--include-log-monitor", "false"]
+    arguments = [
+        "--num-cpus",
+        str(node["num_cpus"]),
+        "--num-gpus",
+        str(node["num_gpus"]),
+        "--resources",
+        json.dumps(node["resources"]),
+        "--disable-usage-stats",
+        # Ray's log monitor only copies workers' output to drivers; actors send theirs to the head.
+        "--include-log-monitor",
+        "false",
+    ]
     for option in AGENT_PORT_OPTIONS:
         arguments += [option, str(free_port())]
     if object_store_bytes:
@@ -139,19 +160,40 @@ class RayHead:
         self._watcher = AgentPortWatcher(process.pid)
 
     @classmethod
-    def launch(cls, node: dict[str, Any], port: int, object_store_bytes: int | None, temp_dir: Path | None,
-               log_path: Path) -> RayHead:
+    def launch(
+        cls,
+        node: dict[str, Any],
+        port: int,
+        object_store_bytes: int | None,
+        temp_dir: Path | None,
+        log_path: Path,
+    ) -> RayHead:
         """Start `ray start --head --block` (call this on the thread that lives as long as the backend:
         the kernel's parent-death signal follows the thread that started the child)."""
-        command = [ray_command(), "start", "--head", "--port", str(port), "--include-dashboard", "false", "--block",
-                   *start_arguments(node, object_store_bytes)]
+        command = [
+            ray_command(),
+            "start",
+            "--head",
+            "--port",
+            str(port),
+            "--include-dashboard",
+            "false",
+            "--block",
+            *start_arguments(node, object_store_bytes),
+        ]
         if temp_dir is not None:
             command += ["--temp-dir", str(temp_dir)]
         offset = log_path.stat().st_size if log_path.exists() else 0
         with open(log_path, "ab") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=ray_environment(), start_new_session=True,
-                                       preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+            process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=ray_environment(),
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
         head = cls(process, "", log_path)
         head._log_offset = offset
         head._watcher = AgentPortWatcher(process.pid)
@@ -162,22 +204,30 @@ class RayHead:
         """Block until the head answers; returns its address ("IP:PORT", what hosts join)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            text = self.log_path.read_text(errors="replace")[self._log_offset:]
+            text = self.log_path.read_text(errors="replace")[self._log_offset :]
             match = ADDRESS_LINE.search(text)
             if match and READY_TEXT in text:
                 self.address = match.group(1)
                 self._watcher.stopped.set()
                 return self.address
             if self.process.poll() is not None:
-                raise HeadFailed(f"the Ray head did not start (exit code {self.process.returncode}); see {self.log_path}:\n"
-                                   f"{text[-2000:]}")
+                raise HeadFailed(
+                    f"the Ray head did not start (exit code {self.process.returncode}); see {self.log_path}:\n"
+                    f"{text[-2000:]}"
+                )
             time.sleep(0.2)
         self.stop()
         raise HeadFailed(f"the Ray head did not start within {timeout_s:.0f} s; see {self.log_path}")
 
     @classmethod
-    async def start(cls, node: dict[str, Any], port: int, object_store_bytes: int | None, temp_dir: Path | None,
-                    log_path: Path) -> RayHead:
+    async def start(
+        cls,
+        node: dict[str, Any],
+        port: int,
+        object_store_bytes: int | None,
+        temp_dir: Path | None,
+        log_path: Path,
+    ) -> RayHead:
         """Launch the head and wait until it answers, trying again when Ray's start-up fails."""
         for attempt in range(1, START_ATTEMPTS + 1):
             head = cls.launch(node, port, object_store_bytes, temp_dir, log_path)
@@ -188,7 +238,12 @@ class RayHead:
                 await asyncio.to_thread(head.stop)
                 if attempt == START_ATTEMPTS:
                     raise
-                log.warning("%s; starting it again (attempt %d of %d)", str(exc).splitlines()[0], attempt + 1, START_ATTEMPTS)
+                log.warning(
+                    "%s; starting it again (attempt %d of %d)",
+                    str(exc).splitlines()[0],
+                    attempt + 1,
+                    START_ATTEMPTS,
+                )
         raise AssertionError("unreachable")
 
     def stop(self, grace_s: float = 5.0) -> None:

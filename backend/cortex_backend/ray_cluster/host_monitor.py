@@ -66,10 +66,15 @@ class ClusterSampler:
             if current is not None and current[0] == host.node_id:
                 monitors[name] = current
                 continue
-            actor = ray.remote(HostMonitor).options(
-                num_cpus=0, max_restarts=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(host.node_id, soft=False),
-            ).remote(name, [device.to_json() for device in host.devices])
+            actor = (
+                ray.remote(HostMonitor)
+                .options(
+                    num_cpus=0,
+                    max_restarts=0,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(host.node_id, soft=False),
+                )
+                .remote(name, [device.to_json() for device in host.devices])
+            )
             monitors[name] = (host.node_id, actor)
         for name, (_, actor) in self._monitors.items():
             if name not in monitors:
@@ -96,7 +101,11 @@ class ClusterSampler:
         return samples
 
     def gpu_unavailable_reason(self) -> str | None:
-        return None if self._has_gpus else "the cluster's hosts serve CPU devices only; GPU metrics are not collected"
+        return (
+            None
+            if self._has_gpus
+            else "the cluster's hosts serve CPU devices only; GPU metrics are not collected"
+        )
 
     def stop(self) -> None:
         import ray

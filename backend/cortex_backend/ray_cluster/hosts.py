@@ -44,8 +44,18 @@ def devices_of(record: dict[str, Any]) -> tuple[Device, ...]:
     devices = []
     for entry in record.get("devices", []):
         local_id = "cpu" if entry["kind"] == "cpu" else f"cuda:{entry['index']}"
-        devices.append(Device(f"{name}/{local_id}", entry["kind"], entry.get("index"), entry["name"],
-                              entry.get("memory_bytes"), int(entry["slots"]), name, models))
+        devices.append(
+            Device(
+                f"{name}/{local_id}",
+                entry["kind"],
+                entry.get("index"),
+                entry["name"],
+                entry.get("memory_bytes"),
+                int(entry["slots"]),
+                name,
+                models,
+            )
+        )
     return tuple(devices)
 
 
@@ -59,7 +69,7 @@ def live_nodes() -> dict[str, dict[str, Any]]:
             continue
         for resource in node.get("Resources", {}):
             if resource.startswith(HOST_RESOURCE_PREFIX):
-                nodes[resource[len(HOST_RESOURCE_PREFIX):]] = node
+                nodes[resource[len(HOST_RESOURCE_PREFIX) :]] = node
     return nodes
 
 
@@ -86,11 +96,18 @@ class ClusterHosts:
             if record is None:
                 record = self.store.get(f"host/{name}")
                 if record is None:
-                    log.warning("node %s carries host resource %r but no host record; ignoring it", node["NodeID"], name)
+                    log.warning(
+                        "node %s carries host resource %r but no host record; ignoring it",
+                        node["NodeID"],
+                        name,
+                    )
                     continue
                 self._records[key] = record
             hosts[name] = Host(
-                name, node["NodeID"], node.get("NodeManagerAddress", ""), devices_of(record),
+                name,
+                node["NodeID"],
+                node.get("NodeManagerAddress", ""),
+                devices_of(record),
                 tuple(sorted((model, entry["path"]) for model, entry in record.get("models", {}).items())),
             )
         for key in [key for key in self._records if key[0] not in hosts or hosts[key[0]].node_id != key[1]]:
@@ -107,7 +124,11 @@ class ClusterHosts:
             for model, entry in records[name].get("models", {}).items():
                 if model in models:
                     if models[model].config != entry["config"]:
-                        log.warning("model %r on host %s differs from the one already registered; using the first", model, name)
+                        log.warning(
+                            "model %r on host %s differs from the one already registered; using the first",
+                            model,
+                            name,
+                        )
                     continue
                 models[model] = ModelInfo(model, "local", self._model_files(model, entry), entry["config"])
         return models

@@ -47,7 +47,9 @@ def _reachable(address: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except (OSError, ValueError) as exc:
-        raise JoinRefused(f"cannot reach the Ray head at {address} ({exc}); check the address the backend printed") from None
+        raise JoinRefused(
+            f"cannot reach the Ray head at {address} ({exc}); check the address the backend printed"
+        ) from None
 
 
 def _models(models: dict[str, str], models_dir: Path | None) -> dict:
@@ -71,25 +73,41 @@ def check(store: ClusterStore, name: str, models: dict) -> None:
     """Refuse to join a head without a backend, with other versions, or where `name` is taken."""
     head = store.get(HEAD_KEY)
     if head is None:
-        raise JoinRefused(f"no cortex-nb backend has started on the Ray head at {store.address}; start it there first with"
-                          " `cortex-nb backend serve --executor ray`")
+        raise JoinRefused(
+            f"no cortex-nb backend has started on the Ray head at {store.address}; start it there first with"
+            " `cortex-nb backend serve --executor ray`"
+        )
     differences = mismatches(head["versions"], local_versions())
     if differences:
-        raise JoinRefused("this host's versions differ from the head's, so it may not join:\n  " + "\n  ".join(differences)
-                          + "\ninstall the head's versions here (same Python minor version, torch, cortex-nb and Ray), then"
-                            " join again")
+        raise JoinRefused(
+            "this host's versions differ from the head's, so it may not join:\n  "
+            + "\n  ".join(differences)
+            + "\ninstall the head's versions here (same Python minor version, torch, cortex-nb and Ray), then"
+            " join again"
+        )
     if name in store.live_host_names():
         raise JoinRefused(f"a host named {name!r} is already in the cluster; choose another with --name")
     for model, info in models.items():
         for other in store.host_records().values():
             entry = other.get("models", {}).get(model)
             if entry is not None and entry["config"] != info.config and other["name"] != name:
-                raise JoinRefused(f"model {model!r} here differs from the one host {other['name']!r} registered (their"
-                                  " config.json differ); register it under another name")
+                raise JoinRefused(
+                    f"model {model!r} here differs from the one host {other['name']!r} registered (their"
+                    " config.json differ); register it under another name"
+                )
 
 
-def join(head_address: str, *, name: str | None, models: dict[str, str], models_dir: Path | None, devices: str,
-         sub_jobs_per_device: int, object_store_bytes: int | None, block: bool) -> int:
+def join(
+    head_address: str,
+    *,
+    name: str | None,
+    models: dict[str, str],
+    models_dir: Path | None,
+    devices: str,
+    sub_jobs_per_device: int,
+    object_store_bytes: int | None,
+    block: bool,
+) -> int:
     name = name or socket.gethostname()
     try:
         if not HOST_NAME_PATTERN.fullmatch(name):
@@ -108,26 +126,44 @@ def join(head_address: str, *, name: str | None, models: dict[str, str], models_
         return 2
     store.put(HOST_PREFIX + name, host_record(name, local_versions(), host_devices, infos))
     node = node_resources(name, host_devices, list(infos))
-    print(f"host {name} joins {head_address}: {', '.join(f'{d.id} ({d.slots} slots)' for d in host_devices)};"
-          f" models: {', '.join(sorted({TINY, *infos}))}", flush=True)
+    print(
+        f"host {name} joins {head_address}: {', '.join(f'{d.id} ({d.slots} slots)' for d in host_devices)};"
+        f" models: {', '.join(sorted({TINY, *infos}))}",
+        flush=True,
+    )
     for attempt in range(1, START_ATTEMPTS + 1):
-        command = [ray_command(), "start", "--address", head_address, *start_arguments(node, object_store_bytes)]
+        command = [
+            ray_command(),
+            "start",
+            "--address",
+            head_address,
+            *start_arguments(node, object_store_bytes),
+        ]
         if block:
             command.append("--block")
         print("$ " + " ".join(shlex.quote(part) for part in command), flush=True)
         code, started = _run_ray_start(command)
         if started or attempt == START_ATTEMPTS:
             return code
-        print(f"Ray did not start on this host (exit code {code}); starting it again (attempt {attempt + 1} of"
-              f" {START_ATTEMPTS})", file=sys.stderr, flush=True)
+        print(
+            f"Ray did not start on this host (exit code {code}); starting it again (attempt {attempt + 1} of"
+            f" {START_ATTEMPTS})",
+            file=sys.stderr,
+            flush=True,
+        )
     return 1
 
 
 def _run_ray_start(command: list[str]) -> tuple[int, bool]:
     """Run Ray's own `ray start`, passing its output on and a stop signal to it; (exit code, whether the
     node came up). With --block it runs until stopped: stopping this command stops the host's Ray."""
-    process = subprocess.Popen(command, env=ray_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        command,
+        env=ray_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     watcher = AgentPortWatcher(process.pid)
     watcher.start()
     forward = lambda signum, frame: process.send_signal(signal.SIGTERM)  # noqa: E731

@@ -34,8 +34,12 @@ class OutputCapture:
             self._originals[fd] = os.dup(fd)
             os.dup2(write_end, fd)
             os.close(write_end)
-            thread = threading.Thread(target=self._pump, args=(read_end, self._originals[fd], stream),
-                                      name=f"cortex-capture-{stream}", daemon=True)
+            thread = threading.Thread(
+                target=self._pump,
+                args=(read_end, self._originals[fd], stream),
+                name=f"cortex-capture-{stream}",
+                daemon=True,
+            )
             thread.start()
             self._threads.append(thread)
 

@@ -29,7 +29,12 @@ MODEL_RESOURCE_PREFIX = "cortex-model:"
 MODEL_RESOURCE_UNITS = 1000.0
 MODEL_RESOURCE_PER_SUB_JOB = 0.001
 # Files besides config.json the head needs to tokenize a host's model.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+)
 MAX_TOKENIZER_FILE_BYTES = 64 * 2**20
 
 
@@ -57,10 +62,15 @@ class ClusterStore:
         return json.loads(raw) if raw else None
 
     def put(self, key: str, record: dict[str, Any]) -> None:
-        self._client.internal_kv_put(key.encode(), json.dumps(record).encode(), True, NAMESPACE, timeout=self.timeout_s)
+        self._client.internal_kv_put(
+            key.encode(), json.dumps(record).encode(), True, NAMESPACE, timeout=self.timeout_s
+        )
 
     def keys(self, prefix: str) -> list[str]:
-        return [key.decode() for key in self._client.internal_kv_keys(prefix.encode(), NAMESPACE, timeout=self.timeout_s)]
+        return [
+            key.decode()
+            for key in self._client.internal_kv_keys(prefix.encode(), NAMESPACE, timeout=self.timeout_s)
+        ]
 
     def host_records(self) -> dict[str, dict[str, Any]]:
         records = {}
@@ -78,7 +88,7 @@ class ClusterStore:
                 continue
             for resource in node.resources_total:
                 if resource.startswith(HOST_RESOURCE_PREFIX):
-                    names.add(resource[len(HOST_RESOURCE_PREFIX):])
+                    names.add(resource[len(HOST_RESOURCE_PREFIX) :])
         return names
 
 
@@ -86,15 +96,22 @@ def head_record(versions: dict[str, str], address: str) -> dict[str, Any]:
     return {"versions": versions, "address": address, "started_at": time.time()}
 
 
-def host_record(name: str, versions: dict[str, str], devices: list[Device], models: dict[str, ModelInfo]) -> dict[str, Any]:
+def host_record(
+    name: str, versions: dict[str, str], devices: list[Device], models: dict[str, ModelInfo]
+) -> dict[str, Any]:
     """What a joining host publishes: its devices (as this host detected them) and its models."""
     return {
         "name": name,
         "hostname": socket.gethostname(),
         "versions": versions,
         "devices": [
-            {"kind": device.kind, "index": device.index, "name": device.name, "memory_bytes": device.memory_bytes,
-             "slots": device.slots}
+            {
+                "kind": device.kind,
+                "index": device.index,
+                "name": device.name,
+                "memory_bytes": device.memory_bytes,
+                "slots": device.slots,
+            }
             for device in devices
         ],
         "models": {model_name: _model_entry(info) for model_name, info in models.items()},

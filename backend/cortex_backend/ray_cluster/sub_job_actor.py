@@ -96,7 +96,9 @@ class SubJobActor:
         self.outbox: queue.Queue = queue.Queue()
         self.inbox = OrderedInbox()
         self.staging = CheckpointStaging()
-        self.capture = OutputCapture(lambda stream, lines: self.outbox.put(({"type": "log", "stream": stream, "lines": lines}, b"")))
+        self.capture = OutputCapture(
+            lambda stream, lines: self.outbox.put(({"type": "log", "stream": stream, "lines": lines}, b""))
+        )
         self.capture.start()
         channel = ActorChannel(self.inbox, self.outbox, self.staging)
         self.thread = threading.Thread(target=self._serve, args=(channel,), name="cortex-worker", daemon=True)
@@ -118,10 +120,16 @@ class SubJobActor:
         import ray
 
         context = ray.get_runtime_context()
-        return {"node_id": context.get_node_id(), "hostname": socket.gethostname(), "pid": os.getpid(),
-                "gpu_ids": [str(gpu) for gpu in ray.get_gpu_ids()]}
+        return {
+            "node_id": context.get_node_id(),
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "gpu_ids": [str(gpu) for gpu in ray.get_gpu_ids()],
+        }
 
-    def send(self, sequence: int, header: dict[str, Any], blob: bytes = b"", files: dict[str, bytes] | None = None) -> None:
+    def send(
+        self, sequence: int, header: dict[str, Any], blob: bytes = b"", files: dict[str, bytes] | None = None
+    ) -> None:
         self.inbox.put(sequence, (header, blob, files))
 
     def next_messages(self, wait_s: float) -> list[tuple[dict[str, Any], Any]]:

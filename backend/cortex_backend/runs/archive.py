@@ -30,24 +30,42 @@ def _manifest_error(message: str, path: str | None = None) -> ApiError:
 def validate_manifest(raw: Any, spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Check the manifest's shape and limits; inputs must be exactly the spec's inputs."""
     if not isinstance(raw, list):
-        raise ApiError("invalid_field", "manifest: must be a list of {path, bytes, sha256, kind}", {"field": "manifest"})
+        raise ApiError(
+            "invalid_field", "manifest: must be a list of {path, bytes, sha256, kind}", {"field": "manifest"}
+        )
     entries, seen = [], set()
     source_bytes = source_files = 0
     for index, entry in enumerate(raw):
         field = f"manifest[{index}]"
-        if not isinstance(entry, dict) or set(entry) - ENTRY_KEYS or not {"path", "bytes", "sha256"} <= set(entry):
-            raise ApiError("invalid_field", f"{field}: must be an object with path, bytes, sha256 and kind", {"field": field})
+        if (
+            not isinstance(entry, dict)
+            or set(entry) - ENTRY_KEYS
+            or not {"path", "bytes", "sha256"} <= set(entry)
+        ):
+            raise ApiError(
+                "invalid_field",
+                f"{field}: must be an object with path, bytes, sha256 and kind",
+                {"field": field},
+            )
         try:
             path = run_spec.relative_path(entry["path"], f"{field}.path")
         except CortexError as exc:
             raise ApiError("invalid_field", exc.message, exc.detail) from None
         size, digest, kind = entry["bytes"], entry["sha256"], entry.get("kind", "source")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ApiError("invalid_field", f"{field}.bytes: must be a non-negative integer", {"field": f"{field}.bytes"})
+            raise ApiError(
+                "invalid_field", f"{field}.bytes: must be a non-negative integer", {"field": f"{field}.bytes"}
+            )
         if not isinstance(digest, str) or not SHA256_PATTERN.match(digest):
-            raise ApiError("invalid_field", f"{field}.sha256: must be 64 lowercase hex digits", {"field": f"{field}.sha256"})
+            raise ApiError(
+                "invalid_field",
+                f"{field}.sha256: must be 64 lowercase hex digits",
+                {"field": f"{field}.sha256"},
+            )
         if kind not in ("source", "input"):
-            raise ApiError("invalid_field", f"{field}.kind: must be 'source' or 'input'", {"field": f"{field}.kind"})
+            raise ApiError(
+                "invalid_field", f"{field}.kind: must be 'source' or 'input'", {"field": f"{field}.kind"}
+            )
         if path in seen:
             raise _manifest_error(f"{path} is listed twice in the manifest", path)
         seen.add(path)
@@ -55,20 +73,32 @@ def validate_manifest(raw: Any, spec: dict[str, Any]) -> list[dict[str, Any]]:
             source_bytes += size
             source_files += 1
         elif size > run_spec.MAX_INPUT_BYTES:
-            raise ApiError("spec_invalid", f"input {path} is {size} bytes; each input may be at most"
-                           f" {run_spec.MAX_INPUT_BYTES}", {"field": "inputs"})
+            raise ApiError(
+                "spec_invalid",
+                f"input {path} is {size} bytes; each input may be at most {run_spec.MAX_INPUT_BYTES}",
+                {"field": "inputs"},
+            )
         entries.append({"path": path, "bytes": size, "sha256": digest, "kind": kind})
     if source_files > run_spec.MAX_SOURCE_FILES:
-        raise ApiError("spec_invalid", f"source.include: {source_files} files; at most {run_spec.MAX_SOURCE_FILES}",
-                       {"field": "source.include"})
+        raise ApiError(
+            "spec_invalid",
+            f"source.include: {source_files} files; at most {run_spec.MAX_SOURCE_FILES}",
+            {"field": "source.include"},
+        )
     if source_bytes > run_spec.MAX_SOURCE_BYTES:
-        raise ApiError("spec_invalid", f"source.include: {source_bytes} bytes of source; at most"
-                       f" {run_spec.MAX_SOURCE_BYTES} (send data as inputs)", {"field": "source.include"})
+        raise ApiError(
+            "spec_invalid",
+            f"source.include: {source_bytes} bytes of source; at most"
+            f" {run_spec.MAX_SOURCE_BYTES} (send data as inputs)",
+            {"field": "source.include"},
+        )
     declared = {entry["path"] for entry in spec["inputs"].values()}
     sent = {entry["path"] for entry in entries if entry["kind"] == "input"}
     if declared != sent:
         missing, extra = sorted(declared - sent), sorted(sent - declared)
-        raise _manifest_error(f"the manifest's inputs do not match the spec's: missing {missing}, undeclared {extra}")
+        raise _manifest_error(
+            f"the manifest's inputs do not match the spec's: missing {missing}, undeclared {extra}"
+        )
     directories = {posixpath.dirname(path) for path in seen}
     parents = {"/".join(d.split("/")[:i]) for d in directories for i in range(1, d.count("/") + 2)}
     clash = sorted(seen & parents)
@@ -86,11 +116,17 @@ def _members(archive: Path, manifest: list[dict[str, Any]]):
             name = posixpath.normpath(member.name)
             entry = expected.get(name)
             if entry is None or name in found:
-                raise _manifest_error(f"the archive holds {member.name!r}, which the manifest does not list (once)", member.name)
+                raise _manifest_error(
+                    f"the archive holds {member.name!r}, which the manifest does not list (once)", member.name
+                )
             if not member.isfile():
-                raise _manifest_error(f"{member.name!r} is not a regular file; archives hold regular files only", member.name)
+                raise _manifest_error(
+                    f"{member.name!r} is not a regular file; archives hold regular files only", member.name
+                )
             if member.size != entry["bytes"]:
-                raise _manifest_error(f"{name} is {member.size} bytes in the archive but {entry['bytes']} in the manifest", name)
+                raise _manifest_error(
+                    f"{name} is {member.size} bytes in the archive but {entry['bytes']} in the manifest", name
+                )
             found.add(name)
             yield entry, tar.extractfile(member)
     missing = sorted(set(expected) - found)

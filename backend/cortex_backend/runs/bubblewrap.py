@@ -20,7 +20,13 @@ from pathlib import Path
 # Top-level directories of a Debian-like root a program needs; on merged-/usr hosts most are symlinks.
 SYSTEM_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # GPU device nodes every CUDA process opens besides /dev/nvidiaN of its own GPUs.
-NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset", "/dev/nvidia-caps")
+NVIDIA_CONTROL_NODES = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+    "/dev/nvidia-caps",
+)
 RUN_HOSTNAME = "cortex-run"
 
 
@@ -64,8 +70,16 @@ def sandbox_arguments(
 ) -> list[str]:
     """The bwrap command line up to (not including) '--' and the command."""
     args = [
-        "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-        "--die-with-parent", "--new-session", "--hostname", RUN_HOSTNAME,
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        RUN_HOSTNAME,
     ]
     if disable_userns:
         args.append("--disable-userns")

@@ -256,7 +256,10 @@ class RunCgroup:
                 _write(v2 / "cpu.weight", str(limits.cpu_weight))
                 enforced["cpu"] = "cgroup_v2"
             elif "cpu" in self.paths:
-                _write(self.paths["cpu"] / "cpu.shares", str(max(2, int(limits.cpu_weight * V1_SHARES_PER_WEIGHT))))
+                _write(
+                    self.paths["cpu"] / "cpu.shares",
+                    str(max(2, int(limits.cpu_weight * V1_SHARES_PER_WEIGHT))),
+                )
                 enforced["cpu"] = "cgroup_v1"
         return enforced
 

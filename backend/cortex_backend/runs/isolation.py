@@ -49,14 +49,34 @@ def probe_bubblewrap(as_uid: int | None) -> SandboxSupport:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return SandboxSupport(problem="bubblewrap (bwrap) is not installed; install the 'bubblewrap' package")
-    base = ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", *system_layout(),
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--remount-ro", "/"]
+    base = [
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        *system_layout(),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--remount-ro",
+        "/",
+    ]
     problem = "unknown"
     for disable_userns in (True, False):
         args = [bwrap, *base, *(["--disable-userns"] if disable_userns else []), "--", "/bin/true"]
         try:
-            result = subprocess.run(args, capture_output=True, timeout=PROBE_TIMEOUT_S, preexec_fn=_drop_to(as_uid),
-                                    stdin=subprocess.DEVNULL, cwd="/")
+            result = subprocess.run(
+                args,
+                capture_output=True,
+                timeout=PROBE_TIMEOUT_S,
+                preexec_fn=_drop_to(as_uid),
+                stdin=subprocess.DEVNULL,
+                cwd="/",
+            )
         except (OSError, subprocess.SubprocessError) as exc:
             return SandboxSupport(problem=f"bubblewrap could not run: {exc}")
         if result.returncode == 0:
@@ -93,8 +113,10 @@ class HostIsolation:
             return f"this host cannot give the run sandbox: {self.sandbox.problem}"
         missing = [name for name in REQUIRED_LIMITS if not limits.get(name, "").startswith("cgroup")]
         if missing:
-            return (f"this backend cannot enforce a per-run {' or '.join(missing)} limit (no writable cgroup for it:"
-                    f" {self.cgroups.describe()})")
+            return (
+                f"this backend cannot enforce a per-run {' or '.join(missing)} limit (no writable cgroup for it:"
+                f" {self.cgroups.describe()})"
+            )
         return None
 
 
@@ -106,4 +128,6 @@ def backend_id(data_dir: str) -> str:
 def probe_host(data_dir: str, namespaces_off: bool, probe_uid: int | None) -> HostIsolation:
     sandbox = SandboxSupport(problem="turned off") if namespaces_off else probe_bubblewrap(probe_uid)
     cgroups = detect(backend_id(data_dir))
-    return HostIsolation(sandbox=sandbox, cgroups=cgroups, world_writable=world_writable_dirs(), namespaces_off=namespaces_off)
+    return HostIsolation(
+        sandbox=sandbox, cgroups=cgroups, world_writable=world_writable_dirs(), namespaces_off=namespaces_off
+    )

@@ -81,15 +81,26 @@ class SandboxProcess:
             self.process = await asyncio.create_subprocess_exec(
                 # By path, isolated and without site: it needs only the standard library, and importing the
                 # packages would cost most of a second per run.
-                sys.executable, "-I", "-S", SANDBOX_PROGRAM, str(self.config_path), str(write_fd),
-                pass_fds=(write_fd,), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=launcher_environment(), start_new_session=True,
+                sys.executable,
+                "-I",
+                "-S",
+                SANDBOX_PROGRAM,
+                str(self.config_path),
+                str(write_fd),
+                pass_fds=(write_fd,),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=launcher_environment(),
+                start_new_session=True,
             )
         finally:
             os.close(write_fd)
         loop = asyncio.get_running_loop()
         status_reader = asyncio.StreamReader(limit=LINE_LIMIT)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(status_reader), os.fdopen(read_fd, "rb"))
+        await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(status_reader), os.fdopen(read_fd, "rb")
+        )
         self._tasks = [
             asyncio.create_task(self._read_events(status_reader)),
             asyncio.create_task(self._read_stream(self.process.stdout, "stdout")),
@@ -157,8 +168,16 @@ class SandboxProcess:
             result.stopped = bool(event.get("stopped"))
             result.error = event.get("error")
             result.limit_exceeded = event.get("limit_exceeded")
-        elif kind == "setup_failed" and result.setup_failure is None and result.exit_code is None and result.signal is None:
-            result.setup_failure = (str(event.get("code") or "sandbox_failed"), str(event.get("message") or ""))
+        elif (
+            kind == "setup_failed"
+            and result.setup_failure is None
+            and result.exit_code is None
+            and result.signal is None
+        ):
+            result.setup_failure = (
+                str(event.get("code") or "sandbox_failed"),
+                str(event.get("message") or ""),
+            )
 
     async def _read_stream(self, stream: asyncio.StreamReader, name: str) -> None:
         while True:

@@ -57,7 +57,9 @@ SANDBOX_WORKDIR = "/tmp/cortex-run"
 # $0 of the shell that execs the command inside the sandbox (runs/sandbox.py): how its errors are told apart.
 SANDBOX_SHELL_NAME = "cortex-run"
 BODY_KEYS = {"submission_id", "spec", "manifest", "archive"}
-OUT_OF_MEMORY = re.compile(r"MemoryError|std::bad_alloc|Cannot allocate memory|out of memory|OutOfMemoryError", re.IGNORECASE)
+OUT_OF_MEMORY = re.compile(
+    r"MemoryError|std::bad_alloc|Cannot allocate memory|out of memory|OutOfMemoryError", re.IGNORECASE
+)
 # Variables a run may inherit from the backend's environment (everything else is dropped).
 PASSTHROUGH_ENV = ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TZ")
 STDERR_TAIL = 40
@@ -137,7 +139,10 @@ class RunManager:
         await asyncio.to_thread(self._clean_workspace)
         for run in self.store.runs_with_status([states.JOB_PENDING, states.JOB_STARTING, states.JOB_RUNNING]):
             self.store.update_run(
-                run["id"], status=states.JOB_FAILED, failure_code="backend_restarted", finished_at=time.time(),
+                run["id"],
+                status=states.JOB_FAILED,
+                failure_code="backend_restarted",
+                finished_at=time.time(),
                 failure_message="the backend restarted while this run was in flight; submit it again with a new submission id",
             )
             (self.settings.runs_dir / run["id"] / "source.tar").unlink(missing_ok=True)
@@ -152,8 +157,11 @@ class RunManager:
         killed = self.host.cgroups.cleanup_stale()
         if killed:
             log.warning("killed %d process(es) left in this backend's run cgroups by a previous life", killed)
-        log.info("source runs: %s%s", self.host.describe(),
-                 f"; run uids {self.uids.uids[0]}..{self.uids.uids[-1]}" if self.uids is not None else "")
+        log.info(
+            "source runs: %s%s",
+            self.host.describe(),
+            f"; run uids {self.uids.uids[0]}..{self.uids.uids[-1]}" if self.uids is not None else "",
+        )
 
     def _clean_workspace(self) -> None:
         workspace = self.settings.workspace_dir
@@ -178,11 +186,18 @@ class RunManager:
     def visible_run(self, principal: Principal, run_id: str) -> dict[str, Any]:
         run = self.store.get_run(run_id)
         if run is None or not principal.can_see(run["owner"]):
-            raise ApiError("run_not_found", f"no run {run_id!r} is visible to this token; list yours with GET /v1/runs")
+            raise ApiError(
+                "run_not_found", f"no run {run_id!r} is visible to this token; list yours with GET /v1/runs"
+            )
         return run
 
     def list(
-        self, principal: Principal, status: str | None, limit: int, cursor: str | None, submission_id: str | None
+        self,
+        principal: Principal,
+        status: str | None,
+        limit: int,
+        cursor: str | None,
+        submission_id: str | None,
     ) -> dict[str, Any]:
         owner = None if principal.is_admin else principal.owner
         if submission_id:
@@ -192,7 +207,9 @@ class RunManager:
         page, next_cursor = split_page(runs, limit)
         return {"runs": [public_run(run) for run in page], "next_cursor": next_cursor}
 
-    async def wait_for_change(self, principal: Principal, run_id: str, from_status: str | None, wait_s: float) -> dict[str, Any]:
+    async def wait_for_change(
+        self, principal: Principal, run_id: str, from_status: str | None, wait_s: float
+    ) -> dict[str, Any]:
         run = self.visible_run(principal, run_id)
         if from_status is not None and run["status"] == from_status and wait_s > 0:
             await self.waiters.wait(run_id, wait_s)
@@ -204,12 +221,18 @@ class RunManager:
         report = dict(run["report"] or {})
         if run["status"] == states.JOB_RUNNING and run["started_at"]:
             wall = time.time() - run["started_at"]
-            report.update(wall_seconds=round(wall, 3), device_seconds=round(wall * max(1, len(run["devices"])), 3))
+            report.update(
+                wall_seconds=round(wall, 3), device_seconds=round(wall * max(1, len(run["devices"])), 3)
+            )
         report.setdefault("isolation", run["isolation"])
         report.setdefault("isolation_tier", (run["isolation"] or {}).get("network"))
         return {
-            "run_id": run["id"], "status": run["status"], "failure_code": run["failure_code"],
-            "failure_message": run["failure_message"], "started_at": run["started_at"], "finished_at": run["finished_at"],
+            "run_id": run["id"],
+            "status": run["status"],
+            "failure_code": run["failure_code"],
+            "failure_message": run["failure_message"],
+            "started_at": run["started_at"],
+            "finished_at": run["finished_at"],
             **report,
         }
 
@@ -217,11 +240,18 @@ class RunManager:
         """The stored file of a collected output, with its recorded length and SHA-256."""
         run = self.visible_run(principal, run_id)
         if name not in run["spec"]["outputs"]:
-            raise ApiError("output_not_declared", f"run {run_id} declares no output {name!r}; its outputs are"
-                           f" {sorted(run['spec']['outputs'])}", {"declared": sorted(run["spec"]["outputs"])})
+            raise ApiError(
+                "output_not_declared",
+                f"run {run_id} declares no output {name!r}; its outputs are {sorted(run['spec']['outputs'])}",
+                {"declared": sorted(run["spec"]["outputs"])},
+            )
         record = run["outputs"].get(name)
         if record is None:
-            why = "it was not written" if run["status"] in states.JOB_TERMINAL else f"the run is still {run['status']}"
+            why = (
+                "it was not written"
+                if run["status"] in states.JOB_TERMINAL
+                else f"the run is still {run['status']}"
+            )
             raise ApiError("output_not_available", f"output {name!r} of run {run_id} is not available: {why}")
         return self.settings.runs_dir / run_id / "outputs" / name, record
 
@@ -230,9 +260,17 @@ class RunManager:
         rows = []
         for name, entry in run["spec"]["outputs"].items():
             record = run["outputs"].get(name)
-            rows.append({"name": name, "path": entry["path"], "max_bytes": entry["max_bytes"], "required": entry["required"],
-                         "collected": record is not None, "bytes": record and record["bytes"],
-                         "sha256": record and record["sha256"]})
+            rows.append(
+                {
+                    "name": name,
+                    "path": entry["path"],
+                    "max_bytes": entry["max_bytes"],
+                    "required": entry["required"],
+                    "collected": record is not None,
+                    "bytes": record and record["bytes"],
+                    "sha256": record and record["sha256"],
+                }
+            )
         return {"run_id": run_id, "status": run["status"], "outputs": rows}
 
     # submit -------------------------------------------------------------------------------------
@@ -242,10 +280,18 @@ class RunManager:
             raise ApiError("unsupported_operation", self.unavailable_reason)
         unknown = sorted(set(body) - BODY_KEYS)
         if unknown:
-            raise ApiError("invalid_field", f"{unknown[0]}: unknown field; allowed: {sorted(BODY_KEYS)}", {"field": unknown[0]})
+            raise ApiError(
+                "invalid_field",
+                f"{unknown[0]}: unknown field; allowed: {sorted(BODY_KEYS)}",
+                {"field": unknown[0]},
+            )
         submission_id = body.get("submission_id") or "sub-" + secrets.token_hex(8)
         if not isinstance(submission_id, str) or not ID_PATTERN.match(submission_id):
-            raise ApiError("invalid_field", "submission_id: 1-64 letters, digits, '_', '.', '-'", {"field": "submission_id"})
+            raise ApiError(
+                "invalid_field",
+                "submission_id: 1-64 letters, digits, '_', '.', '-'",
+                {"field": "submission_id"},
+            )
         existing = self.store.run_by_submission(principal.owner, submission_id)
         if existing is not None:
             return self._same_submission(existing, body), False
@@ -271,8 +317,12 @@ class RunManager:
         spec = validate_run_spec(body.get("spec"), self.catalog, self.scheduler)
         manifest = validate_manifest(body.get("manifest", []), spec)
         if spec != run["spec"] or manifest != run["manifest"]:
-            raise ApiError("conflict", f"submission id {run['submission_id']!r} already made run {run['id']} with another"
-                           " spec or other files; use a new submission id for a new run", {"run_id": run["id"]})
+            raise ApiError(
+                "conflict",
+                f"submission id {run['submission_id']!r} already made run {run['id']} with another"
+                " spec or other files; use a new submission id for a new run",
+                {"run_id": run["id"]},
+            )
         return run
 
     async def _create(self, principal: Principal, submission_id: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -286,24 +336,54 @@ class RunManager:
             archive = body.get("archive")
             if archive is None:
                 if manifest:
-                    raise ApiError("invalid_field", "archive: required when the manifest lists files", {"field": "archive"})
+                    raise ApiError(
+                        "invalid_field",
+                        "archive: required when the manifest lists files",
+                        {"field": "archive"},
+                    )
                 await asyncio.to_thread(_write_empty_tar, archive_path)
             else:
-                if not isinstance(archive, dict) or not isinstance(archive.get("upload_id"), str) or not isinstance(archive.get("sha256"), str):
-                    raise ApiError("invalid_field", "archive: must be {upload_id, sha256}", {"field": "archive"})
-                await asyncio.to_thread(self.uploads.take_to_file, principal, archive["upload_id"], archive["sha256"], archive_path)
+                if (
+                    not isinstance(archive, dict)
+                    or not isinstance(archive.get("upload_id"), str)
+                    or not isinstance(archive.get("sha256"), str)
+                ):
+                    raise ApiError(
+                        "invalid_field", "archive: must be {upload_id, sha256}", {"field": "archive"}
+                    )
+                await asyncio.to_thread(
+                    self.uploads.take_to_file,
+                    principal,
+                    archive["upload_id"],
+                    archive["sha256"],
+                    archive_path,
+                )
             await asyncio.to_thread(verify_archive, archive_path, manifest)
         except BaseException:
             shutil.rmtree(run_dir, ignore_errors=True)
             raise
-        self.store.insert_run({"id": run_id, "owner": principal.owner, "submission_id": submission_id, "name": spec["name"],
-                               "status": states.JOB_PENDING, "spec": spec, "manifest": manifest})
+        self.store.insert_run(
+            {
+                "id": run_id,
+                "owner": principal.owner,
+                "submission_id": submission_id,
+                "name": spec["name"],
+                "status": states.JOB_PENDING,
+                "spec": spec,
+                "manifest": manifest,
+            }
+        )
         gpu = spec["resources"]["gpu"]
         if gpu["count"]:
-            self.scheduler.enqueue(run_id, gpu["count"], int(gpu["min_vram_gib"] * 2**30), kind=RUN_KIND, exclusive=True)
+            self.scheduler.enqueue(
+                run_id, gpu["count"], int(gpu["min_vram_gib"] * 2**30), kind=RUN_KIND, exclusive=True
+            )
         else:
             self.scheduler.enqueue(run_id, 1, kind=RUN_KIND)
-        self._system_log(run_id, f"run {run_id} ({spec['name']}) accepted: {len(manifest)} file(s) verified; queued for a device")
+        self._system_log(
+            run_id,
+            f"run {run_id} ({spec['name']}) accepted: {len(manifest)} file(s) verified; queued for a device",
+        )
         self.admit()
         return self.store.get_run(run_id)
 
@@ -315,7 +395,9 @@ class RunManager:
         if self.scheduler.is_pending(run_id):
             self.scheduler.withdraw(run_id)
             (self.settings.runs_dir / run_id / "source.tar").unlink(missing_ok=True)
-            self._finish(run_id, states.JOB_CANCELLED, "cancelled", "cancelled by the user before it started", {})
+            self._finish(
+                run_id, states.JOB_CANCELLED, "cancelled", "cancelled by the user before it started", {}
+            )
             self.admit()
         else:
             self._stop(run_id, "cancelled")
@@ -325,9 +407,14 @@ class RunManager:
         if run_id in self._stop_reasons:
             return
         self._stop_reasons[run_id] = reason
-        self._system_log(run_id, {"cancelled": "cancel requested: stopping the run",
-                                  "timed_out": "timeout_seconds reached: stopping the run",
-                                  "backend_stopping": "the backend is stopping: stopping the run"}[reason])
+        self._system_log(
+            run_id,
+            {
+                "cancelled": "cancel requested: stopping the run",
+                "timed_out": "timeout_seconds reached: stopping the run",
+                "backend_stopping": "the backend is stopping: stopping the run",
+            }[reason],
+        )
         sandbox = self._sandboxes.get(run_id)
         if sandbox is not None:
             sandbox.stop()
@@ -350,18 +437,31 @@ class RunManager:
         uid = self.uids.acquire() if self.uids is not None else None
         workdir = self.settings.workspace_dir / run_id
         run_dir = self.settings.runs_dir / run_id
-        outcome: tuple[str, str | None, str | None] = (states.JOB_FAILED, "sandbox_failed", "the run ended unexpectedly")
+        outcome: tuple[str, str | None, str | None] = (
+            states.JOB_FAILED,
+            "sandbox_failed",
+            "the run ended unexpectedly",
+        )
         report: dict[str, Any] = {}
         cgroup: RunCgroup | None = None
         try:
             await asyncio.to_thread(self._prepare_workdir, run, workdir, uid)
             cgroup, enforced = await asyncio.to_thread(self._make_cgroup, run_id)
             config = self._sandbox_config(run, devices, workdir, uid, cgroup, enforced)
-            refusal = self.host.missing_for_required(enforced) if run["spec"]["isolation"] == run_spec.ISOLATION_REQUIRED else None
+            refusal = (
+                self.host.missing_for_required(enforced)
+                if run["spec"]["isolation"] == run_spec.ISOLATION_REQUIRED
+                else None
+            )
             if refusal is not None:
-                outcome = (states.JOB_FAILED, "isolation_unsupported", (
-                    f"the spec says isolation: required, but {refusal}. Use isolation: best_effort to run with what"
-                    " this host gives (the run's report lists it)"))
+                outcome = (
+                    states.JOB_FAILED,
+                    "isolation_unsupported",
+                    (
+                        f"the spec says isolation: required, but {refusal}. Use isolation: best_effort to run with what"
+                        " this host gives (the run's report lists it)"
+                    ),
+                )
             elif run_id in self._stop_reasons:
                 outcome = self._stopped_outcome(run)
             else:
@@ -385,7 +485,11 @@ class RunManager:
                 outcome, report = await self._conclude(run, result, devices, workdir, config, cgroup)
         except Exception as exc:
             log.exception("run %s failed in the backend", run_id)
-            outcome = (states.JOB_FAILED, "sandbox_failed", f"the backend could not run it: {type(exc).__name__}: {exc}")
+            outcome = (
+                states.JOB_FAILED,
+                "sandbox_failed",
+                f"the backend could not run it: {type(exc).__name__}: {exc}",
+            )
         finally:
             timer = self._timers.pop(run_id, None)
             if timer is not None:
@@ -429,10 +533,17 @@ class RunManager:
         settings = self.settings
         cgroup = RunCgroup(support, run_id)
         try:
-            enforced = cgroup.create(RunLimits(
-                memory_bytes=self._run_memory_bytes(), processes=settings.run_max_processes, cpu_weight=settings.run_cpu_weight))
+            enforced = cgroup.create(
+                RunLimits(
+                    memory_bytes=self._run_memory_bytes(),
+                    processes=settings.run_max_processes,
+                    cpu_weight=settings.run_cpu_weight,
+                )
+            )
         except OSError as exc:
-            log.warning("run %s: could not set up its cgroups (%s); its limits are per process only", run_id, exc)
+            log.warning(
+                "run %s: could not set up its cgroups (%s); its limits are per process only", run_id, exc
+            )
             cgroup.remove()
             return None, {}
         return cgroup, enforced
@@ -456,7 +567,12 @@ class RunManager:
             os.chown(workdir, uid, uid)
 
     def _sandbox_config(
-        self, run: dict[str, Any], devices: list[Device], workdir: Path, uid: int | None, cgroup: RunCgroup | None,
+        self,
+        run: dict[str, Any],
+        devices: list[Device],
+        workdir: Path,
+        uid: int | None,
+        cgroup: RunCgroup | None,
         enforced: dict[str, str],
     ) -> dict[str, Any]:
         spec = run["spec"]
@@ -495,8 +611,12 @@ class RunManager:
                 "processes": processes,
                 "cpu_seconds": int(spec["timeout_seconds"] * max(1, os.cpu_count() or 1)) + 60,
             },
-            "run_limits": {"memory_bytes": memory_bytes, "processes": settings.run_max_processes,
-                           "cpu_weight": settings.run_cpu_weight, "disk_bytes": disk_bytes},
+            "run_limits": {
+                "memory_bytes": memory_bytes,
+                "processes": settings.run_max_processes,
+                "cpu_weight": settings.run_cpu_weight,
+                "disk_bytes": disk_bytes,
+            },
             "uid": uid,
             "gid": uid,
             "cgroup_procs": cgroup.procs_files() if cgroup is not None else [],
@@ -505,21 +625,35 @@ class RunManager:
             "kill_grace_s": settings.run_kill_grace_s,
         }
         if host.sandboxed:
-            hide = [settings.data_dir, settings.workspace_dir, Path(os.path.expanduser("~/.config/cortex-nb"))]
+            hide = [
+                settings.data_dir,
+                settings.workspace_dir,
+                Path(os.path.expanduser("~/.config/cortex-nb")),
+            ]
             config["bwrap"] = host.sandbox.bwrap
             config["bwrap_args"] = sandbox_arguments(
-                workdir=str(workdir), sandbox_workdir=SANDBOX_WORKDIR, runtime_paths=runtime,
-                hide_paths=[str(path) for path in hide], world_writable=host.world_writable, models=models,
-                tmp_bytes=settings.run_tmp_mib * mib, gpu_indices=[device.index for device in gpus],
+                workdir=str(workdir),
+                sandbox_workdir=SANDBOX_WORKDIR,
+                runtime_paths=runtime,
+                hide_paths=[str(path) for path in hide],
+                world_writable=host.world_writable,
+                models=models,
+                tmp_bytes=settings.run_tmp_mib * mib,
+                gpu_indices=[device.index for device in gpus],
                 disable_userns=host.sandbox.disable_userns,
             )
             env.update(HOME=SANDBOX_WORKDIR, PWD=SANDBOX_WORKDIR)
-            config["watch"] = {"disk_bytes": disk_bytes,
-                               "memory_bytes": memory_bytes if isolation["memory"] == "watched" else None}
+            config["watch"] = {
+                "disk_bytes": disk_bytes,
+                "memory_bytes": memory_bytes if isolation["memory"] == "watched" else None,
+            }
             if uid is not None:
                 # The run's uid must reach these even under a directory only root may enter.
-                config["expose_paths"] = [*[(path, False) for path in runtime], (str(workdir), True),
-                                          *[(path, False) for path in models.values()]]
+                config["expose_paths"] = [
+                    *[(path, False) for path in runtime],
+                    (str(workdir), True),
+                    *[(path, False) for path in models.values()],
+                ]
         return config
 
     def _isolation(self, uid: int | None, enforced: dict[str, str]) -> dict[str, str]:
@@ -548,14 +682,18 @@ class RunManager:
             return
         isolation = event.get("isolation") or {}
         self._set_status(run_id, states.JOB_RUNNING, started_at=time.time(), isolation=isolation)
-        self._system_log(run_id, "sandbox: " + ", ".join(f"{key}={value}" for key, value in sorted(isolation.items())))
+        self._system_log(
+            run_id, "sandbox: " + ", ".join(f"{key}={value}" for key, value in sorted(isolation.items()))
+        )
         timeout = float(run["spec"]["timeout_seconds"])
         self._timers[run_id] = asyncio.get_running_loop().call_later(timeout, self._stop, run_id, "timed_out")
 
     def _on_output(self, run_id: str, stream: str, lines: list[tuple[float, str]]) -> None:
         self.logs.append(run_log_key(run_id), SUB_JOB, stream, lines)
         if stream == "stderr":
-            self._stderr.setdefault(run_id, collections.deque(maxlen=STDERR_TAIL)).extend(line for _, line in lines)
+            self._stderr.setdefault(run_id, collections.deque(maxlen=STDERR_TAIL)).extend(
+                line for _, line in lines
+            )
 
     # ending -------------------------------------------------------------------------------------
     def _stopped_outcome(self, run: dict[str, Any]) -> tuple[str, str | None, str | None]:
@@ -563,12 +701,22 @@ class RunManager:
         if reason == "cancelled":
             return states.JOB_CANCELLED, "cancelled", "cancelled by the user"
         if reason == "timed_out":
-            return states.JOB_FAILED, "timed_out", (
-                f"the run passed its timeout_seconds ({run['spec']['timeout_seconds']:g} s) and was stopped")
+            return (
+                states.JOB_FAILED,
+                "timed_out",
+                (
+                    f"the run passed its timeout_seconds ({run['spec']['timeout_seconds']:g} s) and was stopped"
+                ),
+            )
         return states.JOB_FAILED, "backend_restarted", "the backend stopped while the run was in flight"
 
     async def _conclude(
-        self, run: dict[str, Any], result: SandboxResult, devices: list[Device], workdir: Path, config: dict[str, Any],
+        self,
+        run: dict[str, Any],
+        result: SandboxResult,
+        devices: list[Device],
+        workdir: Path,
+        config: dict[str, Any],
         cgroup: RunCgroup | None,
     ) -> tuple[tuple[str, str | None, str | None], dict[str, Any]]:
         run_id = run["id"]
@@ -580,7 +728,8 @@ class RunManager:
             return (states.JOB_FAILED, code, message), report
         if result.exit_code == 0:
             collected, failure = await asyncio.to_thread(
-                collect_outputs, workdir, run["spec"]["outputs"], self.settings.runs_dir / run_id / "outputs")
+                collect_outputs, workdir, run["spec"]["outputs"], self.settings.runs_dir / run_id / "outputs"
+            )
             self.store.update_run(run_id, outputs=collected)
             report["outputs_bytes"] = sum(entry["bytes"] for entry in collected.values())
             if failure is not None:
@@ -600,25 +749,45 @@ class RunManager:
         if result.error:
             return failed, "workload_runtime_failed", f"{result.error} (exit code {result.exit_code})"
         if result.limit_exceeded == "disk":
-            return failed, "disk_quota_exceeded", (
-                f"the run's files passed its work-dir quota of {_size(run_limits['disk_bytes'])} and the run was stopped;"
-                " write less, or ask for a larger --run-disk-mib")
+            return (
+                failed,
+                "disk_quota_exceeded",
+                (
+                    f"the run's files passed its work-dir quota of {_size(run_limits['disk_bytes'])} and the run was stopped;"
+                    " write less, or ask for a larger --run-disk-mib"
+                ),
+            )
         run_memory = _size(run_limits["memory_bytes"])
         if result.limit_exceeded == "memory" or (cgroup is not None and cgroup.out_of_memory()):
-            return failed, "workload_out_of_memory", (
-                f"the run reached its memory limit of {run_memory} (all its processes together) and the kernel killed"
-                f" {'a process of it' if result.limit_exceeded != 'memory' else 'it'}")
+            return (
+                failed,
+                "workload_out_of_memory",
+                (
+                    f"the run reached its memory limit of {run_memory} (all its processes together) and the kernel killed"
+                    f" {'a process of it' if result.limit_exceeded != 'memory' else 'it'}"
+                ),
+            )
         if memory_line is not None:
-            where = "the GPU" if "cuda" in memory_line.lower() else f"its address-space limit ({_size(limits['address_space_bytes'])} per process)"
+            where = (
+                "the GPU"
+                if "cuda" in memory_line.lower()
+                else f"its address-space limit ({_size(limits['address_space_bytes'])} per process)"
+            )
             how = f"exit code {result.exit_code}" if result.signal is None else f"signal {result.signal}"
-            return failed, "workload_out_of_memory", f"the workload ran out of memory: {where} ({how}). Last error: {memory_line.strip()[:300]}"
+            return (
+                failed,
+                "workload_out_of_memory",
+                f"the workload ran out of memory: {where} ({how}). Last error: {memory_line.strip()[:300]}",
+            )
         if result.signal is not None:
             name = _signal_name(result.signal)
             if result.signal == signal.SIGXCPU:
                 why = f"it reached the CPU-time limit of {limits['cpu_seconds']} s per process"
             elif result.signal == signal.SIGXFSZ:
                 why = f"it wrote past the file-size limit of {_size(limits['file_size_bytes'])}"
-            elif result.signal == signal.SIGKILL and config["isolation"].get("memory", "").startswith("cgroup"):
+            elif result.signal == signal.SIGKILL and config["isolation"].get("memory", "").startswith(
+                "cgroup"
+            ):
                 why = f"not by its memory limit ({run_memory}, which it did not reach): from outside the run"
             elif result.signal == signal.SIGKILL:
                 why = "from outside the run (the host's out-of-memory killer, or an operator)"
@@ -630,7 +799,11 @@ class RunManager:
         if result.exit_code in (126, 127) and last_line.startswith(SANDBOX_SHELL_NAME + ":"):
             # The sandbox's start-up shell could not exec the command (not found, or not executable).
             why = last_line.split("exec:", 1)[-1].strip()
-            return failed, "workload_runtime_failed", f"could not start the command: {why} (exit code {result.exit_code})"
+            return (
+                failed,
+                "workload_runtime_failed",
+                f"could not start the command: {why} (exit code {result.exit_code})",
+            )
         message = f"the command exited with code {result.exit_code}"
         if cgroup is not None and cgroup.process_limit_hit():
             message += f" after reaching its limit of {run_limits['processes']} processes (fork failed)"
@@ -639,7 +812,12 @@ class RunManager:
         return failed, "workload_runtime_failed", message
 
     def _report(
-        self, run_id: str, result: SandboxResult, devices: list[Device], config: dict[str, Any], cgroup: RunCgroup | None
+        self,
+        run_id: str,
+        result: SandboxResult,
+        devices: list[Device],
+        config: dict[str, Any],
+        cgroup: RunCgroup | None,
     ) -> dict[str, Any]:
         run = self.store.get_run(run_id)
         started, now = run["started_at"], time.time()
@@ -648,8 +826,11 @@ class RunManager:
         isolation = result.isolation or config["isolation"]
         peak = cgroup.peak_memory_bytes() if cgroup is not None else None
         cpu_seconds = cgroup.cpu_seconds() if cgroup is not None else None
-        unenforced = [name for name in ("memory", "process_limit", "cpu", "disk")
-                      if isolation.get(name) in ("unenforced", "per_process_rlimit", "per_uid_rlimit")]
+        unenforced = [
+            name
+            for name in ("memory", "process_limit", "cpu", "disk")
+            if isolation.get(name) in ("unenforced", "per_process_rlimit", "per_uid_rlimit")
+        ]
         return {
             "exit_code": result.exit_code,
             "signal": result.signal,
@@ -666,14 +847,25 @@ class RunManager:
             "isolation": isolation,
             "unenforced": unenforced,
             "run_uid": config["uid"],
-            "limits": {**config["limits"], **config["run_limits"], "timeout_seconds": run["spec"]["timeout_seconds"]},
+            "limits": {
+                **config["limits"],
+                **config["run_limits"],
+                "timeout_seconds": run["spec"]["timeout_seconds"],
+            },
         }
 
-    def _finish(self, run_id: str, status: str, code: str | None, message: str | None, report: dict[str, Any]) -> None:
+    def _finish(
+        self, run_id: str, status: str, code: str | None, message: str | None, report: dict[str, Any]
+    ) -> None:
         run = self.store.get_run(run_id)
         if run is None or run["status"] in states.JOB_TERMINAL:
             return
-        fields: dict[str, Any] = {"status": status, "failure_code": code, "failure_message": message, "finished_at": time.time()}
+        fields: dict[str, Any] = {
+            "status": status,
+            "failure_code": code,
+            "failure_message": message,
+            "finished_at": time.time(),
+        }
         if report:
             fields["report"] = report
         self.store.update_run(run_id, **fields)

@@ -66,18 +66,31 @@ def collect_outputs(
             fd = _open_inside(workdir, path)
         except _Missing as exc:
             if entry["required"]:
-                failures.append(CollectionFailure(
-                    "output_missing", f"output {name!r} ({path}) was not written: {exc}", name))
+                failures.append(
+                    CollectionFailure(
+                        "output_missing", f"output {name!r} ({path}) was not written: {exc}", name
+                    )
+                )
             continue
         with os.fdopen(fd, "rb") as source:
             info = os.fstat(source.fileno())
             if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-                failures.append(CollectionFailure(
-                    "output_missing", f"output {name!r} ({path}) is not a regular file with one link", name))
+                failures.append(
+                    CollectionFailure(
+                        "output_missing",
+                        f"output {name!r} ({path}) is not a regular file with one link",
+                        name,
+                    )
+                )
                 continue
             if info.st_size > limit:
-                failures.append(CollectionFailure(
-                    "output_too_large", f"output {name!r} ({path}) is {info.st_size} bytes; its max_bytes is {limit}", name))
+                failures.append(
+                    CollectionFailure(
+                        "output_too_large",
+                        f"output {name!r} ({path}) is {info.st_size} bytes; its max_bytes is {limit}",
+                        name,
+                    )
+                )
                 continue
             digest, size = hashlib.sha256(), 0
             target = dest / name
@@ -93,8 +106,11 @@ def collect_outputs(
                     sink.write(block)
             if size > limit:
                 target.unlink(missing_ok=True)
-                failures.append(CollectionFailure(
-                    "output_too_large", f"output {name!r} ({path}) grew past its max_bytes {limit}", name))
+                failures.append(
+                    CollectionFailure(
+                        "output_too_large", f"output {name!r} ({path}) grew past its max_bytes {limit}", name
+                    )
+                )
                 continue
             collected[name] = {"path": path, "bytes": size, "sha256": digest.hexdigest()}
     return collected, (failures[0] if failures else None)

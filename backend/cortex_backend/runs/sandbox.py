@@ -83,7 +83,10 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
     def encode(value: str | None) -> bytes | None:
         return None if value is None else value.encode()
 
-    _check(_libc.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), encode(data)), f"mount {target}")
+    _check(
+        _libc.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), encode(data)),
+        f"mount {target}",
+    )
 
 
 class Reporter:
@@ -269,7 +272,10 @@ def disk_bytes(root: str) -> int:
 
 def _rusage_fields() -> dict[str, Any]:
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"max_rss_bytes": int(children.ru_maxrss) * 1024, "cpu_seconds": round(children.ru_utime + children.ru_stime, 3)}
+    return {
+        "max_rss_bytes": int(children.ru_maxrss) * 1024,
+        "cpu_seconds": round(children.ru_utime + children.ru_stime, 3),
+    }
 
 
 class SandboxedRun:
@@ -292,15 +298,33 @@ class SandboxedRun:
             expose_paths([(path, bool(writable)) for path, writable in config["expose_paths"]])
         mark_read, mark_write = os.pipe()
         status_read, status_write = os.pipe()
-        argv = [config["bwrap"], *config["bwrap_args"], "--json-status-fd", str(status_write), "--",
-                "/bin/sh", "-c", STARTED_MARK.format(fd=mark_write), "cortex-run", *config["argv"]]
+        argv = [
+            config["bwrap"],
+            *config["bwrap_args"],
+            "--json-status-fd",
+            str(status_write),
+            "--",
+            "/bin/sh",
+            "-c",
+            STARTED_MARK.format(fd=mark_write),
+            "cortex-run",
+            *config["argv"],
+        ]
         try:
             process = subprocess.Popen(
-                argv, cwd="/", env=config["env"], stdin=subprocess.DEVNULL, close_fds=True,
-                pass_fds=(mark_write, status_write), start_new_session=True, preexec_fn=lambda: enter_run(config),
+                argv,
+                cwd="/",
+                env=config["env"],
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+                pass_fds=(mark_write, status_write),
+                start_new_session=True,
+                preexec_fn=lambda: enter_run(config),
             )
         except (OSError, subprocess.SubprocessError) as exc:
-            self.reporter.send("setup_failed", code="sandbox_failed", message=f"the sandbox could not start: {exc}")
+            self.reporter.send(
+                "setup_failed", code="sandbox_failed", message=f"the sandbox could not start: {exc}"
+            )
             return 0
         os.close(mark_write)
         os.close(status_write)
@@ -350,17 +374,28 @@ class SandboxedRun:
             if stop_deadline is not None and now >= stop_deadline:
                 self._kill_namespace(process.pid)
         if not started:
-            self.reporter.send("setup_failed", code="sandbox_failed", message=(
-                f"the sandbox (bubblewrap) ended with status {_describe(exit_status)} before the command started;"
-                " its message is in the run's logs"))
+            self.reporter.send(
+                "setup_failed",
+                code="sandbox_failed",
+                message=(
+                    f"the sandbox (bubblewrap) ended with status {_describe(exit_status)} before the command started;"
+                    " its message is in the run's logs"
+                ),
+            )
             return 0
         code = os.WEXITSTATUS(exit_status) if os.WIFEXITED(exit_status) else None
         sig = os.WTERMSIG(exit_status) if os.WIFSIGNALED(exit_status) else None
         # bubblewrap passes a command killed by a signal on as exit code 128 + the signal.
         if code is not None and 128 < code < 128 + 65:
             code, sig = None, code - 128
-        self.reporter.send("exit", exit_code=code, signal=sig, stopped=self.stop_requested,
-                           limit_exceeded=self.limit_exceeded, **_rusage_fields())
+        self.reporter.send(
+            "exit",
+            exit_code=code,
+            signal=sig,
+            stopped=self.stop_requested,
+            limit_exceeded=self.limit_exceeded,
+            **_rusage_fields(),
+        )
         return 0
 
     def _read_status(self, buffer: bytes) -> None:
@@ -371,7 +406,9 @@ class SandboxedRun:
         start = text.find('"child-pid"')
         if start < 0:
             return
-        digits = "".join(ch for ch in text[start + len('"child-pid"'):].split(",")[0].split("}")[0] if ch.isdigit())
+        digits = "".join(
+            ch for ch in text[start + len('"child-pid"') :].split(",")[0].split("}")[0] if ch.isdigit()
+        )
         if digits:
             self.init_pid = int(digits)
 
@@ -435,18 +472,35 @@ class UnsandboxedRun:
         env = {**config["env"], "HOME": cwd, "PWD": cwd}
         try:
             process = subprocess.Popen(
-                config["argv"], cwd=cwd, env=env, stdin=subprocess.DEVNULL, close_fds=True,
-                start_new_session=True, preexec_fn=lambda: enter_run(config),
+                config["argv"],
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+                start_new_session=True,
+                preexec_fn=lambda: enter_run(config),
             )
         except (OSError, subprocess.SubprocessError) as exc:
             if getattr(exc, "filename", None) == cwd:
-                self.reporter.send("setup_failed", code="sandbox_failed", message=(
-                    f"the run's uid cannot enter its work dir {cwd} ({exc.strerror}); enable the sandbox or point"
-                    " --runs-workspace at a directory whose parents everyone may traverse"))
+                self.reporter.send(
+                    "setup_failed",
+                    code="sandbox_failed",
+                    message=(
+                        f"the run's uid cannot enter its work dir {cwd} ({exc.strerror}); enable the sandbox or point"
+                        " --runs-workspace at a directory whose parents everyone may traverse"
+                    ),
+                )
                 return 0
             self.reporter.send("started", isolation=config["isolation"], pid=None)
-            self.reporter.send("exit", exit_code=127, signal=None, error=f"could not start the command: {exc}",
-                               max_rss_bytes=0, cpu_seconds=0.0, stopped=False)
+            self.reporter.send(
+                "exit",
+                exit_code=127,
+                signal=None,
+                error=f"could not start the command: {exc}",
+                max_rss_bytes=0,
+                cpu_seconds=0.0,
+                stopped=False,
+            )
             return 0
         self.main_pid = process.pid
         self.reporter.send("started", isolation=config["isolation"], pid=process.pid)
@@ -490,7 +544,9 @@ def main(argv: list[str]) -> int:
         return runner.run()
     except BaseException as exc:  # report, never hang: the backend waits for an event
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        reporter.send("setup_failed", code="sandbox_failed", message=f"the sandbox could not be set up: {detail}")
+        reporter.send(
+            "setup_failed", code="sandbox_failed", message=f"the sandbox could not be set up: {detail}"
+        )
         traceback.print_exc(file=sys.stderr)
         return 1
 

@@ -20,11 +20,18 @@ def validate_run_spec(raw: Any, catalog: ModelCatalog, scheduler: Scheduler) -> 
     for index, name in enumerate(spec["models"]):
         field = f"models[{index}]"
         if name not in catalog.names():
-            raise ApiError("spec_invalid", f"{field}: no model named {name!r} is registered; registered: {catalog.names()}",
-                           {"field": field})
+            raise ApiError(
+                "spec_invalid",
+                f"{field}: no model named {name!r} is registered; registered: {catalog.names()}",
+                {"field": field},
+            )
         if catalog.get(name).path is None:
-            raise ApiError("spec_invalid", f"{field}: {name!r} is built in and has no directory to stage; register a"
-                           " model directory with --model NAME=DIR", {"field": field})
+            raise ApiError(
+                "spec_invalid",
+                f"{field}: {name!r} is built in and has no directory to stage; register a"
+                " model directory with --model NAME=DIR",
+                {"field": field},
+            )
     gpu = spec["resources"]["gpu"]
     if gpu["count"]:
         min_memory = int(gpu["min_vram_gib"] * 2**30)

@@ -57,13 +57,17 @@ class UidPool:
             leftovers = processes_of({uid})
             if leftovers:
                 # Not ours to kill: whoever held this uid before may not be a cortex-nb backend.
-                log.warning("uid %d still owns process(es) %s; leaving it out of the run pool", uid, leftovers[:5])
+                log.warning(
+                    "uid %d still owns process(es) %s; leaving it out of the run pool", uid, leftovers[:5]
+                )
                 os.close(fd)
                 continue
             self._locks[uid] = fd
             self._free.append(uid)
         if len(self._locks) < self.size:
-            raise UidPoolExhausted(f"found only {len(self._locks)} free run uid(s) from {self.base}; need {self.size}")
+            raise UidPoolExhausted(
+                f"found only {len(self._locks)} free run uid(s) from {self.base}; need {self.size}"
+            )
         return sorted(self._locks)
 
     def close(self) -> None:
@@ -78,7 +82,9 @@ class UidPool:
 
     def acquire(self) -> int:
         if not self._free:
-            raise UidPoolExhausted("every run uid is taken or quarantined; the pool is as large as the device slots")
+            raise UidPoolExhausted(
+                "every run uid is taken or quarantined; the pool is as large as the device slots"
+            )
         uid = self._free.pop(0)
         self._taken.add(uid)
         return uid

@@ -197,6 +197,7 @@ def parse(model: type[B], value: Any, prefix: str = "") -> B:
 
 # --- rendering a reply ------------------------------------------------------------------------------------
 
+
 def render(model: type[BaseModel], value: Any, *, strict: bool = False) -> str:
     """`value` (the service's dict, or a model) as JSON text of `model`: the fields it declares, as it
     types them; a non-finite number becomes null. With `strict`, a field of `value` the model does not
@@ -219,5 +220,7 @@ def undeclared(reply: Any, raw: Any, path: str = "") -> list[str]:
                 found += undeclared(getattr(reply, name), raw[name], f"{path}{name}.")
         return found
     if isinstance(reply, list) and isinstance(raw, list):
-        return [item for child, value in zip(reply, raw, strict=False) for item in undeclared(child, value, path)]
+        return [
+            item for child, value in zip(reply, raw, strict=False) for item in undeclared(child, value, path)
+        ]
     return []

@@ -20,7 +20,9 @@ class CheckpointView(Reply):
     size_bytes: int
     base_model: str
     state_hash: str | None
-    adapter: dict[str, Any] | None = Field(description="base_model, r, lora_alpha, target_modules, parameters")
+    adapter: dict[str, Any] | None = Field(
+        description="base_model, r, lora_alpha, target_modules, parameters"
+    )
     files: list[str]
 
 
@@ -38,4 +40,5 @@ class DeletedCheckpoint(Reply):
 
 class ExportQuery(Query):
     contents: Literal[EXPORT_CONTENTS] = Field(  # type: ignore[valid-type]
-        default=EXPORT_ADAPTER, description="adapter: the PEFT adapter directory; all: every file")
+        default=EXPORT_ADAPTER, description="adapter: the PEFT adapter directory; all: every file"
+    )

@@ -31,15 +31,21 @@ def _checkpoint_id(value: Any) -> str:
         raise PydanticCustomError(
             "invalid_checkpoint_id",
             "{value} is not allowed: use 1-64 letters, digits, '_', '.' or '-', starting with a letter"
-            " or digit (no slashes, no leading dot)", {"value": repr(value[:80] if isinstance(value, str) else value)})
+            " or digit (no slashes, no leading dot)",
+            {"value": repr(value[:80] if isinstance(value, str) else value)},
+        )
     return value
 
 
-CheckpointId = Annotated[str, BeforeValidator(_checkpoint_id), WithJsonSchema({"type": "string", "pattern": IDENTIFIER})]
+CheckpointId = Annotated[
+    str, BeforeValidator(_checkpoint_id), WithJsonSchema({"type": "string", "pattern": IDENTIFIER})
+]
 
 
 class OperationQuery(Query):
-    sub_job: str | None = Field(default=None, description="the sub-job to run on (default: the first that serves the operation)")
+    sub_job: str | None = Field(
+        default=None, description="the sub-job to run on (default: the first that serves the operation)"
+    )
 
 
 class Submitted(Reply):
@@ -58,11 +64,17 @@ class NoopBody(Body):
 class StepBody(Body):
     """AdamW's settings for this step only; each one left out (or null) is the job's (`OptimizerSpec`)."""
 
-    learning_rate: float | None = Field(default=None, ge=0, le=10, description="this step's learning rate (default: the job's)")
-    betas: Annotated[list[Annotated[float, Field(ge=0, le=0.999999)]], Field(min_length=2, max_length=2)] | None = None
+    learning_rate: float | None = Field(
+        default=None, ge=0, le=10, description="this step's learning rate (default: the job's)"
+    )
+    betas: (
+        Annotated[list[Annotated[float, Field(ge=0, le=0.999999)]], Field(min_length=2, max_length=2)] | None
+    ) = None
     eps: float | None = Field(default=None, ge=0, le=1)
     weight_decay: float | None = Field(default=None, ge=0, le=10)
-    grad_clip: float | None = Field(default=None, ge=0, le=1e6, description="clip the gradient norm to this (0: no clipping)")
+    grad_clip: float | None = Field(
+        default=None, ge=0, le=1e6, description="clip the gradient norm to this (0: no clipping)"
+    )
 
 
 class SavedAdapter(Body):
@@ -73,10 +85,14 @@ class SavedAdapter(Body):
 
 
 def _adapter(value: Any) -> Any:
-    """"base" or a `SavedAdapter`; anything else is refused as the whole `adapter` field (not as a union member)."""
+    """ "base" or a `SavedAdapter`; anything else is refused as the whole `adapter` field (not as a union member)."""
     if value == "base" or isinstance(value, SavedAdapter):
         return value
-    if isinstance(value, dict) and "checkpoint_id" in value and not set(value) - set(SavedAdapter.model_fields):
+    if (
+        isinstance(value, dict)
+        and "checkpoint_id" in value
+        and not set(value) - set(SavedAdapter.model_fields)
+    ):
         try:
             return SavedAdapter.model_validate(value)
         except ValidationError as exc:
@@ -84,18 +100,25 @@ def _adapter(value: Any) -> Any:
             if error["type"] == "invalid_checkpoint_id":
                 raise PydanticCustomError("invalid_checkpoint_id", error["msg"]) from None
     raise PydanticCustomError(
-        "invalid_field", 'must be "base" or {"checkpoint_id", "job_id"?} naming a checkpoint (job_id defaults to this job)')
+        "invalid_field",
+        'must be "base" or {"checkpoint_id", "job_id"?} naming a checkpoint (job_id defaults to this job)',
+    )
 
 
 AdapterChoice = Annotated[Literal["base"] | SavedAdapter, BeforeValidator(_adapter)]
 
 
 class GenerateBody(Body):
-    prompts: Annotated[list[str | Annotated[list[int], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)] = Field(
-        description="text prompts, or token-id lists (each fits the sub-job's max_seq_len with max_tokens)")
+    prompts: Annotated[
+        list[str | Annotated[list[int], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)
+    ] = Field(
+        description="text prompts, or token-id lists (each fits the sub-job's max_seq_len with max_tokens)"
+    )
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     adapter: AdapterChoice | None = Field(
-        default=None, description='"base": the base model without an adapter; a saved checkpoint; default: the live adapter')
+        default=None,
+        description='"base": the base model without an adapter; a saved checkpoint; default: the live adapter',
+    )
 
 
 class SaveBody(Body):
@@ -105,17 +128,27 @@ class SaveBody(Body):
 
 class LoadBody(Body):
     checkpoint_id: CheckpointId
-    source_job_id: Identifier | None = Field(default=None, description="another job of yours (default: this job)")
-    target_sub_job_id: str | None = Field(default=None, description="default: the trainer, else the first sub-job")
-    restore_optimizer: bool = Field(default=True, description="a resumable checkpoint into a trainer also restores"
-                                                              " its optimizer, step and RNG state")
+    source_job_id: Identifier | None = Field(
+        default=None, description="another job of yours (default: this job)"
+    )
+    target_sub_job_id: str | None = Field(
+        default=None, description="default: the trainer, else the first sub-job"
+    )
+    restore_optimizer: bool = Field(
+        default=True,
+        description="a resumable checkpoint into a trainer also restores its optimizer, step and RNG state",
+    )
 
 
 class WeightSyncBody(Body):
     source: str | None = Field(default=None, description="the training sub-job (default: the job's trainer)")
-    targets: list[str] | None = Field(default=None, description="distinct sampling sub-job ids (default: all of them)")
+    targets: list[str] | None = Field(
+        default=None, description="distinct sampling sub-job ids (default: all of them)"
+    )
     format: Literal[WEIGHT_FORMATS] = Field(  # type: ignore[valid-type]
-        default="lora", description="lora: fp16 deltas where the target's weights are known; full: exact float32")
+        default="lora",
+        description="lora: fp16 deltas where the target's weights are known; full: exact float32",
+    )
 
 
 class RequestEvent(Reply):
@@ -141,7 +174,9 @@ class RequestStatus(Reply):
     created_at: float
     started_at: float | None
     finished_at: float | None
-    result: dict[str, Any] | None = Field(description="the operation's result once it succeeded (docs/api.md)")
+    result: dict[str, Any] | None = Field(
+        description="the operation's result once it succeeded (docs/api.md)"
+    )
     has_tensors: bool = Field(description="the result has tensors: GET .../tensors fetches them")
     error: RequestError | None
     events: list[RequestEvent] = Field(description="events after the `cursor` asked for")
@@ -173,7 +208,9 @@ class ListRequestsQuery(Query):
 class GetRequestQuery(Query):
     cursor: Cursor = Field(default=0, description="events after this seq")
     max_events: int = Field(default=100, ge=1, description="at most 1000")
-    wait: Seconds = Field(default=0.0, description="hold the answer up to this many seconds (at most 60) for news")
+    wait: Seconds = Field(
+        default=0.0, description="hold the answer up to this many seconds (at most 60) for news"
+    )
 
 
 class ChunkStored(Reply):

@@ -40,7 +40,8 @@ class LoraSpec(Body):
     alpha: float = Field(default=32, ge=0, le=1e6, description="LoRA's scaling numerator (scale = alpha / r)")
     dropout: float = Field(default=0.0, ge=0, le=0.99)
     target_modules: Literal["all-linear"] | Annotated[list[ModuleName], Field(min_length=1)] = Field(
-        default="all-linear", description="'all-linear', or the names of the modules to adapt")
+        default="all-linear", description="'all-linear', or the names of the modules to adapt"
+    )
 
     @field_validator("target_modules", mode="wrap")
     @classmethod
@@ -48,24 +49,33 @@ class LoraSpec(Body):
         try:
             return handler(value)
         except ValueError:
-            raise PydanticCustomError("invalid_field", "must be 'all-linear' or a non-empty list of module names") from None
+            raise PydanticCustomError(
+                "invalid_field", "must be 'all-linear' or a non-empty list of module names"
+            ) from None
 
 
 class OptimizerSpec(Body):
     """AdamW's settings (a training sub-job's; a step may override `lr` as `learning_rate`)."""
 
     lr: float = Field(default=1e-4, ge=0, le=10)
-    betas: Annotated[list[Annotated[float, Field(ge=0, le=0.999999)]], Field(min_length=2, max_length=2)] = [0.9, 0.999]
+    betas: Annotated[list[Annotated[float, Field(ge=0, le=0.999999)]], Field(min_length=2, max_length=2)] = [
+        0.9,
+        0.999,
+    ]
     eps: float = Field(default=1e-8, ge=0, le=1)
     weight_decay: float = Field(default=0.0, ge=0, le=10)
-    grad_clip: float | None = Field(default=None, ge=0, le=1e6, description="clip the gradient norm to this (none: no clipping)")
+    grad_clip: float | None = Field(
+        default=None, ge=0, le=1e6, description="clip the gradient norm to this (none: no clipping)"
+    )
 
 
 class SubJobSpec(Body):
     type: SubJobType
     base_model: str = Field(description="the name of a registered model (GET /v1/models)")
     lora: LoraSpec | None = None
-    optimizer: OptimizerSpec | None = Field(default=None, description="only a training sub-job has an optimizer")
+    optimizer: OptimizerSpec | None = Field(
+        default=None, description="only a training sub-job has an optimizer"
+    )
     max_seq_len: int | None = Field(default=None, ge=1, description="at most the model's own maximum")
     seed: Seed = 0
 
@@ -77,7 +87,9 @@ class SubJobSpec(Body):
 
 
 class HardwareSpec(Body):
-    min_memory_gib: float = Field(default=0, ge=0, le=MAX_MEMORY_GIB, description="each sub-job's device has at least this much memory")
+    min_memory_gib: float = Field(
+        default=0, ge=0, le=MAX_MEMORY_GIB, description="each sub-job's device has at least this much memory"
+    )
 
 
 LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY)]
@@ -87,8 +99,13 @@ class CreateJob(Body):
     """`POST /v1/jobs`."""
 
     body_name = "job"
-    model_config = ConfigDict(json_schema_extra={"examples": [
-        {"name": "sft", "sub_jobs": [{"type": "training", "base_model": "tiny", "lora": {"r": 8}}]}]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"name": "sft", "sub_jobs": [{"type": "training", "base_model": "tiny", "lora": {"r": 8}}]}
+            ]
+        }
+    )
 
     job_id: Identifier | None = None
     name: ShortText | None = None
@@ -96,21 +113,29 @@ class CreateJob(Body):
     hardware: HardwareSpec | None = None
     sub_jobs: Annotated[list[SubJobSpec], Field(min_length=1, max_length=MAX_SUB_JOBS)]
     idle_timeout_s: float | None = Field(
-        default=None, ge=0, le=MAX_IDLE_TIMEOUT_S,
-        description="seconds a running job may do nothing before it is completed (0: never; default: the backend's)")
+        default=None,
+        ge=0,
+        le=MAX_IDLE_TIMEOUT_S,
+        description="seconds a running job may do nothing before it is completed (0: never; default: the backend's)",
+    )
     labels: Annotated[dict[LabelKey, ShortText], Field(max_length=MAX_LABELS)] | None = Field(
-        default=None, description="free-form labels shown with the job; they never decide who may see it")
+        default=None, description="free-form labels shown with the job; they never decide who may see it"
+    )
     training_loop: dict[str, Any] | None = Field(
-        default=None, description="a managed training run: the JSON form of the `%%cortex train` spec"
-                                  " (cortex_nb/train_spec.py, docs/api.md); only with exactly one training sub-job")
+        default=None,
+        description="a managed training run: the JSON form of the `%%cortex train` spec"
+        " (cortex_nb/train_spec.py, docs/api.md); only with exactly one training sub-job",
+    )
 
     @field_validator("job_id")
     @classmethod
     def _not_reserved(cls, value: str | None) -> str | None:
         if value is not None and value.startswith(RESERVED_JOB_ID_PREFIXES):
             raise PydanticCustomError(
-                "invalid_field", "may not start with {prefixes}: those name other kinds of ids",
-                {"prefixes": ", ".join(RESERVED_JOB_ID_PREFIXES)})
+                "invalid_field",
+                "may not start with {prefixes}: those name other kinds of ids",
+                {"prefixes": ", ".join(RESERVED_JOB_ID_PREFIXES)},
+            )
         return value
 
     @model_validator(mode="after")
@@ -120,11 +145,13 @@ class CreateJob(Body):
             raise PydanticCustomError(
                 "too_many_training_sub_jobs",
                 "a job has at most one training sub-job; this one has {count}. Create one job per trainer.",
-                {"count": trainers})
+                {"count": trainers},
+            )
         return self
 
 
 # --- what a job looks like --------------------------------------------------------------------------------
+
 
 class SubJobView(Reply):
     sub_job_id: str
@@ -138,7 +165,9 @@ class SubJobView(Reply):
     device: str | None = Field(description="where it runs (`cpu:0`, `cuda:1`, ...) once placed")
     failure_code: str | None
     failure_message: str | None
-    info: dict[str, Any] | None = Field(description="what its worker reported when it was ready (device, dtype, adapter...)")
+    info: dict[str, Any] | None = Field(
+        description="what its worker reported when it was ready (device, dtype, adapter...)"
+    )
 
 
 class HistoryPoint(Reply):
@@ -168,7 +197,9 @@ class Progress(Reply):
     phase: Literal[PROGRESS_PHASES]  # type: ignore[valid-type]
     step: int
     total_steps: int | None
-    loss_per_token: float | None = Field(description="the last step's summed loss / the sum of its loss weights")
+    loss_per_token: float | None = Field(
+        description="the last step's summed loss / the sum of its loss weights"
+    )
     summed_loss: float | None = Field(description="the last step's loss as the engine sums it")
     eval_loss_per_token: float | None
     eval_step: int | None
@@ -230,7 +261,8 @@ class CompletedJob(JobView):
     """`POST /v1/jobs/{job_id}/complete` ("Free device")."""
 
     saved_checkpoint: str | None = Field(
-        description="the checkpoint trained steps no checkpoint held were saved as first (`final`), or null")
+        description="the checkpoint trained steps no checkpoint held were saved as first (`final`), or null"
+    )
 
 
 class JobPage(Reply):
@@ -245,7 +277,13 @@ class ListJobsQuery(Query):
 
 
 class GetJobQuery(Query):
-    wait: Seconds = Field(default=0.0, description="hold the answer up to this many seconds (at most 60) for a change")
-    while_status: JobStatus | None = Field(default=None, description="with `wait`: answer once the status differs")
+    wait: Seconds = Field(
+        default=0.0, description="hold the answer up to this many seconds (at most 60) for a change"
+    )
+    while_status: JobStatus | None = Field(
+        default=None, description="with `wait`: answer once the status differs"
+    )
     after_progress: float | None = Field(
-        default=None, description="with `wait`: answer once the progress record is newer than this `updated_at`")
+        default=None,
+        description="with `wait`: answer once the progress record is newer than this `updated_at`",
+    )

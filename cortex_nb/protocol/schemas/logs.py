@@ -23,7 +23,9 @@ class LogLine(Reply):
 class LogPage(Reply):
     lines: list[LogLine]
     cursor: int = Field(description="the last line's seq: ask for lines after it next time")
-    dropped: int = Field(description="lines retention dropped between the cursor asked for and the first line here")
+    dropped: int = Field(
+        description="lines retention dropped between the cursor asked for and the first line here"
+    )
     retention_lines: int
 
 
@@ -39,9 +41,15 @@ class JobLogsQuery(Query):
     cursor: Cursor = 0
     limit: int = Field(default=1000, ge=1, description="at most 5000")
     sub_job: str | None = None
-    wait: Seconds = Field(default=0.0, description="hold the answer up to this many seconds (at most 60) for a line")
-    follow: str | None = Field(default=None, description="1: a newline-delimited JSON stream until the job ends")
-    heartbeat: float = Field(default=10.0, ge=0, description="seconds of quiet between a followed stream's heartbeats")
+    wait: Seconds = Field(
+        default=0.0, description="hold the answer up to this many seconds (at most 60) for a line"
+    )
+    follow: str | None = Field(
+        default=None, description="1: a newline-delimited JSON stream until the job ends"
+    )
+    heartbeat: float = Field(
+        default=10.0, ge=0, description="seconds of quiet between a followed stream's heartbeats"
+    )
 
 
 class RunLogsQuery(Query):

@@ -29,10 +29,16 @@ class DeviceView(Reply):
     name: str
     memory_bytes: int | None
     slots: int = Field(description="sub-jobs it serves at once")
-    host: str = Field(default="", description="the host it is on (a node of a cluster; a local backend names its own)")
-    models: list[str] | None = Field(default=None, description="the models its host has (a cluster's); absent: every model")
-    sampler: str = Field(default="transformers",
-                         description="the engine its sampling sub-jobs run: `transformers` (built in) or `vllm` (docs/sampling.md)")
+    host: str = Field(
+        default="", description="the host it is on (a node of a cluster; a local backend names its own)"
+    )
+    models: list[str] | None = Field(
+        default=None, description="the models its host has (a cluster's); absent: every model"
+    )
+    sampler: str = Field(
+        default="transformers",
+        description="the engine its sampling sub-jobs run: `transformers` (built in) or `vllm` (docs/sampling.md)",
+    )
 
 
 class DeviceCapacity(DeviceView):
@@ -106,8 +112,11 @@ class TokenizeBody(Body):
     @model_validator(mode="after")
     def _bounded(self) -> TokenizeBody:
         if len(self.texts) > MAX_TEXTS or sum(map(len, self.texts)) > MAX_TEXT_CHARS:
-            raise PydanticCustomError("invalid_field", "texts: at most {texts} texts and {chars} characters in all per"
-                                      " request; split the work", {"texts": MAX_TEXTS, "chars": MAX_TEXT_CHARS})
+            raise PydanticCustomError(
+                "invalid_field",
+                "texts: at most {texts} texts and {chars} characters in all per request; split the work",
+                {"texts": MAX_TEXTS, "chars": MAX_TEXT_CHARS},
+            )
         return self
 
 
@@ -121,14 +130,19 @@ class Tokenized(Reply):
 
 
 class DetokenizeBody(Body):
-    tokens: list[list[int]] = Field(description=f"at most {MAX_TEXTS} lists and {MAX_TOKEN_IDS} ids in all; each id in"
-                                                " [0, the model's vocab_size)")
+    tokens: list[list[int]] = Field(
+        description=f"at most {MAX_TEXTS} lists and {MAX_TOKEN_IDS} ids in all; each id in"
+        " [0, the model's vocab_size)"
+    )
 
     @model_validator(mode="after")
     def _bounded(self) -> DetokenizeBody:
         if len(self.tokens) > MAX_TEXTS or sum(map(len, self.tokens)) > MAX_TOKEN_IDS:
-            raise PydanticCustomError("invalid_field", "tokens: at most {lists} lists and {ids} ids in all per request",
-                                      {"lists": MAX_TEXTS, "ids": MAX_TOKEN_IDS})
+            raise PydanticCustomError(
+                "invalid_field",
+                "tokens: at most {lists} lists and {ids} ids in all per request",
+                {"lists": MAX_TEXTS, "ids": MAX_TOKEN_IDS},
+            )
         return self
 
 

@@ -25,8 +25,12 @@ class MetricSample(Reply):
     ram_used_bytes: int | None = Field(default=None, description="the host's")
     ram_total_bytes: int | None = None
     sub_job_ids: list[str] | None = Field(default=None, description="this job's sub-jobs on the device then")
-    job_cpu_percent: float | None = Field(default=None, description="this job's worker processes, on the host's scale")
-    job_ram_bytes: int | None = Field(default=None, description="this job's worker processes' resident memory")
+    job_cpu_percent: float | None = Field(
+        default=None, description="this job's worker processes, on the host's scale"
+    )
+    job_ram_bytes: int | None = Field(
+        default=None, description="this job's worker processes' resident memory"
+    )
 
 
 class JobMetrics(Reply):

@@ -21,9 +21,15 @@ class CreateRun(Body):
     """`POST /v1/runs`: the spec, the SHA-256 manifest of its files, and the uploaded archive holding them."""
 
     submission_id: Identifier | None = Field(default=None, description="a submission id never runs twice")
-    spec: dict[str, Any] = Field(description="the run spec (docs/run-spec.md), checked by cortex_nb/run_spec.py")
-    manifest: list[dict[str, Any]] = Field(default_factory=list, description="{path, bytes, sha256, kind} per file")
-    archive: ArchiveRef | None = Field(default=None, description="the uploaded tar (PUT /v1/runs/uploads/...)")
+    spec: dict[str, Any] = Field(
+        description="the run spec (docs/run-spec.md), checked by cortex_nb/run_spec.py"
+    )
+    manifest: list[dict[str, Any]] = Field(
+        default_factory=list, description="{path, bytes, sha256, kind} per file"
+    )
+    archive: ArchiveRef | None = Field(
+        default=None, description="the uploaded tar (PUT /v1/runs/uploads/...)"
+    )
 
 
 class RunView(Reply):
@@ -66,12 +72,17 @@ class RunReport(Reply):
     cpu_seconds: float | None = None
     peak_memory_bytes: int | None = None
     peak_memory_source: Literal["cgroup", "largest_process"] | None = Field(
-        default=None, description="the run's cgroup peak, or (without a cgroup) its largest process's")
+        default=None, description="the run's cgroup peak, or (without a cgroup) its largest process's"
+    )
     outputs_bytes: int | None = None
     isolation_tier: str | None = None
     isolation: dict[str, Any] | None = None
-    unenforced: list[str] | None = Field(default=None, description="the limits this host did not enforce (docs/security.md)")
-    run_uid: int | None = Field(default=None, description="the dedicated uid the run ran as (none: the backend's own)")
+    unenforced: list[str] | None = Field(
+        default=None, description="the limits this host did not enforce (docs/security.md)"
+    )
+    run_uid: int | None = Field(
+        default=None, description="the dedicated uid the run ran as (none: the backend's own)"
+    )
     limits: dict[str, Any] | None = None
 
 

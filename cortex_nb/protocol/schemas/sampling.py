@@ -37,7 +37,9 @@ class SamplingParams(Body):
     seed: Seed | None = None
     n: int = Field(default=1, ge=1, le=MAX_SAMPLES_PER_PROMPT, description="samples per prompt")
     logprobs: bool = Field(default=False, description="each sampled token's log-probability")
-    prompt_logprobs: bool = Field(default=False, description="per prompt, each prompt token's log-probability after the first")
+    prompt_logprobs: bool = Field(
+        default=False, description="per prompt, each prompt token's log-probability after the first"
+    )
     ignore_eos: bool = Field(default=False, description="keep sampling past the end-of-sequence token")
 
     @field_validator("stop", mode="wrap")
@@ -51,7 +53,9 @@ class SamplingParams(Body):
             return handler(value)
         except ValueError:
             raise PydanticCustomError(
-                "invalid_field", f"must be a list of at most {MAX_STOP_SEQUENCES} non-empty strings or token ids") from None
+                "invalid_field",
+                f"must be a list of at most {MAX_STOP_SEQUENCES} non-empty strings or token ids",
+            ) from None
 
     @property
     def greedy(self) -> bool:

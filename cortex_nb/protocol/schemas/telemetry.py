@@ -10,17 +10,51 @@ from pydantic import Field
 from .base import Body, Query, Reply
 
 # The operations that are recorded. The backend counts anything else as "other", keeping /metrics bounded.
-ESSENTIAL_OPERATIONS = frozenset({
-    "check_version", "create_job", "get_job", "list_jobs", "wait_for_job", "wait_for_progress", "cancel_job", "complete_job",
-    "forward_backward", "forward", "step", "generate", "poll_request", "cancel_request",
-    "tail_logs", "download_stdout_logs", "get_job_metrics", "download_metrics", "list_events",
-})
+ESSENTIAL_OPERATIONS = frozenset(
+    {
+        "check_version",
+        "create_job",
+        "get_job",
+        "list_jobs",
+        "wait_for_job",
+        "wait_for_progress",
+        "cancel_job",
+        "complete_job",
+        "forward_backward",
+        "forward",
+        "step",
+        "generate",
+        "poll_request",
+        "cancel_request",
+        "tail_logs",
+        "download_stdout_logs",
+        "get_job_metrics",
+        "download_metrics",
+        "list_events",
+    }
+)
 # Error types the backend accepts as labels (the client's exception classes, plus interruption).
-ERROR_TYPES = frozenset({
-    "CortexError", "ApiError", "BadRequestError", "AuthError", "PermissionError", "NotFoundError", "ConflictError",
-    "RateLimitError", "BackendError", "ConnectionError", "RequestFailed", "TimeoutError", "VersionMismatchError",
-    "KeyboardInterrupt", "ValueError", "TypeError", "OSError",
-})
+ERROR_TYPES = frozenset(
+    {
+        "CortexError",
+        "ApiError",
+        "BadRequestError",
+        "AuthError",
+        "PermissionError",
+        "NotFoundError",
+        "ConflictError",
+        "RateLimitError",
+        "BackendError",
+        "ConnectionError",
+        "RequestFailed",
+        "TimeoutError",
+        "VersionMismatchError",
+        "KeyboardInterrupt",
+        "ValueError",
+        "TypeError",
+        "OSError",
+    }
+)
 MAX_MESSAGE_CHARS = 500
 # Records per POST: the client batches up to this many, the backend refuses more.
 MAX_RECORDS_PER_POST = 100

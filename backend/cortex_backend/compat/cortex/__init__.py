@@ -27,7 +27,11 @@ ROUTES: list[tuple[str, type[tornado.web.RequestHandler], dict]] = [
     (PREFIX + f"/{JOB}/checkpoints", checkpoints.CheckpointsHandler, {}),
     (PREFIX + f"/{JOB}/checkpoints/{CHECKPOINT}:export", checkpoints.CheckpointExportHandler, {}),
     (PREFIX + f"/{JOB}/checkpoints/{CHECKPOINT}", checkpoints.CheckpointHandler, {}),
-    (PREFIX + f"/{JOB}/checkpoints/{CHECKPOINT}/files/(?P<filename>[^/]+)", checkpoints.CheckpointFileHandler, {}),
+    (
+        PREFIX + f"/{JOB}/checkpoints/{CHECKPOINT}/files/(?P<filename>[^/]+)",
+        checkpoints.CheckpointFileHandler,
+        {},
+    ),
     (PREFIX + f"/{JOB}/experiment-run", NotSupportedHandler, {"what": "experiment-run"}),
     (PREFIX + f"/{JOB}/generate-stream", NotSupportedHandler, {"what": "generate-stream"}),
     (PREFIX + "/.*", NotSupportedHandler, {"what": "unknown"}),
@@ -39,5 +43,7 @@ ROUTES: list[tuple[str, type[tornado.web.RequestHandler], dict]] = [
 
 def url_specs(service: Service) -> list[tornado.web.URLSpec]:
     face = CortexFace(service)
-    return [tornado.web.url(f"^{pattern}$", handler, {"service": service, "face": face, **extra})
-            for pattern, handler, extra in ROUTES]
+    return [
+        tornado.web.url(f"^{pattern}$", handler, {"service": service, "face": face, **extra})
+        for pattern, handler, extra in ROUTES
+    ]

@@ -68,7 +68,12 @@ class CortexHandler(BaseHandler):
             code = "invalid_request" if exc.status_code < 500 else "internal_error"
             status, message, detail = exc.status_code, exc.log_message or self._reason, {}
         else:
-            status, code, message, detail = 500, "internal_error", "the backend hit an unexpected error; it is logged", {}
+            status, code, message, detail = (
+                500,
+                "internal_error",
+                "the backend hit an unexpected error; it is logged",
+                {},
+            )
         status = sdk_status(code, status)
         if self._body_left_unread():
             self.set_header("Connection", "close")  # as the /v1 handlers do: the connection cannot be reused
@@ -79,5 +84,10 @@ class CortexHandler(BaseHandler):
     def on_finish(self) -> None:
         metrics = getattr(self.service, "operator_metrics", None)
         if metrics is not None:
-            metrics.observe_request(f"cortex:{type(self).__name__}", self.request.method, self.get_status(),
-                                    self.request.request_time(), self.waited)
+            metrics.observe_request(
+                f"cortex:{type(self).__name__}",
+                self.request.method,
+                self.get_status(),
+                self.request.request_time(),
+                self.waited,
+            )

@@ -39,8 +39,11 @@ def _matrix(value: Any, name: str) -> np.ndarray:
     if array.dtype == np.bool_:
         array = array.astype(np.int64)
     if array.ndim != 2 or 0 in array.shape or array.dtype.kind not in "iu":
-        raise _batch_error(f"{name} must be a non-empty [batch, seq_len] integer tensor, got shape {list(array.shape)}"
-                           f" and dtype {array.dtype}", name)
+        raise _batch_error(
+            f"{name} must be a non-empty [batch, seq_len] integer tensor, got shape {list(array.shape)}"
+            f" and dtype {array.dtype}",
+            name,
+        )
     return array.astype(np.int64)
 
 
@@ -56,16 +59,23 @@ def _model_kwargs(value: Any) -> dict[str, Any]:
     if processing:
         loss_fn = processing.get("loss_fn") if isinstance(processing, dict) else None
         if loss_fn not in (None, *LOSS_FUNCTIONS):
-            raise ApiError("unknown_loss", f"processing.loss_fn {loss_fn!r} is not a loss cortex-nb knows; this"
-                           " surface trains with cross-entropy on labels", {"field": "processing.loss_fn"})
+            raise ApiError(
+                "unknown_loss",
+                f"processing.loss_fn {loss_fn!r} is not a loss cortex-nb knows; this"
+                " surface trains with cross-entropy on labels",
+                {"field": "processing.loss_fn"},
+            )
         if loss_fn not in (None, "cross_entropy"):
             raise not_supported(
                 f"processing.loss_fn={loss_fn!r}: this surface trains with cross-entropy on labels; for"
                 " importance_sampling or ppo use cortex_nb.Client.forward_backward(job_id, batch, loss_fn=...)",
-                "processing.loss_fn")
+                "processing.loss_fn",
+            )
     extra = sorted(set(value) - {"args", "kwargs", "processing", "context"})
     if extra:
-        raise _batch_error(f"unknown top-level key(s) {extra}; the batch is {{'args': [], 'kwargs': {{...}}}}", extra[0])
+        raise _batch_error(
+            f"unknown top-level key(s) {extra}; the batch is {{'args': [], 'kwargs': {{...}}}}", extra[0]
+        )
     if not isinstance(value["kwargs"], dict):
         raise _batch_error("kwargs must be an object of tensors", "kwargs")
     return value["kwargs"]
@@ -74,7 +84,9 @@ def _model_kwargs(value: Any) -> dict[str, Any]:
 def _inputs(kwargs: dict[str, Any], *, labels_required: bool) -> dict[str, np.ndarray]:
     unknown = sorted(set(kwargs) - KWARGS)
     if unknown:
-        raise _batch_error(f"unknown model kwarg(s) {unknown}; this surface takes {sorted(KWARGS)}", unknown[0])
+        raise _batch_error(
+            f"unknown model kwarg(s) {unknown}; this surface takes {sorted(KWARGS)}", unknown[0]
+        )
     if "input_ids" not in kwargs:
         raise _batch_error("input_ids is required", "input_ids")
     input_ids = _matrix(kwargs["input_ids"], "input_ids")
@@ -84,19 +96,27 @@ def _inputs(kwargs: dict[str, Any], *, labels_required: bool) -> dict[str, np.nd
             continue
         array = _matrix(kwargs[name], name)
         if array.shape != input_ids.shape:
-            raise _batch_error(f"{name} has shape {list(array.shape)} but input_ids has {list(input_ids.shape)}", name)
+            raise _batch_error(
+                f"{name} has shape {list(array.shape)} but input_ids has {list(input_ids.shape)}", name
+            )
         out[name] = array
     if "attention_mask" in out and not np.isin(out["attention_mask"], (0, 1)).all():
         raise _batch_error("attention_mask must hold only 0 and 1", "attention_mask")
     if "position_ids" in out:
         expected = np.broadcast_to(np.arange(input_ids.shape[1]), input_ids.shape)
         if not np.array_equal(out["position_ids"], expected):
-            raise not_supported("position_ids other than 0..seq_len-1 per row (packed sequences) are not supported;"
-                                " send one sequence per row with padding and attention_mask", "position_ids")
+            raise not_supported(
+                "position_ids other than 0..seq_len-1 per row (packed sequences) are not supported;"
+                " send one sequence per row with padding and attention_mask",
+                "position_ids",
+            )
     if "labels" not in out:
         if labels_required:
-            raise _batch_error("labels is required: next-token targets, -100 where a position does not count"
-                               " (build_forward_backward_kwargs builds them)", "labels")
+            raise _batch_error(
+                "labels is required: next-token targets, -100 where a position does not count"
+                " (build_forward_backward_kwargs builds them)",
+                "labels",
+            )
         out["labels"] = _next_token_labels(input_ids, out.get("attention_mask"))
     labels = out["labels"]
     if ((labels < 0) & (labels != IGNORE_INDEX)).any():
@@ -155,29 +175,51 @@ def forward_backward_result(result: dict[str, Any]) -> dict[str, Any]:
     loss = result["loss"]
     avg = loss / counted if counted else None
     metrics["loss:mean"] = avg
-    return {"loss": loss, "avg_loss": avg, "metrics": metrics, "loss_fn": "cross_entropy", "reduction": "sum",
-            "tokens": counted, "post_process_outputs": {}}
+    return {
+        "loss": loss,
+        "avg_loss": avg,
+        "metrics": metrics,
+        "loss_fn": "cross_entropy",
+        "reduction": "sum",
+        "tokens": counted,
+        "post_process_outputs": {},
+    }
 
 
 def forward_result(result: dict[str, Any], tensors: bytes) -> dict[str, Any]:
     arrays, _ = wire.decode_frame(tensors)
     counted = result.get("weights:sum") or 0
     loss = result.get("loss:sum")
-    return {"logprobs": arrays["logprobs"], "loss": loss, "avg_loss": loss / counted if counted else None,
-            "tokens": counted, "weight_version": result.get("weight_version"), "reduction": "sum"}
+    return {
+        "logprobs": arrays["logprobs"],
+        "loss": loss,
+        "avg_loss": loss / counted if counted else None,
+        "tokens": counted,
+        "weight_version": result.get("weight_version"),
+        "reduction": "sum",
+    }
 
 
 def step_result(result: dict[str, Any]) -> dict[str, Any]:
-    return {"global_steps": result["step"], "last_lr": result["learning_rate"], "grad_norm": result["grad_norm"],
-            "peak_memory": {"gpu_peak": result.get("peak_memory_bytes")}}
+    return {
+        "global_steps": result["step"],
+        "last_lr": result["learning_rate"],
+        "grad_norm": result["grad_norm"],
+        "peak_memory": {"gpu_peak": result.get("peak_memory_bytes")},
+    }
 
 
 def generate_results(result: dict[str, Any], prompt_offset: int = 0) -> list[dict[str, Any]]:
     """One entry per sample, in prompt order (`n` samples of a prompt follow each other)."""
     samples = sorted(result.get("samples") or [], key=lambda s: (s["prompt_index"], s["sample_index"]))
     return [
-        {"text": s.get("text"), "token_ids": s["tokens"], "finish_reason": s.get("finish_reason"),
-         "prompt_index": s["prompt_index"] + prompt_offset, "sample_index": s["sample_index"],
-         **({"logprobs": s["logprobs"]} if s.get("logprobs") is not None else {})}
+        {
+            "text": s.get("text"),
+            "token_ids": s["tokens"],
+            "finish_reason": s.get("finish_reason"),
+            "prompt_index": s["prompt_index"] + prompt_offset,
+            "sample_index": s["sample_index"],
+            **({"logprobs": s["logprobs"]} if s.get("logprobs") is not None else {}),
+        }
         for s in samples
     ]

@@ -19,12 +19,22 @@ READ_BYTES = 1 << 20
 class CheckpointsHandler(CortexHandler):
     def get(self, database: str, schema: str, job_id: str) -> None:
         job = self.service.jobs.visible_job(self.principal, job_id)
-        self.write_json({"checkpoints": [
-            {"checkpoint_id": row["checkpoint_id"], "global_steps": row["step"], "checkpoint_type": row["type"],
-             "created_at": iso(row["created_at"]), "size_bytes": row["size_bytes"], "base_model": row["base_model"],
-             "files": row["files"]}
-            for row in self.service.checkpoints.list(job)
-        ]})
+        self.write_json(
+            {
+                "checkpoints": [
+                    {
+                        "checkpoint_id": row["checkpoint_id"],
+                        "global_steps": row["step"],
+                        "checkpoint_type": row["type"],
+                        "created_at": iso(row["created_at"]),
+                        "size_bytes": row["size_bytes"],
+                        "base_model": row["base_model"],
+                        "files": row["files"],
+                    }
+                    for row in self.service.checkpoints.list(job)
+                ]
+            }
+        )
 
 
 class CheckpointExportHandler(CortexHandler):
@@ -35,14 +45,29 @@ class CheckpointExportHandler(CortexHandler):
         job = self.service.jobs.visible_job(self.principal, job_id)
         plan = self.service.checkpoints.begin_export(self.principal, job, checkpoint_id, "adapter")
         self.service.checkpoints.end_export(plan)  # only the listing is needed here; downloads hold it again
-        base = f"{self.request.protocol}://{self.request.host}{self.request.path.rsplit(':export', 1)[0]}/files"
+        base = (
+            f"{self.request.protocol}://{self.request.host}{self.request.path.rsplit(':export', 1)[0]}/files"
+        )
         files, expires = [], 0
         for name, _, size in plan.files:
             query, expires = self.face.links.query(FileGrant(job["owner"], job_id, checkpoint_id, name))
-            files.append({"filename": name, "url": f"{base}/{name}?{query}", "size_bytes": size,
-                          "sha256": plan.checkpoint["manifest"]["files"][name]["sha256"]})
-        self.write_json({"checkpoint_id": checkpoint_id, "job_id": job_id, "files": files,
-                         "expires_at": iso(expires), "format": "peft-adapter"})
+            files.append(
+                {
+                    "filename": name,
+                    "url": f"{base}/{name}?{query}",
+                    "size_bytes": size,
+                    "sha256": plan.checkpoint["manifest"]["files"][name]["sha256"],
+                }
+            )
+        self.write_json(
+            {
+                "checkpoint_id": checkpoint_id,
+                "job_id": job_id,
+                "files": files,
+                "expires_at": iso(expires),
+                "format": "peft-adapter",
+            }
+        )
 
 
 class CheckpointHandler(CortexHandler):
@@ -58,8 +83,11 @@ class CheckpointFileHandler(CortexHandler):
 
     async def get(self, database: str, schema: str, job_id: str, checkpoint_id: str, filename: str) -> None:
         owner = self.get_query_argument("owner", "")
-        self.face.links.check(FileGrant(owner, job_id, checkpoint_id, filename),
-                              self.get_query_argument("expires", ""), self.get_query_argument("signature", ""))
+        self.face.links.check(
+            FileGrant(owner, job_id, checkpoint_id, filename),
+            self.get_query_argument("expires", ""),
+            self.get_query_argument("signature", ""),
+        )
         reader = Principal(token_id="download-link", owner=owner, scopes=frozenset({"jobs:read"}))
         job = self.service.jobs.visible_job(reader, job_id)
         plan = self.service.checkpoints.begin_export(reader, job, checkpoint_id, "adapter")

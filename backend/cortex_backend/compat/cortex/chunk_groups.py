@@ -45,8 +45,11 @@ class OpenGroup:
 
 
 def _conflict(group_id: str, message: str) -> ApiError:
-    return ApiError("chunk_group_conflict", f"chunk group {group_id}: {message}; send the frame under a new group id",
-                    {"chunk_group_id": group_id})
+    return ApiError(
+        "chunk_group_conflict",
+        f"chunk group {group_id}: {message}; send the frame under a new group id",
+        {"chunk_group_id": group_id},
+    )
 
 
 class ChunkGroups:
@@ -77,7 +80,10 @@ class ChunkGroups:
         if not GROUP_ID.fullmatch(group_id):
             raise ApiError("invalid_frame", "chunk_group_id: letters, digits and '_.:-' only, at most 128")
         if chunk.frame_size > wire.MAX_FRAME_BYTES:
-            raise ApiError("body_too_large", f"the frame is {chunk.frame_size} bytes; the limit is {wire.MAX_FRAME_BYTES}")
+            raise ApiError(
+                "body_too_large",
+                f"the frame is {chunk.frame_size} bytes; the limit is {wire.MAX_FRAME_BYTES}",
+            )
         key = (principal.owner, job_id, group_id)
         self._expire()
         group = self._open.get(key)
@@ -90,9 +96,17 @@ class ChunkGroups:
                     {"chunk_group_id": group_id, "chunk_idx": chunk.index},
                 )
             if sum(g.held_bytes for g in self._open.values()) + chunk.frame_size > MAX_OPEN_BYTES:
-                raise ApiError("rate_limited", "too many chunked frames are being uploaded at once; retry shortly")
-            group = self._open[key] = OpenGroup(chunk.frame_sha256, chunk.frame_size, chunk.total, chunk.operation)
-        elif (group.frame_sha256, group.frame_size, group.total) != (chunk.frame_sha256, chunk.frame_size, chunk.total):
+                raise ApiError(
+                    "rate_limited", "too many chunked frames are being uploaded at once; retry shortly"
+                )
+            group = self._open[key] = OpenGroup(
+                chunk.frame_sha256, chunk.frame_size, chunk.total, chunk.operation
+            )
+        elif (group.frame_sha256, group.frame_size, group.total) != (
+            chunk.frame_sha256,
+            chunk.frame_size,
+            chunk.total,
+        ):
             raise _conflict(group_id, "a chunk names another frame (SHA-256, size or chunk count)")
         earlier = group.parts.get(chunk.index)
         if earlier is not None and earlier != chunk.payload:
@@ -102,8 +116,11 @@ class ChunkGroups:
             return None
         missing = sorted(set(range(group.total)) - set(group.parts))
         if missing:
-            raise ApiError("chunk_group_missing_chunks", f"chunk group {group_id} lacks chunk(s) {missing[:10]}",
-                           {"chunk_group_id": group_id, "missing": missing[:100]})
+            raise ApiError(
+                "chunk_group_missing_chunks",
+                f"chunk group {group_id} lacks chunk(s) {missing[:10]}",
+                {"chunk_group_id": group_id, "missing": missing[:100]},
+            )
         del self._open[key]
         frame = b"".join(group.parts[i] for i in range(group.total))
         if len(frame) != group.frame_size or hashlib.sha256(frame).hexdigest() != group.frame_sha256:
@@ -113,8 +130,9 @@ class ChunkGroups:
     def remember(self, principal: Principal, job_id: str, chunk: Chunk, response: dict[str, Any]) -> None:
         """Bind the group to the request it started, so a retried last chunk gets the same answer."""
         if chunk.group_id is not None:
-            self.store.remember_response(principal.owner, self._record_key(job_id, chunk.group_id),
-                                         chunk.frame_sha256, 202, response)
+            self.store.remember_response(
+                principal.owner, self._record_key(job_id, chunk.group_id), chunk.frame_sha256, 202, response
+            )
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -124,4 +142,9 @@ class ChunkGroups:
 
 def received(chunk: Chunk) -> dict[str, Any]:
     """The answer to a chunk before the last: no request id (the SDK checks that)."""
-    return {"chunk_group_id": chunk.group_id, "chunk_idx": chunk.index, "total_chunks": chunk.total, "status": "received"}
+    return {
+        "chunk_group_id": chunk.group_id,
+        "chunk_idx": chunk.index,
+        "total_chunks": chunk.total,
+        "status": "received",
+    }

@@ -20,8 +20,11 @@ class JobsHandler(CortexHandler):
         if status is not None:
             ours = SDK_JOB_STATES.get(status.lower().removeprefix("job_state_"))
             if ours is None:
-                raise ApiError("invalid_field", f"status: {status!r} is not one of {sorted(SDK_JOB_STATES)}",
-                               {"field": "status"})
+                raise ApiError(
+                    "invalid_field",
+                    f"status: {status!r} is not one of {sorted(SDK_JOB_STATES)}",
+                    {"field": "status"},
+                )
         jobs: list[dict[str, Any]] = []
         cursor = None
         while True:  # every page: the SDK lists without paging
@@ -33,7 +36,9 @@ class JobsHandler(CortexHandler):
         self.write_json({"jobs": [sdk_job(job) for job in jobs]})
 
     def post(self, database: str, schema: str) -> None:
-        job = self.service.jobs.create(self.principal, parse(CreateJob, job_spec(self.json_body(), database, schema)))
+        job = self.service.jobs.create(
+            self.principal, parse(CreateJob, job_spec(self.json_body(), database, schema))
+        )
         self.write_json({"job_id": job["id"], "status": sdk_job(public_job(job))["status"]})
 
 
@@ -53,12 +58,14 @@ class CapacityHandler(CortexHandler):
 
     def get(self, database: str, schema: str) -> None:
         capacity = self.service.scheduler.capacity()
-        self.write_json({
-            "has_reservation": False,
-            "max_total_gpus": capacity["slots_total"],
-            "reserved_gpus": 0,
-            "in_use_gpus": capacity["slots_in_use"],
-            "pending_gpus": capacity.get("pending_slots", 0),
-            "available_gpus": capacity["slots_available"],
-            "devices": capacity["devices"],
-        })
+        self.write_json(
+            {
+                "has_reservation": False,
+                "max_total_gpus": capacity["slots_total"],
+                "reserved_gpus": 0,
+                "in_use_gpus": capacity["slots_in_use"],
+                "pending_gpus": capacity.get("pending_slots", 0),
+                "available_gpus": capacity["slots_available"],
+                "devices": capacity["devices"],
+            }
+        )

@@ -37,8 +37,12 @@ class FrameOperationHandler(CortexHandler):
         chunk = dssst1.request_chunk(body)
         if job["status"] in states.JOB_TERMINAL and (chunk is None or chunk.index == 0):
             # Refused before any chunk is held (the service refuses a whole frame the same way).
-            raise ApiError("job_finished", f"job {job_id} is {job['status']}; create a new job (and load a checkpoint,"
-                           " if you saved one)", {"status": job["status"], "failure_code": job["failure_code"]})
+            raise ApiError(
+                "job_finished",
+                f"job {job_id} is {job['status']}; create a new job (and load a checkpoint,"
+                " if you saved one)",
+                {"status": job["status"], "failure_code": job["failure_code"]},
+            )
         if chunk is not None:
             replay = self.face.chunk_groups.submitted(self.principal, job_id, chunk)
             if replay is not None:
@@ -58,7 +62,9 @@ class FrameOperationHandler(CortexHandler):
     def _submit(self, job_id: str, operation: str, frame: bytes) -> dict[str, Any]:
         submit = self.service.requests.submit
         if operation == "forward-backward":
-            request = submit(self.principal, job_id, "forward_backward", batches.forward_backward_frame(frame), None, None)
+            request = submit(
+                self.principal, job_id, "forward_backward", batches.forward_backward_frame(frame), None, None
+            )
             return submitted(job_id, [request["id"]])
         value, _ = dssst1.loads(frame)
         parts = generate_requests(value)
@@ -87,7 +93,9 @@ class JsonOperationHandler(CortexHandler):
             ours = {key: body[key] for key in ("checkpoint_id", "source_job_id") if body.get(key) is not None}
             if body.get("target_sub_job_id") is not None:
                 job = self.service.jobs.visible_job(self.principal, job_id)
-                ours["target_sub_job_id"] = our_sub_job_id(job, body["target_sub_job_id"], "target_sub_job_id")
+                ours["target_sub_job_id"] = our_sub_job_id(
+                    job, body["target_sub_job_id"], "target_sub_job_id"
+                )
         request = self.service.requests.submit(self.principal, job_id, operation, b"", ours, None)
         self.write_json(submitted(job_id, [request["id"]]), 202)
 
@@ -95,5 +103,8 @@ class JsonOperationHandler(CortexHandler):
     def _only(body: dict[str, Any], allowed: set[str]) -> None:
         unknown = sorted(set(body) - allowed)
         if unknown:
-            raise ApiError("invalid_field", f"{unknown[0]}: unknown field; this call takes {sorted(allowed)}",
-                           {"field": unknown[0]})
+            raise ApiError(
+                "invalid_field",
+                f"{unknown[0]}: unknown field; this call takes {sorted(allowed)}",
+                {"field": unknown[0]},
+            )

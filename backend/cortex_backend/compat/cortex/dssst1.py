@@ -38,10 +38,19 @@ MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_DEPTH = 64
 
 _DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_), "U8": np.dtype(np.uint8), "I8": np.dtype(np.int8),
-    "U16": np.dtype("<u2"), "I16": np.dtype("<i2"), "U32": np.dtype("<u4"), "I32": np.dtype("<i4"),
-    "U64": np.dtype("<u8"), "I64": np.dtype("<i8"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4"),
-    "F64": np.dtype("<f8"), "BF16": np.dtype("<u2"),
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "U16": np.dtype("<u2"),
+    "I16": np.dtype("<i2"),
+    "U32": np.dtype("<u4"),
+    "I32": np.dtype("<i4"),
+    "U64": np.dtype("<u8"),
+    "I64": np.dtype("<i8"),
+    "F16": np.dtype("<f2"),
+    "F32": np.dtype("<f4"),
+    "F64": np.dtype("<f8"),
+    "BF16": np.dtype("<u2"),
 }
 
 
@@ -93,14 +102,24 @@ def _tensors(data: bytes, header: dict[str, Any]) -> dict[str, np.ndarray]:
         if name == "__metadata__":
             continue
         if not isinstance(info, dict) or info.get("dtype") not in _DTYPES:
-            raise _invalid(f"tensor {name!r} has an unknown dtype {info.get('dtype') if isinstance(info, dict) else None!r}")
+            raise _invalid(
+                f"tensor {name!r} has an unknown dtype {info.get('dtype') if isinstance(info, dict) else None!r}"
+            )
         shape, offsets = info.get("shape"), info.get("data_offsets")
-        if (not isinstance(shape, list) or not all(isinstance(d, int) and 0 <= d < 2**40 for d in shape)
-                or not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)):
+        if (
+            not isinstance(shape, list)
+            or not all(isinstance(d, int) and 0 <= d < 2**40 for d in shape)
+            or not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) for o in offsets)
+        ):
             raise _invalid(f"tensor {name!r} has a malformed shape or data_offsets")
         start, end = offsets
         dtype = _DTYPES[info["dtype"]]
-        if not 0 <= start <= end <= len(body) or end - start != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+        if (
+            not 0 <= start <= end <= len(body)
+            or end - start != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        ):
             raise _invalid(f"tensor {name!r}: its bytes do not match its shape and dtype")
         array = np.frombuffer(body[start:end], dtype=dtype).reshape(shape)
         if info["dtype"] == "BF16":  # no numpy bfloat16: widen to float32 exactly
@@ -160,7 +179,10 @@ def _encode(value: Any, tensors: dict[str, np.ndarray], path: str) -> list:
     if isinstance(value, dict):
         if not _holds_array(value):
             return ["j", value]
-        return ["d", [[key, _encode(item, tensors, f"{path}.{key}" if path else key)] for key, item in value.items()]]
+        return [
+            "d",
+            [[key, _encode(item, tensors, f"{path}.{key}" if path else key)] for key, item in value.items()],
+        ]
     if isinstance(value, (list, tuple)):
         if isinstance(value, list) and not _holds_array(value):
             return ["j", value]
@@ -217,7 +239,9 @@ def request_chunk(data: bytes) -> Chunk | None:
         index, total = int(desc["chunk_idx"]), int(desc["total_chunks"])
         frame_sha256, frame_size = str(desc["frame_sha256"]).lower(), int(desc["frame_size_bytes"])
     except (KeyError, TypeError, ValueError):
-        raise _invalid("op.request_chunk needs chunk_idx, total_chunks, frame_sha256, frame_size_bytes") from None
+        raise _invalid(
+            "op.request_chunk needs chunk_idx, total_chunks, frame_sha256, frame_size_bytes"
+        ) from None
     if not 0 <= index < total or len(frame_sha256) != 64 or frame_size < 0:
         raise _invalid(f"chunk {index} of {total} (sha {frame_sha256[:12]}…) is out of range")
     value, _ = loads(data)
@@ -225,8 +249,15 @@ def request_chunk(data: bytes) -> Chunk | None:
     if not isinstance(payload, np.ndarray) or payload.dtype != np.uint8 or payload.ndim != 1:
         raise _invalid("a chunk's payload must be a 1-D uint8 tensor")
     group = desc.get("chunk_group_id")
-    return Chunk(str(group) if group is not None else None, index, total, frame_sha256, frame_size,
-                 desc.get("operation"), payload.tobytes())
+    return Chunk(
+        str(group) if group is not None else None,
+        index,
+        total,
+        frame_sha256,
+        frame_size,
+        desc.get("operation"),
+        payload.tobytes(),
+    )
 
 
 def result_chunks(frame: bytes, max_bytes: int) -> list[bytes]:
@@ -234,20 +265,35 @@ def result_chunks(frame: bytes, max_bytes: int) -> list[bytes]:
     digest = hashlib.sha256(frame).hexdigest()
     starts = range(0, max(len(frame), 1), max_bytes)
     return [
-        dumps({"payload": np.frombuffer(frame[start : start + max_bytes], dtype=np.uint8)},
-              {"result_chunk": {"chunk_idx": i, "total_chunks": len(starts), "frame_sha256": digest,
-                                "frame_size_bytes": len(frame)}})
+        dumps(
+            {"payload": np.frombuffer(frame[start : start + max_bytes], dtype=np.uint8)},
+            {
+                "result_chunk": {
+                    "chunk_idx": i,
+                    "total_chunks": len(starts),
+                    "frame_sha256": digest,
+                    "frame_size_bytes": len(frame),
+                }
+            },
+        )
         for i, start in enumerate(starts)
     ]
 
 
 def base64_result(frame: bytes) -> dict[str, str]:
     """How a whole result frame travels inside poll JSON."""
-    return {"content_type": "application/octet-stream", "encoding": "base64", "wire_format": VERSION,
-            "payload_b64": base64.b64encode(frame).decode("ascii")}
+    return {
+        "content_type": "application/octet-stream",
+        "encoding": "base64",
+        "wire_format": VERSION,
+        "payload_b64": base64.b64encode(frame).decode("ascii"),
+    }
 
 
 def result_chunk_event(chunk: bytes) -> dict[str, str]:
     """A poll event carrying one result chunk, with the chunk's own SHA-256."""
-    return {"type": "result_chunk", "payload_b64": base64.b64encode(chunk).decode("ascii"),
-            "payload_sha256": hashlib.sha256(chunk).hexdigest()}
+    return {
+        "type": "result_chunk",
+        "payload_b64": base64.b64encode(chunk).decode("ascii"),
+        "payload_sha256": hashlib.sha256(chunk).hexdigest(),
+    }

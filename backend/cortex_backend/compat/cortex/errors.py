@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from cortex_nb.protocol.errors import ApiError
 
-CHUNK_GROUP_CODES = frozenset({"chunk_group_restart_required", "chunk_group_conflict", "chunk_group_missing_chunks"})
+CHUNK_GROUP_CODES = frozenset(
+    {"chunk_group_restart_required", "chunk_group_conflict", "chunk_group_missing_chunks"}
+)
 GONE_CODES = frozenset({"job_finished"})
 REASON_LIMIT = 300
 

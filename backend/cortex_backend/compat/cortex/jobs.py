@@ -23,21 +23,54 @@ SEGMENT_TYPES = {segment: kind for kind, segment in ID_SEGMENTS.items()}
 JOB_TYPES = (states.TRAINING, states.SAMPLING, states.LOG_PROBABILITY)
 # our job states -> the SDK's (its wait_for_job stops on failed/done/cancelled; "terminated" is never used)
 JOB_STATES = {
-    states.JOB_PENDING: "pending", states.JOB_STARTING: "placing", states.JOB_RUNNING: "running",
-    states.JOB_DONE: "done", states.JOB_FAILED: "failed", states.JOB_CANCELLED: "cancelled",
+    states.JOB_PENDING: "pending",
+    states.JOB_STARTING: "placing",
+    states.JOB_RUNNING: "running",
+    states.JOB_DONE: "done",
+    states.JOB_FAILED: "failed",
+    states.JOB_CANCELLED: "cancelled",
 }
 SDK_JOB_STATES = {sdk: ours for ours, sdk in JOB_STATES.items()}
 DEFAULT_LORA = {"r": 16, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
 
-TOP_KEYS = {"sub_job_configs", "job_id", "experiment_name", "hardware", "idle_timeout_seconds",
-            "pending_timeout_seconds", "debug"}
-SUB_KEYS = {"job_type", "model_name", "training_config", "inference_config", "global_batch_size", "dtype", "seed",
-            "model_post_init", "source_checkpoint_info"}
-TRAINING_KEYS = {"optimizer", "max_seq_len", "train_batch_size", "n_gpus", "gradient_clipping", "multiplex_job_id",
-                 "load_optimizer_states", "peft_config"}
+TOP_KEYS = {
+    "sub_job_configs",
+    "job_id",
+    "experiment_name",
+    "hardware",
+    "idle_timeout_seconds",
+    "pending_timeout_seconds",
+    "debug",
+}
+SUB_KEYS = {
+    "job_type",
+    "model_name",
+    "training_config",
+    "inference_config",
+    "global_batch_size",
+    "dtype",
+    "seed",
+    "model_post_init",
+    "source_checkpoint_info",
+}
+TRAINING_KEYS = {
+    "optimizer",
+    "max_seq_len",
+    "train_batch_size",
+    "n_gpus",
+    "gradient_clipping",
+    "multiplex_job_id",
+    "load_optimizer_states",
+    "peft_config",
+}
 # Settings of the SDK's distributed trainer with no counterpart on one device; accepted, recorded, inert.
-INERT_TRAINING_KEYS = {"step_peak_memory_log", "training_memory_telemetry", "activation_checkpointing", "ac_config",
-                       "cuda_allocator_conf"}
+INERT_TRAINING_KEYS = {
+    "step_peak_memory_log",
+    "training_memory_telemetry",
+    "activation_checkpointing",
+    "ac_config",
+    "cuda_allocator_conf",
+}
 INFERENCE_KEYS = {"max_seq_len", "n_gpus", "multiplex_job_id", "peft_config", "gpu_memory_utilization"}
 OPTIMIZER_KEYS = {"name", "lr", "betas", "eps", "weight_decay"}
 
@@ -55,8 +88,12 @@ def our_sub_job_id(job: dict[str, Any], value: Any, field: str) -> str:
         text = f"{SEGMENT_TYPES[match['segment']]}-{match['index']}"
     ids = [sub["id"] for sub in job["sub_jobs"]]
     if text not in ids:
-        raise ApiError("invalid_field", f"{field}: job {job['id']} has no sub-job {value!r}; it has "
-                       f"{[sdk_sub_job_id(job['id'], i) for i in ids]}", {"field": field})
+        raise ApiError(
+            "invalid_field",
+            f"{field}: job {job['id']} has no sub-job {value!r}; it has "
+            f"{[sdk_sub_job_id(job['id'], i) for i in ids]}",
+            {"field": field},
+        )
     return text
 
 
@@ -77,7 +114,10 @@ def _dict(value: Any, field: str, allowed: set[str]) -> dict[str, Any]:
         raise _field("must be an object", field)
     unknown = sorted(set(value) - allowed)
     if unknown:
-        raise _field(f"{unknown[0]!r} is not a setting cortex-nb knows; it takes {sorted(allowed)}", f"{field}.{unknown[0]}")
+        raise _field(
+            f"{unknown[0]!r} is not a setting cortex-nb knows; it takes {sorted(allowed)}",
+            f"{field}.{unknown[0]}",
+        )
     return value
 
 
@@ -88,22 +128,38 @@ def _one_gpu(config: dict[str, Any], field: str) -> None:
     if n_gpus > 1:
         raise not_supported(
             f"{field}.n_gpus={n_gpus}: a cortex-nb sub-job runs on one device; create it with n_gpus=1"
-            " (or several jobs: the backend places each on its own GPU)", f"{field}.n_gpus")
+            " (or several jobs: the backend places each on its own GPU)",
+            f"{field}.n_gpus",
+        )
     if config.get("multiplex_job_id") is not None:
-        raise not_supported(f"{field}.multiplex_job_id: sub-jobs are not multiplexed across jobs here; put the"
-                            " sampling and training sub-jobs in one job", f"{field}.multiplex_job_id")
+        raise not_supported(
+            f"{field}.multiplex_job_id: sub-jobs are not multiplexed across jobs here; put the"
+            " sampling and training sub-jobs in one job",
+            f"{field}.multiplex_job_id",
+        )
 
 
 def _lora(peft: Any, field: str) -> dict[str, Any]:
     if peft is None:
         return dict(DEFAULT_LORA)
-    peft = _dict(peft, field, {"peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "bias", "task_type"})
+    peft = _dict(
+        peft, field, {"peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "bias", "task_type"}
+    )
     if str(peft.get("peft_type", "LORA")).upper() != "LORA":
-        raise not_supported(f"{field}.peft_type={peft['peft_type']!r}: cortex-nb trains LoRA adapters", f"{field}.peft_type")
+        raise not_supported(
+            f"{field}.peft_type={peft['peft_type']!r}: cortex-nb trains LoRA adapters", f"{field}.peft_type"
+        )
     if peft.get("bias", "none") != "none":
-        raise not_supported(f"{field}.bias: cortex-nb LoRA adapters train no biases (bias='none')", f"{field}.bias")
+        raise not_supported(
+            f"{field}.bias: cortex-nb LoRA adapters train no biases (bias='none')", f"{field}.bias"
+        )
     lora = dict(DEFAULT_LORA)
-    for ours, theirs in (("r", "r"), ("alpha", "lora_alpha"), ("dropout", "lora_dropout"), ("target_modules", "target_modules")):
+    for ours, theirs in (
+        ("r", "r"),
+        ("alpha", "lora_alpha"),
+        ("dropout", "lora_dropout"),
+        ("target_modules", "target_modules"),
+    ):
         if peft.get(theirs) is not None:
             lora[ours] = peft[theirs]
     if "lora_alpha" not in peft and "r" in peft:
@@ -115,7 +171,9 @@ def _optimizer(config: dict[str, Any], field: str) -> dict[str, Any]:
     optimizer = _dict(config.get("optimizer"), f"{field}.optimizer", OPTIMIZER_KEYS)
     name = str(optimizer.get("name", "AdamW"))
     if name.lower() not in ("adamw", "adam_w"):
-        raise not_supported(f"{field}.optimizer.name={name!r}: cortex-nb trains with AdamW", f"{field}.optimizer.name")
+        raise not_supported(
+            f"{field}.optimizer.name={name!r}: cortex-nb trains with AdamW", f"{field}.optimizer.name"
+        )
     ours = {key: optimizer[key] for key in ("lr", "betas", "eps", "weight_decay") if key in optimizer}
     if config.get("gradient_clipping") is not None:
         ours["grad_clip"] = config["gradient_clipping"]
@@ -138,19 +196,26 @@ def job_spec(body: Any, database: str, schema: str) -> dict[str, Any]:
         if kind not in JOB_TYPES:
             raise _field(f"must be one of {list(JOB_TYPES)}, got {kind!r}", f"{field}.job_type")
         if not isinstance(config.get("model_name"), str) or not config["model_name"]:
-            raise _field("is required: a model registered on this backend (GET /v1/models)", f"{field}.model_name")
+            raise _field(
+                "is required: a model registered on this backend (GET /v1/models)", f"{field}.model_name"
+            )
         if config.get("source_checkpoint_info") is not None:
             raise not_supported(
                 f"{field}.source_checkpoint_info: start the job, then client.load(job_id, checkpoint_id,"
-                " source_job_id=...) once wait_for_job returns", f"{field}.source_checkpoint_info")
+                " source_job_id=...) once wait_for_job returns",
+                f"{field}.source_checkpoint_info",
+            )
         if config.get("model_post_init"):
-            raise not_supported(f"{field}.model_post_init: post-init hooks do not exist here", f"{field}.model_post_init")
+            raise not_supported(
+                f"{field}.model_post_init: post-init hooks do not exist here", f"{field}.model_post_init"
+            )
         sub: dict[str, Any] = {"type": kind, "base_model": config["model_name"]}
         if config.get("seed") is not None:
             sub["seed"] = config["seed"]
         if kind == states.TRAINING:
-            training = _dict(config.get("training_config"), f"{field}.training_config",
-                             TRAINING_KEYS | INERT_TRAINING_KEYS)
+            training = _dict(
+                config.get("training_config"), f"{field}.training_config", TRAINING_KEYS | INERT_TRAINING_KEYS
+            )
             if config.get("inference_config") is not None:
                 raise _field("a training sub-job takes training_config", f"{field}.inference_config")
             _one_gpu(training, f"{field}.training_config")
@@ -168,7 +233,10 @@ def job_spec(body: Any, database: str, schema: str) -> dict[str, Any]:
         if max_seq_len is not None:
             sub["max_seq_len"] = max_seq_len
         sub_jobs.append(sub)
-    spec: dict[str, Any] = {"sub_jobs": sub_jobs, "labels": {"database": database, "schema": schema, "api": "cortex-training"}}
+    spec: dict[str, Any] = {
+        "sub_jobs": sub_jobs,
+        "labels": {"database": database, "schema": schema, "api": "cortex-training"},
+    }
     if body.get("job_id") is not None:
         spec["job_id"] = body["job_id"]
     if body.get("experiment_name") is not None:
@@ -190,8 +258,17 @@ def sdk_job(job: dict[str, Any]) -> dict[str, Any]:
     order = {states.TRAINING: 0, states.SAMPLING: 1, states.LOG_PROBABILITY: 2}
     for sub in sorted(job["sub_jobs"], key=lambda s: order.get(s["type"], 3)):
         lora = sub.get("lora") or {}
-        peft = {"peft_type": "LORA", "r": lora.get("r"), "lora_alpha": lora.get("alpha"),
-                "lora_dropout": lora.get("dropout"), "target_modules": lora.get("target_modules")} if lora else None
+        peft = (
+            {
+                "peft_type": "LORA",
+                "r": lora.get("r"),
+                "lora_alpha": lora.get("alpha"),
+                "lora_dropout": lora.get("dropout"),
+                "target_modules": lora.get("target_modules"),
+            }
+            if lora
+            else None
+        )
         max_seq_len = sub.get("max_seq_len") or (sub.get("info") or {}).get("max_seq_len")
         row: dict[str, Any] = {
             "sub_job_id": sdk_sub_job_id(job_id, sub["sub_job_id"]),
@@ -205,7 +282,9 @@ def sdk_job(job: dict[str, Any]) -> dict[str, Any]:
             optimizer = dict(sub.get("optimizer") or {})
             row["training_config"] = {
                 "optimizer": {"name": "AdamW", **{k: v for k, v in optimizer.items() if k != "grad_clip"}},
-                "gradient_clipping": optimizer.get("grad_clip"), "max_seq_len": max_seq_len, "n_gpus": 1,
+                "gradient_clipping": optimizer.get("grad_clip"),
+                "max_seq_len": max_seq_len,
+                "n_gpus": 1,
                 "peft_config": peft,
             }
         else:
@@ -215,7 +294,8 @@ def sdk_job(job: dict[str, Any]) -> dict[str, Any]:
     return {
         "job_id": job_id,
         "status": JOB_STATES.get(job["status"], job["status"]),
-        "reason": (f"{job['failure_code']}: {job['failure_message']}" if job.get("failure_code") else "") or "",
+        "reason": (f"{job['failure_code']}: {job['failure_message']}" if job.get("failure_code") else "")
+        or "",
         "created_at": iso(job.get("created_at")),
         "updated_at": iso(job.get("finished_at") or job.get("last_activity_at") or job.get("created_at")),
         "image_tag": "",

@@ -19,13 +19,17 @@ from .polling import sdk_request_status
 WEIGHT_FORMATS = {"lora": "lora", "hf": "full", "vllm": "full", "full": "full"}
 UNSUPPORTED = {
     "zmd-events": "zone scheduling events do not exist here; watch a job's state changes with"
-                  " cortex_nb.Client.list_events() or GET /v1/events",
+    " cortex_nb.Client.list_events() or GET /v1/events",
     "bootstrap-router-replay": "router replay is a feature of Snowflake's MoE runtime; cortex-nb has no router to replay",
     "router-replay-discard": "router replay is a feature of Snowflake's MoE runtime; cortex-nb has no router to replay",
     "reset-prefix-cache": "the cortex-nb sampler keeps no prefix cache between requests, so there is nothing to reset",
 }
-SUB_JOB_TYPES = {"training": states.TRAINING, "sampling": states.SAMPLING, "log_probability": states.LOG_PROBABILITY,
-                 "log_prob": states.LOG_PROBABILITY}
+SUB_JOB_TYPES = {
+    "training": states.TRAINING,
+    "sampling": states.SAMPLING,
+    "log_probability": states.LOG_PROBABILITY,
+    "log_prob": states.LOG_PROBABILITY,
+}
 
 
 class OperationHandler(CortexHandler):
@@ -34,11 +38,19 @@ class OperationHandler(CortexHandler):
         kind = body.get("operation_type")
         if kind in UNSUPPORTED:
             raise not_supported(f"operation {kind}: {UNSUPPORTED[kind]}", "operation_type")
-        handler = {"forward": self._forward, "weight-sync": self._weight_sync, "cancel-request": self._cancel,
-                   "tail-logs": self._tail_logs}.get(kind)
+        handler = {
+            "forward": self._forward,
+            "weight-sync": self._weight_sync,
+            "cancel-request": self._cancel,
+            "tail-logs": self._tail_logs,
+        }.get(kind)
         if handler is None:
-            raise ApiError("invalid_field", f"operation_type: {kind!r} is not one of"
-                           f" {sorted(['forward', 'weight-sync', 'cancel-request', 'tail-logs'])}", {"field": "operation_type"})
+            raise ApiError(
+                "invalid_field",
+                f"operation_type: {kind!r} is not one of"
+                f" {sorted(['forward', 'weight-sync', 'cancel-request', 'tail-logs'])}",
+                {"field": "operation_type"},
+            )
         job = self.service.jobs.visible_job(self.principal, job_id)
         self.write_json(handler(job, self._target(job, body), body.get("payload") or {}))
 
@@ -50,12 +62,18 @@ class OperationHandler(CortexHandler):
             kind = SUB_JOB_TYPES.get(str(body["sub_job_type"]))
             matches = [sub["id"] for sub in job["sub_jobs"] if sub["type"] == kind]
             if not matches:
-                raise ApiError("invalid_field", f"sub_job_type: job {job['id']} has no {body['sub_job_type']!r} sub-job",
-                               {"field": "sub_job_type"})
+                raise ApiError(
+                    "invalid_field",
+                    f"sub_job_type: job {job['id']} has no {body['sub_job_type']!r} sub-job",
+                    {"field": "sub_job_type"},
+                )
             by_type = matches[0]
             if by_id is not None and by_id not in matches:
-                raise ApiError("invalid_field", f"sub_job_id {body['sub_job_id']!r} is not a {body['sub_job_type']} sub-job",
-                               {"field": "sub_job_id"})
+                raise ApiError(
+                    "invalid_field",
+                    f"sub_job_id {body['sub_job_id']!r} is not a {body['sub_job_type']} sub-job",
+                    {"field": "sub_job_id"},
+                )
         return by_id or by_type
 
     def _forward(self, job: dict[str, Any], target: str | None, payload: Any) -> dict[str, Any]:
@@ -69,15 +87,22 @@ class OperationHandler(CortexHandler):
             raise ApiError("invalid_field", "payload: must be an object", {"field": "payload"})
         weight_format = str(payload.get("weight_format") or "vllm").lower()
         if weight_format not in WEIGHT_FORMATS:
-            raise ApiError("invalid_field", f"payload.weight_format: one of {sorted(WEIGHT_FORMATS)}",
-                           {"field": "payload.weight_format"})
+            raise ApiError(
+                "invalid_field",
+                f"payload.weight_format: one of {sorted(WEIGHT_FORMATS)}",
+                {"field": "payload.weight_format"},
+            )
         ours: dict[str, Any] = {"format": WEIGHT_FORMATS[weight_format]}
         if payload.get("source_sub_job_id"):
             ours["source"] = our_sub_job_id(job, payload["source_sub_job_id"], "payload.source_sub_job_id")
         if payload.get("target_sub_job_ids") is not None:
             targets = payload["target_sub_job_ids"]
             if not isinstance(targets, list):
-                raise ApiError("invalid_field", "payload.target_sub_job_ids: must be a list", {"field": "payload.target_sub_job_ids"})
+                raise ApiError(
+                    "invalid_field",
+                    "payload.target_sub_job_ids: must be a list",
+                    {"field": "payload.target_sub_job_ids"},
+                )
             ours["targets"] = [our_sub_job_id(job, t, "payload.target_sub_job_ids") for t in targets]
         request = self.service.requests.submit(self.principal, job["id"], "weight_sync", b"", ours, None)
         return submitted(job["id"], [request["id"]])
@@ -85,11 +110,19 @@ class OperationHandler(CortexHandler):
     def _cancel(self, job: dict[str, Any], target: str | None, payload: Any) -> dict[str, Any]:
         request_id = payload.get("request_id") if isinstance(payload, dict) else None
         if not isinstance(request_id, str) or not request_id:
-            raise ApiError("invalid_field", "payload.request_id: the request to cancel", {"field": "payload.request_id"})
-        statuses = [self.service.requests.cancel(self.principal, job["id"], part)["status"]
-                    for part in request_id.split(PART_SEPARATOR)]
-        return {"request_id": request_id, "job_id": job["id"], "status": sdk_request_status(statuses),
-                "cancel_requested": True}
+            raise ApiError(
+                "invalid_field", "payload.request_id: the request to cancel", {"field": "payload.request_id"}
+            )
+        statuses = [
+            self.service.requests.cancel(self.principal, job["id"], part)["status"]
+            for part in request_id.split(PART_SEPARATOR)
+        ]
+        return {
+            "request_id": request_id,
+            "job_id": job["id"],
+            "status": sdk_request_status(statuses),
+            "cancel_requested": True,
+        }
 
     def _tail_logs(self, job: dict[str, Any], target: str | None, payload: Any) -> dict[str, Any]:
         payload = payload if isinstance(payload, dict) else {}
@@ -97,10 +130,26 @@ class OperationHandler(CortexHandler):
             cursor = int(payload.get("cursor") or 0)
             max_lines = int(payload.get("max_lines") or 1000)
         except (TypeError, ValueError):
-            raise ApiError("invalid_field", "payload.cursor and payload.max_lines are integers", {"field": "payload"}) from None
+            raise ApiError(
+                "invalid_field", "payload.cursor and payload.max_lines are integers", {"field": "payload"}
+            ) from None
         redacted = job["owner"] != self.principal.owner
-        page = self.service.logs.page(job["id"], max(cursor, 0), max(1, min(max_lines, MAX_PAGE)), target, redacted)
-        entries = [{**line, "sub_job_id": sdk_sub_job_id(job["id"], line["sub_job_id"]) if line.get("sub_job_id") else None}
-                   for line in page["lines"]]
-        return {"entries": entries, "next_cursor": str(page["cursor"]), "eof": not entries,
-                "dropped": page["dropped"], "job_status": job["status"]}
+        page = self.service.logs.page(
+            job["id"], max(cursor, 0), max(1, min(max_lines, MAX_PAGE)), target, redacted
+        )
+        entries = [
+            {
+                **line,
+                "sub_job_id": sdk_sub_job_id(job["id"], line["sub_job_id"])
+                if line.get("sub_job_id")
+                else None,
+            }
+            for line in page["lines"]
+        ]
+        return {
+            "entries": entries,
+            "next_cursor": str(page["cursor"]),
+            "eof": not entries,
+            "dropped": page["dropped"],
+            "job_status": job["status"],
+        }

@@ -23,8 +23,11 @@ HOLD_S = 10.0
 # Results up to this size travel inline (base64); larger ones as result_chunk events of this size.
 RESULT_CHUNK_BYTES = 4 * 1024 * 1024
 REQUEST_STATES = {
-    states.REQUEST_QUEUED: "pending", states.REQUEST_RUNNING: "running", states.REQUEST_SUCCEEDED: "done",
-    states.REQUEST_FAILED: "failed", states.REQUEST_CANCELLED: "cancelled",
+    states.REQUEST_QUEUED: "pending",
+    states.REQUEST_RUNNING: "running",
+    states.REQUEST_SUCCEEDED: "done",
+    states.REQUEST_FAILED: "failed",
+    states.REQUEST_CANCELLED: "cancelled",
 }
 
 
@@ -41,17 +44,22 @@ class RequestHandler(CortexHandler):
     async def get(self, database: str, schema: str, job_id: str, request_id: str) -> None:
         parts = request_id.split(PART_SEPARATOR)
         if len(parts) > 1024:
-            raise ApiError("invalid_field", "request_id: not a request id this surface gave out", {"field": "request_id"})
+            raise ApiError(
+                "invalid_field", "request_id: not a request id this surface gave out", {"field": "request_id"}
+            )
         deadline = time.monotonic() + HOLD_S
-        views = [await self.service.requests.get(self.principal, job_id, part, 0, 1000, 0.0) for part in parts]
+        views = [
+            await self.service.requests.get(self.principal, job_id, part, 0, 1000, 0.0) for part in parts
+        ]
         while any(view["status"] not in states.REQUEST_TERMINAL for view in views):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             self.waited = True
             index = next(i for i, view in enumerate(views) if view["status"] not in states.REQUEST_TERMINAL)
-            views[index] = await self.service.requests.get(self.principal, job_id, parts[index], views[index]["cursor"],
-                                                           1000, remaining)
+            views[index] = await self.service.requests.get(
+                self.principal, job_id, parts[index], views[index]["cursor"], 1000, remaining
+            )
         self.write_json(self._render(job_id, request_id, views))
 
     def _render(self, job_id: str, request_id: str, views: list[dict[str, Any]]) -> dict[str, Any]:
@@ -63,7 +71,9 @@ class RequestHandler(CortexHandler):
             "operation": views[0]["op"],
             "status": status,
             "created_at": iso(min(view["created_at"] for view in views)),
-            "updated_at": iso(max(view["finished_at"] or view["started_at"] or view["created_at"] for view in views)),
+            "updated_at": iso(
+                max(view["finished_at"] or view["started_at"] or view["created_at"] for view in views)
+            ),
             "result": {},
             "error": f"{failed[0]['error']['code']}: {failed[0]['error']['message']}" if failed else "",
             "events": [],
@@ -86,7 +96,9 @@ class RequestHandler(CortexHandler):
     def _cursor(self) -> int:
         raw = self.get_query_argument("cursor", "") or "0"
         if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
-            raise ApiError("invalid_field", "cursor: the next_cursor of the previous poll", {"field": "cursor"})
+            raise ApiError(
+                "invalid_field", "cursor: the next_cursor of the previous poll", {"field": "cursor"}
+            )
         return int(raw)
 
     def _max_events(self) -> int:
@@ -104,13 +116,26 @@ class RequestHandler(CortexHandler):
         if op == "generate":
             results: list[dict[str, Any]] = []
             for offset, view in enumerate(views):
-                results.extend(batches.generate_results(view["result"] or {}, offset if len(views) > 1 else 0))
+                results.extend(
+                    batches.generate_results(view["result"] or {}, offset if len(views) > 1 else 0)
+                )
             return {"job_id": job_id, "results": results, "weight_version": result.get("weight_version")}
         if op == "save":
             checkpoint = result.get("checkpoint") or {}
-            return {"job_id": job_id, "checkpoint_id": result.get("checkpoint_id"), "checkpoint_tag": result.get("checkpoint_id"),
-                    "checkpoint_type": result.get("type"), "global_steps": result.get("step"),
-                    "size_bytes": result.get("size_bytes"), "sub_job_id": checkpoint.get("sub_job_id")}
+            return {
+                "job_id": job_id,
+                "checkpoint_id": result.get("checkpoint_id"),
+                "checkpoint_tag": result.get("checkpoint_id"),
+                "checkpoint_type": result.get("type"),
+                "global_steps": result.get("step"),
+                "size_bytes": result.get("size_bytes"),
+                "sub_job_id": checkpoint.get("sub_job_id"),
+            }
         if op == "weight_sync":
-            return {"job_id": job_id, **result, "bytes_sent": result.get("bytes"), "transfer": result.get("path")}
+            return {
+                "job_id": job_id,
+                **result,
+                "bytes_sent": result.get("bytes"),
+                "transfer": result.get("path"),
+            }
         return {"job_id": job_id, **result}

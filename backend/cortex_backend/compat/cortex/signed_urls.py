@@ -32,13 +32,18 @@ class LinkSigner:
         self._key = secrets.token_bytes(32)
 
     def _signature(self, grant: FileGrant, expires: int) -> str:
-        message = "\0".join((grant.owner, grant.job_id, grant.checkpoint_id, grant.filename, str(expires))).encode()
+        message = "\0".join(
+            (grant.owner, grant.job_id, grant.checkpoint_id, grant.filename, str(expires))
+        ).encode()
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
     def query(self, grant: FileGrant, now: float | None = None) -> tuple[str, int]:
         """The query string of a link to `grant`, and when it expires (unix seconds)."""
         expires = int((now or time.time()) + LINK_TTL_S)
-        return f"owner={quote(grant.owner, safe='')}&expires={expires}&signature={self._signature(grant, expires)}", expires
+        return (
+            f"owner={quote(grant.owner, safe='')}&expires={expires}&signature={self._signature(grant, expires)}",
+            expires,
+        )
 
     def check(self, grant: FileGrant, expires: str, signature: str) -> None:
         try:
@@ -46,6 +51,8 @@ class LinkSigner:
         except ValueError:
             deadline = 0
         if not hmac.compare_digest(self._signature(grant, deadline), signature or ""):
-            raise ApiError("forbidden", "this download link is not valid; ask export_checkpoint for a new one")
+            raise ApiError(
+                "forbidden", "this download link is not valid; ask export_checkpoint for a new one"
+            )
         if deadline < time.time():
             raise ApiError("forbidden", "this download link has expired; ask export_checkpoint for a new one")

@@ -10,17 +10,17 @@ from .errors import not_supported
 
 EQUIVALENTS = {
     "experiment-run": "experiment runs and their artifact stage are Snowflake's; on cortex-nb read a job's logs with"
-                      " cortex_nb.Client.download_stdout_logs(job_id, dir) or tail_logs/stream_logs here, and its"
-                      " device metrics with Client.download_metrics(job_id, dir)",
+    " cortex_nb.Client.download_stdout_logs(job_id, dir) or tail_logs/stream_logs here, and its"
+    " device metrics with Client.download_metrics(job_id, dir)",
     "generate-stream": "streamed generation is not served here; call generate and poll_request (the poll returns"
-                       " as soon as the samples exist)",
+    " as soon as the samples exist)",
     "statements": "Snowflake SQL statements do not exist on cortex-nb; fetch logs with"
-                  " cortex_nb.Client.download_stdout_logs(job_id, dir) and metrics with Client.download_metrics",
+    " cortex_nb.Client.download_stdout_logs(job_id, dir) and metrics with Client.download_metrics",
     "sessions": "Snowflake sessions (used for the SDK's OTLP telemetry) do not exist on cortex-nb; client telemetry"
-                " goes to POST /v1/telemetry (cortex_nb.Client sends it), and CORTEX_TRAINING_DISABLE_TELEMETRY=1"
-                " silences the SDK's",
+    " goes to POST /v1/telemetry (cortex_nb.Client sends it), and CORTEX_TRAINING_DISABLE_TELEMETRY=1"
+    " silences the SDK's",
     "observability": "Snowflake's OTLP collector does not exist on cortex-nb; see GET /metrics (Prometheus) and"
-                     " POST /v1/telemetry",
+    " POST /v1/telemetry",
 }
 
 
@@ -36,6 +36,7 @@ class NotSupportedHandler(CortexHandler):
             raise not_supported(f"{self.request.method} {self.request.path}: {EQUIVALENTS[self.what]}")
         raise not_supported(
             f"{self.request.method} {self.request.path} is not part of the Cortex Training API this backend"
-            " serves; see docs/cortex-sdk.md for what it does")
+            " serves; see docs/cortex-sdk.md for what it does"
+        )
 
     get = post = put = delete = patch = _refuse

@@ -41,7 +41,9 @@ ADAM_DEFAULTS = {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-12, "weight_decay":
 def integer_field(body: dict[str, Any], key: str, low: int = 0) -> int:
     value = body.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ApiError("invalid_field", f"{key}: must be an integer of at least {low}, got {value!r}", {"field": key})
+        raise ApiError(
+            "invalid_field", f"{key}: must be an integer of at least {low}, got {value!r}", {"field": key}
+        )
     return value
 
 
@@ -103,7 +105,11 @@ class TinkerFace:
     def finish(self, principal: Principal, session_id: str, body: dict[str, Any]) -> None:
         session = self.sessions.find(principal, session_id)
         if session.ended is None:
-            reason = (body.get("reason") or {}).get("type", "success") if isinstance(body.get("reason"), dict) else "success"
+            reason = (
+                (body.get("reason") or {}).get("type", "success")
+                if isinstance(body.get("reason"), dict)
+                else "success"
+            )
             self.end_session(session, f"finished: {reason}")
 
     # models -------------------------------------------------------------------------------------
@@ -114,14 +120,22 @@ class TinkerFace:
         try:
             job = self.service.jobs.visible_job(principal, names.job_id_for(model_id))
         except ApiError as exc:
-            raise ApiError("model_not_found", f"no model {model_id!r} is visible to this key; create a training client") from exc
+            raise ApiError(
+                "model_not_found", f"no model {model_id!r} is visible to this key; create a training client"
+            ) from exc
         session = self.sessions.of_model(job["id"])
         if session is not None:
             self.sessions.live(principal, session.id)
         return job
 
     def _create_job(
-        self, principal: Principal, session: Session, seq: int, base_model: str, lora: dict[str, Any], seed: int | None = None
+        self,
+        principal: Principal,
+        session: Session,
+        seq: int,
+        base_model: str,
+        lora: dict[str, Any],
+        seed: int | None = None,
     ) -> str:
         model_id = names.model_id(session.id, seq)
         spec = {
@@ -129,8 +143,15 @@ class TinkerFace:
             "name": f"tinker {base_model} r={lora.get('r')}",
             "experiment": session.display_name or session.id,
             "labels": {"api": "tinker", "tinker.model_id": model_id, "tinker.session": session.id},
-            "sub_jobs": [{"type": states.TRAINING, "base_model": base_model, "lora": lora, "optimizer": dict(ADAM_DEFAULTS),
-                          "seed": secrets.randbelow(2**31) if seed is None else seed}],
+            "sub_jobs": [
+                {
+                    "type": states.TRAINING,
+                    "base_model": base_model,
+                    "lora": lora,
+                    "optimizer": dict(ADAM_DEFAULTS),
+                    "seed": secrets.randbelow(2**31) if seed is None else seed,
+                }
+            ],
         }
         return self.service.jobs.create(principal, parse(CreateJob, spec))["id"]
 
@@ -139,16 +160,25 @@ class TinkerFace:
         seq = integer_field(body, "model_seq_id")
         model_id = names.model_id(session.id, seq)
         if seq in session.models:
-            return untyped_future(self.futures.get(principal, f"create.{session.models[seq]}"), model_id=model_id)
+            return untyped_future(
+                self.futures.get(principal, f"create.{session.models[seq]}"), model_id=model_id
+            )
         optimizer = body.get("optimizer_config") or {}
         if isinstance(optimizer, dict) and optimizer.get("type", "adamw") != "adamw":
-            raise ApiError("unsupported_operation", f"optimizer {optimizer.get('type')!r} is not supported; this backend trains with Adam(W)",
-                           {"field": "optimizer_config"})
+            raise ApiError(
+                "unsupported_operation",
+                f"optimizer {optimizer.get('type')!r} is not supported; this backend trains with Adam(W)",
+                {"field": "optimizer_config"},
+            )
         info = self.service.catalog.get(body.get("base_model"))
         lora = translate.lora_spec(body.get("lora_config"), str(info.config.get("model_type", "")))
-        job_id = self._create_job(principal, session, seq, info.name, lora, (body.get("lora_config") or {}).get("seed"))
+        job_id = self._create_job(
+            principal, session, seq, info.name, lora, (body.get("lora_config") or {}).get("seed")
+        )
         session.models[seq] = job_id
-        future = self.futures.add(Future(f"create.{job_id}", principal.owner, "create_model", job_id, render={"model_id": model_id}))
+        future = self.futures.add(
+            Future(f"create.{job_id}", principal.owner, "create_model", job_id, render={"model_id": model_id})
+        )
         return untyped_future(future, model_id=model_id)
 
     def get_info(self, principal: Principal, model_id: Any) -> dict[str, Any]:
@@ -158,25 +188,36 @@ class TinkerFace:
         return {
             "type": "get_info",
             "model_id": model_id,
-            "model_data": {"arch": (info.config.get("architectures") or [info.config.get("model_type")])[0],
-                           "model_name": info.name, "tokenizer_id": None if info.kind == "builtin" else info.name},
+            "model_data": {
+                "arch": (info.config.get("architectures") or [info.config.get("model_type")])[0],
+                "model_name": info.name,
+                "tokenizer_id": None if info.kind == "builtin" else info.name,
+            },
             "is_lora": True,
             "lora_rank": (sub.get("lora") or {}).get("r"),
             "model_name": info.name,
         }
 
     # training -----------------------------------------------------------------------------------
-    def _numbered(self, principal: Principal, job: dict[str, Any], seq: Any, op: str, translate_request) -> dict[str, Any]:
+    def _numbered(
+        self, principal: Principal, job: dict[str, Any], seq: Any, op: str, translate_request
+    ) -> dict[str, Any]:
         """Submit a numbered request: a seq_id seen before answers with its request; a refusal uses the number up."""
         sequence, done, body, json_body = self._translated(principal, job, seq, translate_request)
         return done or self.service.requests.submit(principal, job["id"], op, body, json_body, None, sequence)
 
-    async def _numbered_async(self, principal: Principal, job: dict[str, Any], seq: Any, op: str, translate_request) -> dict[str, Any]:
+    async def _numbered_async(
+        self, principal: Principal, job: dict[str, Any], seq: Any, op: str, translate_request
+    ) -> dict[str, Any]:
         """`_numbered` for a frame: its checks run off the IO loop when it is large (RequestManager.submit_async)."""
         sequence, done, body, json_body = self._translated(principal, job, seq, translate_request)
-        return done or await self.service.requests.submit_async(principal, job["id"], op, body, json_body, None, sequence)
+        return done or await self.service.requests.submit_async(
+            principal, job["id"], op, body, json_body, None, sequence
+        )
 
-    def _translated(self, principal: Principal, job: dict[str, Any], seq: Any, translate_request) -> tuple[Any, ...]:
+    def _translated(
+        self, principal: Principal, job: dict[str, Any], seq: Any, translate_request
+    ) -> tuple[Any, ...]:
         """(sequence, the request a retry already made or None, body, json body)."""
         if isinstance(seq, bool) or not isinstance(seq, int):
             raise ApiError("invalid_field", f"seq_id: must be an integer, got {seq!r}", {"field": "seq_id"})
@@ -191,7 +232,9 @@ class TinkerFace:
             raise
         return sequence, None, body, json_body
 
-    def future_for(self, principal: Principal, kind: str, job_id: str, request: dict[str, Any], **render: Any) -> Future:
+    def future_for(
+        self, principal: Principal, kind: str, job_id: str, request: dict[str, Any], **render: Any
+    ) -> Future:
         return self.futures.known(request["id"]) or self.futures.add(
             Future(request["id"], principal.owner, kind, job_id, request["id"], render)
         )
@@ -215,23 +258,35 @@ class TinkerFace:
 
         def step() -> tuple[bytes, dict[str, Any]]:
             if body.get("optimizer_params") is not None:
-                raise ApiError("unsupported_operation", "optimizer_params: only Adam (adam_params) is supported", {"field": "optimizer_params"})
+                raise ApiError(
+                    "unsupported_operation",
+                    "optimizer_params: only Adam (adam_params) is supported",
+                    {"field": "optimizer_params"},
+                )
             return b"", translate.step_body(body.get("adam_params", body.get("optim_params")))
 
         submitted = self._numbered(principal, job, body.get("seq_id"), "step", step)
-        return untyped_future(self.future_for(principal, "optim_step", job["id"], submitted), model_id=body["model_id"])
+        return untyped_future(
+            self.future_for(principal, "optim_step", job["id"], submitted), model_id=body["model_id"]
+        )
 
     def save_state(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
         job = self.model_job(principal, body.get("model_id"))
 
         def save() -> tuple[bytes, dict[str, Any]]:
-            name = names.checkpoint_name(body["path"]) if body.get("path") is not None else f"state-{body.get('seq_id')}"
+            name = (
+                names.checkpoint_name(body["path"])
+                if body.get("path") is not None
+                else f"state-{body.get('seq_id')}"
+            )
             if body.get("overwrite") and self.service.store.get_checkpoint(job["id"], name) is not None:
                 self.service.checkpoints.delete(principal, job, name)
             return b"", {"checkpoint_id": name, "type": RESUMABLE}
 
         submitted = self._numbered(principal, job, body.get("seq_id"), "save", save)
-        return untyped_future(self.future_for(principal, "save_state", job["id"], submitted), model_id=body["model_id"])
+        return untyped_future(
+            self.future_for(principal, "save_state", job["id"], submitted), model_id=body["model_id"]
+        )
 
     def save_for_sampler(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
         """A named sampler checkpoint (`save_weights_for_sampler`), or a new sampling session on the weights of
@@ -239,14 +294,24 @@ class TinkerFace:
         job = self.model_job(principal, body.get("model_id"))
         seq = body.get("seq_id")
         if body.get("path") is not None:
+
             def named() -> tuple[bytes, dict[str, Any]]:
-                return b"", {"checkpoint_id": names.SAMPLER_PREFIX + names.checkpoint_name(body["path"]), "type": WEIGHTS_ONLY}
+                return b"", {
+                    "checkpoint_id": names.SAMPLER_PREFIX + names.checkpoint_name(body["path"]),
+                    "type": WEIGHTS_ONLY,
+                }
 
             submitted = self._numbered(principal, job, seq, "save", named)
-            return untyped_future(self.future_for(principal, "save_for_sampler", job["id"], submitted), model_id=body["model_id"])
+            return untyped_future(
+                self.future_for(principal, "save_for_sampler", job["id"], submitted),
+                model_id=body["model_id"],
+            )
         session = self.sessions.of_model(job["id"])
         if session is None:
-            raise ApiError("session_not_found", f"model {body['model_id']} belongs to no live session; create a sampling client from a path")
+            raise ApiError(
+                "session_not_found",
+                f"model {body['model_id']} belongs to no live session; create a sampling client from a path",
+            )
         sampler_id = names.sampling_session_id(session.id, integer_field(body, "sampling_session_seq_id"))
         base_model = job["sub_jobs"][0]["spec"]["base_model"]
         inflight = body.get("kind", "snapshot") == "inflight"
@@ -254,17 +319,27 @@ class TinkerFace:
 
         def snapshot() -> tuple[bytes, dict[str, Any]]:
             if body.get("kind", "snapshot") not in ("snapshot", "inflight"):
-                raise ApiError("invalid_field", f"kind: must be snapshot or inflight, got {body.get('kind')!r}", {"field": "kind"})
+                raise ApiError(
+                    "invalid_field",
+                    f"kind: must be snapshot or inflight, got {body.get('kind')!r}",
+                    {"field": "kind"},
+                )
             return b"", {} if inflight else {"checkpoint_id": checkpoint, "type": WEIGHTS_ONLY}
 
         submitted = self._numbered(principal, job, seq, "noop" if inflight else "save", snapshot)
         if sampler_id not in self.sessions.sampling:
             self.sessions.sampling[sampler_id] = SamplingSession(
-                sampler_id, principal.owner, base_model, live_job_id=job["id"] if inflight else None,
-                checkpoint=None if inflight else (job["id"], checkpoint), ephemeral=not inflight,
+                sampler_id,
+                principal.owner,
+                base_model,
+                live_job_id=job["id"] if inflight else None,
+                checkpoint=None if inflight else (job["id"], checkpoint),
+                ephemeral=not inflight,
             )
             session.samplers[body["sampling_session_seq_id"]] = sampler_id
-        future = self.future_for(principal, "save_for_sampler", job["id"], submitted, sampling_session_id=sampler_id)
+        future = self.future_for(
+            principal, "save_for_sampler", job["id"], submitted, sampling_session_id=sampler_id
+        )
         return untyped_future(future, model_id=body["model_id"])
 
     def load_weights(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
@@ -274,29 +349,53 @@ class TinkerFace:
         row = self.service.checkpoints.find(principal, principal.owner, source_job, checkpoint_id)
         restore = bool(body.get("optimizer"))
         if restore and row["type"] != RESUMABLE:
-            raise ApiError("invalid_field", f"path: {body['path']} holds no optimizer state (it was saved for sampling);"
-                           " load it without the optimizer", {"field": "optimizer"})
+            raise ApiError(
+                "invalid_field",
+                f"path: {body['path']} holds no optimizer state (it was saved for sampling);"
+                " load it without the optimizer",
+                {"field": "optimizer"},
+            )
         load = {"checkpoint_id": checkpoint_id, "source_job_id": source_job, "restore_optimizer": restore}
         if body.get("session_id") is None:
             job = self.model_job(principal, body.get("model_id"))
             submitted = self._numbered(principal, job, body.get("seq_id"), "load", lambda: (b"", load))
-            future = self.future_for(principal, "load", job["id"], submitted, path=body["path"], model_id=body["model_id"])
+            future = self.future_for(
+                principal, "load", job["id"], submitted, path=body["path"], model_id=body["model_id"]
+            )
             return untyped_future(future, model_id=body["model_id"])
         session = self.sessions.live(principal, body["session_id"])
         seq = integer_field(body, "model_seq_id")
         model_id = names.model_id(session.id, seq)
         if seq in session.models:
-            return untyped_future(self.futures.get(principal, f"load.{session.models[seq]}"), model_id=model_id)
+            return untyped_future(
+                self.futures.get(principal, f"load.{session.models[seq]}"), model_id=model_id
+            )
         if body.get("base_model") not in (None, row["base_model"]):
-            raise ApiError("invalid_field", f"base_model: {body['path']} was trained on {row['base_model']}, not {body['base_model']}",
-                           {"field": "base_model"})
+            raise ApiError(
+                "invalid_field",
+                f"base_model: {body['path']} was trained on {row['base_model']}, not {body['base_model']}",
+                {"field": "base_model"},
+            )
         adapter = row["manifest"].get("adapter") or {}
-        lora = {"r": adapter.get("r"), "alpha": adapter.get("lora_alpha"), "dropout": 0.0, "target_modules": adapter.get("target_modules")}
+        lora = {
+            "r": adapter.get("r"),
+            "alpha": adapter.get("lora_alpha"),
+            "dropout": 0.0,
+            "target_modules": adapter.get("target_modules"),
+        }
         job_id = self._create_job(principal, session, seq, row["base_model"], lora)
         session.models[seq] = job_id
         submitted = self.service.requests.submit(principal, job_id, "load", b"", load, None)
-        future = self.futures.add(Future(f"load.{job_id}", principal.owner, "load", job_id, submitted["id"],
-                                         {"path": body["path"], "model_id": model_id}))
+        future = self.futures.add(
+            Future(
+                f"load.{job_id}",
+                principal.owner,
+                "load",
+                job_id,
+                submitted["id"],
+                {"path": body["path"], "model_id": model_id},
+            )
+        )
         return untyped_future(future, model_id=model_id)
 
     def cancel(self, principal: Principal, body: dict[str, Any]) -> None:

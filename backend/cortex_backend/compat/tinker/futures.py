@@ -20,7 +20,9 @@ FUTURES_KEPT = 20_000
 class Future:
     id: str
     owner: str
-    kind: str  # create_model, forward_backward, forward, optim_step, save_state, save_for_sampler, load, sample
+    kind: (
+        str  # create_model, forward_backward, forward, optim_step, save_state, save_for_sampler, load, sample
+    )
     job_id: str
     request_id: str | None = None
     # what the result needs besides the request's own result: datum lengths, a model id, a path, ...
@@ -40,8 +42,11 @@ class Futures:
 
     def get(self, principal: Principal, future_id: Any) -> Future:
         if not isinstance(future_id, str):
-            raise ApiError("invalid_field", f"request_id: must be the string a call returned, got {str(future_id)[:80]}",
-                           {"field": "request_id"})
+            raise ApiError(
+                "invalid_field",
+                f"request_id: must be the string a call returned, got {str(future_id)[:80]}",
+                {"field": "request_id"},
+            )
         future = self._futures.get(future_id)
         if future is None or not principal.can_see(future.owner):
             raise ApiError("request_not_found", f"no future {str(future_id)[:80]!r} is visible to this key")

@@ -90,10 +90,15 @@ class ForwardBackwardHandler(TinkerHandler):
     async def post(self) -> None:
         body = self.body
         if not self.request.headers.get("Content-Type", "").startswith(messages.CONTENT_TYPE):
-            raise ApiError("invalid_request", f"forward_backward takes a {messages.CONTENT_TYPE} body (tinker SDK 0.38 or later)")
+            raise ApiError(
+                "invalid_request",
+                f"forward_backward takes a {messages.CONTENT_TYPE} body (tinker SDK 0.38 or later)",
+            )
         if self.request.headers.get("Content-Encoding", "") == "zstd":
             body = decompress(body, self.service.settings.max_body_bytes)
-        self.write_json(await self.face.forward_backward(self.principal, messages.decode_forward_backward(body)))
+        self.write_json(
+            await self.face.forward_backward(self.principal, messages.decode_forward_backward(body))
+        )
 
 
 def decompress(body: bytes, limit: int) -> bytes:
@@ -102,7 +107,11 @@ def decompress(body: bytes, limit: int) -> bytes:
     try:
         declared = zstandard.frame_content_size(body)
         if declared > limit:
-            raise ApiError("body_too_large", f"the zstd body holds {declared} bytes; the limit is {limit}", {"limit": limit})
+            raise ApiError(
+                "body_too_large",
+                f"the zstd body holds {declared} bytes; the limit is {limit}",
+                {"limit": limit},
+            )
         data = zstandard.ZstdDecompressor().decompress(body, max_output_size=limit)
     except zstandard.ZstdError as exc:
         raise ApiError("invalid_request", f"the zstd body could not be decompressed: {exc}") from None
@@ -172,7 +181,9 @@ class DeleteCheckpointHandler(TinkerHandler):
 
 class UnsupportedHandler(TinkerHandler):
     def post(self) -> None:
-        raise ApiError("unsupported_operation", f"{operation(self)} is not offered by this backend (see docs/tinker.md)")
+        raise ApiError(
+            "unsupported_operation", f"{operation(self)} is not offered by this backend (see docs/tinker.md)"
+        )
 
 
 def operation(handler: TinkerHandler) -> str:
@@ -187,12 +198,27 @@ HANDLERS: dict[str, type[TinkerHandler]] = {
     "retrieve_future": RetrieveFutureHandler,
     "finish_session": FinishSessionHandler,
     "delete_checkpoint": DeleteCheckpointHandler,
-    **{name: ReadHandler for name in ("get_server_capabilities", "get_session", "list_sessions", "get_sampler",
-                                      "list_training_runs", "get_training_run", "list_checkpoints", "list_user_checkpoints")},
+    **{
+        name: ReadHandler
+        for name in (
+            "get_server_capabilities",
+            "get_session",
+            "list_sessions",
+            "get_sampler",
+            "list_training_runs",
+            "get_training_run",
+            "list_checkpoints",
+            "list_user_checkpoints",
+        )
+    },
     **{name: UnsupportedHandler for name in ("save_weights_external", "create_custom_loss", "copy_weights")},
 }
 
 
 def handler_specs(service: Service, face: TinkerFace) -> list[tornado.web.URLSpec]:
-    return [tornado.web.url(route.regex, HANDLERS[route.name.removeprefix("tinker:")], {"service": service, "face": face})
-            for route in ROUTES]
+    return [
+        tornado.web.url(
+            route.regex, HANDLERS[route.name.removeprefix("tinker:")], {"service": service, "face": face}
+        )
+        for route in ROUTES
+    ]

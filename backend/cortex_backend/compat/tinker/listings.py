@@ -21,10 +21,17 @@ def _time(at: float | None) -> str:
 
 
 def capabilities(face: TinkerFace) -> dict[str, Any]:
-    return {"supported_models": [
-        {"model_name": model["name"], "max_context_length": model["max_positions"], "trainable": True, "sampleable": True}
-        for model in face.service.catalog.list()
-    ]}
+    return {
+        "supported_models": [
+            {
+                "model_name": model["name"],
+                "max_context_length": model["max_positions"],
+                "trainable": True,
+                "sampleable": True,
+            }
+            for model in face.service.catalog.list()
+        ]
+    }
 
 
 def checkpoint(row: dict[str, Any]) -> dict[str, Any]:
@@ -41,20 +48,31 @@ def checkpoint(row: dict[str, Any]) -> dict[str, Any]:
 
 def checkpoints(face: TinkerFace, principal: Principal, training_run_id: str) -> dict[str, Any]:
     job = _job(face, principal, training_run_id)
-    return {"checkpoints": [checkpoint(row) for row in face.service.store.list_checkpoints(job["id"])], "cursor": None}
+    return {
+        "checkpoints": [checkpoint(row) for row in face.service.store.list_checkpoints(job["id"])],
+        "cursor": None,
+    }
 
 
 def user_checkpoints(face: TinkerFace, principal: Principal, limit: int, offset: int) -> dict[str, Any]:
     store = face.service.store
     jobs = sorted({row["job_id"] for row in store.all_checkpoints() if principal.can_see(row["owner"])})
-    rows = sorted((row for job_id in jobs for row in store.list_checkpoints(job_id)), key=lambda row: -row["created_at"])
-    return {"checkpoints": [checkpoint(row) for row in rows[offset : offset + limit]],
-            "cursor": {"offset": offset, "limit": limit, "total_count": len(rows)}}
+    rows = sorted(
+        (row for job_id in jobs for row in store.list_checkpoints(job_id)), key=lambda row: -row["created_at"]
+    )
+    return {
+        "checkpoints": [checkpoint(row) for row in rows[offset : offset + limit]],
+        "cursor": {"offset": offset, "limit": limit, "total_count": len(rows)},
+    }
 
 
-def delete_checkpoint(face: TinkerFace, principal: Principal, training_run_id: str, kind: str, name: str) -> None:
+def delete_checkpoint(
+    face: TinkerFace, principal: Principal, training_run_id: str, kind: str, name: str
+) -> None:
     if kind not in names.KINDS:
-        raise ApiError("checkpoint_not_found", f"{kind}/{name}: checkpoints are weights/<name> or sampler_weights/<name>")
+        raise ApiError(
+            "checkpoint_not_found", f"{kind}/{name}: checkpoints are weights/<name> or sampler_weights/<name>"
+        )
     job = _job(face, principal, training_run_id)
     face.service.checkpoints.delete(principal, job, names.checkpoint_id(kind, name))
 
@@ -63,7 +81,9 @@ def _job(face: TinkerFace, principal: Principal, training_run_id: str) -> dict[s
     try:
         return face.service.jobs.visible_job(principal, names.job_id_for(training_run_id))
     except ApiError as exc:
-        raise ApiError("model_not_found", f"no training run {training_run_id!r} is visible to this key") from exc
+        raise ApiError(
+            "model_not_found", f"no training run {training_run_id!r} is visible to this key"
+        ) from exc
 
 
 def training_run(face: TinkerFace, principal: Principal, training_run_id: str) -> dict[str, Any]:
@@ -73,7 +93,10 @@ def training_run(face: TinkerFace, principal: Principal, training_run_id: str) -
 def _training_run(face: TinkerFace, job: dict[str, Any]) -> dict[str, Any]:
     trainer = next((sub for sub in job["sub_jobs"] if sub["type"] == states.TRAINING), job["sub_jobs"][0])
     saved = face.service.store.list_checkpoints(job["id"])
-    last = {kind: [row for row in saved if names.checkpoint_kind(row["id"]) == kind] for kind in ("training", "sampler")}
+    last = {
+        kind: [row for row in saved if names.checkpoint_kind(row["id"]) == kind]
+        for kind in ("training", "sampler")
+    }
     return {
         "training_run_id": names.training_run_id_for(job["id"]),
         "base_model": trainer["spec"]["base_model"],
@@ -100,15 +123,24 @@ def weights_info(face: TinkerFace, principal: Principal, path: Any) -> dict[str,
     row = face.service.checkpoints.find(principal, principal.owner, job_id, checkpoint_id)
     adapter = row["manifest"].get("adapter") or {}
     modules = adapter.get("target_modules") or []
-    return {"base_model": row["base_model"], "is_lora": True, "lora_rank": adapter.get("r"),
-            "train_unembed": "lm_head" in modules, "train_mlp": None, "train_attn": None}
+    return {
+        "base_model": row["base_model"],
+        "is_lora": True,
+        "lora_rank": adapter.get("r"),
+        "train_unembed": "lm_head" in modules,
+        "train_mlp": None,
+        "train_attn": None,
+    }
 
 
 def session(face: TinkerFace, principal: Principal, session_id: str) -> dict[str, Any]:
     found = face.sessions.find(principal, session_id)
-    return {"training_run_ids": [names.training_run_id_for(job_id) for job_id in found.models.values()],
-            "sampler_ids": list(found.samplers.values()), "user_metadata": found.user_metadata or None,
-            "display_name": found.display_name}
+    return {
+        "training_run_ids": [names.training_run_id_for(job_id) for job_id in found.models.values()],
+        "sampler_ids": list(found.samplers.values()),
+        "user_metadata": found.user_metadata or None,
+        "display_name": found.display_name,
+    }
 
 
 def sessions(face: TinkerFace, principal: Principal) -> dict[str, Any]:

@@ -61,7 +61,10 @@ def _ints(fields: dict, number: int) -> list[int]:
 
 def _array(data: bytes, dtype: np.dtype, what: str) -> np.ndarray:
     if len(data) % np.dtype(dtype).itemsize:
-        raise ApiError("invalid_batch", f"{what}: {len(data)} bytes is not a whole number of {np.dtype(dtype).name} values")
+        raise ApiError(
+            "invalid_batch",
+            f"{what}: {len(data)} bytes is not a whole number of {np.dtype(dtype).name} values",
+        )
     return np.frombuffer(data, dtype=dtype)
 
 
@@ -77,7 +80,12 @@ def decode_tensor(data: bytes, what: str) -> np.ndarray:
         values = _array(_one(csr, 1, b""), dtype, what)
         rows = _array(_one(csr, 2, b""), np.int64, f"{what} crow_indices")
         cols = _array(_one(csr, 3, b""), np.int64, f"{what} col_indices")
-        if len(shape) != 2 or len(rows) != shape[0] + 1 or len(cols) != len(values) or (len(rows) and rows[-1] != len(values)):
+        if (
+            len(shape) != 2
+            or len(rows) != shape[0] + 1
+            or len(cols) != len(values)
+            or (len(rows) and rows[-1] != len(values))
+        ):
             raise ApiError("invalid_batch", f"{what}: its sparse CSR layout does not fit shape {shape}")
         if len(cols) and (cols.min() < 0 or cols.max() >= shape[1]) or np.any(np.diff(rows) < 0):
             raise ApiError("invalid_batch", f"{what}: its sparse CSR indices fall outside shape {shape}")
@@ -98,8 +106,17 @@ def _decode_datum(data: bytes, index: int) -> Datum:
     for chunk_bytes in fields.get(1, []):
         chunk = parse(chunk_bytes)
         if _one(chunk, 1) is None:
-            kind = "an image" if _one(chunk, 2) is not None else "an audio (dmel)" if _one(chunk, 3) is not None else "an empty"
-            raise ApiError("unsupported_operation", f"data[{index}].model_input holds {kind} chunk; this backend takes text tokens only")
+            kind = (
+                "an image"
+                if _one(chunk, 2) is not None
+                else "an audio (dmel)"
+                if _one(chunk, 3) is not None
+                else "an empty"
+            )
+            raise ApiError(
+                "unsupported_operation",
+                f"data[{index}].model_input holds {kind} chunk; this backend takes text tokens only",
+            )
         pieces.append(_array(_one(parse(_one(chunk, 1)), 1, b""), np.int32, f"data[{index}].model_input"))
     tokens = np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, dtype=np.int64)
     inputs = {}
@@ -119,7 +136,9 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardRequest:
     for entry in fields.get(7, []):  # v2 wins where both are set
         pair = parse(entry)
         value = parse(_one(pair, 2, b""))
-        config[_text(pair, 1)] = _text(value, 2) if _one(value, 2) is not None else as_double(_one(value, 1, 0))
+        config[_text(pair, 1)] = (
+            _text(value, 2) if _one(value, 2) is not None else as_double(_one(value, 1, 0))
+        )
     return ForwardBackwardRequest(
         model_id=_text(fields, 1),
         seq_id=as_signed(_one(fields, 2, 0)),
@@ -134,11 +153,17 @@ def _batched_float32(rows: list[np.ndarray]) -> Writer:
     """A BatchedTensor: the rows' float32 values back to back, with byte offsets per row."""
     arrays = [np.ascontiguousarray(row, dtype=np.float32) for row in rows]
     offsets = np.concatenate([[0], np.cumsum([a.nbytes for a in arrays])]).astype(np.int64)
-    return (Writer().bytes_field(1, b"".join(a.tobytes() for a in arrays)).bytes_field(2, offsets.tobytes())
-            .varint(3, DTYPE_FLOAT32))
+    return (
+        Writer()
+        .bytes_field(1, b"".join(a.tobytes() for a in arrays))
+        .bytes_field(2, offsets.tobytes())
+        .varint(3, DTYPE_FLOAT32)
+    )
 
 
-def encode_forward_backward_output(outputs: dict[str, list[np.ndarray]], num_datums: int, metrics: dict[str, float]) -> bytes:
+def encode_forward_backward_output(
+    outputs: dict[str, list[np.ndarray]], num_datums: int, metrics: dict[str, float]
+) -> bytes:
     """ForwardBackwardOutput: one ArrayRecord with a per-datum float32 field per output name, and the metrics."""
     record = Writer().string(1, "ArrayRecord")
     for name, rows in outputs.items():

@@ -66,15 +66,17 @@ def checkpoint_id(kind: str, name: str) -> str:
 
 def tinker_path(job_id: str, checkpoint: str) -> str:
     if checkpoint.startswith(SAMPLER_PREFIX):
-        return f"{SCHEME}{training_run_id_for(job_id)}/sampler_weights/{checkpoint[len(SAMPLER_PREFIX):]}"
+        return f"{SCHEME}{training_run_id_for(job_id)}/sampler_weights/{checkpoint[len(SAMPLER_PREFIX) :]}"
     return f"{SCHEME}{training_run_id_for(job_id)}/weights/{checkpoint}"
 
 
 def parse_path(path: object) -> tuple[str, str, str]:
     """`tinker://<run>/<weights|sampler_weights>/<name>` -> (job id, checkpoint id, kind)."""
     if not isinstance(path, str) or not path.startswith(SCHEME):
-        raise ApiError("invalid_field", f"path: {str(path)[:120]!r} is not a tinker:// path", {"field": "path"})
-    parts = path[len(SCHEME):].split("/")
+        raise ApiError(
+            "invalid_field", f"path: {str(path)[:120]!r} is not a tinker:// path", {"field": "path"}
+        )
+    parts = path[len(SCHEME) :].split("/")
     if len(parts) != 3 or parts[1] not in KINDS or not parts[0] or not parts[2]:
         raise ApiError(
             "invalid_field",

@@ -28,7 +28,9 @@ class Failed(Exception):
         self.message, self.code = message, code
 
 
-async def retrieve(face: TinkerFace, principal: Principal, future_id: Any) -> tuple[str, bytes | dict[str, Any]]:
+async def retrieve(
+    face: TinkerFace, principal: Principal, future_id: Any
+) -> tuple[str, bytes | dict[str, Any]]:
     """("proto", bytes) or ("json", dict) for one retrieve_future call."""
     future = face.futures.get(principal, future_id)
     deadline = time.monotonic() + LONG_POLL_S
@@ -44,7 +46,9 @@ async def retrieve(face: TinkerFace, principal: Principal, future_id: Any) -> tu
                     body["queue_state_reason"] = pending.reason
                 return "json", body
             if future.request_id is not None:
-                status = await face.service.requests.get(principal, future.job_id, future.request_id, cursor, 100, remaining)
+                status = await face.service.requests.get(
+                    principal, future.job_id, future.request_id, cursor, 100, remaining
+                )
                 cursor = status["cursor"]
             else:
                 job = face.service.store.get_job(future.job_id)
@@ -55,7 +59,10 @@ async def retrieve(face: TinkerFace, principal: Principal, future_id: Any) -> tu
 
 def _job_pending(face: TinkerFace, job: dict[str, Any]) -> Pending:
     if job["status"] == states.JOB_PENDING:
-        return Pending("paused_capacity", f"job {job['id']} is waiting for a device (GET /v1/capacity shows what holds them)")
+        return Pending(
+            "paused_capacity",
+            f"job {job['id']} is waiting for a device (GET /v1/capacity shows what holds them)",
+        )
     return Pending("active")
 
 
@@ -68,7 +75,9 @@ def _outcome(face: TinkerFace, principal: Principal, future: Future) -> tuple[st
         raise _job_pending(face, job) if request["status"] == states.REQUEST_QUEUED else Pending("active")
     if request["status"] != states.REQUEST_SUCCEEDED:
         code = request["error_code"] or request["status"]
-        raise Failed(f"{request['op']} {request['status']} ({code}): {request['error_message'] or ''}".strip(), code)
+        raise Failed(
+            f"{request['op']} {request['status']} ({code}): {request['error_message'] or ''}".strip(), code
+        )
     result = request["result"] or {}
     return _render(face, principal, future, result)
 
@@ -77,18 +86,26 @@ def _job_outcome(face: TinkerFace, job: dict[str, Any], future: Future) -> dict[
     if job["status"] == states.JOB_RUNNING:
         return {"type": "create_model", "model_id": future.render["model_id"]}
     if job["status"] in states.JOB_TERMINAL:
-        raise Failed(f"the model's job {job['id']} is {job['status']} ({job['failure_code']}): {job['failure_message'] or ''}".strip(),
-                     job["failure_code"] if job["failure_code"] != "cancelled" else "cancelled")
+        raise Failed(
+            f"the model's job {job['id']} is {job['status']} ({job['failure_code']}): {job['failure_message'] or ''}".strip(),
+            job["failure_code"] if job["failure_code"] != "cancelled" else "cancelled",
+        )
     raise _job_pending(face, job)
 
 
-def _render(face: TinkerFace, principal: Principal, future: Future, result: dict[str, Any]) -> tuple[str, bytes | dict[str, Any]]:
+def _render(
+    face: TinkerFace, principal: Principal, future: Future, result: dict[str, Any]
+) -> tuple[str, bytes | dict[str, Any]]:
     kind = future.kind
     if kind in ("forward_backward", "forward"):
         frame = face.service.requests.tensors(principal, future.job_id, future.request_id)
         outputs = translate.outputs_from_frame(frame, future.render["lengths"].tolist())
-        metrics = {key: float(value) for key, value in (result.get("metrics") or {}).items() if key.count(":") == 1}
-        return "proto", messages.encode_forward_backward_output(outputs, len(future.render["lengths"]), metrics)
+        metrics = {
+            key: float(value) for key, value in (result.get("metrics") or {}).items() if key.count(":") == 1
+        }
+        return "proto", messages.encode_forward_backward_output(
+            outputs, len(future.render["lengths"]), metrics
+        )
     if kind == "sample":
         samples = sorted(result["samples"], key=lambda sample: sample["sample_index"])
         prompt_logprobs = None
@@ -100,13 +117,32 @@ def _render(face: TinkerFace, principal: Principal, future: Future, result: dict
                 prompt_logprobs[: len(prompt_logprobs) - last_n] = [None] * (len(prompt_logprobs) - last_n)
         return "proto", messages.encode_sample_response(samples, prompt_logprobs)
     if kind == "optim_step":
-        return "json", {"metrics": {"grad_norm": result["grad_norm"], "learning_rate": result["learning_rate"], "step": float(result["step"])}}
+        return "json", {
+            "metrics": {
+                "grad_norm": result["grad_norm"],
+                "learning_rate": result["learning_rate"],
+                "step": float(result["step"]),
+            }
+        }
     if kind == "save_state":
-        return "json", {"type": "save_weights", "path": names.tinker_path(future.job_id, result["checkpoint_id"])}
+        return "json", {
+            "type": "save_weights",
+            "path": names.tinker_path(future.job_id, result["checkpoint_id"]),
+        }
     if kind == "save_for_sampler":
         if "sampling_session_id" in future.render:
-            return "json", {"type": "save_weights_for_sampler", "sampling_session_id": future.render["sampling_session_id"]}
-        return "json", {"type": "save_weights_for_sampler", "path": names.tinker_path(future.job_id, result["checkpoint_id"])}
+            return "json", {
+                "type": "save_weights_for_sampler",
+                "sampling_session_id": future.render["sampling_session_id"],
+            }
+        return "json", {
+            "type": "save_weights_for_sampler",
+            "path": names.tinker_path(future.job_id, result["checkpoint_id"]),
+        }
     if kind == "load":
-        return "json", {"type": "load_weights", "path": future.render["path"], "model_id": future.render["model_id"]}
+        return "json", {
+            "type": "load_weights",
+            "path": future.render["path"],
+            "model_id": future.render["model_id"],
+        }
     raise AssertionError(f"unknown future kind {kind}")

@@ -44,7 +44,9 @@ ROUTES: tuple[Route, ...] = (
     _route("list_training_runs", "GET", "/training_runs", READ),
     _route("get_training_run", "GET", "/training_runs/{training_run_id}", READ),
     _route("list_checkpoints", "GET", "/training_runs/{training_run_id}/checkpoints", READ),
-    _route("delete_checkpoint", "DELETE", "/training_runs/{training_run_id}/checkpoints/{kind}/{name}", WRITE),
+    _route(
+        "delete_checkpoint", "DELETE", "/training_runs/{training_run_id}/checkpoints/{kind}/{name}", WRITE
+    ),
     _route("list_user_checkpoints", "GET", "/checkpoints", READ),
     _route("weights_info", "POST", "/weights_info", READ),
     # parts of the API this backend does not offer: a clear refusal rather than a 404

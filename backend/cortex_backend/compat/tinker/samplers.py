@@ -34,27 +34,42 @@ class SamplerHosts:
         if sampler.live_job_id is not None:
             job = store.get_job(sampler.live_job_id)
             if not self.alive(job):
-                raise ApiError("job_finished", f"the training client behind inflight sampler {sampler.id} has ended;"
-                               " save weights and create a sampling client from the path")
+                raise ApiError(
+                    "job_finished",
+                    f"the training client behind inflight sampler {sampler.id} has ended;"
+                    " save weights and create a sampling client from the path",
+                )
             return sampler.live_job_id, None
         if sampler.checkpoint is None:
             return self._sampler_job(principal, sampler.base_model, {}), "base"
         job_id, checkpoint_id = sampler.checkpoint
         adapter = {"job_id": job_id, "checkpoint_id": checkpoint_id}
         source = store.get_job(job_id)
-        if self.alive(source) and source["owner"] == principal.owner and any(s["type"] == states.TRAINING for s in source["sub_jobs"]):
+        if (
+            self.alive(source)
+            and source["owner"] == principal.owner
+            and any(s["type"] == states.TRAINING for s in source["sub_jobs"])
+        ):
             return job_id, adapter
         row = self.service.checkpoints.find(principal, principal.owner, job_id, checkpoint_id)
         shape = row["manifest"].get("adapter") or {}
-        lora = {"r": shape.get("r"), "alpha": shape.get("lora_alpha"), "target_modules": shape.get("target_modules")}
+        lora = {
+            "r": shape.get("r"),
+            "alpha": shape.get("lora_alpha"),
+            "target_modules": shape.get("target_modules"),
+        }
         return self._sampler_job(principal, row["base_model"], lora), adapter
 
     def _sampler_job(self, principal: Principal, base_model: str, lora: dict[str, Any]) -> str:
         key = (principal.owner, base_model, repr(sorted(lora.items())))
         job = self.service.store.get_job(self._jobs[key]) if key in self._jobs else None
         if not self.alive(job):
-            spec = {"name": f"tinker sampler {base_model}", "experiment": "tinker", "labels": {"api": "tinker"},
-                    "sub_jobs": [{"type": states.SAMPLING, "base_model": base_model, "lora": lora}]}
+            spec = {
+                "name": f"tinker sampler {base_model}",
+                "experiment": "tinker",
+                "labels": {"api": "tinker"},
+                "sub_jobs": [{"type": states.SAMPLING, "base_model": base_model, "lora": lora}],
+            }
             job = self.service.jobs.create(principal, parse(CreateJob, spec))
             self._jobs[key] = job["id"]
         return job["id"]

@@ -32,15 +32,26 @@ def create_sampling_session(face: TinkerFace, principal: Principal, body: dict[s
             job_id, checkpoint_id, _ = names.parse_path(body["model_path"])
             row = face.service.checkpoints.find(principal, principal.owner, job_id, checkpoint_id)
             if body.get("base_model") not in (None, row["base_model"]):
-                raise ApiError("invalid_field", f"base_model: {body['model_path']} was trained on {row['base_model']}",
-                               {"field": "base_model"})
-            sampler = SamplingSession(sampler_id, principal.owner, row["base_model"], checkpoint=(job_id, checkpoint_id),
-                                      model_path=body["model_path"])
+                raise ApiError(
+                    "invalid_field",
+                    f"base_model: {body['model_path']} was trained on {row['base_model']}",
+                    {"field": "base_model"},
+                )
+            sampler = SamplingSession(
+                sampler_id,
+                principal.owner,
+                row["base_model"],
+                checkpoint=(job_id, checkpoint_id),
+                model_path=body["model_path"],
+            )
         else:
-            sampler = SamplingSession(sampler_id, principal.owner, face.service.catalog.get(body.get("base_model")).name)
+            sampler = SamplingSession(
+                sampler_id, principal.owner, face.service.catalog.get(body.get("base_model")).name
+            )
         face.sessions.sampling[sampler_id] = sampler
         session.samplers[seq] = sampler_id
     return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+
 
 def sample(face: TinkerFace, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
     sampler = face.sessions.sampling_session(principal, body.get("sampling_session_id"))
@@ -53,24 +64,40 @@ def sample(face: TinkerFace, principal: Principal, body: dict[str, Any]) -> dict
         return untyped_future(future, sample_sequence_ids=future.render["sequence_ids"])
     for field, what in UNSUPPORTED_SAMPLE_FIELDS.items():
         if body.get(field) not in (None, 0, False):
-            raise ApiError("unsupported_operation", f"{field}: {what} is not supported by this backend", {"field": field})
+            raise ApiError(
+                "unsupported_operation", f"{field}: {what} is not supported by this backend", {"field": field}
+            )
     tokens = prompt_tokens(body.get("prompt"))
     last_n = body.get("prompt_logprobs_last_n")
     wants_prompt_logprobs = bool(body.get("prompt_logprobs"))
-    if last_n is not None and not (isinstance(last_n, int) and 1 <= last_n <= len(tokens) - 1 and wants_prompt_logprobs):
-        raise ApiError("invalid_field", f"prompt_logprobs_last_n: must be from 1 to {len(tokens) - 1} with prompt_logprobs",
-                       {"field": "prompt_logprobs_last_n"})
+    if last_n is not None and not (
+        isinstance(last_n, int) and 1 <= last_n <= len(tokens) - 1 and wants_prompt_logprobs
+    ):
+        raise ApiError(
+            "invalid_field",
+            f"prompt_logprobs_last_n: must be from 1 to {len(tokens) - 1} with prompt_logprobs",
+            {"field": "prompt_logprobs_last_n"},
+        )
     job_id, adapter = face.hosts.host(principal, sampler)
     job = face.service.store.get_job(job_id)
     limit = max_seq_len(face.service.requests.choose_sub_job(job, "generate", None), face.service.catalog)
-    params = translate.sampling_params(body.get("sampling_params"), num_samples, len(tokens), limit, wants_prompt_logprobs)
+    params = translate.sampling_params(
+        body.get("sampling_params"), num_samples, len(tokens), limit, wants_prompt_logprobs
+    )
     request = {"prompts": [tokens], "sampling_params": params}
     if adapter is not None:
         request["adapter"] = adapter
     submitted = face.service.requests.submit(principal, job_id, "generate", b"", request, None)
     sequence_ids = [f"{submitted['id']}:{i}" for i in range(num_samples)]
-    future = face.future_for(principal, "sample", job_id, submitted, sequence_ids=sequence_ids, last_n=last_n,
-                          prompt_logprobs=wants_prompt_logprobs)
+    future = face.future_for(
+        principal,
+        "sample",
+        job_id,
+        submitted,
+        sequence_ids=sequence_ids,
+        last_n=last_n,
+        prompt_logprobs=wants_prompt_logprobs,
+    )
     if seq is not None:
         sampler.futures[seq] = future.id
     return untyped_future(future, sample_sequence_ids=sequence_ids)
@@ -80,16 +107,27 @@ def prompt_tokens(prompt: Any) -> list[int]:
     """A ModelInput's token ids (text chunks only)."""
     chunks = prompt.get("chunks") if isinstance(prompt, dict) else None
     if not isinstance(chunks, list) or not chunks:
-        raise ApiError("invalid_field", "prompt: must be a ModelInput with at least one chunk", {"field": "prompt"})
+        raise ApiError(
+            "invalid_field", "prompt: must be a ModelInput with at least one chunk", {"field": "prompt"}
+        )
     tokens: list[int] = []
     for i, chunk in enumerate(chunks):
         if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
             kind = chunk.get("type") if isinstance(chunk, dict) else type(chunk).__name__
-            raise ApiError("unsupported_operation", f"prompt.chunks[{i}] is {kind!r}; this backend samples from text tokens only",
-                           {"field": f"prompt.chunks[{i}]"})
+            raise ApiError(
+                "unsupported_operation",
+                f"prompt.chunks[{i}] is {kind!r}; this backend samples from text tokens only",
+                {"field": f"prompt.chunks[{i}]"},
+            )
         values = chunk.get("tokens")
-        if not isinstance(values, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in values):
-            raise ApiError("invalid_field", f"prompt.chunks[{i}].tokens: must be a list of token ids", {"field": f"prompt.chunks[{i}].tokens"})
+        if not isinstance(values, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in values
+        ):
+            raise ApiError(
+                "invalid_field",
+                f"prompt.chunks[{i}].tokens: must be a list of token ids",
+                {"field": f"prompt.chunks[{i}].tokens"},
+            )
         tokens.extend(values)
     if not tokens:
         raise ApiError("invalid_field", "prompt: holds no tokens", {"field": "prompt"})

@@ -70,18 +70,26 @@ class Sessions:
         if not isinstance(metadata, dict):
             raise ApiError("invalid_field", "user_metadata: must be an object", {"field": "user_metadata"})
         display = body.get("display_name")
-        session = Session(names.new_session_id(), principal, str(display)[:200] if display else None, metadata, now, now)
+        session = Session(
+            names.new_session_id(), principal, str(display)[:200] if display else None, metadata, now, now
+        )
         self._sessions[session.id] = session
         return session
 
     def find(self, principal: Principal, session_id: Any) -> Session:
         """A session this principal may see (ended or not); 404 otherwise, as for one that never existed."""
         if not isinstance(session_id, str):
-            raise ApiError("invalid_field", f"session_id: must be the string create_session returned, got {str(session_id)[:80]}",
-                           {"field": "session_id"})
+            raise ApiError(
+                "invalid_field",
+                f"session_id: must be the string create_session returned, got {str(session_id)[:80]}",
+                {"field": "session_id"},
+            )
         session = self._sessions.get(session_id)
         if session is None or not principal.can_see(session.principal.owner):
-            raise ApiError("session_not_found", f"no session {str(session_id)[:80]!r} is visible to this key; create a ServiceClient")
+            raise ApiError(
+                "session_not_found",
+                f"no session {str(session_id)[:80]!r} is visible to this key; create a ServiceClient",
+            )
         return session
 
     def live(self, principal: Principal, session_id: Any) -> Session:

@@ -25,7 +25,23 @@ INTEGER_INPUTS = {"target_tokens"}
 # against the end of each module's path).
 LLAMA_LIKE = {"attn": ["q_proj", "k_proj", "v_proj", "o_proj"], "mlp": ["gate_proj", "up_proj", "down_proj"]}
 LORA_TARGETS: dict[str, dict[str, list[str]]] = {
-    **{family: LLAMA_LIKE for family in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "phi3", "granite", "smollm3")},
+    **{
+        family: LLAMA_LIKE
+        for family in (
+            "llama",
+            "mistral",
+            "qwen2",
+            "qwen3",
+            "gemma",
+            "gemma2",
+            "gemma3_text",
+            "olmo",
+            "olmo2",
+            "phi3",
+            "granite",
+            "smollm3",
+        )
+    },
     "gpt2": {"attn": ["attn.c_attn", "attn.c_proj"], "mlp": ["mlp.c_fc", "mlp.c_proj"]},
 }
 UNEMBED = ["lm_head"]
@@ -34,9 +50,22 @@ LORA_ALPHA = 32
 
 # Failure codes that are the caller's doing (RequestErrorCategory.User: the SDK does not retry them).
 USER_FAILURES = {
-    "invalid_batch", "invalid_field", "invalid_request", "unknown_loss", "no_gradients", "non_finite_gradients",
-    "checkpoint_not_found", "checkpoint_exists", "invalid_checkpoint_id", "incompatible_adapter", "quota_exceeded",
-    "cancelled", "unsupported_operation", "job_finished", "session_expired", "unknown_model",
+    "invalid_batch",
+    "invalid_field",
+    "invalid_request",
+    "unknown_loss",
+    "no_gradients",
+    "non_finite_gradients",
+    "checkpoint_not_found",
+    "checkpoint_exists",
+    "invalid_checkpoint_id",
+    "incompatible_adapter",
+    "quota_exceeded",
+    "cancelled",
+    "unsupported_operation",
+    "job_finished",
+    "session_expired",
+    "unknown_model",
 }
 
 
@@ -55,7 +84,9 @@ def check_loss(loss_fn: str) -> tuple[str, ...]:
     return LOSS_INPUTS[loss_fn]
 
 
-def datums_to_frame(data: list[Datum], loss_fn: str, loss_fn_config: dict[str, Any], metadata: dict[str, Any]) -> tuple[bytes, list[int]]:
+def datums_to_frame(
+    data: list[Datum], loss_fn: str, loss_fn_config: dict[str, Any], metadata: dict[str, Any]
+) -> tuple[bytes, list[int]]:
     """Right-pad the datums into one [B, T] batch (attention 0 and every loss input 0 past each datum's end)
     and encode it as our frame; return the frame and each datum's length."""
     required = check_loss(loss_fn)
@@ -68,22 +99,42 @@ def datums_to_frame(data: list[Datum], loss_fn: str, loss_fn_config: dict[str, A
             raise _bad(f"data[{i}].model_input has no tokens", f"data[{i}].model_input")
         for name, values in datum.loss_fn_inputs.items():
             if name not in required:
-                raise _bad(f"data[{i}].loss_fn_inputs.{name}: {loss_fn} takes {list(required)}", f"data[{i}].loss_fn_inputs.{name}")
+                raise _bad(
+                    f"data[{i}].loss_fn_inputs.{name}: {loss_fn} takes {list(required)}",
+                    f"data[{i}].loss_fn_inputs.{name}",
+                )
             if values.ndim != 1:
-                raise _bad(f"data[{i}].loss_fn_inputs.{name} has shape {list(values.shape)}; this backend takes one value per"
-                           " token (1-D)", f"data[{i}].loss_fn_inputs.{name}", "unsupported_operation")
+                raise _bad(
+                    f"data[{i}].loss_fn_inputs.{name} has shape {list(values.shape)}; this backend takes one value per"
+                    " token (1-D)",
+                    f"data[{i}].loss_fn_inputs.{name}",
+                    "unsupported_operation",
+                )
             if len(values) != length:
-                raise _bad(f"data[{i}].loss_fn_inputs.{name} has {len(values)} values but data[{i}].model_input has {length}"
-                           " tokens; every loss input needs one value per input token", f"data[{i}].loss_fn_inputs.{name}")
+                raise _bad(
+                    f"data[{i}].loss_fn_inputs.{name} has {len(values)} values but data[{i}].model_input has {length}"
+                    " tokens; every loss input needs one value per input token",
+                    f"data[{i}].loss_fn_inputs.{name}",
+                )
             if name in INTEGER_INPUTS and values.dtype.kind not in "iu":
-                raise _bad(f"data[{i}].loss_fn_inputs.{name} must hold int64 token ids, got {values.dtype}",
-                           f"data[{i}].loss_fn_inputs.{name}")
-        missing = [name for name in required if name not in datum.loss_fn_inputs and (loss_fn, name) not in DEFAULTS]
+                raise _bad(
+                    f"data[{i}].loss_fn_inputs.{name} must hold int64 token ids, got {values.dtype}",
+                    f"data[{i}].loss_fn_inputs.{name}",
+                )
+        missing = [
+            name for name in required if name not in datum.loss_fn_inputs and (loss_fn, name) not in DEFAULTS
+        ]
         if missing:
-            raise _bad(f"data[{i}].loss_fn_inputs lacks {missing}; {loss_fn} needs {list(required)}", f"data[{i}].loss_fn_inputs")
+            raise _bad(
+                f"data[{i}].loss_fn_inputs lacks {missing}; {loss_fn} needs {list(required)}",
+                f"data[{i}].loss_fn_inputs",
+            )
         lengths.append(length)
     width, rows = max(lengths), len(data)
-    tensors = {"input_ids": np.zeros((rows, width), np.int64), "attention_mask": np.zeros((rows, width), np.int64)}
+    tensors = {
+        "input_ids": np.zeros((rows, width), np.int64),
+        "attention_mask": np.zeros((rows, width), np.int64),
+    }
     for name in required:
         tensors[name] = np.zeros((rows, width), np.int64 if name in INTEGER_INPUTS else np.float32)
     for i, datum in enumerate(data):
@@ -99,23 +150,47 @@ def datums_to_frame(data: list[Datum], loss_fn: str, loss_fn_config: dict[str, A
 def step_body(params: Any) -> dict[str, Any]:
     """AdamParams -> our step: every hyperparameter for this step (grad_clip_norm 0 = no clipping)."""
     if not isinstance(params, dict):
-        raise _bad("adam_params: required (the optimizer of this model is Adam)", "adam_params", "invalid_field")
-    unknown = sorted(set(params) - {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"})
+        raise _bad(
+            "adam_params: required (the optimizer of this model is Adam)", "adam_params", "invalid_field"
+        )
+    unknown = sorted(
+        set(params) - {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"}
+    )
     if unknown:
         raise _bad(f"adam_params.{unknown[0]}: unknown field", f"adam_params.{unknown[0]}", "invalid_field")
-    defaults = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0, "grad_clip_norm": 0.0}
+    defaults = {
+        "learning_rate": 1e-4,
+        "beta1": 0.9,
+        "beta2": 0.95,
+        "eps": 1e-12,
+        "weight_decay": 0.0,
+        "grad_clip_norm": 0.0,
+    }
     value = {**defaults, **params}
-    return {"learning_rate": value["learning_rate"], "betas": [value["beta1"], value["beta2"]], "eps": value["eps"],
-            "weight_decay": value["weight_decay"], "grad_clip": value["grad_clip_norm"]}
+    return {
+        "learning_rate": value["learning_rate"],
+        "betas": [value["beta1"], value["beta2"]],
+        "eps": value["eps"],
+        "weight_decay": value["weight_decay"],
+        "grad_clip": value["grad_clip_norm"],
+    }
 
 
 def lora_spec(config: Any, model_type: str) -> dict[str, Any]:
     """Tinker's LoraConfig -> our LoRA spec (alpha 32 as Tinker scales, no dropout, the chosen module groups)."""
     if not isinstance(config, dict) or "rank" not in config:
         raise _bad("lora_config: required, with a rank", "lora_config", "invalid_field")
-    flags = {"attn": config.get("train_attn", True), "mlp": config.get("train_mlp", True), "unembed": config.get("train_unembed", True)}
+    flags = {
+        "attn": config.get("train_attn", True),
+        "mlp": config.get("train_mlp", True),
+        "unembed": config.get("train_unembed", True),
+    }
     if not any(flags.values()):
-        raise _bad("lora_config: at least one of train_mlp, train_attn, train_unembed must be true", "lora_config", "invalid_field")
+        raise _bad(
+            "lora_config: at least one of train_mlp, train_attn, train_unembed must be true",
+            "lora_config",
+            "invalid_field",
+        )
     family = LORA_TARGETS.get(model_type)
     if family is None:
         if flags["attn"] and flags["mlp"] and not flags["unembed"]:
@@ -124,20 +199,27 @@ def lora_spec(config: Any, model_type: str) -> dict[str, Any]:
             raise _bad(
                 f"lora_config: choosing train_attn/train_mlp/train_unembed is not supported for model type {model_type!r};"
                 " train_attn=True, train_mlp=True, train_unembed=False trains every linear layer",
-                "lora_config", "unsupported_operation",
+                "lora_config",
+                "unsupported_operation",
             )
     else:
-        modules = [name for group in ("attn", "mlp") if flags[group] for name in family[group]] + (UNEMBED if flags["unembed"] else [])
+        modules = [name for group in ("attn", "mlp") if flags[group] for name in family[group]] + (
+            UNEMBED if flags["unembed"] else []
+        )
     return {"r": config["rank"], "alpha": LORA_ALPHA, "dropout": 0.0, "target_modules": modules}
 
 
-def sampling_params(params: Any, num_samples: Any, prompt_length: int, max_seq_len: int, prompt_logprobs: bool) -> dict[str, Any]:
+def sampling_params(
+    params: Any, num_samples: Any, prompt_length: int, max_seq_len: int, prompt_logprobs: bool
+) -> dict[str, Any]:
     """Tinker's SamplingParams -> ours. No max_tokens samples up to the end of the context; `stop=None` stops at
     EOS, `stop=[]` never stops early."""
     params = params if isinstance(params, dict) else {}
     unknown = sorted(set(params) - {"max_tokens", "seed", "stop", "temperature", "top_k", "top_p"})
     if unknown:
-        raise _bad(f"sampling_params.{unknown[0]}: unknown field", f"sampling_params.{unknown[0]}", "invalid_field")
+        raise _bad(
+            f"sampling_params.{unknown[0]}: unknown field", f"sampling_params.{unknown[0]}", "invalid_field"
+        )
     max_tokens = params.get("max_tokens")
     if max_tokens is None:
         max_tokens = max_seq_len - prompt_length
