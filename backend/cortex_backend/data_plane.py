@@ -380,19 +380,21 @@ class RequestManager:
         seq: int = 0,
     ) -> None:
         """Record the request and send it to its sub-job, or (numbered, early) hold it until its turn."""
-        self.store.insert_request(
-            {
-                "id": request_id,
-                "job_id": job_id,
-                "sub_job_id": sub["id"],
-                "op": op,
-                "status": states.REQUEST_QUEUED,
-                "params": _recorded_params(params),
-            }
-        )
-        self.store.add_request_event(request_id, "queued", {"sub_job_id": sub["id"]})
+        # One commit for the request's rows, not one per statement: most of a small request's cost.
+        with self.store.transaction():
+            self.store.insert_request(
+                {
+                    "id": request_id,
+                    "job_id": job_id,
+                    "sub_job_id": sub["id"],
+                    "op": op,
+                    "status": states.REQUEST_QUEUED,
+                    "params": _recorded_params(params),
+                }
+            )
+            self.store.add_request_event(request_id, "queued", {"sub_job_id": sub["id"]})
+            self.store.touch_job(job_id)
         self._active.setdefault(job_id, set()).add(request_id)
-        self.store.touch_job(job_id)
         if stream is None:
             self._dispatch(job_id, sub["id"], request_id, op, params, blob)
         else:
@@ -494,8 +496,9 @@ class RequestManager:
         request = self.store.get_request(request_id)
         if request is None or request["status"] != states.REQUEST_QUEUED:
             return
-        self.store.update_request(request_id, status=states.REQUEST_RUNNING, started_at=time.time())
-        self.store.add_request_event(request_id, "running", {})
+        with self.store.transaction():
+            self.store.update_request(request_id, status=states.REQUEST_RUNNING, started_at=time.time())
+            self.store.add_request_event(request_id, "running", {})
         self.waiters.notify(request_id)
 
     def finished(self, job_id: str, request_id: str, message: dict[str, Any], blob: bytes) -> None:
@@ -549,9 +552,10 @@ class RequestManager:
         }
         if error:
             fields.update(error_code=error[0], error_message=error[1])
-        self.store.update_request(request_id, **fields)
-        self.store.add_request_event(request_id, status, {"error_code": error[0]} if error else {})
-        self.store.touch_job(job_id)
+        with self.store.transaction():
+            self.store.update_request(request_id, **fields)
+            self.store.add_request_event(request_id, status, {"error_code": error[0]} if error else {})
+            self.store.touch_job(job_id)
         self.checkpoints.request_ended(request_id)
         self.weight_sync.request_ended(job_id, request_id, status)
         self.waiters.notify(request_id)

@@ -334,8 +334,25 @@ class Store:
     ) -> list[dict[str, Any]]:
         """Newest first; `before` is the (created_at, id) of the last job of the previous page."""
         sql, params = newest_first_query("jobs", owner, status, before)
-        rows = self._rows(sql, [*params, limit])
-        return [job for job in (self.get_job(row["id"]) for row in rows) if job is not None]
+        with self._lock:
+            jobs = self._rows(sql, [*params, limit])
+            if not jobs:
+                return []
+            # The page's sub-jobs in one query, not one per job.
+            marks = ",".join("?" * len(jobs))
+            subs = self._rows(
+                f"SELECT * FROM sub_jobs WHERE job_id IN ({marks}) ORDER BY position",
+                [job["id"] for job in jobs],
+            )
+        by_job: dict[str, list[dict[str, Any]]] = {job["id"]: [] for job in jobs}
+        for row in subs:
+            row["spec"] = json.loads(row["spec"])
+            row["info"] = json.loads(row["info"])
+            by_job[row["job_id"]].append(row)
+        for job in jobs:
+            job["spec"] = json.loads(job["spec"])
+            job["sub_jobs"] = by_job[job["id"]]
+        return jobs
 
     def jobs_with_status(self, statuses: Iterable[str]) -> list[dict[str, Any]]:
         statuses = list(statuses)

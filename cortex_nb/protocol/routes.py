@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
 from urllib.parse import quote
 
 from pydantic import BaseModel
@@ -81,7 +82,7 @@ class Route:
     @property
     def regex(self) -> str:
         """Tornado URL pattern with named groups for the placeholders."""
-        return "^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", self.template) + "$"
+        return _regex(self.template)
 
     @property
     def path_params(self) -> list[str]:
@@ -677,13 +678,37 @@ def route(name: str) -> Route:
     return ROUTES_BY_NAME[name]
 
 
+@cache
+def _regex(template: str) -> str:
+    return "^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", template) + "$"
+
+
+@cache
+def _pattern(template: str) -> re.Pattern[str]:
+    return re.compile(_regex(template))
+
+
+# Each table's routes grouped by method with their compiled patterns, built on a table's first lookup
+# (every request looks its route up; the tables are constants). Keyed by identity, holding the table.
+_BY_METHOD: dict[int, tuple[tuple[Route, ...], dict[str, list[tuple[Route, re.Pattern[str]]]]]] = {}
+
+
+def _by_method(table: tuple[Route, ...]) -> dict[str, list[tuple[Route, re.Pattern[str]]]]:
+    cached = _BY_METHOD.get(id(table))
+    if cached is not None and cached[0] is table:
+        return cached[1]
+    grouped: dict[str, list[tuple[Route, re.Pattern[str]]]] = {}
+    for candidate in table:
+        grouped.setdefault(candidate.method, []).append((candidate, _pattern(candidate.template)))
+    _BY_METHOD[id(table)] = (table, grouped)
+    return grouped
+
+
 def match(method: str, path: str, table: tuple[Route, ...] = ROUTES) -> tuple[Route, dict[str, str]] | None:
     """The route serving `method path`, with its placeholder values; None if no route does. `table` is this
     API's routes unless a compatibility face (backend/cortex_backend/compat) passes its own."""
-    for candidate in table:
-        if candidate.method != method:
-            continue
-        found = re.match(candidate.regex, path)
+    for candidate, pattern in _by_method(table).get(method, ()):
+        found = pattern.match(path)
         if found:
             return candidate, found.groupdict()
     return None

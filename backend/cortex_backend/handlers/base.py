@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from cortex_nb.protocol import routes
 from cortex_nb.protocol.errors import ApiError
-from cortex_nb.protocol.schemas.base import parse, render
+from cortex_nb.protocol.schemas.base import parse, render_bytes
 from cortex_nb.protocol.versions import API_VERSION, __version__
 
 from ..auth import API_KEY_HEADER, Principal, authenticate
@@ -121,11 +121,14 @@ class BaseHandler(tornado.web.RequestHandler):
     def query_args(self) -> Any:
         """The query parameters as the route's `Query` model (an empty value counts as absent)."""
         model = self.route.query
-        raw = {
-            name: self.get_query_argument(name)
-            for name in model.model_fields
-            if self.get_query_argument(name, "") != ""
-        }
+        given = self.request.query_arguments
+        raw = {}
+        for name in model.model_fields:
+            if name in given:
+                # Tornado's reading of the last value (decoded, control characters replaced, stripped).
+                value = self.get_query_arguments(name)[-1]
+                if value != "":
+                    raw[name] = value
         return parse(model, raw)
 
     # idempotency -------------------------------------------------------------------------------
@@ -184,7 +187,7 @@ class BaseHandler(tornado.web.RequestHandler):
         self.set_header("Content-Type", "application/json; charset=utf-8")
         reply = getattr(self.route, "reply", None)
         if isinstance(reply, type) and issubclass(reply, BaseModel):
-            self.finish(render(reply, value, strict=self.service.settings.strict_replies))
+            self.finish(render_bytes(reply, value, strict=self.service.settings.strict_replies))
         else:
             self.finish(dumps_strict(value))
 
