@@ -428,7 +428,7 @@ class RequestManager:
 
     # reading ----------------------------------------------------------------------------------
     def _visible_request(self, principal: Principal, job_id: str, request_id: str) -> dict[str, Any]:
-        self.jobs.visible_job(principal, job_id)
+        self.jobs.check_visible(principal, job_id)
         request = self.store.get_request(request_id)
         if request is None or request["job_id"] != job_id:
             raise ApiError("request_not_found", f"job {job_id} has no request {request_id!r}")
@@ -448,7 +448,7 @@ class RequestManager:
 
     def list(self, principal: Principal, job_id: str, limit: int) -> list[dict[str, Any]]:
         """The job's requests, newest first, in the shape one request is polled in (less result and events)."""
-        self.jobs.visible_job(principal, job_id)
+        self.jobs.check_visible(principal, job_id)
         return [request_summary(row) for row in self.store.list_requests(job_id, limit)]
 
     def tensors(self, principal: Principal, job_id: str, request_id: str) -> bytes:

@@ -104,10 +104,14 @@ class JobManager:
         """The job if this principal may see it; otherwise the same 404 as a job that does not exist."""
         job = self.store.get_job(job_id)
         if job is None or not principal.can_see(job["owner"]):
-            raise ApiError(
-                "job_not_found", f"no job {job_id!r} is visible to this token; list yours with GET /v1/jobs"
-            )
+            raise _not_visible(job_id)
         return job
+
+    def check_visible(self, principal: Principal, job_id: str) -> None:
+        """`visible_job`'s check alone, reading only the job's owner (a request poll needs no more)."""
+        owner = self.store.job_owner(job_id)
+        if owner is None or not principal.can_see(owner):
+            raise _not_visible(job_id)
 
     def list(
         self, principal: Principal, status: str | None, limit: int, cursor: str | None
@@ -374,3 +378,10 @@ def _no_host_message(models: list[str]) -> str:
 def _log_task_failure(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("background task failed", exc_info=task.exception())
+
+
+def _not_visible(job_id: str) -> ApiError:
+    """A job this principal may not see answers as one that does not exist."""
+    return ApiError(
+        "job_not_found", f"no job {job_id!r} is visible to this token; list yours with GET /v1/jobs"
+    )

@@ -126,6 +126,9 @@ class OperatorMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        # The children of the two above by label values (route names, methods and statuses are few).
+        self._answered: dict[tuple[str, str, int], Any] = {}
+        self._timed: dict[str, Any] = {}
         self.client_operations = Counter(
             "cortex_client_operations",
             "client SDK operation outcomes reported by telemetry",
@@ -154,9 +157,19 @@ class OperatorMetrics:
 
     def observe_request(self, route: str, method: str, status: int, seconds: float, waited: bool) -> None:
         method = method if method in METHODS else "OTHER"
-        self.http_requests.labels(route, method, str(status)).inc()
+        # Every answer is counted: the labelled children are looked up once per label set, not per request
+        # (prometheus_client's `labels()` checks and locks on each call, a good part of a small answer's cost).
+        counted = self._answered.get((route, method, status))
+        if counted is None:
+            counted = self._answered[(route, method, status)] = self.http_requests.labels(
+                route, method, str(status)
+            )
+        counted.inc()
         if not waited:
-            self.http_latency.labels(route).observe(seconds)
+            timed = self._timed.get(route)
+            if timed is None:
+                timed = self._timed[route] = self.http_latency.labels(route)
+            timed.observe(seconds)
 
     def observe_client_operation(self, record: dict[str, Any]) -> None:
         """A validated telemetry record (see telemetry.py): every label is already bounded."""

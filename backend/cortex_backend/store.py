@@ -313,6 +313,10 @@ class Store:
     def job_exists(self, job_id: str) -> bool:
         return bool(self._rows("SELECT 1 FROM jobs WHERE id = ?", (job_id,)))
 
+    def job_owner(self, job_id: str) -> str | None:
+        rows = self._rows("SELECT owner FROM jobs WHERE id = ?", (job_id,))
+        return rows[0]["owner"] if rows else None
+
     def get_job(self, job_id: str) -> dict[str, Any] | None:
         rows = self._rows("SELECT * FROM jobs WHERE id = ?", (job_id,))
         if not rows:

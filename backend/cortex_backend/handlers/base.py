@@ -231,7 +231,10 @@ class BaseHandler(tornado.web.RequestHandler):
         metrics = getattr(self.service, "operator_metrics", None)
         if metrics is None:
             return
-        waited = self.waited or self.get_query_argument("wait", "") not in ("", "0", "0.0")
+        waited = self.waited or (
+            "wait" in self.request.query_arguments
+            and self.get_query_argument("wait", "") not in ("", "0", "0.0")
+        )
         name = self.route.name if self.route is not None else "unmatched"
         metrics.observe_request(
             name, self.request.method, self.get_status(), self.request.request_time(), waited
