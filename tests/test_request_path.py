@@ -154,6 +154,19 @@ def test_a_page_of_jobs_reads_as_each_job_read_alone(tmp_path):
     # sub-jobs keep their positions within each job
     assert [sub["id"] for sub in store.get_job("job-2")["sub_jobs"]] == ["s-2", "s-0", "s-1"]
     assert store.job_owner("job-1") == "bo" and store.job_owner("job-9") is None
+    store.insert_request(
+        {
+            "id": "req-1",
+            "job_id": "job-1",
+            "sub_job_id": "s-2",
+            "op": "noop",
+            "status": "queued",
+            "params": {},
+        }
+    )
+    assert store.request_status("req-1") == "queued" and store.request_status("req-9") is None
+    store.update_request("req-1", status="running")
+    assert store.request_status("req-1") == store.get_request("req-1")["status"] == "running"
 
 
 def _counted(metrics: OperatorMetrics) -> dict[tuple[str, ...], float]:

@@ -493,8 +493,7 @@ class RequestManager:
 
     # executor callbacks -----------------------------------------------------------------------
     def started(self, job_id: str, request_id: str) -> None:
-        request = self.store.get_request(request_id)
-        if request is None or request["status"] != states.REQUEST_QUEUED:
+        if self.store.request_status(request_id) != states.REQUEST_QUEUED:
             return
         with self.store.transaction():
             self.store.update_request(request_id, status=states.REQUEST_RUNNING, started_at=time.time())

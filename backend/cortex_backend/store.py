@@ -265,7 +265,11 @@ class Store:
         )
 
     def token_by_hash(self, token_hash: str) -> dict[str, Any] | None:
-        rows = self._rows("SELECT * FROM tokens WHERE token_hash = ? AND revoked_at IS NULL", (token_hash,))
+        # Every authenticated request asks: only the columns a principal is made of.
+        rows = self._rows(
+            "SELECT id, name, owner, scopes FROM tokens WHERE token_hash = ? AND revoked_at IS NULL",
+            (token_hash,),
+        )
         if not rows:
             return None
         row = rows[0]
@@ -396,6 +400,10 @@ class Store:
                 time.time(),
             ),
         )
+
+    def request_status(self, request_id: str) -> str | None:
+        rows = self._rows("SELECT status FROM requests WHERE id = ?", (request_id,))
+        return rows[0]["status"] if rows else None
 
     def get_request(self, request_id: str) -> dict[str, Any] | None:
         rows = self._rows("SELECT * FROM requests WHERE id = ?", (request_id,))
