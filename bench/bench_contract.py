@@ -3,9 +3,13 @@ built from an earlier tree (default: `main`, whose handlers wrote dicts), measur
 
     python bench/bench_contract.py [--before main] [--repeats 200]
 
-Both backends run side by side (tiny, one CPU slot each) and their calls alternate, so load from other
-processes hits both. The goal is a ratio <= 1.0 (the models must not make a round trip slower). It also
-prints the in-process cost of rendering one job row through its schema against `json.dumps`.
+`--before 9f1095f` is main just before the typed contract landed (its handlers wrote dicts with
+json.dumps). Both backends run side by side (tiny, one CPU slot each) and their calls alternate, so load
+from other processes hits both. The goal is a ratio <= 1.0 (the models must not make a round trip
+slower). It also prints the CPU time each backend process, and its workers, spent per loop (one no-op
+round trip and one listing): on a shared, loaded machine a round trip's wall time swings by several
+percent from run to run, the CPU it costs much less. And the in-process cost of rendering one job row
+through its schema against `json.dumps`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import psutil  # noqa: E402
+
 from cortex_nb import Client  # noqa: E402
 from tests.backend_process import start_backend  # noqa: E402
 
@@ -32,6 +38,19 @@ def elapsed(function) -> float:
     started = time.perf_counter()
     function()
     return time.perf_counter() - started
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User + system time so far of a backend process, and of its workers together."""
+    process = psutil.Process(pid)
+    spent = []
+    for member in (process, *process.children(recursive=True)):
+        try:
+            times = member.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        spent.append(times.user + times.system)
+    return spent[0], sum(spent[1:])
 
 
 def checkout(ref: str, into: Path) -> Path:
@@ -89,6 +108,8 @@ def main() -> int:
                     "before": {"noop": [], "list": []},
                     "after": {"noop": [], "list": []},
                 }
+                pids = {"before": before.pid, "after": after.pid}
+                cpu_at_start = {name: cpu_seconds(pid) for name, pid in pids.items()}
                 for _ in range(args.repeats):
                     for name, client in (("before", old), ("after", new)):
                         job_id = jobs[name]
@@ -96,6 +117,10 @@ def main() -> int:
                             elapsed(lambda c=client, j=job_id: c.poll_request(j, c.noop(j)))
                         )
                         times[name]["list"].append(elapsed(lambda c=client: c.list_jobs()))
+                cpu = {
+                    name: [now - then for now, then in zip(cpu_seconds(pid), cpu_at_start[name], strict=True)]
+                    for name, pid in pids.items()
+                }
                 typed, plain = render_cost(new, jobs["after"], args.repeats)
         finally:
             before.stop()
@@ -105,6 +130,12 @@ def main() -> int:
         new_ms = statistics.median(times["after"][what]) * 1000
         print(
             f"{label:42s} before {old_ms:7.2f}  after {new_ms:7.2f}  ratio after/before {new_ms / old_ms:.3f}"
+        )
+    for index, label in ((0, "backend process CPU per loop (ms)"), (1, "its workers' CPU per loop (ms)")):
+        old_cpu, new_cpu = (cpu[name][index] / args.repeats * 1000 for name in ("before", "after"))
+        print(
+            f"{label:42s} before {old_cpu:7.2f}  after {new_cpu:7.2f}"
+            f"  ratio after/before {new_cpu / max(old_cpu, 1e-9):.3f}"
         )
     print(f"{'one job row: schema render / json.dumps':42s} {typed * 1e6:7.1f} us / {plain * 1e6:6.1f} us")
     return 0
