@@ -4,8 +4,9 @@ built from an earlier tree (default: `main`, whose handlers wrote dicts), measur
     python bench/bench_contract.py [--before main] [--repeats 200]
 
 `--before 9f1095f` is main just before the typed contract landed (its handlers wrote dicts with
-json.dumps). Both backends run side by side (tiny, one CPU slot each) and their calls alternate, so load
-from other processes hits both. The goal is a ratio <= 1.0 (the models must not make a round trip
+json.dumps); `--before HEAD` measures the bench's own noise (both sides the same code). Both backends run
+side by side (tiny, one CPU slot each) and their calls alternate, each going first every other time, so
+load from other processes hits both. The goal is a ratio <= 1.0 (the models must not make a round trip
 slower). It also prints the CPU time each backend process, and its workers, spent per loop (one no-op
 round trip and one listing): on a shared, loaded machine a round trip's wall time swings by several
 percent from run to run, the CPU it costs much less. And the in-process cost of rendering one job row
@@ -110,8 +111,11 @@ def main() -> int:
                 }
                 pids = {"before": before.pid, "after": after.pid}
                 cpu_at_start = {name: cpu_seconds(pid) for name, pid in pids.items()}
-                for _ in range(args.repeats):
-                    for name, client in (("before", old), ("after", new)):
+                pair = (("before", old), ("after", new))
+                for repeat in range(args.repeats):
+                    # Each goes first every other time: the one that follows runs while the other's last
+                    # answer is still being finished (its worker, its backend's bookkeeping).
+                    for name, client in pair if repeat % 2 == 0 else pair[::-1]:
                         job_id = jobs[name]
                         times[name]["noop"].append(
                             elapsed(lambda c=client, j=job_id: c.poll_request(j, c.noop(j)))
