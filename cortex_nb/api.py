@@ -83,16 +83,15 @@ def strict_from_env() -> bool:
 
 # --- checking a reply against its route's model -------------------------------------------------------
 
-_REQUIRED: dict[str, frozenset[str]] = {}
+# reply model -> the fields it requires, computed once per model
+_REQUIRED: dict[type[BaseModel], frozenset[str]] = {}
 
 
-def _required_fields(spec: Route) -> frozenset[str]:
-    found = _REQUIRED.get(spec.name)
+def _required_fields(model: type[BaseModel]) -> frozenset[str]:
+    found = _REQUIRED.get(model)
     if found is None:
-        model = spec.reply
-        fields = model.model_fields if isinstance(model, type) and issubclass(model, BaseModel) else {}
-        found = _REQUIRED[spec.name] = frozenset(
-            field.alias or name for name, field in fields.items() if field.is_required()
+        found = _REQUIRED[model] = frozenset(
+            field.alias or name for name, field in model.model_fields.items() if field.is_required()
         )
     return found
 
@@ -116,11 +115,11 @@ def check_reply(spec: Route, reply: Any, *, strict: bool = False) -> Any:
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         return reply
     if not strict:
-        if type(reply) is dict and _required_fields(spec) <= reply.keys():
+        if type(reply) is dict and _required_fields(model) <= reply.keys():
             return reply
         if not isinstance(reply, dict):
             raise _mismatch(spec, model, f"expected a JSON object, got {type(reply).__name__}")
-        missing = sorted(_required_fields(spec) - reply.keys())
+        missing = sorted(_required_fields(model) - reply.keys())
         raise _mismatch(spec, model, f"{missing[0]}: is required", missing[0])
     try:
         model.model_validate(reply)
