@@ -1,9 +1,11 @@
 """What the client's API layer costs per call: checking a reply against its route's model (the cheap
 default check and the full strict one), in microseconds per reply, on real replies of a real backend; and
 a no-op request's round trip through the layer against the same calls sent straight through the transport
-(what client.py did before the layer existed), alternated in one run.
+(what client.py did before the layer existed), alternated in one run. With `--before REF` it also runs
+the same `client.poll_request(job, client.noop(job))` with the client of an earlier tree and with this
+one, call by call alternated against the same backend.
 
-    python bench/bench_api_layer.py [--repeats 300]
+    python bench/bench_api_layer.py [--repeats 300] [--before main]
 
 The goal: the default check is a negligible part of a round trip, and the ratio layer/direct stays ~1.0.
 """
@@ -13,7 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import timeit
@@ -50,9 +54,41 @@ def direct_noop(client: Client, job_id: str) -> None:
             return
 
 
+def checkout(ref: str, into: Path) -> Path:
+    """`cortex_nb` of `ref`, unpacked under `into` as the package `cortex_nb_before` (its imports are
+    relative, so both trees' clients load side by side in this process)."""
+    archive = into / "tree.tar"
+    subprocess.run(
+        ["git", "archive", "--format=tar", "-o", str(archive), ref, "cortex_nb"], cwd=ROOT, check=True
+    )
+    with tarfile.open(archive) as tar:
+        tar.extractall(into / "tree", filter="data")
+    (into / "tree" / "cortex_nb").rename(into / "tree" / "cortex_nb_before")
+    return into / "tree"
+
+
+def compare_clients(ref: str, tmp: Path, url: str, token: str, job_id: str, repeats: int) -> None:
+    """The same `poll_request(job, noop(job))` with `ref`'s client and this tree's, call by call alternated."""
+    sys.path.insert(0, str(checkout(ref, tmp)))
+    from cortex_nb_before import Client as BeforeClient
+
+    times: dict[str, list[float]] = {"before": [], "after": []}
+    with BeforeClient(url, token) as before, Client(url, token) as after:
+        for _ in range(repeats):
+            for name, client in (("before", before), ("after", after)):
+                started = time.perf_counter()
+                client.poll_request(job_id, client.noop(job_id))
+                times[name].append(time.perf_counter() - started)
+    old, new = (statistics.median(times[name]) * 1000 for name in ("before", "after"))
+    print(
+        f"{'no-op round trip (ms): client ' + ref + ' / this':46s} {old:8.3f} {new:8.3f}  ratio this/{ref} {new / old:.3f}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--before", help="git ref of a tree whose client to compare with (e.g. main)")
     args = parser.parse_args()
     os.environ.setdefault("CORTEX_DISABLE_TELEMETRY", "1")
     os.environ["CORTEX_STRICT_REPLIES"] = "0"
@@ -84,6 +120,8 @@ def main() -> int:
                     started = time.perf_counter()
                     direct_noop(client, job_id)
                     direct.append(time.perf_counter() - started)
+                if args.before:
+                    compare_clients(args.before, Path(tmp), backend.url, backend.token, job_id, args.repeats)
                 client.cancel_job(job_id)
         finally:
             backend.stop()
