@@ -1,13 +1,15 @@
 """Write labextension/src/contract.ts: the proxied routes, job and request states, failure codes,
 progress phases, the display words of job states (`displayState`) and versions, copied from the Python
-source of truth (cortex_nb/protocol/: routes.py, states.py, errors.py, versions.py).
+source of truth (cortex_nb/protocol/: routes.py, states.py, errors.py, versions.py); and
+labextension/src/types.ts: the JSON shapes the panel reads, from the schemas' JSON Schema
+(cortex_nb/protocol/typescript.py says how).
 
 `displayState` is code, not data: its TypeScript is a hand translation of `states.display_state` kept
 here, and this script also writes labextension/test/fixtures/display_states.json, the words and details
 Python gives for a set of jobs, which the panel's jest test checks the TypeScript against.
 
-    python scripts/generate_contract.py           # rewrite both files
-    python scripts/generate_contract.py --check   # exit 1 if either is out of date (tests/test_contract_ts.py)
+    python scripts/generate_contract.py           # rewrite the three files
+    python scripts/generate_contract.py --check   # exit 1 if any is out of date (tests/test_contract_ts.py)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "labextension" / "src" / "contract.ts"
+TYPES = ROOT / "labextension" / "src" / "types.ts"
 FIXTURE = ROOT / "labextension" / "test" / "fixtures" / "display_states.json"
 
 # The TypeScript twin of cortex_nb.protocol.states.clock and display_state (see the module docstring).
@@ -257,11 +260,18 @@ def render() -> str:
     return "\n".join(lines)
 
 
+def render_types() -> str:
+    sys.path.insert(0, str(ROOT))
+    from cortex_nb.protocol import typescript
+
+    return typescript.render()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only check that the file is up to date")
     args = parser.parse_args(argv)
-    outputs = {TARGET: render(), FIXTURE: render_fixture()}
+    outputs = {TARGET: render(), TYPES: render_types(), FIXTURE: render_fixture()}
     if args.check:
         stale = [
             path for path, text in outputs.items() if (path.read_text() if path.exists() else "") != text
