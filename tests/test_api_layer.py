@@ -21,13 +21,17 @@ REQUEST_METHODS = {"request", "json", "download", "stream", "status_of"}
 HTTP_LAYER = {"cortex_nb.api", "cortex_nb.transport"}
 
 
-def test_no_import_cycle_among_cortex_nb_modules():
+@pytest.fixture(scope="module")
+def edges() -> dict[str, set[str]]:
+    return graph()
+
+
+def test_no_import_cycle_among_cortex_nb_modules(edges):
     # Every import counts, lazy ones and TYPE_CHECKING ones too (tests/import_graph.py).
-    assert cycles(graph(), "cortex_nb") == []
+    assert cycles(edges, "cortex_nb") == []
 
 
-def test_the_layers_point_one_way():
-    edges = graph()
+def test_the_layers_point_one_way(edges):
     for lower in (
         "cortex_nb.api",
         "cortex_nb.transport",
