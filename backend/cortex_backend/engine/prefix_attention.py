@@ -40,11 +40,14 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     rows, heads, _, dim = query.shape
     prompts, kv_heads, width, _ = prefix_keys.shape
     samples, groups = rows // prompts, heads // kv_heads
-    scale = scaling if scaling is not None else dim**-0.5
+    query = query * (scaling if scaling is not None else dim**-0.5)
     # (rows, heads, 1, dim) -> per prompt: (prompts, kv_heads, samples * groups, dim)
     by_row = query.reshape(prompts, samples, kv_heads, groups, dim)
     by_prompt = by_row.transpose(1, 2).reshape(prompts, kv_heads, samples * groups, dim)
     prefix_scores = torch.matmul(by_prompt, prefix_keys.transpose(-1, -2))
+    if attention_mask is not None:  # (rows, 1, 1, width + generated): generated positions are all attended
+        prompt_mask = attention_mask[::samples, :, :, :width]  # a prompt's samples share its padding
+        prefix_scores = prefix_scores.masked_fill(~prompt_mask, torch.finfo(prefix_scores.dtype).min)
     prefix_scores = (
         prefix_scores.reshape(prompts, kv_heads, samples, groups, width)
         .transpose(1, 2)
@@ -52,10 +55,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     )
     own = query.reshape(rows, kv_heads, groups, dim)
     own_scores = torch.matmul(own, key.transpose(-1, -2))
-    scores = torch.cat((prefix_scores, own_scores), dim=-1) * scale
-    if attention_mask is not None:  # (rows, 1, 1, width + generated), True where attended
-        mask = attention_mask[..., : scores.shape[-1]]
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    scores = torch.cat((prefix_scores, own_scores), dim=-1)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     prefix_weights = (
         weights[..., :width]

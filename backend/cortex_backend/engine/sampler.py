@@ -54,10 +54,19 @@ def _cache_of(output) -> Any:
     return output.get("cache") if output.get("cache") is not None else output.get("past_key_values")
 
 
-def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """The next token of each row: argmax at temperature 0, else a draw after temperature, top-k, top-p."""
+def choose(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    logprobs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The next token of each row: argmax at temperature 0, else a draw after temperature, top-k, top-p.
+    `logprobs` (the log-softmax of `logits`, if the caller has it) spares a softmax when nothing reshapes
+    the distribution."""
     if params.greedy:
         return logits.argmax(dim=-1)
+    if logprobs is not None and params.temperature == 1.0 and params.top_k <= 0 and params.top_p >= 1.0:
+        return draw(logprobs.exp(), generator)
     scores = logits / params.temperature
     if 0 < params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
@@ -208,11 +217,11 @@ class _Decoder:
             for step in range(steps):
                 if should_cancel():
                     raise OperationError("cancelled", "the request was cancelled")
-                chosen = choose(logits, params, generator)
+                # Logprobs under the model's own distribution (temperature 1, untruncated), whatever the sampling.
+                own = torch.log_softmax(logits, dim=-1)
+                chosen = choose(logits, params, generator, own)
                 tokens[:, step] = chosen
-                logprobs[:, step] = logits.gather(-1, chosen[:, None]).squeeze(-1) - torch.logsumexp(
-                    logits, dim=-1
-                )
+                logprobs[:, step] = own.gather(-1, chosen[:, None]).squeeze(-1)
                 if stop_ids is not None:
                     hit = torch.isin(chosen, stop_ids) & ~done
                     kept = torch.where(hit, step + 1, kept)
