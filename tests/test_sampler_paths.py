@@ -65,6 +65,14 @@ def test_greedy_merged_and_unmerged_equal_transformers_generate(engines, monkeyp
     so does the shared-prefix attention forced onto greedy rows (it only serves sampled rows otherwise)."""
     merged, unmerged, reference = engines
     monkeypatch.setattr(sampler_module, "shares_prefix", lambda params, device: shared)
+    converted = []
+    real_share_prefix = sampler_module.share_prefix
+
+    def recording_share_prefix(*args):
+        converted.append(real_share_prefix(*args))
+        return converted[-1]
+
+    monkeypatch.setattr(sampler_module, "share_prefix", recording_share_prefix)
     params = {"max_tokens": 12, "temperature": 0.0, "n": 2, "ignore_eos": True}
     for engine in (merged, unmerged):
         result = engine.generate(PROMPTS, params)
@@ -73,6 +81,7 @@ def test_greedy_merged_and_unmerged_equal_transformers_generate(engines, monkeyp
         ]
         for sample in result["samples"]:
             assert sample["tokens"] == hf_greedy(reference, PROMPTS[sample["prompt_index"]], 12)
+    assert converted == ([True, True] if shared else [])  # the shared path really ran, for both engines
 
 
 def test_stop_ids_end_each_shared_prefix_sample_at_its_own_token(engines):

@@ -29,13 +29,16 @@ def _fallback(*args, **kwargs):
 
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    if not _active:  # no shared-prefix decode running: transformers' own attention
+        return _fallback(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     layers = _active.get(id(getattr(module, "config", None)))
     layer_index = getattr(module, "layer_idx", None)
     layer = layers[layer_index] if layers is not None and layer_index is not None else None
     if not isinstance(layer, SharedPrefixLayer) or query.shape[2] != 1:
-        return _fallback(
-            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
-        )
+        # `key` holds only the generated part here: attending to it alone would be silently wrong.
+        raise RuntimeError(f"shared-prefix attention cannot serve {type(module).__name__} here")
     prefix_keys, prefix_values = layer.prefix_keys, layer.prefix_values
     rows, heads, _, dim = query.shape
     prompts, kv_heads, width, _ = prefix_keys.shape
@@ -81,6 +84,22 @@ def _register() -> bool:
         return False
     AttentionInterface.register(NAME, _attention)
     return True
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """Whether every attention layer of `model` reads the model's own config (where the switch to this
+    attention is made) and transformers can take a registered attention function."""
+    try:
+        from transformers import AttentionInterface  # noqa: F401
+    except ImportError:
+        return False
+    config = getattr(model, "config", None)
+    layers = [
+        module for module in model.modules() if hasattr(module, "layer_idx") and hasattr(module, "config")
+    ]
+    return (
+        bool(layers) and hasattr(config, "_attn_implementation") and all(m.config is config for m in layers)
+    )
 
 
 @contextlib.contextmanager

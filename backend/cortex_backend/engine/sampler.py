@@ -24,7 +24,7 @@ from .errors import OperationError
 from .kv_cache import reserve, share_prefix
 from .merged_lora import MergedLoRA
 from .model_state import ModelState
-from .prefix_attention import shared_prefix_attention
+from .prefix_attention import shared_prefix_attention, supports
 from .sampling_engine import Cancelled, SamplingEngine
 from .stopping import TextStop, finish_sample, stop_token_ids
 
@@ -186,7 +186,7 @@ class _Decoder:
         cache = _cache_of(out)
         logits = out.logits[:, -1, :].float()
         next_positions = positions[:, -1:] + 1
-        shared = self.share_prefix and share_prefix(cache, n, params.max_tokens)
+        shared = self.share_prefix and supports(self.model) and share_prefix(cache, n, params.max_tokens)
         if n > 1:
             if not shared:
                 cache.batch_repeat_interleave(n)
