@@ -101,8 +101,9 @@ def test_unreachable_backend_raises_connection_error():
 def test_a_different_api_major_is_refused():
     server = FlakyBackend(failures=0, api_version="2.3")
     try:
-        with pytest.raises(errors.VersionMismatchError):
+        with pytest.raises(errors.VersionMismatchError) as caught:
             Client(server.url, "t")
+        assert caught.value.code == "version_mismatch" and "2.3" in str(caught.value)
     finally:
         server.close()
 

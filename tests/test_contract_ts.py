@@ -51,14 +51,16 @@ def test_panel_types_declare_the_job_json_the_backend_sends(client):
         sent = client.get_job(job["job_id"])
     finally:
         client.cancel_job(job["job_id"])
-    assert declared_keys("IJob") == set(sent), "labextension/src/types.ts IJob differs from GET /v1/jobs/{id}"
-    assert declared_keys("ISubJob") == set(sent["sub_jobs"][0])
+    assert declared_keys("IJobView") == set(sent), (
+        "labextension/src/types.ts IJobView differs from GET /v1/jobs/{id}"
+    )
+    assert declared_keys("ISubJobView") == set(sent["sub_jobs"][0])
 
 
 def test_panel_types_declare_the_progress_record_the_backend_sends():
     from cortex_backend.progress import ProgressRecord
 
     sent = set(ProgressRecord("managed").to_json())
-    assert declared_keys("IProgressRecord") == sent, (
-        "labextension/src/types.ts IProgressRecord differs from the backend's"
+    assert declared_keys("IProgress") == sent, (
+        "labextension/src/types.ts IProgress differs from the backend's"
     )

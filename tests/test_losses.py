@@ -72,6 +72,20 @@ def test_ppo_takes_its_thresholds_from_the_config():
     assert loss.item() == pytest.approx(-1.5)
 
 
+def test_cispo_weights_every_token_by_its_clipped_ratio_without_differentiating_it():
+    # ratios 2, 0.5, 1 (clipped to 1.2, 0.8, 1) with advantages 1, -1, 2 and logprobs log 2, log 0.5, 0:
+    #   loss = -(1.2 * log 2 * 1 + 0.8 * log 0.5 * -1 + 1 * 0 * 2) = -(1.2 + 0.8) * log 2 = -2 log 2
+    logprobs = torch.tensor([[math.log(2.0), math.log(0.5), 0.0]], requires_grad=True)
+    config = LOSSES["cispo"].with_defaults({})
+    tensors = _inputs(logprobs=[0.0, 0.0, 0.0], advantages=[1.0, -1.0, 2.0])
+    loss, metrics = compute_loss("cispo", logprobs, tensors, config)
+    assert loss.item() == pytest.approx(-2.0 * math.log(2.0))
+    assert metrics["clip_fraction:mean"] == pytest.approx(2 / 3)
+    loss.backward()
+    # Unlike PPO, the clipped tokens keep a gradient: -clip(ratio) * advantage, the ratio held constant.
+    assert logprobs.grad[0].tolist() == pytest.approx([-1.2, 0.8, -2.0])
+
+
 def test_validation_fills_defaults_and_refuses_unknown_or_out_of_range_config():
     spec, config = validate_loss({"loss_fn": "ppo", "loss_fn_config": {"clip_low_threshold": 0.7}})
     assert spec.name == "ppo" and config == {"clip_low_threshold": 0.7, "clip_high_threshold": 1.2}

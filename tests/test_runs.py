@@ -353,6 +353,7 @@ def test_lost_submission_answer_is_resumable_and_runs_once(runs_backend, runs_cl
         server.shutdown()
         server.server_close()
     submission_id = caught.value.submission_id
+    assert caught.value.code == "submission_outcome_unknown"
     assert _DropRunAnswers.dropped == 3  # the backend got the submission three times
     handle = runs_client.resume(submission_id)
     assert handle.wait(120)["status"] == "done"

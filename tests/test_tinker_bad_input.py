@@ -83,12 +83,12 @@ def test_user_errors_fail_fast_and_name_the_problem(service_client, backend):
         tinker.BadRequestError,
         "forward_backward",
         400,
-        "'cispo' is not supported",
+        "'dro' is not supported",
         "cross_entropy",
         "importance_sampling",
         "ppo",
     ):
-        training.forward_backward([good], "cispo").result()
+        training.forward_backward([good], "dro").result()
     with refused_once(backend, tinker.BadRequestError, "forward_backward", 400, "token ids outside"):
         training.forward_backward(
             [

@@ -94,47 +94,55 @@ def test_lora_training_sampling_and_logprobs_match_peft_and_transformers(
         ), f"step {step}"
         assert stepped.metrics["step"] == step + 1
 
-    # One PPO step on top (Tinker's clipped objective): sampling logprobs a little off the current ones, so some
+    # One PPO step on top (Tinker's clipped objective), then one CISPO step (every token keeps a gradient,
+    # weighted by its clipped ratio held constant): sampling logprobs a little off the current ones, so some
     # ratios clip, and advantages of both signs.
-    examples, expected_loss = _examples(rng, vocab), 0.0
-    ppo_data = []
-    for example in examples:
-        with torch.no_grad():
-            current = _reference_logprobs(reference, example["input"], example["target"])
-        example["old"] = (
-            (current + torch.from_numpy(rng.normal(0.0, 0.2, size=len(example["target"])))).float().tolist()
-        )
-        example["advantages"] = rng.normal(0.0, 1.0, size=len(example["target"])).round(3).tolist()
-        ppo_data.append(
-            types.Datum(
-                model_input=types.ModelInput.from_ints(example["input"]),
-                loss_fn_inputs={
-                    "target_tokens": example["target"],
-                    "logprobs": example["old"],
-                    "advantages": example["advantages"],
-                },
-            )
-        )
     clip = {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
-    forward_backward = training.forward_backward(ppo_data, "ppo", clip)
-    optim = training.optim_step(types.AdamParams(**ADAM))
-    result, _ = forward_backward.result(), optim.result()
-    for example, output in zip(examples, result.loss_fn_outputs, strict=True):
-        logprobs = _reference_logprobs(reference, example["input"], example["target"])
-        np.testing.assert_allclose(
-            output["logprobs"].to_numpy(), logprobs.detach().numpy(), rtol=0, atol=TOLERANCE
-        )
-        ratio, advantages = (
-            torch.exp(logprobs - torch.tensor(example["old"])),
-            torch.tensor(example["advantages"]),
-        )
-        clipped = torch.clamp(ratio, clip["clip_low_threshold"], clip["clip_high_threshold"])
-        expected_loss = expected_loss - torch.minimum(ratio * advantages, clipped * advantages).sum()
-    expected_loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    assert result.metrics["loss:sum"] == pytest.approx(expected_loss.item(), rel=TOLERANCE, abs=TOLERANCE)
-    assert 0 < result.metrics["clip_fraction:mean"] < 1
+
+    def ppo_objective(logprobs, ratio, clipped, advantages):
+        return torch.minimum(ratio * advantages, clipped * advantages)
+
+    def cispo_objective(logprobs, ratio, clipped, advantages):
+        return clipped.detach() * logprobs * advantages
+
+    for loss_fn, objective in (("ppo", ppo_objective), ("cispo", cispo_objective)):
+        examples, expected_loss = _examples(rng, vocab), 0.0
+        data = []
+        for example in examples:
+            with torch.no_grad():
+                current = _reference_logprobs(reference, example["input"], example["target"])
+            noise = torch.from_numpy(rng.normal(0.0, 0.2, size=len(example["target"])))
+            example["old"] = (current + noise).float().tolist()
+            example["advantages"] = rng.normal(0.0, 1.0, size=len(example["target"])).round(3).tolist()
+            data.append(
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(example["input"]),
+                    loss_fn_inputs={
+                        "target_tokens": example["target"],
+                        "logprobs": example["old"],
+                        "advantages": example["advantages"],
+                    },
+                )
+            )
+        forward_backward = training.forward_backward(data, loss_fn, clip)
+        optim = training.optim_step(types.AdamParams(**ADAM))
+        result, _ = forward_backward.result(), optim.result()
+        for example, output in zip(examples, result.loss_fn_outputs, strict=True):
+            logprobs = _reference_logprobs(reference, example["input"], example["target"])
+            np.testing.assert_allclose(
+                output["logprobs"].to_numpy(), logprobs.detach().numpy(), rtol=0, atol=TOLERANCE
+            )
+            ratio, advantages = (
+                torch.exp(logprobs - torch.tensor(example["old"])),
+                torch.tensor(example["advantages"]),
+            )
+            clipped = torch.clamp(ratio, clip["clip_low_threshold"], clip["clip_high_threshold"])
+            expected_loss = expected_loss - objective(logprobs, ratio, clipped, advantages).sum()
+        expected_loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        assert result.metrics["loss:sum"] == pytest.approx(expected_loss.item(), rel=TOLERANCE, abs=TOLERANCE)
+        assert 0 < result.metrics["clip_fraction:mean"] < 1, loss_fn
 
     # The trained weights sample and score exactly as the reference does.
     sampler = training.save_weights_and_get_sampling_client().result()

@@ -15,6 +15,10 @@ FAULTS: dict[str, str] = {
     "corrupt_sync_base": "a weight-sync target perturbs one of its weights before reporting its base hash",
     "corrupt_sync_delta": "a weight-sync target changes one value of a delta after decoding it",
     "corrupt_sync_bytes": "a weight-sync target flips one byte of a compressed delta before decoding it",
+    "corrupt_sync_full": "a weight-sync target changes one value of full weights after decoding them (the sync fails)",
+    "fail_forward_backward": "forward_backward raises an error the engine does not expect (a bug, say)",
+    "oom_forward": "forward runs out of device memory",
+    "fail_training_loop": "a managed training loop raises an error the engine does not expect after its data loads",
 }
 
 
@@ -38,3 +42,13 @@ class Faults:
 
     def active(self, name: str) -> bool:
         return name in self.active_names
+
+    def raise_in(self, operation: str) -> None:
+        """Raise what a fault makes `operation` raise, if any (`training_loop`: called inside the loop)."""
+        if operation == "forward_backward" and self.active("fail_forward_backward"):
+            raise RuntimeError("injected failure (fault fail_forward_backward)")
+        if operation == "forward" and self.active("oom_forward"):
+            # The message torch gives when a CUDA allocation fails; the engine recognises it by these words.
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (fault oom_forward)")
+        if operation == "training_loop" and self.active("fail_training_loop"):
+            raise RuntimeError("injected failure (fault fail_training_loop)")

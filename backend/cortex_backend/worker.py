@@ -324,6 +324,8 @@ class Worker:
             operation = self.operations.get(header["op"])
             if operation is None:
                 raise OperationError("unsupported_operation", f"this worker does not serve {header['op']!r}")
+            if header["op"] != "training_loop":  # the loop checks its own faults once it runs
+                self.faults.raise_in(header["op"])
             if self.sampler is not None:  # follow an adapter changed by the last operation (a sync or load)
                 self.sampler.refresh()
             result, out_blob = operation(header.get("params") or {}, blob)

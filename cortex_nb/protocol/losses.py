@@ -114,6 +114,16 @@ LOSSES: dict[str, LossSpec] = {
             ),
             metrics=("loss:sum", "ratio:mean", "clip_fraction:mean"),
         ),
+        LossSpec(
+            "cispo",
+            "loss = -sum(stop_gradient(clip(ratio, low, high)) * logprob * adv), ratio = exp(logprob - sampling_logprob)",
+            ("target_tokens", "logprobs", "advantages"),
+            config=(
+                ConfigKey("clip_low_threshold", 0.8, 0.0, 1.0, "the ratio's lower clip"),
+                ConfigKey("clip_high_threshold", 1.2, 1.0, 100.0, "the ratio's upper clip"),
+            ),
+            metrics=("loss:sum", "ratio:mean", "clip_fraction:mean"),
+        ),
     )
 }
 LOSS_FUNCTIONS = tuple(LOSSES)

@@ -9,13 +9,16 @@ import { ServerConnection } from '@jupyterlab/services';
 import { QueryValue, routePath } from './routes';
 import {
   ICapacity,
-  ICheckpoint,
+  ICheckpointView,
   ICompletedJob,
-  IJob,
-  ILogPage,
-  IMetricsPage,
+  IExtensionStatus,
+  IHostMetrics,
+  IJobLogPage,
+  IJobMetrics,
+  IJobView,
   IRequestSummary,
-  IStatus
+  IRouteReplies,
+  JsonRouteName
 } from './types';
 
 export const API_PATH = 'cortex/api';
@@ -79,75 +82,75 @@ export class CortexApi {
     return data as T;
   }
 
-  /** Call a backend route by its name in the route table. */
-  call<T>(
-    name: string,
+  /** Call a backend route by its name in the route table; the answer has the route's reply type. */
+  call<N extends JsonRouteName>(
+    name: N,
     params: Record<string, string> = {},
     query: Record<string, QueryValue> = {},
     body?: unknown,
     signal?: AbortSignal
-  ): Promise<T> {
+  ): Promise<IRouteReplies[N]> {
     const { method, path } = routePath(name, params, query);
-    return this.request<T>(method, path, body, signal);
+    return this.request<IRouteReplies[N]>(method, path, body, signal);
   }
 
-  status(): Promise<IStatus> {
-    return this.request<IStatus>('GET', 'status');
+  status(): Promise<IExtensionStatus> {
+    return this.request<IExtensionStatus>('GET', 'status');
   }
 
   /** Start the user's local backend (only when the server has no backend configured); answers the status. */
-  startLocalBackend(): Promise<IStatus> {
-    return this.request<IStatus>('POST', 'local/start', {});
+  startLocalBackend(): Promise<IExtensionStatus> {
+    return this.request<IExtensionStatus>('POST', 'local/start', {});
   }
 
   capacity(): Promise<ICapacity> {
-    return this.call<ICapacity>('capacity');
+    return this.call('capacity');
   }
 
-  hostMetrics(since: number | null): Promise<IMetricsPage> {
-    return this.call<IMetricsPage>('host_metrics', {}, { since });
+  hostMetrics(since: number | null): Promise<IHostMetrics> {
+    return this.call('host_metrics', {}, { since });
   }
 
-  async listJobs(limit = 50): Promise<IJob[]> {
-    return (await this.call<{ jobs: IJob[] }>('list_jobs', {}, { limit })).jobs;
+  async listJobs(limit = 50): Promise<IJobView[]> {
+    return (await this.call('list_jobs', {}, { limit })).jobs;
   }
 
-  getJob(jobId: string): Promise<IJob> {
-    return this.call<IJob>('get_job', { job_id: jobId });
+  getJob(jobId: string): Promise<IJobView> {
+    return this.call('get_job', { job_id: jobId });
   }
 
   /**
    * The job once its progress record is newer than `afterProgress` or its status leaves `whileStatus`,
    * or after `waitS` (a long-poll: about one request per update, not one per step).
    */
-  waitForJob(jobId: string, afterProgress: number, whileStatus: string, waitS: number, signal?: AbortSignal): Promise<IJob> {
-    return this.call<IJob>('get_job', { job_id: jobId },
+  waitForJob(jobId: string, afterProgress: number, whileStatus: string, waitS: number, signal?: AbortSignal): Promise<IJobView> {
+    return this.call('get_job', { job_id: jobId },
       { wait: waitS, after_progress: afterProgress, while_status: whileStatus }, undefined, signal);
   }
 
-  cancelJob(jobId: string): Promise<IJob> {
-    return this.call<IJob>('cancel_job', { job_id: jobId }, {}, {});
+  cancelJob(jobId: string): Promise<IJobView> {
+    return this.call('cancel_job', { job_id: jobId }, {}, {});
   }
 
   /** "Free device": complete the job; the backend saves a trained adapter as checkpoint `final` first. */
   completeJob(jobId: string): Promise<ICompletedJob> {
-    return this.call<ICompletedJob>('complete_job', { job_id: jobId }, {}, {});
+    return this.call('complete_job', { job_id: jobId }, {}, {});
   }
 
   async listRequests(jobId: string, limit = 50): Promise<IRequestSummary[]> {
-    return (await this.call<{ requests: IRequestSummary[] }>('list_requests', { job_id: jobId }, { limit })).requests;
+    return (await this.call('list_requests', { job_id: jobId }, { limit })).requests;
   }
 
   /** Log lines after `cursor`; with `waitS` the backend holds the call until lines arrive (long-poll). */
-  logs(jobId: string, cursor: number, waitS = 0, signal?: AbortSignal): Promise<ILogPage> {
-    return this.call<ILogPage>('job_logs', { job_id: jobId }, { cursor, wait: waitS || undefined, limit: 1000 }, undefined, signal);
+  logs(jobId: string, cursor: number, waitS = 0, signal?: AbortSignal): Promise<IJobLogPage> {
+    return this.call('job_logs', { job_id: jobId }, { cursor, wait: waitS || undefined, limit: 1000 }, undefined, signal);
   }
 
-  jobMetrics(jobId: string, since: number | null): Promise<IMetricsPage> {
-    return this.call<IMetricsPage>('job_metrics', { job_id: jobId }, { since });
+  jobMetrics(jobId: string, since: number | null): Promise<IJobMetrics> {
+    return this.call('job_metrics', { job_id: jobId }, { since });
   }
 
-  async checkpoints(jobId: string): Promise<ICheckpoint[]> {
-    return (await this.call<{ checkpoints: ICheckpoint[] }>('list_checkpoints', { job_id: jobId })).checkpoints;
+  async checkpoints(jobId: string): Promise<ICheckpointView[]> {
+    return (await this.call('list_checkpoints', { job_id: jobId })).checkpoints;
   }
 }

@@ -4,7 +4,7 @@
  * Pure: no JupyterLab imports, unit-tested with jest.
  */
 import { jobTitle } from './jobrows';
-import { IJob } from './types';
+import { IJobView } from './types';
 
 export interface ICompareRow {
   jobId: string;
@@ -21,7 +21,7 @@ export interface ICompareRow {
   tokensPerS: number | null;
 }
 
-export function compareRow(job: IJob): ICompareRow {
+export function compareRow(job: IJobView): ICompareRow {
   const training = job.sub_jobs.find(sub => sub.type === 'training') ?? job.sub_jobs[0];
   const loop = job.training_loop ?? null;
   const record = job.progress;

@@ -6,23 +6,23 @@
  */
 import { JOB_TERMINAL, displayState } from './contract';
 import { formatAge, formatDuration, formatLoss, formatRate } from './format';
-import { IJob, IProgressRecord } from './types';
+import { IJobView, IProgress } from './types';
 
 export function isTerminal(status: string): boolean {
   return JOB_TERMINAL.includes(status);
 }
 
 /** A job's name where it has one (tabs, pickers and lists show names), else its id. */
-export function jobTitle(job: Pick<IJob, 'job_id' | 'name'>): string {
+export function jobTitle(job: Pick<IJobView, 'job_id' | 'name'>): string {
   return job.name || job.job_id;
 }
 
 /** "name (job-…)" for pickers, where both matter. */
-export function jobLabel(job: Pick<IJob, 'job_id' | 'name'>): string {
+export function jobLabel(job: Pick<IJobView, 'job_id' | 'name'>): string {
   return job.name ? `${job.name} (${job.job_id})` : job.job_id;
 }
 
-export interface IProgress {
+export interface IProgressLine {
   step: number | null;
   total: number | null;
   /** 0..1 when the total is known. */
@@ -36,7 +36,7 @@ export interface IProgress {
 }
 
 /** Training progress, exactly as the backend's progress record reports it (nothing recomputed). */
-export function jobProgress(job: IJob): IProgress {
+export function jobProgress(job: IJobView): IProgressLine {
   const record = job.progress;
   if (!record) {
     return { step: null, total: null, fraction: null, label: '', loss: '', timing: '' };
@@ -75,11 +75,11 @@ export interface IJobRow {
   age: string;
   model: string;
   device: string;
-  progress: IProgress;
+  progress: IProgressLine;
   queuePosition: number | null;
 }
 
-export function jobRow(job: IJob, nowS: number): IJobRow {
+export function jobRow(job: IJobView, nowS: number): IJobRow {
   const models = Array.from(new Set(job.sub_jobs.map(sub => sub.base_model)));
   const devices = Array.from(new Set(job.sub_jobs.map(sub => sub.device).filter(Boolean))) as string[];
   const [word, detail] = displayState(job, nowS);
@@ -99,13 +99,13 @@ export function jobRow(job: IJob, nowS: number): IJobRow {
 }
 
 /** Jobs that need watching first (running, then queued), then the finished ones, newest first. */
-export function sortJobs(jobs: IJob[]): IJob[] {
-  const rank = (job: IJob): number => (isTerminal(job.status) ? 1 : 0);
+export function sortJobs(jobs: IJobView[]): IJobView[] {
+  const rank = (job: IJobView): number => (isTerminal(job.status) ? 1 : 0);
   return [...jobs].sort((a, b) => rank(a) - rank(b) || b.created_at - a.created_at);
 }
 
 /** A job that trained at least one step. */
-export function hasTrained(job: IJob): boolean {
+export function hasTrained(job: IJobView): boolean {
   return (job.progress?.step ?? 0) > 0;
 }
 
@@ -122,7 +122,7 @@ export interface ITrainingSummary {
   finishedAt: number | null;
 }
 
-export function trainingSummary(job: IJob, nowS: number): ITrainingSummary | null {
+export function trainingSummary(job: IJobView, nowS: number): ITrainingSummary | null {
   const record = job.progress;
   if (!record || !hasTrained(job)) {
     return null;
@@ -142,26 +142,26 @@ export function trainingSummary(job: IJob, nowS: number): ITrainingSummary | nul
 }
 
 /** Trainings that have ended (done, cancelled or failed after training), newest first. */
-export function finishedTrainings(jobs: IJob[], nowS: number): ITrainingSummary[] {
+export function finishedTrainings(jobs: IJobView[], nowS: number): ITrainingSummary[] {
   return sortJobs(jobs.filter(job => isTerminal(job.status)))
     .map(job => trainingSummary(job, nowS))
     .filter((summary): summary is ITrainingSummary => summary !== null);
 }
 
 /** The sidebar's job list: every job still going, and finished jobs that never trained. */
-export function listedJobs(jobs: IJob[]): IJob[] {
+export function listedJobs(jobs: IJobView[]): IJobView[] {
   return sortJobs(jobs.filter(job => !isTerminal(job.status) || !hasTrained(job)));
 }
 
 /** Trained steps no checkpoint holds yet; null when the record cannot tell. */
-export function unsavedSteps(record: IProgressRecord | null): number | null {
+export function unsavedSteps(record: IProgress | null): number | null {
   if (!record || record.step <= 0) {
     return 0;
   }
   if (record.last_checkpoint === null) {
     return record.step;
   }
-  const saved = record.last_checkpoint_step;
+  const saved = record.last_checkpoint_step ?? null;
   return saved === null ? null : Math.max(0, record.step - saved);
 }
 
@@ -178,7 +178,7 @@ export interface IJobActions {
  * A training that has finished (keep-alive, or idle until the backend frees it) offers "Free device",
  * never Cancel; a job still working offers Cancel, with a confirmation when trained steps would be lost.
  */
-export function jobActions(job: IJob): IJobActions {
+export function jobActions(job: IJobView): IJobActions {
   if (isTerminal(job.status)) {
     return { cancel: false, freeDevice: false, cancelWarning: null };
   }

@@ -5,7 +5,7 @@
 import { API_VERSION, PACKAGE_VERSION } from './contract';
 import { formatBytes } from './format';
 import { IJobRow, ITrainingSummary, finishedTrainings, isTerminal, jobRow, listedJobs } from './jobrows';
-import { ICapacity, ICheckpoint, IDevice, IJob, ILogLine, IMetricSample, IMetricsPage, IStatus } from './types';
+import { ICapacity, ICheckpointView, IDeviceCapacity, IJobView, ILogLine, IMetricSample, IHostMetrics, IJobMetrics, IExtensionStatus } from './types';
 
 export function apiMajor(version: string | undefined | null): number | null {
   if (!version) {
@@ -17,7 +17,7 @@ export function apiMajor(version: string | undefined | null): number | null {
 
 /** Plain-words warnings when the panel, the server extension and the backend disagree on versions. */
 export function versionWarnings(
-  status: IStatus | null,
+  status: IExtensionStatus | null,
   panel: { version: string; apiVersion: string } = { version: PACKAGE_VERSION, apiVersion: API_VERSION }
 ): string[] {
   if (!status) {
@@ -50,7 +50,7 @@ export function versionWarnings(
 
 export type ConnectionState = 'unknown' | 'connected' | 'unauthenticated' | 'unreachable' | 'no_local_backend' | 'error';
 
-export function connectionState(status: IStatus | null, requestError: string | null): ConnectionState {
+export function connectionState(status: IExtensionStatus | null, requestError: string | null): ConnectionState {
   if (requestError) {
     return 'error';
   }
@@ -64,7 +64,9 @@ export function connectionState(status: IStatus | null, requestError: string | n
 }
 
 /** The one quiet line a view shows when there are no GPU metrics (older backends send only the reason). */
-export function gpuMetricsNote(page: IMetricsPage): string | null {
+export function gpuMetricsNote(
+  page: Partial<Pick<IHostMetrics | IJobMetrics, 'gpu_metrics_note' | 'gpu_unavailable_reason'>>
+): string | null {
   if (page.gpu_metrics_note !== undefined) {
     return page.gpu_metrics_note ?? null;
   }
@@ -72,7 +74,7 @@ export function gpuMetricsNote(page: IMetricsPage): string | null {
 }
 
 /** No backend is configured and no local backend runs: the panel offers to start one. */
-export function noLocalBackend(status: IStatus | null): boolean {
+export function noLocalBackend(status: IExtensionStatus | null): boolean {
   return !!status && !status.reachable && status.source?.kind === 'local' && !!status.source.can_start_local &&
     status.error?.detail?.local_backend === 'not_running';
 }
@@ -131,7 +133,7 @@ export function deviceRows(capacity: ICapacity | null, samples: IMetricSample[])
   }
   const latest = latestByDevice(samples);
   const hostWide = latest.get('') ?? latest.get('host') ?? null;
-  return capacity.devices.map((device: IDevice) => {
+  return capacity.devices.map((device: IDeviceCapacity) => {
     const sample = latest.get(device.id) ?? (device.kind === 'cpu' ? hostWide : null) ?? null;
     // A GPU shows only GPU fields; a CPU device shows the host's CPU and RAM.
     const gpu = device.kind !== 'cpu';
@@ -255,18 +257,18 @@ export class MetricSeries {
   }
 }
 
-export function sortCheckpoints(checkpoints: ICheckpoint[]): ICheckpoint[] {
+export function sortCheckpoints(checkpoints: ICheckpointView[]): ICheckpointView[] {
   return [...checkpoints].sort((a, b) => b.created_at - a.created_at);
 }
 
 /** The sidebar's state, refreshed by the poller; views re-render on `changed`. */
 export interface IPanelState {
-  status: IStatus | null;
+  status: IExtensionStatus | null;
   capacity: ICapacity | null;
   hostSamples: IMetricSample[];
   /** One quiet line when the host reports no GPU metrics ("CPU host: no GPU metrics"). */
   gpuMetricsNote: string | null;
-  jobs: IJob[];
+  jobs: IJobView[];
   error: string | null;
   updatedAt: number | null;
   /** "Start local backend" was clicked and the server is starting it. */

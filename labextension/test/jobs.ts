@@ -1,7 +1,7 @@
 /** Job JSON as the backend sends it, for the panel's unit tests. */
-import { IJob, IProgressRecord } from '../src/types';
+import { IJobView, IProgress } from '../src/types';
 
-export function progress(overrides: Partial<IProgressRecord> = {}): IProgressRecord {
+export function progress(overrides: Partial<IProgress> = {}): IProgress {
   return {
     source: 'managed',
     phase: 'training',
@@ -27,7 +27,7 @@ export function progress(overrides: Partial<IProgressRecord> = {}): IProgressRec
   };
 }
 
-export function job(overrides: Partial<IJob> = {}): IJob {
+export function job(overrides: Partial<IJobView> = {}): IJobView {
   return {
     job_id: 'job-1',
     owner: 'alice',
@@ -39,10 +39,13 @@ export function job(overrides: Partial<IJob> = {}): IJob {
     created_at: 1000,
     started_at: 1001,
     finished_at: null,
+    last_activity_at: null,
+    idle_timeout_s: null,
+    labels: {},
     sub_jobs: [
       { sub_job_id: 'training-0', type: 'training', status: 'running', base_model: 'tiny', device: 'cpu',
         lora: { r: 16, alpha: 32 }, optimizer: { lr: 0.003 }, seed: 0, max_seq_len: 128,
-        failure_code: null, failure_message: null }
+        failure_code: null, failure_message: null, info: null }
     ],
     training_loop: null,
     progress: null,

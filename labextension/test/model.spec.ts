@@ -11,10 +11,10 @@ import {
   noLocalBackend,
   versionWarnings
 } from '../src/model';
-import { ICapacity, ILogLine, IMetricSample, IStatus } from '../src/types';
+import { ICapacity, ILogLine, IMetricSample, IExtensionStatus } from '../src/types';
 import { job, progress } from './jobs';
 
-export function status(overrides: Partial<IStatus> = {}): IStatus {
+export function status(overrides: Partial<IExtensionStatus> = {}): IExtensionStatus {
   return {
     backend_url: 'http://127.0.0.1:8765',
     source: { kind: 'config', description: 'http://127.0.0.1:8765, set by CortexServerApp.backend_url', state_file: null,
@@ -36,7 +36,9 @@ const CPU_CAPACITY: ICapacity = {
   slots_total: 8,
   slots_in_use: 1,
   slots_available: 7,
-  pending: 0
+  pending: 0,
+  pending_slots: 0,
+  pending_jobs: []
 };
 
 const GPU_CAPACITY: ICapacity = {
@@ -47,7 +49,9 @@ const GPU_CAPACITY: ICapacity = {
   slots_total: 8,
   slots_in_use: 2,
   slots_available: 6,
-  pending: 0
+  pending: 0,
+  pending_slots: 0,
+  pending_jobs: []
 };
 
 describe('versions', () => {
@@ -62,10 +66,10 @@ describe('versions', () => {
   });
 
   it('warns when the backend runs another release, and louder on another API major', () => {
-    const minor = versionWarnings(status({ backend: { version: '0.2.0', api_version: '1.3' } }));
+    const minor = versionWarnings(status({ backend: { service: 'cortex-nb-backend', version: '0.2.0', api_version: '1.3' } }));
     expect(minor).toHaveLength(1);
     expect(minor[0]).toContain('0.2.0');
-    const major = versionWarnings(status({ backend: { version: '2.0.0', api_version: '2.0' } }));
+    const major = versionWarnings(status({ backend: { service: 'cortex-nb-backend', version: '2.0.0', api_version: '2.0' } }));
     expect(major).toHaveLength(2);
     expect(major[1]).toContain('API 2.0');
   });
@@ -157,10 +161,10 @@ describe('devices', () => {
   });
 
   it('says in one quiet line that a CPU host has no GPU metrics', () => {
-    expect(gpuMetricsNote({ samples: [], gpu_unavailable_reason: 'NVML Shared Library Not Found',
+    expect(gpuMetricsNote({ gpu_unavailable_reason: 'NVML Shared Library Not Found',
       gpu_metrics_note: 'CPU host: no GPU metrics' })).toBe('CPU host: no GPU metrics');
-    expect(gpuMetricsNote({ samples: [], gpu_unavailable_reason: 'driver too old' })).toBe('no GPU metrics: driver too old');
-    expect(gpuMetricsNote({ samples: [] })).toBeNull();
+    expect(gpuMetricsNote({ gpu_unavailable_reason: 'driver too old' })).toBe('no GPU metrics: driver too old');
+    expect(gpuMetricsNote({})).toBeNull();
   });
 
   it('is empty before the first capacity report', () => {

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Protocol
 
 from cortex_nb.local import running_endpoint
-
-# How a target was found (the status report's `source.kind`).
-SOURCE_CONFIG = "config"  # CortexServerApp.backend_url
-SOURCE_ENVIRONMENT = "environment"  # CORTEX_URL in the server's environment
-SOURCE_LOCAL = "local"  # the per-user local backend's state file
+from cortex_nb.protocol.schemas.server_extension import (
+    SOURCE_CONFIG,
+    SOURCE_ENVIRONMENT,
+    SOURCE_LOCAL,
+    BackendSource,
+)
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,15 @@ class BackendTarget:
     def found(self) -> bool:
         return self.url is not None
 
-    def to_json(self) -> dict:
-        return {
-            "kind": self.kind,
-            "description": self.description,
-            "state_file": self.state_file,
-            "pid": self.pid,
-            "can_start_local": self.kind == SOURCE_LOCAL,
-        }
+    def source(self) -> BackendSource:
+        """How it was found, as the status report tells it."""
+        return BackendSource(
+            kind=self.kind,
+            description=self.description,
+            state_file=self.state_file,
+            pid=self.pid,
+            can_start_local=self.kind == SOURCE_LOCAL,
+        )
 
 
 class BackendLocator(Protocol):

@@ -78,7 +78,7 @@ class StatusHandler(CortexAPIHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.finish(json.dumps(await status_report(self.connection)))
+        self.finish((await status_report(self.connection)).model_dump_json())
 
 
 class LocalBackendStartHandler(CortexAPIHandler):
@@ -96,7 +96,7 @@ class LocalBackendStartHandler(CortexAPIHandler):
                 " local backend (unset CortexServerApp.backend_url and CORTEX_URL to use one)",
             )
         await self.starter.start()
-        self.finish(json.dumps(await status_report(self.connection)))
+        self.finish((await status_report(self.connection)).model_dump_json())
 
 
 class _Relay:

@@ -14,6 +14,7 @@ from traitlets.config import Config
 
 from cortex_nb import __version__
 from cortex_nb.protocol import routes
+from cortex_nb.protocol.schemas.server_extension import ExtensionStatus
 from cortex_nb.protocol.versions import API_VERSION
 
 TINY_JOB = {"sub_jobs": [{"type": "training", "base_model": "tiny"}]}
@@ -123,6 +124,9 @@ async def test_authenticated_calls_reach_the_real_backend(jp_fetch, backend):
 
 async def test_status_reports_reachability_identity_and_versions(jp_fetch, backend):
     status = body(await jp_fetch("cortex", "api", "status"))
+    # every field of the declared shape (the panel's IExtensionStatus is generated from it), and no other
+    assert set(status) == set(ExtensionStatus.model_fields)
+    assert ExtensionStatus.model_validate(status).model_dump(mode="json") == status
     assert status["reachable"] is True and status["authenticated"] is True
     assert status["backend"] == {
         "service": "cortex-nb-backend",

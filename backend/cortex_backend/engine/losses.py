@@ -55,10 +55,25 @@ def ppo(logprobs: torch.Tensor, tensors: Tensors, config: dict[str, float]) -> L
     }
 
 
+def cispo(logprobs: torch.Tensor, tensors: Tensors, config: dict[str, float]) -> LossResult:
+    """Every token keeps a gradient (PPO drops the clipped ones): the clipped ratio only weights it."""
+    low, high = config["clip_low_threshold"], config["clip_high_threshold"]
+    ratio = _ratio(logprobs, tensors)
+    weight = torch.clamp(ratio, low, high).detach()
+    loss = -(weight * logprobs * tensors["advantages"].float()).sum()
+    clip_fraction = ((ratio < low) | (ratio > high)).float().mean().item()
+    return loss, {
+        "loss:sum": loss.item(),
+        "ratio:mean": ratio.mean().item(),
+        "clip_fraction:mean": clip_fraction,
+    }
+
+
 REGISTRY: dict[str, Callable[[torch.Tensor, Tensors, dict[str, float]], LossResult]] = {
     "cross_entropy": cross_entropy,
     "importance_sampling": importance_sampling,
     "ppo": ppo,
+    "cispo": cispo,
 }
 if set(REGISTRY) != set(LOSSES):
     raise ImportError(

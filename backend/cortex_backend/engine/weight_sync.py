@@ -308,6 +308,9 @@ def run_target(
                     new = apply_delta(current, deltas)
                 else:
                     new = decode_full(blob)
+                    if faults.active("corrupt_sync_full"):
+                        first = new[sorted(new)[0]].reshape(-1)
+                        first[0] = first[0] + 1.0
                     if set(new) != set(current) or any(new[n].shape != current[n].shape for n in new):
                         raise PayloadError("the full payload names other tensors or shapes")
                 result = as_stored(new, dtypes)

@@ -153,13 +153,33 @@ class CreateJob(Body):
 # --- what a job looks like --------------------------------------------------------------------------------
 
 
+class LoraSettings(Reply):
+    """A sub-job's LoRA settings as it was created with: a field left out has `LoraSpec`'s default."""
+
+    r: int | None = None
+    alpha: float | None = None
+    dropout: float | None = None
+    target_modules: Literal["all-linear"] | list[str] | None = None
+
+
+class OptimizerSettings(Reply):
+    """A training sub-job's AdamW settings as it was created with: a field left out has
+    `OptimizerSpec`'s default."""
+
+    lr: float | None = None
+    betas: list[float] | None = None
+    eps: float | None = None
+    weight_decay: float | None = None
+    grad_clip: float | None = None
+
+
 class SubJobView(Reply):
     sub_job_id: str
     type: SubJobType
     status: JobStatus
     base_model: str
-    lora: dict[str, Any] | None
-    optimizer: dict[str, Any] | None
+    lora: LoraSettings | None
+    optimizer: OptimizerSettings | None
     seed: int | None
     max_seq_len: int | None
     device: str | None = Field(description="where it runs (`cpu:0`, `cuda:1`, ...) once placed")

@@ -3,7 +3,7 @@
  * `history` and `eval_history`), for one job or several overlaid. Nothing is recomputed here.
  */
 import { formatLoss } from '../format';
-import { IProgressRecord } from '../types';
+import { IProgress } from '../types';
 import { ISeries, lineChart } from './linechart';
 
 /** Colour classes in order; a run keeps its colour for both its curves. */
@@ -12,7 +12,7 @@ export const SERIES_CLASSES = ['cortex-series-1', 'cortex-series-2', 'cortex-ser
 
 export interface ILossCurves {
   label: string;
-  progress: IProgressRecord | null;
+  progress: IProgress | null;
 }
 
 /** Train (solid) and eval (dashed) series for each record. */

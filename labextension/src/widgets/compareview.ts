@@ -11,7 +11,7 @@ import { ICompareRow, compareRow, differingColumns } from '../compare';
 import { h, replaceChildren } from '../dom';
 import { formatDuration, formatLoss, formatRate } from '../format';
 import { isTerminal, jobTitle } from '../jobrows';
-import { IJob } from '../types';
+import { IJobView } from '../types';
 
 const COLUMNS: Array<[keyof ICompareRow, string, (row: ICompareRow) => string]> = [
   ['model', 'model', row => row.model],
@@ -27,7 +27,7 @@ const COLUMNS: Array<[keyof ICompareRow, string, (row: ICompareRow) => string]> 
 ];
 
 export class CompareView extends Widget {
-  jobs: IJob[] = [];
+  jobs: IJobView[] = [];
   private _error: string | null = null;
   private _poll: Poll;
   private _body = h('div', { class: 'cortex-compare-body' });

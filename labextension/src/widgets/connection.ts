@@ -5,7 +5,7 @@
 import { PACKAGE_VERSION } from '../contract';
 import { h } from '../dom';
 import { ConnectionState } from '../model';
-import { IStatus } from '../types';
+import { IExtensionStatus } from '../types';
 
 const STATE_TEXT: Record<ConnectionState, string> = {
   unknown: 'connecting…',
@@ -18,7 +18,7 @@ const STATE_TEXT: Record<ConnectionState, string> = {
 
 export interface IConnectionProps {
   state: ConnectionState;
-  status: IStatus | null;
+  status: IExtensionStatus | null;
   warnings: string[];
   error: string | null;
   startingLocal: boolean;

@@ -20,7 +20,7 @@ import { formatAge, formatBytes, formatLoss } from '../format';
 import { isTerminal, jobActions, jobLabel, jobProgress, jobTitle } from '../jobrows';
 import { LogBuffer, MetricSeries, gpuMetricsNote, sortCheckpoints } from '../model';
 import { RouteUnavailableError, hasRoute } from '../routes';
-import { ICheckpoint, IJob } from '../types';
+import { ICheckpointView, IJobView } from '../types';
 
 /** Seconds one log long-poll may wait on the backend (it caps waits at 60). */
 const LOG_WAIT_S = 20;
@@ -36,8 +36,8 @@ const MIN_FETCH_INTERVAL_MS = 2000;
 export class JobView extends Widget {
   readonly logs = new LogBuffer(5000);
   readonly metrics = new MetricSeries(2000);
-  job: IJob | null = null;
-  private _checkpoints: ICheckpoint[] | null = null;
+  job: IJobView | null = null;
+  private _checkpoints: ICheckpointView[] | null = null;
   private _checkpointSeen: string | null = null;
   private _gpuNote: string | null = null;
   private _notice: string | null = null;

@@ -9,17 +9,14 @@ import numpy as np
 
 from cortex_nb.protocol import wire
 from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.losses import LOSS_INPUTS, TENSORS
 
 from .messages import Datum
 
-LOSS_INPUTS: dict[str, tuple[str, ...]] = {
-    "cross_entropy": ("target_tokens", "weights"),
-    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
-    "ppo": ("target_tokens", "logprobs", "advantages"),
-}
-# Inputs that may be left out, with the value they take: cross-entropy weights default to 1 per token.
+# The losses and their inputs are the protocol's (cortex_nb/protocol/losses.py): a loss added there is
+# offered here too, under the name Tinker gives it. Inputs that may be left out, with the value they take: cross-entropy weights default to 1 per token.
 DEFAULTS = {("cross_entropy", "weights"): 1.0}
-INTEGER_INPUTS = {"target_tokens"}
+INTEGER_INPUTS = {name for name, spec in TENSORS.items() if spec.integer}
 
 # Module names per model family for Tinker's train_attn / train_mlp / train_unembed (peft matches a name
 # against the end of each module's path).
