@@ -21,7 +21,7 @@ from .protocol.versions import API_VERSION, __version__
 # public name -> the module that defines it
 _EXPORTS = {
     "Client": ".client",
-    "PollPolicy": ".client",
+    "PollPolicy": ".poll_policy",
     "Comparison": ".comparison",
     "compare": ".comparison",
     "APIFuture": ".futures",
@@ -43,6 +43,7 @@ _EXPORTS = {
             "OutputVerificationError",
             "PermissionError",
             "RateLimitError",
+            "ReplyMismatchError",
             "RequestFailed",
             "RunFailed",
             "SubmissionOutcomeUnknown",
@@ -53,7 +54,7 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
-    from .client import Client, PollPolicy
+    from .client import Client
     from .comparison import Comparison, compare
     from .errors import (
         AuthError,
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
         OutputVerificationError,
         PermissionError,
         RateLimitError,
+        ReplyMismatchError,
         RequestFailed,
         RunFailed,
         SubmissionOutcomeUnknown,
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
         VersionMismatchError,
     )
     from .futures import APIFuture
+    from .poll_policy import PollPolicy
     from .runs import RunHandle
     from .training import GenerateResult, Sampler, TrainingJob
     from .transport import RetryPolicy
@@ -123,6 +126,7 @@ __all__ = [
     "PermissionError",
     "PollPolicy",
     "RateLimitError",
+    "ReplyMismatchError",
     "RequestFailed",
     "RetryPolicy",
     "RunFailed",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+
+from .protocol.losses import wire_dtype
 
 
 def next_token_batch(
@@ -85,3 +88,8 @@ def rows_to_batch(rows: Sequence[tuple[list[int], list[float]]], pad_id: int = 0
         "weights": weights,
         "attention_mask": attention,
     }
+
+
+def as_batch(batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Lists or arrays -> numpy with the dtypes the losses' tensor specs name (ids int64, the rest float32)."""
+    return {name: np.asarray(value).astype(wire_dtype(name)) for name, value in batch.items()}

@@ -14,10 +14,13 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from . import errors
 from .protocol.checkpoint_format import MANIFEST, matches, safe_member_name
+
+if TYPE_CHECKING:
+    from .api import Api
 
 
 def _corrupt(message: str) -> errors.CortexError:
@@ -76,3 +79,14 @@ def extract_verified(archive: IO[bytes], dest: Path, manifest_sha256: str | None
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def download_checkpoint(
+    api: Api, job_id: str, checkpoint_id: str, dest: str | os.PathLike, *, contents: str = "adapter"
+) -> Path:
+    """Export a checkpoint into `dest` (a new or empty directory), every file's SHA-256 checked on arrival;
+    nothing is left in `dest` if one does not match."""
+    with tempfile.TemporaryFile() as archive:
+        manifest_sha256 = api.export_checkpoint(job_id, checkpoint_id, archive, contents=contents)
+        extract_verified(archive, Path(dest), manifest_sha256)
+    return Path(dest)

@@ -1,56 +1,39 @@
-"""`cortex_nb.Client`: the low-level SDK. Method names follow the public Cortex Training SDK.
+"""`cortex_nb.Client`: the SDK's façade. Method names follow the public Cortex Training SDK.
 
-Data-plane calls (`forward_backward`, `step`, `generate`, `forward`) return a request id at once;
-`poll_request` waits for its result. `TrainingJob` and `Sampler` (training.py) wrap these in futures.
+Layers, one direction only: the route table (`protocol/routes.py`) -> its HTTP binding (`api.py`, the only
+place that builds requests) -> the objects users hold (`TrainingJob`, `Sampler`, `RunHandle`, futures, log
+streams, views) -> this façade, which builds one `Api` and hands it to them. Data-plane calls
+(`forward_backward`, `step`, `generate`, `forward`) return a request id at once; `poll_request` waits for
+its result. `TrainingJob` and `Sampler` (training.py) wrap these in futures.
 """
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
 import warnings
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from . import errors, profiles, tls
+from . import errors, polling, profiles, tls
+from .api import Api, TelemetryChannel
+from .batching import as_batch
 from .log_stream import LogStream
-from .protocol import wire
-from .protocol.checkpoint_format import MANIFEST_SHA_HEADER
-from .protocol.losses import LOSSES, wire_dtype
-from .protocol.routes import route
-from .protocol.states import JOB_RUNNING, JOB_TERMINAL, REQUEST_SUCCEEDED, REQUEST_TERMINAL
+from .poll_policy import PollPolicy
+from .protocol.states import JOB_RUNNING, JOB_TERMINAL
 from .protocol.versions import API_VERSION, api_major
+from .runs import RunHandle, download_output, resume_run, start_run
 from .telemetry import Telemetry, recorded
+from .training import Sampler, TrainingJob, start_training, step_body
 from .transport import RetryPolicy, Transport
 
+if TYPE_CHECKING:
+    import pandas as pd
 
-@dataclass
-class PollPolicy:
-    """How long-running things are awaited. With `long_poll` the backend holds each poll open until
-    something changes (up to `long_poll_s`); the interval knobs pace plain polling."""
+    from .local import LocalEndpoint
 
-    interval_s: float = 0.5
-    multiplier: float = 1.25
-    max_interval_s: float = 6.0
-    timeout_s: float = 1800.0
-    long_poll: bool = True
-    long_poll_s: float = 25.0
-
-    def intervals(self) -> Iterator[float]:
-        interval = self.interval_s
-        while True:
-            yield interval
-            interval = min(interval * self.multiplier, self.max_interval_s)
-
-
-def as_batch(batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Lists or arrays -> numpy with the dtypes the losses' tensor specs name (ids int64, the rest float32)."""
-    return {name: np.asarray(value).astype(wire_dtype(name)) for name, value in batch.items()}
+# Names this module has always exported.
+__all__ = ["Client", "PollPolicy", "RetryPolicy", "as_batch"]
 
 
 class Client:
@@ -73,7 +56,6 @@ class Client:
         """`verify` checks an https backend's certificate: True (system CAs, the default; else
         $CORTEX_VERIFY), a CA file, or a `sha256:...` pin (see cortex_nb/tls.py)."""
         self.url = url.rstrip("/")
-        self.poll = poll or PollPolicy()
         self.transport = Transport(
             self.url,
             token,
@@ -84,16 +66,44 @@ class Client:
             cookies=cookies,
             verify=verify if verify is not None else tls.verify_from_env(),
         )
-        # Frames above `max_body_bytes` travel as chunks of `chunk_bytes` (each with its SHA-256).
-        self.max_body_bytes = wire.MAX_BODY_BYTES
-        self.chunk_bytes = wire.CHUNK_BYTES
-        self.backend_version: dict[str, Any] | None = None
-        self.local_backend = None  # the LocalEndpoint of Client.local()
         self.telemetry = Telemetry(
-            self.url, self.transport.headers, self.transport.cookies, verify=self.transport.verify
+            self.url,
+            self.transport.headers,
+            self.transport.cookies,
+            verify=self.transport.verify,
+            connect=TelemetryChannel,
         )
+        self.api = Api(self.transport, poll=poll, telemetry=self.telemetry)
+        self.backend_version: dict[str, Any] | None = None
+        self.local_backend: LocalEndpoint | None = None  # set by Client.local()
         if check_version:
             self.check_version()
+
+    # settings the objects share through the api ------------------------------------------------------
+    @property
+    def poll(self) -> PollPolicy:
+        return self.api.poll
+
+    @poll.setter
+    def poll(self, policy: PollPolicy) -> None:
+        self.api.poll = policy
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Frames above this travel as chunks of `chunk_bytes` (each with its SHA-256)."""
+        return self.api.max_body_bytes
+
+    @max_body_bytes.setter
+    def max_body_bytes(self, size: int) -> None:
+        self.api.max_body_bytes = size
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.api.chunk_bytes
+
+    @chunk_bytes.setter
+    def chunk_bytes(self, size: int) -> None:
+        self.api.chunk_bytes = size
 
     # construction --------------------------------------------------------------------------------
     @classmethod
@@ -138,13 +148,13 @@ class Client:
         return f"<cortex_nb.Client {self.url} backend {version}>"
 
     def _call(self, name: str, *, path_params: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
-        spec = route(name)
-        return self.transport.json(spec.method, spec.url(**(path_params or {})), **kwargs)
+        """Any route by name, its reply checked (`Api.call`): for what no method covers yet."""
+        return self.api.call(name, path_params, **kwargs)
 
     # meta ----------------------------------------------------------------------------------------
     @recorded("check_version")
     def check_version(self) -> dict[str, Any]:
-        info = self._call("version")
+        info = self.api.version()
         if api_major(str(info.get("api_version", "0"))) != api_major(API_VERSION):
             raise errors.VersionMismatchError(
                 f"the backend at {self.url} speaks API {info.get('api_version')} but this client speaks {API_VERSION};"
@@ -155,26 +165,24 @@ class Client:
         return info
 
     def whoami(self) -> dict[str, Any]:
-        return self._call("whoami")
+        return self.api.whoami()
 
     def get_capacity(self) -> dict[str, Any]:
-        return self._call("capacity")
+        return self.api.capacity()
 
     def list_models(self) -> list[dict[str, Any]]:
-        return self._call("list_models")["models"]
+        return self.api.list_models()["models"]
 
     def tokenize(self, model: str, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
-        body = {"texts": list(texts), "add_special_tokens": add_special_tokens}
-        return self._call("tokenize", path_params={"model": model}, json=body)["tokens"]
+        return self.api.tokenize(model, texts, add_special_tokens)["tokens"]
 
     def tokenizer_info(self, model: str) -> dict[str, Any]:
-        return self._call("tokenize", path_params={"model": model}, json={"texts": []})
+        return self.api.tokenize(model, [])
 
     def detokenize(self, model: str, tokens: list[list[int]]) -> list[str]:
-        return self._call("detokenize", path_params={"model": model}, json={"tokens": tokens})["texts"]
+        return self.api.detokenize(model, tokens)["texts"]
 
     # jobs ----------------------------------------------------------------------------------------
-    @recorded("create_job")
     def create_job(
         self,
         sub_jobs: list[dict[str, Any]],
@@ -185,46 +193,30 @@ class Client:
         name: str | None = None,
         idle_timeout_s: float | None = None,
     ) -> dict[str, Any]:
-        body = {
-            "sub_jobs": sub_jobs,
-            "job_id": job_id,
-            "experiment": experiment_name,
-            "hardware": hardware,
-            "name": name,
-            "idle_timeout_s": idle_timeout_s,
-        }
-        return self._call("create_job", json={key: value for key, value in body.items() if value is not None})
+        return self.api.create_job(
+            sub_jobs, job_id, experiment_name, hardware, name=name, idle_timeout_s=idle_timeout_s
+        )
 
-    @recorded("get_job")
     def get_job(self, job_id: str) -> dict[str, Any]:
-        return self._call("get_job", path_params={"job_id": job_id})
+        return self.api.get_job(job_id)
 
     @recorded("list_jobs")
     def list_jobs(self, status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         jobs: list[dict[str, Any]] = []
         cursor = None
         while len(jobs) < limit:
-            page = self._call(
-                "list_jobs", params={"status": status, "limit": min(limit - len(jobs), 500), "cursor": cursor}
-            )
+            page = self.api.list_jobs(status, min(limit - len(jobs), 500), cursor)
             jobs.extend(page["jobs"])
             cursor = page.get("next_cursor")
             if not cursor:
                 break
         return jobs
 
-    @recorded("wait_for_progress")
     def wait_for_progress(self, job_id: str, after: float | None, wait_s: float) -> dict[str, Any]:
         """The job once its progress record is newer than `after` (its `updated_at`), its status
         changes or its place in the queue moves, or after `wait_s`: one request per update."""
-        return self._call(
-            "get_job",
-            path_params={"job_id": job_id},
-            params={"wait": wait_s, "after_progress": after if after is not None else 0.0},
-            timeout_s=wait_s + 30,
-        )
+        return polling.wait_for_progress(self.api, job_id, after, wait_s)
 
-    @recorded("wait_for_job")
     def wait_for_job(
         self,
         job_id: str,
@@ -232,55 +224,26 @@ class Client:
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Wait until the job reaches one of `until` (default: running or finished)."""
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.poll.timeout_s)
-        intervals = self.poll.intervals()
-        job = self.get_job(job_id)
-        while job["status"] not in until:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise errors.TimeoutError(
-                    f"job {job_id} is still {job['status']} after waiting; it keeps going", code="timeout"
-                )
-            if self.poll.long_poll:
-                job = self._call(
-                    "get_job",
-                    path_params={"job_id": job_id},
-                    params={"wait": min(self.poll.long_poll_s, remaining), "while_status": job["status"]},
-                    timeout_s=self.poll.long_poll_s + 30,
-                )
-            else:
-                time.sleep(min(next(intervals), remaining))
-                job = self.get_job(job_id)
-        return job
+        return polling.wait_for_job(self.api, job_id, until, timeout_s)
 
-    @recorded("cancel_job")
     def cancel_job(self, job_id: str) -> dict[str, Any]:
-        return self._call("cancel_job", path_params={"job_id": job_id})
+        return self.api.cancel_job(job_id)
 
-    @recorded("complete_job")
     def complete_job(self, job_id: str) -> dict[str, Any]:
         """Free a job's device ("Free device"): it ends `done` once its queued requests finish. Trained
         steps no checkpoint holds are saved first, as checkpoint `final` (named in `saved_checkpoint`)."""
-        return self._call("complete_job", path_params={"job_id": job_id})
+        return self.api.complete_job(job_id)
 
     # managed training ----------------------------------------------------------------------------
     def upload_dataset(self, data: bytes) -> str:
         """Upload JSONL training rows once; returns the dataset id (their SHA-256). Nothing is sent
         when the backend already has them."""
-        dataset_id = wire.sha256_hex(data)
-        try:
-            self._call("get_dataset", path_params={"dataset_id": dataset_id})
-        except errors.NotFoundError:
-            self.transport.json(
-                "PUT",
-                route("put_dataset").url(dataset_id=dataset_id),
-                content=data,
-                headers={"Content-Type": "application/x-ndjson"},
-            )
-        return dataset_id
+        from .train_data import upload_dataset
+
+        return upload_dataset(self.api, data)
 
     def get_dataset(self, dataset_id: str) -> dict[str, Any]:
-        return self._call("get_dataset", path_params={"dataset_id": dataset_id})
+        return self.api.get_dataset(dataset_id)
 
     def train(
         self,
@@ -290,7 +253,7 @@ class Client:
         namespace: Mapping[str, Any] | None = None,
         experiment: str | None = None,
         idle_timeout_s: float | None = None,
-    ):
+    ) -> TrainingJob:
         """Start a managed training run and return its `TrainingJob` at once: the backend runs the loop
         (batching, eval, samples, checkpoints) in the training worker, so it outlives this process.
 
@@ -299,68 +262,11 @@ class Client:
         rows themselves: they are uploaded once as a dataset. Watch it with `job.progress`,
         `job.history` and `job.wait()`.
         """
-        from .train_data import examples_to_jsonl, load_examples
-        from .train_spec import TrainSpec, spec_from
-        from .training import TrainingJob
-
-        spec, data_rows, eval_rows = spec_from(spec)
-        if not isinstance(spec, TrainSpec):
-            raise TypeError("spec must be a TrainSpec, a dict of train-spec keys or YAML text")
-        namespace = dict(namespace or {})
-        if data_rows is not None:
-            namespace["__cortex_data__"], spec.data = data_rows, "$__cortex_data__"
-        if eval_rows is not None and spec.eval is not None:
-            namespace["__cortex_eval__"], spec.eval.data = eval_rows, "$__cortex_eval__"
-        dataset_id = self.upload_dataset(examples_to_jsonl(load_examples(spec.data, namespace, "data")))
-        eval_id = None
-        if spec.eval is not None:
-            eval_id = self.upload_dataset(
-                examples_to_jsonl(load_examples(spec.eval.data, namespace, "eval.data"))
-            )
-        body = {
-            "sub_jobs": [spec.sub_job()],
-            "training_loop": spec.training_loop(dataset_id, eval_id),
-            "name": name,
-            "experiment": experiment,
-            "idle_timeout_s": idle_timeout_s,
-        }
-        job = self._call("create_job", json={key: value for key, value in body.items() if value is not None})
-        return TrainingJob(self, job)
+        return start_training(
+            self, spec, name=name, namespace=namespace, experiment=experiment, idle_timeout_s=idle_timeout_s
+        )
 
     # data plane ----------------------------------------------------------------------------------
-    def _submit_frame(self, name: str, job_id: str, frame: bytes, sub_job: str | None) -> str:
-        spec = route(name)
-        path = spec.url(job_id=job_id)
-        params = {"sub_job": sub_job}
-        if len(frame) <= self.max_body_bytes:
-            response = self.transport.json(
-                spec.method,
-                path,
-                content=frame,
-                params=params,
-                headers={"Content-Type": wire.FRAME_CONTENT_TYPE},
-            )
-            return response["request_id"]
-        upload_id = "up-" + uuid.uuid4().hex
-        chunks = wire.split_chunks(frame, self.chunk_bytes)
-        for chunk in chunks:
-            self.transport.request(
-                "PUT",
-                route("upload_chunk").url(upload_id=upload_id, index=str(chunk.index)),
-                content=chunk.data,
-                headers={wire.CHUNK_SHA_HEADER: chunk.sha256, wire.CHUNK_COUNT_HEADER: str(len(chunks))},
-                idempotency_key=f"{upload_id}-{chunk.index}",
-            )
-        response = self.transport.json(
-            spec.method,
-            path,
-            params=params,
-            idempotency_key=upload_id,
-            headers={wire.UPLOAD_HEADER: upload_id, wire.UPLOAD_SHA_HEADER: wire.sha256_hex(frame)},
-        )
-        return response["request_id"]
-
-    @recorded("forward_backward")
     def forward_backward(
         self,
         job_id: str,
@@ -371,16 +277,10 @@ class Client:
         sub_job: str | None = None,
     ) -> str:
         """Queue a forward+backward pass; gradients accumulate until `step`. Returns the request id."""
-        if loss_fn not in LOSSES:
-            raise errors.BadRequestError(
-                f"loss_fn must be one of {sorted(LOSSES)}, got {loss_fn!r}", code="unknown_loss"
-            )
-        frame = wire.encode_frame(
-            as_batch(batch), {"loss_fn": loss_fn, "loss_fn_config": loss_fn_config or {}}
-        )
-        return self._submit_frame("forward_backward", job_id, frame, sub_job)
+        return self.api.forward_backward(job_id, batch, loss_fn, loss_fn_config, sub_job=sub_job)[
+            "request_id"
+        ]
 
-    @recorded("forward")
     def forward(
         self,
         job_id: str,
@@ -394,14 +294,10 @@ class Client:
         """Queue a scoring pass: log p(target_tokens) per position, no gradients. `adapter` scores with
         "base" (no adapter) or a saved checkpoint's ({"checkpoint_id", "job_id"?}) instead of the live one;
         `loss_fn` also reports that loss and its metrics (nothing is accumulated)."""
-        metadata: dict[str, Any] = {}
-        if adapter is not None:
-            metadata["adapter"] = adapter
-        if loss_fn is not None:
-            metadata.update(loss_fn=loss_fn, loss_fn_config=loss_fn_config or {})
-        return self._submit_frame("forward", job_id, wire.encode_frame(as_batch(batch), metadata), sub_job)
+        return self.api.forward(
+            job_id, batch, adapter=adapter, loss_fn=loss_fn, loss_fn_config=loss_fn_config, sub_job=sub_job
+        )["request_id"]
 
-    @recorded("step")
     def step(
         self,
         job_id: str,
@@ -414,19 +310,9 @@ class Client:
         sub_job: str | None = None,
     ) -> str:
         """Queue an optimizer step. Hyperparameters given apply to this step only; the others are the job's."""
-        given = {
-            "learning_rate": learning_rate,
-            "betas": list(betas) if betas is not None else None,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "grad_clip": grad_clip,
-        }
-        body = {key: value for key, value in given.items() if value is not None}
-        return self._call("step", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})[
-            "request_id"
-        ]
+        body = step_body(learning_rate, betas=betas, eps=eps, weight_decay=weight_decay, grad_clip=grad_clip)
+        return self.api.step(job_id, body, sub_job=sub_job)["request_id"]
 
-    @recorded("generate")
     def generate(
         self,
         job_id: str,
@@ -438,86 +324,33 @@ class Client:
     ) -> str:
         """Queue sampling. `adapter` samples with "base" (none) or a saved checkpoint's ({"checkpoint_id",
         "job_id"?}) instead of the sub-job's live adapter: a snapshot that later training does not change."""
-        body: dict[str, Any] = {"prompts": list(prompts), "sampling_params": sampling_params or {}}
-        if adapter is not None:
-            body["adapter"] = adapter
-        return self._call("generate", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})[
+        return self.api.generate(job_id, prompts, sampling_params, adapter=adapter, sub_job=sub_job)[
             "request_id"
         ]
 
     def noop(self, job_id: str, *, sub_job: str | None = None) -> str:
         """A request that does nothing in the worker: measures the round trip."""
-        return self._call("noop", path_params={"job_id": job_id}, json={}, params={"sub_job": sub_job})[
-            "request_id"
-        ]
+        return self.api.noop(job_id, sub_job=sub_job)["request_id"]
 
     # requests ------------------------------------------------------------------------------------
     def get_request_status(
         self, job_id: str, request_id: str, cursor: int = 0, wait_s: float = 0.0
     ) -> dict[str, Any]:
-        return self._call(
-            "get_request",
-            path_params={"job_id": job_id, "request_id": request_id},
-            params={"cursor": cursor, "wait": wait_s or None},
-            timeout_s=wait_s + 30 if wait_s else None,
-        )
+        return self.api.get_request(job_id, request_id, cursor, wait_s)
 
-    @recorded("poll_request")
     def poll_request(self, job_id: str, request_id: str, timeout_s: float | None = None) -> dict[str, Any]:
         """Wait for a request to finish and return its result (with `tensors` decoded, if any).
 
         Raises `RequestFailed` (with the failure code) if it failed or was cancelled, and
         `TimeoutError` if waiting locally runs out; the request itself keeps running.
         """
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.poll.timeout_s)
-        intervals = self.poll.intervals()
-        cursor = 0
-        while True:
-            remaining = deadline - time.monotonic()
-            wait_s = min(self.poll.long_poll_s, max(remaining, 0)) if self.poll.long_poll else 0.0
-            status = self.get_request_status(job_id, request_id, cursor, wait_s)
-            cursor = status["cursor"]
-            if status["status"] in REQUEST_TERMINAL:
-                return self._finished_result(job_id, status)
-            if time.monotonic() >= deadline:
-                raise errors.TimeoutError(
-                    f"request {request_id} is still {status['status']}; it keeps running. Poll again or cancel it.",
-                    code="timeout",
-                )
-            if not self.poll.long_poll:
-                time.sleep(min(next(intervals), max(deadline - time.monotonic(), 0)))
+        return polling.poll_request(self.api, job_id, request_id, timeout_s)
 
-    def _finished_result(self, job_id: str, status: dict[str, Any]) -> dict[str, Any]:
-        if status["status"] != REQUEST_SUCCEEDED:
-            error = status.get("error") or {}
-            raise errors.RequestFailed(
-                f"{status['op']} request {status['request_id']} {status['status']}: {error.get('message', '')}".strip(),
-                code=error.get("code", status["status"]),
-                detail={"request": status},
-            )
-        result = dict(status.get("result") or {})
-        if status.get("has_tensors"):
-            response = self.transport.request(
-                "GET", route("get_request_tensors").url(job_id=job_id, request_id=status["request_id"])
-            )
-            data = response.content
-            expected = response.headers.get("X-Cortex-Sha256")
-            if expected and wire.sha256_hex(data) != expected:
-                raise errors.BackendError(
-                    "the result tensors arrived corrupted (SHA-256 mismatch); retry the poll",
-                    code="chunk_mismatch",
-                )
-            result["tensors"], _ = wire.decode_frame(data)
-        return result
-
-    @recorded("cancel_request")
     def cancel_request(self, job_id: str, request_id: str) -> dict[str, Any]:
-        return self._call("cancel_request", path_params={"job_id": job_id, "request_id": request_id})
+        return self.api.cancel_request(job_id, request_id)
 
     def list_requests(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
-        return self._call("list_requests", path_params={"job_id": job_id}, params={"limit": limit})[
-            "requests"
-        ]
+        return self.api.list_requests(job_id, limit)["requests"]
 
     # checkpoints and weight sync -----------------------------------------------------------------
     def save(
@@ -530,12 +363,7 @@ class Client:
     ) -> str:
         """Queue a save of the trainer's adapter ("weights-only") or adapter + optimizer + step + RNG
         ("resumable"). The result names the checkpoint (`step-N` unless `checkpoint_id` is given)."""
-        body: dict[str, Any] = {"type": checkpoint_type}
-        if checkpoint_id is not None:
-            body["checkpoint_id"] = checkpoint_id
-        return self._call("save", path_params={"job_id": job_id}, json=body, params={"sub_job": sub_job})[
-            "request_id"
-        ]
+        return self.api.save(job_id, checkpoint_id, checkpoint_type, sub_job=sub_job)["request_id"]
 
     def load(
         self,
@@ -549,12 +377,9 @@ class Client:
         """Queue a load of a checkpoint (of this job, or of `source_job_id`, another job of yours) into the
         trainer or `target_sub_job_id`. A resumable checkpoint loaded into a trainer also restores its
         optimizer state, step counter and RNG state unless `restore_optimizer` is False."""
-        body: dict[str, Any] = {"checkpoint_id": checkpoint_id, "restore_optimizer": restore_optimizer}
-        if source_job_id is not None:
-            body["source_job_id"] = source_job_id
-        if target_sub_job_id is not None:
-            body["target_sub_job_id"] = target_sub_job_id
-        return self._call("load", path_params={"job_id": job_id}, json=body)["request_id"]
+        return self.api.load(
+            job_id, checkpoint_id, source_job_id, target_sub_job_id, restore_optimizer=restore_optimizer
+        )["request_id"]
 
     def weight_sync(
         self,
@@ -566,23 +391,20 @@ class Client:
         """Queue a sync of the trainer's current weights into sampling sub-jobs (all of them by default).
         "lora" sends fp16 deltas where the sampler's weights are known (else the full tensors);
         "full" always sends the exact float32 tensors. The result reports path, bytes and ms."""
-        body: dict[str, Any] = {"format": weight_format}
-        if source_sub_job_id is not None:
-            body["source"] = source_sub_job_id
-        if target_sub_job_ids is not None:
-            body["targets"] = list(target_sub_job_ids)
-        return self._call("weight_sync", path_params={"job_id": job_id}, json=body)["request_id"]
+        return self.api.weight_sync(job_id, source_sub_job_id, target_sub_job_ids, weight_format)[
+            "request_id"
+        ]
 
     def list_checkpoints(self, job_id: str) -> list[dict[str, Any]]:
         """The job's valid checkpoints, oldest first (a finished job's too)."""
-        return self._call("list_checkpoints", path_params={"job_id": job_id})["checkpoints"]
+        return self.api.list_checkpoints(job_id)["checkpoints"]
 
     def get_checkpoint(self, job_id: str, checkpoint_id: str) -> dict[str, Any]:
-        return self._call("get_checkpoint", path_params={"job_id": job_id, "checkpoint_id": checkpoint_id})
+        return self.api.get_checkpoint(job_id, checkpoint_id)
 
     def delete_checkpoint(self, job_id: str, checkpoint_id: str) -> dict[str, Any]:
         """Delete a checkpoint; refused (ConflictError, `checkpoint_in_use`) while a load or export reads it."""
-        return self._call("delete_checkpoint", path_params={"job_id": job_id, "checkpoint_id": checkpoint_id})
+        return self.api.delete_checkpoint(job_id, checkpoint_id)
 
     def export_checkpoint(
         self, job_id: str, checkpoint_id: str, dest: str | Path, *, contents: str = "adapter"
@@ -591,18 +413,11 @@ class Client:
         (`adapter_config.json` + `adapter_model.safetensors` + `manifest.json`), or with
         `contents="all"` every file of the checkpoint. Every file's SHA-256 is checked on arrival;
         nothing is left in `dest` if one does not match."""
-        import tempfile
+        from .checkpoint_files import download_checkpoint
 
-        from .checkpoint_files import extract_verified
-
-        path = route("export_checkpoint").url(job_id=job_id, checkpoint_id=checkpoint_id)
-        with tempfile.TemporaryFile() as archive:
-            headers = self.transport.download(path, archive, params={"contents": contents})
-            extract_verified(archive, Path(dest), headers.get(MANIFEST_SHA_HEADER))
-        return Path(dest)
+        return download_checkpoint(self.api, job_id, checkpoint_id, dest, contents=contents)
 
     # logs ----------------------------------------------------------------------------------------
-    @recorded("tail_logs")
     def tail_logs(
         self,
         job_id: str,
@@ -613,12 +428,7 @@ class Client:
     ) -> dict[str, Any]:
         """One page of log lines after `cursor`: {lines, cursor, dropped, job_status}. With `wait_s`,
         the backend holds the call until the first new line arrives (or that many seconds pass)."""
-        return self._call(
-            "job_logs",
-            path_params={"job_id": job_id},
-            params={"cursor": cursor or 0, "limit": limit, "sub_job": sub_job, "wait": wait_s or None},
-            timeout_s=wait_s + 30 if wait_s else None,
-        )
+        return self.api.job_logs(job_id, cursor or 0, limit, sub_job, wait_s)
 
     def stream_logs(
         self,
@@ -668,12 +478,9 @@ class Client:
         return paths
 
     # metrics and events ----------------------------------------------------------------------------
-    @recorded("get_job_metrics")
     def get_job_metrics(self, job_id: str, since: float | None = None, limit: int = 1000) -> dict[str, Any]:
         """One page of device samples of a job: {samples, next_since, gpu_unavailable_reason, ...}."""
-        return self._call(
-            "job_metrics", path_params={"job_id": job_id}, params={"since": since, "limit": limit}
-        )
+        return self.api.job_metrics(job_id, since, limit)
 
     def job_metric_samples(self, job_id: str, since: float | None = None) -> list[dict[str, Any]]:
         """Every device sample of a job after `since` (all pages)."""
@@ -697,7 +504,7 @@ class Client:
                 handle.write(json.dumps(sample) + "\n")
         return path
 
-    def metrics_df(self, job_id: str):
+    def metrics_df(self, job_id: str) -> pd.DataFrame:
         """A job's device samples as a pandas DataFrame (GPU columns only where GPUs were sampled)."""
         from .views import metrics_frame
 
@@ -705,17 +512,12 @@ class Client:
 
     def host_metrics(self, since: float | None = None) -> dict[str, Any]:
         """The backend host's newest sample per device: {samples, devices, gpu_unavailable_reason, ...}."""
-        return self._call("host_metrics", params={"since": since})
+        return self.api.host_metrics(since)
 
-    @recorded("list_events")
     def list_events(self, after: int = 0, limit: int = 100, wait_s: float = 0.0) -> dict[str, Any]:
         """Job and request state changes after `after`: {events, cursor}. With `wait_s`, wait up to
         that long for the first one. Reading removes nothing: ask again from the same cursor at will."""
-        return self._call(
-            "list_events",
-            params={"after": after, "limit": limit, "wait": wait_s or None},
-            timeout_s=wait_s + 30 if wait_s else None,
-        )
+        return self.api.list_events(after, limit, wait_s)
 
     # source runs ---------------------------------------------------------------------------------
     def run(
@@ -725,55 +527,31 @@ class Client:
         submission_id: str | None = None,
         base_dir: str | Path | None = None,
         files: Mapping[str, bytes | str] | None = None,
-    ):
+    ) -> RunHandle:
         """Run your own code on the backend host: a `cortex.yaml` path (or a spec mapping) -> `RunHandle`.
 
         The included files and inputs are captured with a SHA-256 manifest and uploaded; this returns once
         the backend has verified them and queued the run. If the answer is lost, `SubmissionOutcomeUnknown`
         names the submission id to `resume`; the same submission id never runs twice.
         """
-        from .runs import RunHandle, build_submission, load_spec, submit
+        return start_run(self, spec, submission_id=submission_id, base_dir=base_dir, files=files)
 
-        checked, folder = load_spec(spec, base_dir)
-        submission = build_submission(checked, folder, files)
-        try:
-            return RunHandle(self, submit(self, submission, submission_id))
-        finally:
-            submission.close()
-
-    def resume(self, submission_id: str):
+    def resume(self, submission_id: str) -> RunHandle:
         """The run a submission id created (after `SubmissionOutcomeUnknown`); `NotFoundError` if none was."""
-        from .runs import RunHandle
+        return resume_run(self, submission_id)
 
-        runs = self.list_runs(submission_id=submission_id)
-        if not runs:
-            raise errors.NotFoundError(
-                f"the backend has no run for submission {submission_id!r}: the submission never arrived."
-                " Submit again with the same submission_id",
-                code="run_not_found",
-                status=404,
-            )
-        return RunHandle(self, runs[0])
-
-    def run_handle(self, run_id: str):
+    def run_handle(self, run_id: str) -> RunHandle:
         """Attach to an existing run."""
-        from .runs import RunHandle
-
         return RunHandle(self, self.get_run(run_id))
 
-    def history(self, limit: int = 20):
+    def history(self, limit: int = 20) -> pd.DataFrame:
         """Recent runs, newest first, as a pandas DataFrame."""
         from .views import runs_frame
 
         return runs_frame(self.list_runs(limit=limit))
 
     def get_run(self, run_id: str, wait_s: float = 0.0, while_status: str | None = None) -> dict[str, Any]:
-        return self._call(
-            "get_run",
-            path_params={"run_id": run_id},
-            params={"wait": wait_s or None, "while_status": while_status if wait_s else None},
-            timeout_s=wait_s + 30 if wait_s else None,
-        )
+        return self.api.get_run(run_id, wait_s, while_status)
 
     def list_runs(
         self, status: str | None = None, limit: int = 50, submission_id: str | None = None
@@ -781,15 +559,7 @@ class Client:
         runs: list[dict[str, Any]] = []
         cursor = None
         while len(runs) < limit:
-            page = self._call(
-                "list_runs",
-                params={
-                    "status": status,
-                    "limit": min(limit - len(runs), 500),
-                    "cursor": cursor,
-                    "submission_id": submission_id,
-                },
-            )
+            page = self.api.list_runs(status, min(limit - len(runs), 500), cursor, submission_id)
             runs.extend(page["runs"])
             cursor = page.get("next_cursor")
             if not cursor:
@@ -797,60 +567,33 @@ class Client:
         return runs
 
     def cancel_run(self, run_id: str) -> dict[str, Any]:
-        return self._call("cancel_run", path_params={"run_id": run_id})
+        return self.api.cancel_run(run_id)
 
     def run_logs(
         self, run_id: str, cursor: int = 0, limit: int = 1000, wait_s: float = 0.0
     ) -> dict[str, Any]:
-        return self._call(
-            "run_logs",
-            path_params={"run_id": run_id},
-            params={"cursor": cursor, "limit": limit, "wait": wait_s or None},
-            timeout_s=wait_s + 30 if wait_s else None,
-        )
+        return self.api.run_logs(run_id, cursor, limit, wait_s)
 
     def run_report(self, run_id: str) -> dict[str, Any]:
-        return self._call("run_report", path_params={"run_id": run_id})
+        return self.api.run_report(run_id)
 
     def list_run_outputs(self, run_id: str) -> dict[str, Any]:
-        return self._call("list_run_outputs", path_params={"run_id": run_id})
+        return self.api.list_run_outputs(run_id)
 
     def download_run_output(
         self, run_id: str, name: str, dest: str | Path, expected: dict[str, Any] | None = None
     ) -> Path:
         """Save one output at `dest` after checking its length and SHA-256 against the backend's record."""
-        from .runs import verify_output_bytes
-
-        if expected is None:
-            rows = {row["name"]: row for row in self.list_run_outputs(run_id)["outputs"]}
-            if name not in rows:
-                raise errors.NotFoundError(
-                    f"run {run_id} declares no output {name!r}", code="output_not_declared", status=404
-                )
-            expected = rows[name]
-        response = self.transport.request("GET", route("get_run_output").url(run_id=run_id, name=name))
-        verify_output_bytes(response.content, expected, f"output {name!r} of run {run_id}")
-        dest = Path(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        partial = dest.with_name(dest.name + ".partial")
-        partial.write_bytes(response.content)
-        partial.replace(dest)
-        return dest
+        return download_output(self.api, run_id, name, dest, expected)
 
     # higher-level objects ------------------------------------------------------------------------
-    def create_training_job(self, base_model: str = "tiny", **kwargs: Any):
+    def create_training_job(self, base_model: str = "tiny", **kwargs: Any) -> TrainingJob:
         """A `TrainingJob` (training sub-job, plus `samplers` sampling sub-jobs)."""
-        from .training import TrainingJob
-
         return TrainingJob.create(self, base_model, **kwargs)
 
-    def create_sampler(self, base_model: str = "tiny", **kwargs: Any):
-        from .training import Sampler
-
+    def create_sampler(self, base_model: str = "tiny", **kwargs: Any) -> Sampler:
         return Sampler.create(self, base_model, **kwargs)
 
-    def training_job(self, job_id: str):
+    def training_job(self, job_id: str) -> TrainingJob:
         """Attach to an existing job."""
-        from .training import TrainingJob
-
         return TrainingJob(self, self.get_job(job_id))

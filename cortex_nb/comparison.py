@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import errors
+from .api import Api, HasApi, api_of
 from .protocol.states import SAMPLING, TRAINING
 from .train_spec import FINAL_CHECKPOINT
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from .client import Client
 
 MAX_SAMPLED_RUNS = 8  # a job holds at most 8 sub-jobs
 
@@ -99,7 +98,7 @@ class Comparison:
 def compare(
     jobs: Sequence[Any],
     *,
-    client: Client | None = None,
+    client: Api | HasApi | None = None,
     prompts: Sequence[str] | None = None,
     max_tokens: int = 32,
     samples: bool = True,
@@ -115,12 +114,13 @@ def compare(
     )
     if client is None:
         raise ValueError("give TrainingJobs, or job ids and client=")
-    infos = [client.get_job(job if isinstance(job, str) else job.job_id) for job in jobs]
+    api = api_of(client)
+    infos = [api.get_job(job if isinstance(job, str) else job.job_id) for job in jobs]
     comparison = Comparison(infos, curves_frame(infos), runs_table(infos))
     if samples:
         chosen = list(prompts) if prompts else _sample_prompts(infos)
         if chosen:
-            _sample(client, comparison, chosen, max_tokens)
+            _sample(api, comparison, chosen, max_tokens)
     return comparison
 
 
@@ -133,9 +133,9 @@ def _sample_prompts(jobs: list[dict[str, Any]]) -> list[str]:
     return prompts
 
 
-def _checkpoint_of(client: Client, job: dict[str, Any]) -> str:
+def _checkpoint_of(api: Api, job: dict[str, Any]) -> str:
     """The checkpoint a run is compared with: `final` where there is one, else its latest."""
-    checkpoints = client.list_checkpoints(job["job_id"])
+    checkpoints = api.list_checkpoints(job["job_id"])["checkpoints"]
     ids = [row["checkpoint_id"] for row in checkpoints]
     if FINAL_CHECKPOINT in ids:
         return FINAL_CHECKPOINT
@@ -148,7 +148,7 @@ def _checkpoint_of(client: Client, job: dict[str, Any]) -> str:
     return ids[-1]
 
 
-def _sample(client: Client, comparison: Comparison, prompts: list[str], max_tokens: int) -> None:
+def _sample(api: Api, comparison: Comparison, prompts: list[str], max_tokens: int) -> None:
     from .training import Sampler
     from .views import ab_frame
 
@@ -163,7 +163,7 @@ def _sample(client: Client, comparison: Comparison, prompts: list[str], max_toke
             f"the runs fine-tune different base models ({', '.join(sorted(models))}): their samples cannot"
             " be scored against each other; pass samples=False to compare curves and metrics"
         )
-    comparison.checkpoints = {job["job_id"]: _checkpoint_of(client, job) for job in jobs}
+    comparison.checkpoints = {job["job_id"]: _checkpoint_of(api, job) for job in jobs}
     subs = []
     for job in jobs:
         trainer = next(sub for sub in job["sub_jobs"] if sub["type"] == TRAINING)
@@ -175,7 +175,7 @@ def _sample(client: Client, comparison: Comparison, prompts: list[str], max_toke
                 "seed": 0,
             }
         )
-    sampler = Sampler(client, client.create_job(subs, name="%cortex compare"))
+    sampler = Sampler(api, api.create_job(subs, name="%cortex compare"))
     try:
         sampler.wait_ready()
         targets = sampler.sub_jobs(SAMPLING)
@@ -186,7 +186,7 @@ def _sample(client: Client, comparison: Comparison, prompts: list[str], max_toke
         for future in loads:
             future.result()
         model = subs[0]["base_model"]
-        prompt_tokens = client.tokenize(model, prompts)
+        prompt_tokens = api.tokenize(model, prompts)["tokens"]
         answers = {
             job["job_id"]: sampler.generate(prompts, sub_job=target, max_tokens=max_tokens, temperature=0.0)
             for job, target in zip(jobs, targets, strict=True)
@@ -217,7 +217,7 @@ def _sample(client: Client, comparison: Comparison, prompts: list[str], max_toke
                     prompt=prompts[sample["prompt_index"]],
                     job_id=job_id,
                     text=sample["text"] or "",
-                    tokens=client.detokenize(model, [[token] for token in sample["tokens"]]),
+                    tokens=api.detokenize(model, [[token] for token in sample["tokens"]])["texts"],
                     logprobs={
                         other: [float(x) for x in rows[index][start:]] for other, rows in scores.items()
                     },

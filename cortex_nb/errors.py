@@ -61,6 +61,11 @@ class VersionMismatchError(CortexError):
     """The backend speaks a different API major version than this client."""
 
 
+class ReplyMismatchError(CortexError):
+    """A backend's answer does not match its route's schema: the client and the backend disagree on the
+    contract (checked fully with CORTEX_STRICT_REPLIES=1, cheaply otherwise; see `cortex_nb.api`)."""
+
+
 # source runs -------------------------------------------------------------------------------------
 class SubmissionOutcomeUnknown(CortexError):
     """A run was submitted but no answer came back: it may or may not exist on the backend.

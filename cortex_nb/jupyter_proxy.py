@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from . import errors
 
 # Where the server extension is mounted under the Jupyter server's base_url.
@@ -145,37 +143,36 @@ def find_proxy_endpoint(*, probe: bool = True, timeout_s: float = 10.0) -> Proxy
 
 def check_proxy(endpoint: ProxyEndpoint, timeout_s: float = 10.0) -> dict[str, Any]:
     """The proxy's status report; raises `ConnectionError` saying why the proxy cannot serve."""
+    from .api import probe_status  # the HTTP layer, loaded only when a kernel asks
+
     headers = {"Authorization": f"{endpoint.auth_scheme} {endpoint.token}"} if endpoint.token else {}
     try:
-        response = httpx.get(
-            endpoint.url + "/status",
+        code, status = probe_status(
+            endpoint.url,
+            "/status",
             headers={**headers, **endpoint.extra_headers},
             cookies=endpoint.cookies,
-            timeout=timeout_s,
+            timeout_s=timeout_s,
         )
-    except httpx.HTTPError as exc:
+    except errors.ConnectionError as exc:
         raise errors.ConnectionError(
             f"cannot reach the Jupyter server at {endpoint.server_url}: {exc}", code="backend_unavailable"
         ) from exc
-    if response.status_code == 404:
+    if code == 404:
         raise errors.ConnectionError(
             f"the Jupyter server at {endpoint.server_url} has no cortex-nb proxy; install cortex-nb[lab] in the"
             " server's environment (it enables the cortex_server extension) and restart it",
             code="proxy_not_configured",
         )
-    if response.status_code in (401, 403):
+    if code in (401, 403):
         raise errors.ConnectionError(
             f"the Jupyter server at {endpoint.server_url} refused this kernel's credentials (HTTP"
-            f" {response.status_code}); connect with a URL and token instead",
+            f" {code}); connect with a URL and token instead",
             code="unauthenticated",
         )
-    try:
-        status = response.json()
-    except ValueError:
-        status = None
-    if response.status_code != 200 or not isinstance(status, dict):
+    if code != 200 or not isinstance(status, dict):
         raise errors.ConnectionError(
-            f"the cortex-nb proxy at {endpoint.url} answered HTTP {response.status_code}",
+            f"the cortex-nb proxy at {endpoint.url} answered HTTP {code}",
             code="backend_unavailable",
         )
     if not status.get("reachable") or not status.get("authenticated"):

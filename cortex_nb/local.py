@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import tls
 from .errors import CortexError
 
 STATE_FILE = "backend.json"
@@ -83,7 +82,9 @@ def running_endpoint(endpoint_file: Path) -> dict | None:
 def find_local_backend(data_dir: str | Path | None = None) -> LocalEndpoint | None:
     """The local backend of `data_dir` (default `default_local_dir()`) if its process is alive and it
     answers `/version`; None otherwise."""
-    import httpx  # here, not at import: the Jupyter proxy reads this module's paths and never loads the SDK
+    # here, not at import: the Jupyter proxy reads this module's paths and never loads the SDK
+    from .api import probe_version
+    from .errors import CortexError
 
     data_dir = _resolve(data_dir)
     endpoint = running_endpoint(data_dir / STATE_FILE)
@@ -91,20 +92,17 @@ def find_local_backend(data_dir: str | Path | None = None) -> LocalEndpoint | No
         return None
     try:
         fingerprint = endpoint.get("tls_fingerprint")
-        version = httpx.get(
-            endpoint["url"] + "/version", timeout=2.0, verify=tls.httpx_verify(fingerprint or True)
-        )
-        version.raise_for_status()
+        version = probe_version(endpoint["url"], verify=fingerprint or True, timeout_s=2.0)
         token = Path(endpoint["token_file"]).read_text().strip()
         return LocalEndpoint(
             endpoint["url"],
             token,
             int(endpoint["pid"]),
             data_dir,
-            version.json().get("version", "?"),
+            version.get("version", "?"),
             fingerprint,
         )
-    except (KeyError, ValueError, OSError, httpx.HTTPError):
+    except (KeyError, ValueError, OSError, CortexError):
         return None
 
 

@@ -11,13 +11,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import errors
-from .protocol.routes import route
-
-if TYPE_CHECKING:
-    from .client import Client
+from .api import Api, HasApi, api_of
 
 PAGE_LIMIT = 5000
 HEARTBEAT_S = 10.0
@@ -30,7 +27,7 @@ class LogStream:
 
     def __init__(
         self,
-        client: Client,
+        client: Api | HasApi,
         job_id: str,
         *,
         follow: bool = True,
@@ -39,6 +36,7 @@ class LogStream:
         heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.client = client
+        self.api = api_of(client)
         self.job_id = job_id
         self.follow = follow
         self.cursor = cursor
@@ -58,7 +56,7 @@ class LogStream:
 
     def _pages(self) -> Iterator[dict[str, Any]]:
         while True:
-            page = self.client.tail_logs(self.job_id, self.cursor, PAGE_LIMIT, self.sub_job)
+            page = self.api.job_logs(self.job_id, self.cursor, PAGE_LIMIT, self.sub_job)
             self.dropped += page.get("dropped", 0)
             self.job_status = page.get("job_status")
             for line in page["lines"]:
@@ -70,22 +68,14 @@ class LogStream:
                 return
 
     def _follow(self) -> Iterator[dict[str, Any]]:
-        path = route("job_logs").url(job_id=self.job_id)
-        retry = self.client.transport.retry
+        retry = self.api.retry
         failures = 0
         while True:
-            params = {
-                "cursor": self.cursor,
-                "follow": 1,
-                "sub_job": self.sub_job,
-                "heartbeat": self.heartbeat_s,
-            }
             try:
-                # A read timeout of a few heartbeats: a silent, dead connection is noticed and resumed.
-                with self.client.transport.stream(
-                    "GET", path, params=params, timeout_s=self.heartbeat_s * 3 + 5
-                ) as response:
-                    for raw in response.iter_lines():
+                with self.api.follow_job_logs(
+                    self.job_id, self.cursor, sub_job=self.sub_job, heartbeat_s=self.heartbeat_s
+                ) as lines:
+                    for raw in lines:
                         if not raw:
                             continue
                         record = json.loads(raw)

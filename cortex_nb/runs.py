@@ -21,15 +21,12 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from . import errors, run_spec
+from .api import Api, HasApi, RunLogPage, RunReport, RunRow, api_of
 from .protocol import wire
-from .protocol.routes import route
 from .protocol.states import JOB_DONE, JOB_TERMINAL
-
-if TYPE_CHECKING:
-    from .client import Client
 
 READ_BLOCK = 1 << 20
 MAX_ARCHIVE_BYTES = wire.MAX_CHUNKS * wire.CHUNK_BYTES
@@ -185,24 +182,18 @@ class _BytesReader:
         return chunk
 
 
-def upload_archive(client: Client, submission: Submission) -> str:
+def upload_archive(client: Api | HasApi, submission: Submission) -> str:
     """Send the archive as SHA-256-checked chunks (each retried safely); returns the upload id."""
     upload_id = "runsrc-" + uuid.uuid4().hex
     count = max(1, -(-submission.archive_bytes // wire.CHUNK_BYTES))
     submission.archive.seek(0)
     for index in range(count):
         data = submission.archive.read(wire.CHUNK_BYTES)
-        client.transport.request(
-            "PUT",
-            route("upload_run_chunk").url(upload_id=upload_id, index=str(index)),
-            content=data,
-            headers={wire.CHUNK_SHA_HEADER: wire.sha256_hex(data), wire.CHUNK_COUNT_HEADER: str(count)},
-            idempotency_key=f"{upload_id}-{index}",
-        )
+        api_of(client).upload_run_chunk(upload_id, index, data, count)
     return upload_id
 
 
-def submit(client: Client, submission: Submission, submission_id: str | None = None) -> dict[str, Any]:
+def submit(client: Api | HasApi, submission: Submission, submission_id: str | None = None) -> RunRow:
     """Upload and submit; the run's JSON. A lost answer raises `SubmissionOutcomeUnknown`."""
     submission_id = submission_id or f"{submission.spec['name'][:40]}-{uuid.uuid4().hex[:16]}"
     body: dict[str, Any] = {
@@ -219,28 +210,24 @@ def submit(client: Client, submission: Submission, submission_id: str | None = N
         20 * 2**20
     )  # the backend re-hashes the archive before answering
     try:
-        return client.transport.json(
-            "POST",
-            route("create_run").url(),
-            json=body,
-            idempotency_key=f"run-{submission_id}",
-            timeout_s=timeout_s,
-        )
+        return api_of(client).create_run(body, idempotency_key=f"run-{submission_id}", timeout_s=timeout_s)
     except (errors.ConnectionError, errors.BackendError) as exc:
         raise errors.SubmissionOutcomeUnknown(submission_id, exc) from exc
 
 
 class RunHandle:
-    """One source run on the backend. Methods call the backend; `info` holds the last state seen."""
+    """One source run on the backend. Methods call the backend; `info` holds the last state seen.
+    `client` is what it was made with (a `Client`, or the `Api` itself)."""
 
-    def __init__(self, client: Client, run: dict[str, Any]) -> None:
+    def __init__(self, client: Api | HasApi, run: dict[str, Any]) -> None:
         self.client = client
+        self.api = api_of(client)
         self.run_id: str = run["run_id"]
         self.submission_id: str = run["submission_id"]
         self.info = run
 
-    def refresh(self) -> dict[str, Any]:
-        self.info = self.client.get_run(self.run_id)
+    def refresh(self) -> RunRow:
+        self.info = self.api.get_run(self.run_id)
         return self.info
 
     def status(self) -> str:
@@ -254,10 +241,10 @@ class RunHandle:
     def done(self) -> bool:
         return self.status() in JOB_TERMINAL
 
-    def wait(self, timeout: float | None = None) -> dict[str, Any]:
+    def wait(self, timeout: float | None = None) -> RunRow:
         """Block until the run ends and return its final state. Running out of `timeout` raises
         `TimeoutError`; the run itself keeps going (cancel it with `cancel()`)."""
-        poll = self.client.poll
+        poll = self.api.poll
         deadline = time.monotonic() + (timeout if timeout is not None else poll.timeout_s)
         info = self.info
         while info["status"] not in JOB_TERMINAL:
@@ -267,7 +254,7 @@ class RunHandle:
                     f"run {self.run_id} is still {info['status']} after waiting; it keeps running. Wait again, or cancel()",
                     code="timeout",
                 )
-            info = self.client.get_run(
+            info = self.api.get_run(
                 self.run_id, wait_s=min(poll.long_poll_s, remaining), while_status=info["status"]
             )
         self.info = info
@@ -282,14 +269,14 @@ class RunHandle:
                 detail={"run": self.info},
             )
 
-    def cancel(self) -> dict[str, Any]:
+    def cancel(self) -> RunRow:
         """Stop the run (its processes get the backend's grace period, then are killed). Idempotent."""
-        self.info = self.client.cancel_run(self.run_id)
+        self.info = self.api.cancel_run(self.run_id)
         return self.info
 
-    def log_page(self, cursor: int = 0, wait_s: float = 0.0, limit: int = 1000) -> dict[str, Any]:
+    def log_page(self, cursor: int = 0, wait_s: float = 0.0, limit: int = 1000) -> RunLogPage:
         """{lines: [{seq, stream, line, at}], cursor, dropped, run_status}; `wait_s` long-polls for new lines."""
-        return self.client.run_logs(self.run_id, cursor=cursor, limit=limit, wait_s=wait_s)
+        return self.api.run_logs(self.run_id, cursor=cursor, limit=limit, wait_s=wait_s)
 
     def logs(self, streams: Sequence[str] = ("stdout", "stderr", "system")) -> list[str]:
         """Every log line so far, oldest first."""
@@ -311,12 +298,12 @@ class RunHandle:
             if page["run_status"] in JOB_TERMINAL and not page["lines"]:
                 return
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> RunReport:
         """device_seconds, wall_seconds, peak_memory_bytes, cpu_seconds, exit_code, isolation_tier, limits..."""
-        return self.client.run_report(self.run_id)
+        return self.api.run_report(self.run_id)
 
     def output_list(self) -> list[dict[str, Any]]:
-        return self.client.list_run_outputs(self.run_id)["outputs"]
+        return self.api.list_run_outputs(self.run_id)["outputs"]
 
     def outputs(
         self, name: str | None = None, dest: str | os.PathLike = ".", keep_paths: bool = False
@@ -346,7 +333,7 @@ class RunHandle:
     def _download(self, row: dict[str, Any], dest: Path, keep_paths: bool, into_folder: bool) -> Path:
         if into_folder:
             dest = dest / (row["path"] if keep_paths else Path(row["path"]).name)
-        return self.client.download_run_output(self.run_id, row["name"], dest, expected=row)
+        return download_output(self.api, self.run_id, row["name"], dest, expected=row)
 
     def __repr__(self) -> str:
         code = f" ({self.info['failure_code']})" if self.info.get("failure_code") else ""
@@ -373,7 +360,7 @@ def verify_output_bytes(data: bytes, expected: dict[str, Any], what: str) -> Non
 
 
 def run_cell_source(
-    client: Client,
+    client: Api | HasApi,
     code: str,
     *,
     includes: Sequence[str] = (),
@@ -404,6 +391,62 @@ def run_cell_source(
         "timeout_seconds": timeout_s,
         "isolation": isolation,
     }
-    return client.run(
-        spec, base_dir=workdir or Path.cwd(), files={"main.py": code}, submission_id=submission_id
+    return start_run(
+        client, spec, base_dir=workdir or Path.cwd(), files={"main.py": code}, submission_id=submission_id
     )
+
+
+def start_run(
+    client: Api | HasApi,
+    spec: str | os.PathLike | Mapping[str, Any],
+    *,
+    submission_id: str | None = None,
+    base_dir: str | os.PathLike | None = None,
+    files: Mapping[str, bytes | str] | None = None,
+) -> RunHandle:
+    """Capture a spec's files, upload them and submit the run (`Client.run`); its handle once admitted."""
+    checked, folder = load_spec(spec, base_dir)
+    submission = build_submission(checked, folder, files)
+    try:
+        return RunHandle(client, submit(client, submission, submission_id))
+    finally:
+        submission.close()
+
+
+def resume_run(client: Api | HasApi, submission_id: str) -> RunHandle:
+    """The run a submission id created (after `SubmissionOutcomeUnknown`); `NotFoundError` if none was."""
+    runs = api_of(client).list_runs(limit=1, submission_id=submission_id)["runs"]
+    if not runs:
+        raise errors.NotFoundError(
+            f"the backend has no run for submission {submission_id!r}: the submission never arrived."
+            " Submit again with the same submission_id",
+            code="run_not_found",
+            status=404,
+        )
+    return RunHandle(client, runs[0])
+
+
+def download_output(
+    client: Api | HasApi,
+    run_id: str,
+    name: str,
+    dest: str | os.PathLike,
+    expected: dict[str, Any] | None = None,
+) -> Path:
+    """Save one output at `dest` after checking its length and SHA-256 against the backend's record."""
+    api = api_of(client)
+    if expected is None:
+        rows = {row["name"]: row for row in api.list_run_outputs(run_id)["outputs"]}
+        if name not in rows:
+            raise errors.NotFoundError(
+                f"run {run_id} declares no output {name!r}", code="output_not_declared", status=404
+            )
+        expected = rows[name]
+    content = api.get_run_output(run_id, name)
+    verify_output_bytes(content, expected, f"output {name!r} of run {run_id}")
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".partial")
+    partial.write_bytes(content)
+    partial.replace(dest)
+    return dest

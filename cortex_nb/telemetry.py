@@ -20,10 +20,8 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any, TypeVar
-
-import httpx
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from .protocol.schemas.telemetry import (
     MAX_MESSAGE_CHARS,
@@ -36,7 +34,6 @@ log = logging.getLogger("cortex_nb.telemetry")
 
 ENV_DISABLE = "CORTEX_DISABLE_TELEMETRY"
 ENV_SUCCESSES = "CORTEX_ENABLE_SUCCESS_TELEMETRY"
-TELEMETRY_PATH = "/v1/telemetry"
 
 BATCH_WINDOW_S = 0.5
 QUEUE_SIZE = 1000
@@ -44,6 +41,18 @@ SEND_TIMEOUT_S = 2.0
 
 _active = threading.local()
 T = TypeVar("T")
+
+
+class Channel(Protocol):
+    """Where a batch of records goes (`api.TelemetryChannel`: `POST /v1/telemetry`)."""
+
+    def send(self, records: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# (url, headers, cookies, verify) -> a Channel; opened by the sender thread when it starts.
+Connect = Callable[[str, dict[str, str], "dict[str, str] | None", Any], Channel]
 
 
 def _env_flag(name: str) -> bool:
@@ -62,8 +71,12 @@ class Telemetry:
         enabled: bool | None = None,
         send_successes: bool | None = None,
         verify: Any = True,
+        connect: Connect | None = None,
     ) -> None:
+        """`connect` opens the channel records are sent on (the `Client` passes the API layer's); without
+        one, records are kept in `recent` and counted as send failures."""
         self.url = url.rstrip("/")
+        self._connect = connect
         self._verify = verify
         self.enabled = (not _env_flag(ENV_DISABLE)) if enabled is None else enabled
         self.send_successes = _env_flag(ENV_SUCCESSES) if send_successes is None else send_successes
@@ -130,13 +143,12 @@ class Telemetry:
 
     # sending ----------------------------------------------------------------------------------
     def _send_loop(self) -> None:
-        http = httpx.Client(
-            base_url=self.url,
-            headers=self._headers,
-            cookies=self._cookies,
-            timeout=SEND_TIMEOUT_S,
-            verify=self._verify,
-        )
+        channel = None
+        if self._connect is not None:
+            try:
+                channel = self._connect(self.url, self._headers, self._cookies, self._verify)
+            except Exception as exc:  # best-effort, as every send is
+                log.debug("telemetry channel not opened: %s", exc)
         try:
             while True:
                 first = self._queue.get()
@@ -156,17 +168,18 @@ class Telemetry:
                         break
                     batch.append(item)
                 for start in range(0, len(batch), MAX_RECORDS_PER_POST):
-                    self._deliver(http, batch[start : start + MAX_RECORDS_PER_POST])
+                    self._deliver(channel, batch[start : start + MAX_RECORDS_PER_POST])
                 if stop:
                     return
         finally:
-            http.close()
+            if channel is not None:
+                channel.close()
 
-    def _deliver(self, http: httpx.Client, batch: list[dict[str, Any]]) -> None:
+    def _deliver(self, channel: Channel | None, batch: list[dict[str, Any]]) -> None:
         try:
-            response = http.post(TELEMETRY_PATH, json={"records": batch})
-            if response.status_code >= 400:
-                raise RuntimeError(f"HTTP {response.status_code}")
+            if channel is None:
+                raise RuntimeError("no channel to send on")
+            channel.send(batch)
             self.sent += len(batch)
         except Exception as exc:  # best-effort: a lost report is acceptable, a raised one is not
             self.send_failures += 1

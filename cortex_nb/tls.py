@@ -138,8 +138,11 @@ def ssl_context(verify: Verify | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=verify)
 
 
-def httpx_verify(verify: Verify | None) -> ssl.SSLContext | bool:
-    """What `httpx.Client(verify=...)` takes for this setting (True keeps httpx's own default CAs)."""
+def httpx_verify(verify: Verify | ssl.SSLContext | None) -> ssl.SSLContext | bool:
+    """What `httpx.Client(verify=...)` takes for this setting (True keeps httpx's own default CAs); a
+    context already made (a side channel reusing a transport's) is taken as it is."""
+    if isinstance(verify, ssl.SSLContext):
+        return verify
     verify = parse_verify(verify)
     return True if verify is True else ssl_context(verify)
 

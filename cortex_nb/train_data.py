@@ -20,7 +20,7 @@ from .batching import pack_sequences, rows_to_batch
 from .train_spec import SpecError
 
 if TYPE_CHECKING:
-    from .client import Client
+    from .api import Api, HasApi
 
 TOKENIZE_CHUNK = 256
 Row = tuple[list[int], list[float]]
@@ -132,13 +132,16 @@ def _example(record: Any, where: str, key: str) -> Example:
 
 
 def tokenize_and_pack(
-    client: Client, model: str, examples: Sequence[Example], seq_len: int, packing: bool | None = None
+    client: Api | HasApi, model: str, examples: Sequence[Example], seq_len: int, packing: bool | None = None
 ) -> PackedData:
     """`pack_examples` with the backend's tokenizer for `model` (`Client.tokenize`)."""
-    info = client.tokenizer_info(model)
+    from .api import api_of
+
+    api = api_of(client)
+    info = api.tokenize(model, [])
 
     def tokenize(texts: list[str], add_special_tokens: bool) -> list[list[int]]:
-        return _tokenize(client, model, texts, add_special_tokens)
+        return _tokenize(api, model, texts, add_special_tokens)
 
     return pack_examples(
         examples, tokenize, info.get("eos_token_id"), info.get("pad_token_id"), seq_len, packing
@@ -202,12 +205,25 @@ def pack_examples(
     return PackedData(rows, len(examples), total, int(pad_id))
 
 
-def _tokenize(client: Client, model: str, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+def _tokenize(api: Api, model: str, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
     tokens: list[list[int]] = []
     for start in range(0, len(texts), TOKENIZE_CHUNK):
-        tokens.extend(
-            client.tokenize(
-                model, texts[start : start + TOKENIZE_CHUNK], add_special_tokens=add_special_tokens
-            )
-        )
+        chunk = texts[start : start + TOKENIZE_CHUNK]
+        tokens.extend(api.tokenize(model, chunk, add_special_tokens=add_special_tokens)["tokens"])
     return tokens
+
+
+def upload_dataset(client: Api | HasApi, data: bytes) -> str:
+    """Upload JSONL training rows once; returns the dataset id (their SHA-256). Nothing is sent when the
+    backend already has them."""
+    from . import errors
+    from .api import api_of
+    from .protocol import wire
+
+    api = api_of(client)
+    dataset_id = wire.sha256_hex(data)
+    try:
+        api.get_dataset(dataset_id)
+    except errors.NotFoundError:
+        api.put_dataset(dataset_id, data)
+    return dataset_id

@@ -9,11 +9,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from . import errors, polling
+from .api import Api, CompletedJob, HasApi, JobLogPage, JobRow, api_of
 from .batching import next_token_batch
+from .checkpoint_files import download_checkpoint
 from .futures import APIFuture
 from .protocol.schemas.sampling import SAMPLING_KEYS
 from .protocol.states import (
@@ -28,8 +31,6 @@ from .protocol.states import (
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from .client import Client
 
 
 class GenerateResult:
@@ -64,9 +65,16 @@ class GenerateResult:
         return f"<GenerateResult {len(self.samples)} sample(s) from {len(self.prompts)} prompt(s), weights v{self.weight_version}{engine}>"
 
 
+H = TypeVar("H", bound="_JobHandle")
+
+
 class _JobHandle:
-    def __init__(self, client: Client, job: dict[str, Any]) -> None:
+    """A job on the backend. `client` is what it was made with (a `Client`, or the `Api` itself); its
+    calls go through that one's `api`. `info` holds the job as last seen."""
+
+    def __init__(self, client: Api | HasApi, job: dict[str, Any]) -> None:
         self.client = client
+        self.api = api_of(client)
         self.job_id: str = job["job_id"]
         self.info = job
 
@@ -77,40 +85,38 @@ class _JobHandle:
     def sub_jobs(self, kind: str) -> list[str]:
         return [sub["sub_job_id"] for sub in self.info["sub_jobs"] if sub["type"] == kind]
 
-    def refresh(self) -> dict[str, Any]:
-        self.info = self.client.get_job(self.job_id)
+    def refresh(self) -> JobRow:
+        self.info = self.api.get_job(self.job_id)
         return self.info
 
     @property
     def status(self) -> str:
         return self.refresh()["status"]
 
-    def wait_ready(self, timeout_s: float | None = None) -> dict[str, Any]:
+    def wait_ready(self, timeout_s: float | None = None) -> JobRow:
         """Wait until the workers are up (or the job ended); raises if it failed to start."""
-        self.info = self.client.wait_for_job(self.job_id, (JOB_RUNNING, *JOB_TERMINAL), timeout_s)
+        self.info = polling.wait_for_job(self.api, self.job_id, (JOB_RUNNING, *JOB_TERMINAL), timeout_s)
         if self.info["status"] in JOB_TERMINAL:
-            from .errors import RequestFailed
-
-            raise RequestFailed(
+            raise errors.RequestFailed(
                 f"job {self.job_id} ended {self.info['status']} before it was ready: {self.info.get('failure_message')}",
                 code=self.info.get("failure_code") or self.info["status"],
             )
         return self.info
 
-    def cancel(self) -> dict[str, Any]:
-        self.info = self.client.cancel_job(self.job_id)
+    def cancel(self) -> JobRow:
+        self.info = self.api.cancel_job(self.job_id)
         return self.info
 
-    def complete(self) -> dict[str, Any]:
+    def complete(self) -> CompletedJob:
         """Free the job's device once its queued requests ran. A trained adapter no checkpoint holds is
         saved first as checkpoint `final` (the answer's `saved_checkpoint` names it)."""
-        self.info = self.client.complete_job(self.job_id)
+        self.info = self.api.complete_job(self.job_id)
         return self.info
 
-    def logs(self, cursor: int | None = None, limit: int = 1000) -> dict[str, Any]:
-        return self.client.tail_logs(self.job_id, cursor, limit)
+    def logs(self, cursor: int | None = None, limit: int = 1000) -> JobLogPage:
+        return self.api.job_logs(self.job_id, cursor or 0, limit)
 
-    def __enter__(self):
+    def __enter__(self: H) -> H:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -132,9 +138,11 @@ class _JobHandle:
         if unknown:
             raise TypeError(f"unknown sampling parameter(s) {unknown}; allowed: {list(SAMPLING_KEYS)}")
         prompts = [p if isinstance(p, str) else list(p) for p in prompts]
-        request_id = self.client.generate(self.job_id, prompts, sampling, adapter=adapter, sub_job=sub_job)
+        request_id = self.api.generate(self.job_id, prompts, sampling, adapter=adapter, sub_job=sub_job)[
+            "request_id"
+        ]
         return APIFuture(
-            self.client, self.job_id, request_id, "generate", lambda raw: GenerateResult(raw, prompts)
+            self.api, self.job_id, request_id, "generate", lambda raw: GenerateResult(raw, prompts)
         )
 
     def forward(
@@ -146,8 +154,8 @@ class _JobHandle:
         **loss: Any,
     ) -> APIFuture[dict[str, Any]]:
         """Score a batch without gradients (`loss_fn=...` adds that loss's value and metrics)."""
-        request_id = self.client.forward(self.job_id, batch, adapter=adapter, sub_job=sub_job, **loss)
-        return APIFuture(self.client, self.job_id, request_id, "forward")
+        submitted = self.api.forward(self.job_id, batch, adapter=adapter, sub_job=sub_job, **loss)
+        return APIFuture(self.api, self.job_id, submitted["request_id"], "forward")
 
     def compute_logprobs(
         self, sequences: Sequence[Sequence[int]], *, sub_job: str | None = None
@@ -155,13 +163,13 @@ class _JobHandle:
         """log p(token t | tokens < t) for t >= 1 of each sequence (one array per sequence, length len-1)."""
         lengths = [len(seq) - 1 for seq in sequences]
         batch = next_token_batch(sequences)
-        request_id = self.client.forward(self.job_id, batch, sub_job=sub_job)
+        request_id = self.api.forward(self.job_id, batch, sub_job=sub_job)["request_id"]
 
         def split(raw: dict[str, Any]) -> list[np.ndarray]:
             logprobs = raw["tensors"]["logprobs"]
             return [logprobs[i, :n] for i, n in enumerate(lengths)]
 
-        return APIFuture(self.client, self.job_id, request_id, "forward", split)
+        return APIFuture(self.api, self.job_id, request_id, "forward", split)
 
     # checkpoints ---------------------------------------------------------------------------------
     def load(
@@ -173,16 +181,16 @@ class _JobHandle:
         restore_optimizer: bool = True,
     ) -> APIFuture[dict[str, Any]]:
         """Load a checkpoint of this job (or of `source_job_id`, another job of yours) into a sub-job."""
-        request_id = self.client.load(
+        submitted = self.api.load(
             self.job_id, checkpoint_id, source_job_id, target_sub_job_id, restore_optimizer=restore_optimizer
         )
-        return APIFuture(self.client, self.job_id, request_id, "load")
+        return APIFuture(self.api, self.job_id, submitted["request_id"], "load")
 
     def checkpoints(self) -> pd.DataFrame:
         """This job's checkpoints as a table, oldest first."""
         from .views import checkpoints_frame
 
-        return checkpoints_frame(self.client.list_checkpoints(self.job_id))
+        return checkpoints_frame(self.api.list_checkpoints(self.job_id)["checkpoints"])
 
 
 class TrainingJob(_JobHandle):
@@ -191,7 +199,7 @@ class TrainingJob(_JobHandle):
     @classmethod
     def create(
         cls,
-        client: Client,
+        client: Api | HasApi,
         base_model: str = "tiny",
         *,
         lora: dict[str, Any] | None = None,
@@ -225,8 +233,8 @@ class TrainingJob(_JobHandle):
         ]
         job = cls(
             client,
-            client.create_job(
-                subs, job_id=job_id, experiment_name=experiment, name=name, idle_timeout_s=idle_timeout_s
+            api_of(client).create_job(
+                subs, job_id=job_id, experiment=experiment, name=name, idle_timeout_s=idle_timeout_s
             ),
         )
         if wait:
@@ -239,14 +247,14 @@ class TrainingJob(_JobHandle):
         loss_fn: str = "cross_entropy",
         loss_fn_config: dict[str, float] | None = None,
     ) -> APIFuture[dict[str, Any]]:
-        request_id = self.client.forward_backward(self.job_id, batch, loss_fn, loss_fn_config)
-        return APIFuture(self.client, self.job_id, request_id, "forward_backward")
+        submitted = self.api.forward_backward(self.job_id, batch, loss_fn, loss_fn_config)
+        return APIFuture(self.api, self.job_id, submitted["request_id"], "forward_backward")
 
     def step(self, learning_rate: float | None = None, **hyperparameters: Any) -> APIFuture[dict[str, Any]]:
         """Apply the accumulated gradients. `betas`, `eps`, `weight_decay`, `grad_clip` may be given per step."""
-        return APIFuture(
-            self.client, self.job_id, self.client.step(self.job_id, learning_rate, **hyperparameters), "step"
-        )
+        sub_job = hyperparameters.pop("sub_job", None)
+        submitted = self.api.step(self.job_id, step_body(learning_rate, **hyperparameters), sub_job=sub_job)
+        return APIFuture(self.api, self.job_id, submitted["request_id"], "step")
 
     # checkpoints and weight sync -------------------------------------------------------------------
     def save(
@@ -254,8 +262,8 @@ class TrainingJob(_JobHandle):
     ) -> APIFuture[dict[str, Any]]:
         """Save the trainer: "resumable" (adapter, optimizer, step, RNG) or "weights-only" (the adapter).
         The result's `checkpoint_id` names it (`step-N` unless given)."""
-        request_id = self.client.save(self.job_id, checkpoint_id, checkpoint_type)
-        return APIFuture(self.client, self.job_id, request_id, "save")
+        submitted = self.api.save(self.job_id, checkpoint_id, checkpoint_type)
+        return APIFuture(self.api, self.job_id, submitted["request_id"], "save")
 
     def export(
         self, dest: str | Path, checkpoint_id: str | None = None, *, contents: str = "adapter"
@@ -264,17 +272,17 @@ class TrainingJob(_JobHandle):
         trainer's current adapter is saved first (weights-only) and that checkpoint is exported."""
         if checkpoint_id is None:
             checkpoint_id = self.save(checkpoint_type="weights-only").result()["checkpoint_id"]
-        return self.client.export_checkpoint(self.job_id, checkpoint_id, dest, contents=contents)
+        return download_checkpoint(self.api, self.job_id, checkpoint_id, dest, contents=contents)
 
     def sync_sampler(
         self, targets: Sequence[str] | None = None, weight_format: str = "lora"
     ) -> APIFuture[dict[str, Any]]:
         """Send the trainer's current weights to this job's sampling sub-jobs (or `targets`). Requests
         queued before the sync see the old weights; those queued after it see the new ones."""
-        request_id = self.client.weight_sync(
+        submitted = self.api.weight_sync(
             self.job_id, None, list(targets) if targets is not None else None, weight_format
         )
-        return APIFuture(self.client, self.job_id, request_id, "weight_sync")
+        return APIFuture(self.api, self.job_id, submitted["request_id"], "weight_sync")
 
     # managed runs (Client.train) and any training's progress ----------------------------------------
     @property
@@ -293,25 +301,23 @@ class TrainingJob(_JobHandle):
 
     def wait(
         self, timeout_s: float | None = None, on_update: Callable[[dict[str, Any]], None] | None = None
-    ) -> dict[str, Any]:
+    ) -> JobRow:
         """Block until training ends: the job done, failed or cancelled, or sampling in its keep-alive.
         Returns the job; raises `RequestFailed` (with the failure code) if it failed, `TimeoutError` if
         `timeout_s` passes first (the run goes on). `on_update(job)` sees each update."""
-        from . import errors
-
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         job = self.refresh()
         while not training_over(job):
             if on_update is not None:
                 on_update(job)
-            remaining = self.client.poll.long_poll_s if deadline is None else deadline - time.monotonic()
+            remaining = self.api.poll.long_poll_s if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 raise errors.TimeoutError(
                     f"job {self.job_id} is still training after waiting; it keeps going", code="timeout"
                 )
             updated = (job.get("progress") or {}).get("updated_at")
-            job = self.info = self.client.wait_for_progress(
-                self.job_id, updated, min(remaining, self.client.poll.long_poll_s)
+            job = self.info = polling.wait_for_progress(
+                self.api, self.job_id, updated, min(remaining, self.api.poll.long_poll_s)
             )
         if on_update is not None:
             on_update(job)
@@ -339,7 +345,7 @@ class Sampler(_JobHandle):
     @classmethod
     def create(
         cls,
-        client: Client,
+        client: Api | HasApi,
         base_model: str = "tiny",
         *,
         lora: dict[str, Any] | None = None,
@@ -354,10 +360,68 @@ class Sampler(_JobHandle):
         sub = {"type": kind, "base_model": base_model, "lora": lora or {}, "seed": seed}
         if max_seq_len:
             sub["max_seq_len"] = max_seq_len
-        sampler = cls(client, client.create_job([sub], name=name))
+        sampler = cls(client, api_of(client).create_job([sub], name=name))
         if wait:
             sampler.wait_ready()
         return sampler
 
     def __repr__(self) -> str:
         return f"<Sampler {self.job_id} {self.base_model} {self.info.get('status')}>"
+
+
+def step_body(
+    learning_rate: float | None = None,
+    *,
+    betas: tuple[float, float] | None = None,
+    eps: float | None = None,
+    weight_decay: float | None = None,
+    grad_clip: float | None = None,
+) -> dict[str, Any]:
+    """A step's body: the hyperparameters given for this step only (the others are the job's)."""
+    given = {
+        "learning_rate": learning_rate,
+        "betas": list(betas) if betas is not None else None,
+        "eps": eps,
+        "weight_decay": weight_decay,
+        "grad_clip": grad_clip,
+    }
+    return {key: value for key, value in given.items() if value is not None}
+
+
+def start_training(
+    client: Api | HasApi,
+    spec: Any,
+    *,
+    name: str | None = None,
+    namespace: Mapping[str, Any] | None = None,
+    experiment: str | None = None,
+    idle_timeout_s: float | None = None,
+) -> TrainingJob:
+    """Start a managed training run (`Client.train`): its data uploaded once as datasets, its loop run by
+    the backend in the training worker. Returns the `TrainingJob` at once."""
+    from .train_data import examples_to_jsonl, load_examples, upload_dataset
+    from .train_spec import TrainSpec, spec_from
+
+    spec, data_rows, eval_rows = spec_from(spec)
+    if not isinstance(spec, TrainSpec):
+        raise TypeError("spec must be a TrainSpec, a dict of train-spec keys or YAML text")
+    namespace = dict(namespace or {})
+    if data_rows is not None:
+        namespace["__cortex_data__"], spec.data = data_rows, "$__cortex_data__"
+    if eval_rows is not None and spec.eval is not None:
+        namespace["__cortex_eval__"], spec.eval.data = eval_rows, "$__cortex_eval__"
+    api = api_of(client)
+    dataset_id = upload_dataset(api, examples_to_jsonl(load_examples(spec.data, namespace, "data")))
+    eval_id = None
+    if spec.eval is not None:
+        eval_id = upload_dataset(
+            api, examples_to_jsonl(load_examples(spec.eval.data, namespace, "eval.data"))
+        )
+    job = api.create_job(
+        [spec.sub_job()],
+        name=name,
+        experiment=experiment,
+        idle_timeout_s=idle_timeout_s,
+        training_loop=spec.training_loop(dataset_id, eval_id),
+    )
+    return TrainingJob(client, job)

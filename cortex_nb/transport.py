@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import ssl
 import threading
 import time
 import uuid
@@ -57,7 +58,7 @@ class Transport:
         retry: RetryPolicy | None = None,
         extra_headers: dict[str, str] | None = None,
         cookies: dict[str, str] | None = None,
-        verify: tls.Verify | None = None,
+        verify: tls.Verify | ssl.SSLContext | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.retry = retry or RetryPolicy()
@@ -133,6 +134,17 @@ class Transport:
                 time.sleep(self.retry.delay(attempt, response.headers.get("Retry-After")))
                 continue
             raise errors.error_from_response(response.status_code, _json_or_text(response))
+
+    def status_of(self, method: str, path: str) -> tuple[int, Any]:
+        """(status, JSON body or text) of one attempt, whatever the status; `errors.ConnectionError` if
+        nothing answered."""
+        try:
+            response = self._http.request(method, path)
+        except httpx.TransportError as exc:
+            raise errors.ConnectionError(
+                f"could not reach {self.url}: {type(exc).__name__}: {exc}", code="backend_unavailable"
+            ) from exc
+        return response.status_code, _json_or_text(response)
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.request(method, path, **kwargs).json()

@@ -5,13 +5,34 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .comparison import Comparison
-    from .training import GenerateResult
+
+# What the views read of the objects that show themselves through them (`training.GenerateResult`,
+# `comparison.Comparison`): named here so that views depend on no object above them.
+class SampleSet(Protocol):
+    prompts: list[Any]
+    samples: list[dict[str, Any]]
+
+
+class ScoredSample(Protocol):
+    prompt: str
+    job_id: str
+    text: str
+    tokens: list[str]
+    logprobs: dict[str, list[float]]
+
+    def difference(self, other_job_id: str) -> list[float]: ...
+
+
+class ComparedRuns(Protocol):
+    jobs: list[dict[str, Any]]
+    ab: list[Any]  # ScoredSample each
+
+    def label(self, job_id: str) -> str: ...
 
 
 def _time(value: float | None):
@@ -96,7 +117,7 @@ def job_duration(job: dict[str, Any]) -> float | None:
     return None
 
 
-def samples_frame(result: GenerateResult) -> pd.DataFrame:
+def samples_frame(result: SampleSet) -> pd.DataFrame:
     import pandas as pd
 
     rows = []
@@ -345,7 +366,7 @@ def runs_table(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=RUN_TABLE_COLUMNS)
 
 
-def ab_frame(comparison: Comparison) -> pd.DataFrame:
+def ab_frame(comparison: ComparedRuns) -> pd.DataFrame:
     """One row per prompt and run: the greedy sample, its summed logprob under its own run, and (per other
     run) the mean per-token logprob difference of that answer under the other run."""
     import pandas as pd

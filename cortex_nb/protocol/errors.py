@@ -177,6 +177,12 @@ ERROR_CODES: dict[str, ErrorCode] = {
         ),
         ErrorCode("backend_unavailable", 502, "the backend does not answer"),
         ErrorCode("version_mismatch", 502, "the backend speaks another API major version", (CLIENT,)),
+        ErrorCode(
+            "reply_mismatch",
+            None,
+            "a backend's answer does not match its route's schema (client and backend versions differ)",
+            (CLIENT,),
+        ),
         # ends of jobs, requests and runs
         ErrorCode("cancelled", None, "cancelled by the user", (JOB, REQUEST, RUN)),
         ErrorCode(

@@ -5,14 +5,25 @@ or more (green) likely the other run finds it."""
 from __future__ import annotations
 
 from html import escape
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import ipywidgets as widgets
 
+from ..views import ComparedRuns, ScoredSample
 from .svg import Line, line_chart
 
 if TYPE_CHECKING:
-    from ..comparison import ABSample, Comparison
+    import pandas as pd
+
+
+class Comparison(ComparedRuns, Protocol):
+    """What this view reads of a `cortex_nb.comparison.Comparison` (which shows itself through it)."""
+
+    curves: pd.DataFrame
+    table: pd.DataFrame
+
+
+ABSample = ScoredSample
 
 PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#db2777", "#0891b2", "#ca8a04", "#4b5563")
 # |log p difference| at which a token's shade is full.
