@@ -21,9 +21,10 @@ import torch
 from cortex_nb.sampling_params import SamplingParams
 
 from .errors import OperationError
-from .kv_cache import reserve
+from .kv_cache import reserve, share_prefix
 from .merged_lora import MergedLoRA
 from .model_state import ModelState
+from .prefix_attention import shared_prefix_attention, supports
 from .sampling_engine import Cancelled, SamplingEngine
 from .stopping import TextStop, finish_sample, stop_token_ids
 
@@ -53,10 +54,19 @@ def _cache_of(output) -> Any:
     return output.get("cache") if output.get("cache") is not None else output.get("past_key_values")
 
 
-def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """The next token of each row: argmax at temperature 0, else a draw after temperature, top-k, top-p."""
+def choose(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    logprobs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The next token of each row: argmax at temperature 0, else a draw after temperature, top-k, top-p.
+    `logprobs` (the log-softmax of `logits`, if the caller has it) spares a softmax when nothing reshapes
+    the distribution."""
     if params.greedy:
         return logits.argmax(dim=-1)
+    if logprobs is not None and params.temperature == 1.0 and params.top_k <= 0 and params.top_p >= 1.0:
+        return draw(logprobs.exp(), generator)
     scores = logits / params.temperature
     if 0 < params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
@@ -68,8 +78,21 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         drop_sorted = (cumulative - torch.softmax(sorted_scores, dim=-1)) >= params.top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return draw(torch.softmax(scores, dim=-1), generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from `probs`, by inverting each row's cumulative distribution at a uniform draw.
+
+    The same distribution as `torch.multinomial`, which draws an exponential variate for every token of
+    the vocabulary at each step; this draws one number per row. A token of probability 0 is never chosen.
+    """
+    cumulative = probs.cumsum(dim=-1)
+    total = cumulative[:, -1:].contiguous()
+    uniform = torch.rand(total.shape, generator=generator, device=probs.device, dtype=probs.dtype)
+    chosen = torch.searchsorted(cumulative, uniform * total, right=True)
+    # uniform * total can round up to total: the last token with any mass then.
+    return torch.minimum(chosen, torch.searchsorted(cumulative, total)).squeeze(-1)
 
 
 def _prompt_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, lengths: list[int]) -> list[list[float]]:
@@ -101,6 +124,14 @@ def prompt_logprobs(state: ModelState, prompts: list[list[int]]) -> list[list[fl
         return _prompt_logprobs(logits, input_ids, [len(prompt) for prompt in prompts])
 
 
+def shares_prefix(params: SamplingParams, device: torch.device) -> bool:
+    """Whether a batch's samples read their prompt's cache in place (prefix_attention.py) rather than a copy
+    per sample. Sampled rows only: greedy rows keep transformers' own attention, token for token what
+    `generate` gives. A CPU only, where it was measured (bench/bench_sampling.py); a GPU keeps its fused
+    attention kernels until measured there."""
+    return params.n > 1 and not params.greedy and device.type == "cpu"
+
+
 class _Decoder:
     """One batch of distinct prompts, `n` samples each, decoded together."""
 
@@ -112,6 +143,7 @@ class _Decoder:
         self.stop_ids = stop_token_ids(params, self.tokenizer, state.model.config.eos_token_id)
         self.rows = len(prompts) * params.n
         self.check_every = 1 if self.device.type == "cpu" else GPU_CHECK_EVERY
+        self.share_prefix = shares_prefix(params, self.device)
         strings = params.stop_strings
         self.text_stops = (
             [TextStop(strings, self.tokenizer) for _ in range(self.rows)]
@@ -154,12 +186,15 @@ class _Decoder:
         cache = _cache_of(out)
         logits = out.logits[:, -1, :].float()
         next_positions = positions[:, -1:] + 1
+        shared = self.share_prefix and supports(self.model) and share_prefix(cache, n, params.max_tokens)
         if n > 1:
-            cache.batch_repeat_interleave(n)
+            if not shared:
+                cache.batch_repeat_interleave(n)
             logits = logits.repeat_interleave(n, dim=0)
             next_positions = next_positions.repeat_interleave(n, dim=0)
             prompt_mask = prompt_mask.repeat_interleave(n, dim=0)
-        reserve(cache, total)
+        if not shared:
+            reserve(cache, total)
         del out
         # The whole attention mask up front: generated positions are always attended (a finished row's
         # later tokens are discarded, and rows never see each other).
@@ -177,37 +212,39 @@ class _Decoder:
             torch.tensor(sorted(self.stop_ids), dtype=torch.long, device=device) if self.stop_ids else None
         )
         taken = 0
-        for step in range(steps):
-            if should_cancel():
-                raise OperationError("cancelled", "the request was cancelled")
-            chosen = choose(logits, params, generator)
-            tokens[:, step] = chosen
-            logprobs[:, step] = logits.gather(-1, chosen[:, None]).squeeze(-1) - torch.logsumexp(
-                logits, dim=-1
-            )
-            if stop_ids is not None:
-                hit = torch.isin(chosen, stop_ids) & ~done
-                kept = torch.where(hit, step + 1, kept)
-                done |= hit
-            taken = step + 1
-            if taken == steps:
-                break
-            if taken % self.check_every == 0:
-                if self.text_stops is not None:
-                    done, kept = self._check_text(tokens, taken, done, kept)
-                if bool(done.all()):
+        attention = shared_prefix_attention(self.model, cache) if shared else contextlib.nullcontext()
+        with attention:
+            for step in range(steps):
+                if should_cancel():
+                    raise OperationError("cancelled", "the request was cancelled")
+                # Logprobs under the model's own distribution (temperature 1, untruncated), whatever the sampling.
+                own = torch.log_softmax(logits, dim=-1)
+                chosen = choose(logits, params, generator, own)
+                tokens[:, step] = chosen
+                logprobs[:, step] = own.gather(-1, chosen[:, None]).squeeze(-1)
+                if stop_ids is not None:
+                    hit = torch.isin(chosen, stop_ids) & ~done
+                    kept = torch.where(hit, step + 1, kept)
+                    done |= hit
+                taken = step + 1
+                if taken == steps:
                     break
-            out = self.model(
-                input_ids=chosen[:, None],
-                attention_mask=mask[..., : width + taken],
-                position_ids=next_positions,
-                use_cache=True,
-                **{cache_keyword: cache},
-                **keep,
-            )
-            cache = _cache_of(out)
-            logits = out.logits[:, -1, :].float()
-            next_positions = next_positions + 1
+                if taken % self.check_every == 0:
+                    if self.text_stops is not None:
+                        done, kept = self._check_text(tokens, taken, done, kept)
+                    if bool(done.all()):
+                        break
+                out = self.model(
+                    input_ids=chosen[:, None],
+                    attention_mask=mask[..., : width + taken],
+                    position_ids=next_positions,
+                    use_cache=True,
+                    **{cache_keyword: cache},
+                    **keep,
+                )
+                cache = _cache_of(out)
+                logits = out.logits[:, -1, :].float()
+                next_positions = next_positions + 1
         if self.text_stops is not None:
             done, kept = self._check_text(tokens, taken, done, kept)
         return self._samples(tokens[:, :taken], logprobs[:, :taken], kept.clamp(max=taken)), prompt_logprobs
