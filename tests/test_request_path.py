@@ -167,6 +167,11 @@ def test_a_page_of_jobs_reads_as_each_job_read_alone(tmp_path):
     assert store.request_status("req-1") == "queued" and store.request_status("req-9") is None
     store.update_request("req-1", status="running")
     assert store.request_status("req-1") == store.get_request("req-1")["status"] == "running"
+    # A poll's row leaves the result tensors out (only their size); a fetch of the tensors reads them.
+    store.update_request("req-1", status="succeeded", tensors=b"\x01" * 1000)
+    polled = store.get_request("req-1")
+    assert "tensors" not in polled and polled["tensors_bytes"] == 1000
+    assert store.get_request("req-1", tensors=True)["tensors"] == b"\x01" * 1000
 
 
 def _counted(metrics: OperatorMetrics) -> dict[tuple[str, ...], float]:

@@ -427,9 +427,11 @@ class RequestManager:
                 self._dispatch(job_id, sub_job_id, request_id, op, params, blob)
 
     # reading ----------------------------------------------------------------------------------
-    def _visible_request(self, principal: Principal, job_id: str, request_id: str) -> dict[str, Any]:
+    def _visible_request(
+        self, principal: Principal, job_id: str, request_id: str, *, tensors: bool = False
+    ) -> dict[str, Any]:
         self.jobs.check_visible(principal, job_id)
-        request = self.store.get_request(request_id)
+        request = self.store.get_request(request_id, tensors=tensors)
         if request is None or request["job_id"] != job_id:
             raise ApiError("request_not_found", f"job {job_id} has no request {request_id!r}")
         return request
@@ -452,7 +454,7 @@ class RequestManager:
         return [request_summary(row) for row in self.store.list_requests(job_id, limit)]
 
     def tensors(self, principal: Principal, job_id: str, request_id: str) -> bytes:
-        request = self._visible_request(principal, job_id, request_id)
+        request = self._visible_request(principal, job_id, request_id, tensors=True)
         if request["status"] != states.REQUEST_SUCCEEDED or not request["tensors"]:
             raise ApiError("not_found", f"request {request_id} has no tensors (status {request['status']})")
         return bytes(request["tensors"])
@@ -630,7 +632,7 @@ def public_request(request: dict[str, Any], events: list[dict[str, Any]], cursor
     return {
         **request_summary(request),
         "result": request["result"],
-        "has_tensors": bool(request.get("tensors")),
+        "has_tensors": bool(request["tensors_bytes"]),
         "events": events,
         "cursor": events[-1]["seq"] if events else cursor,
     }

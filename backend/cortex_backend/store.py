@@ -216,6 +216,13 @@ def _loads(value: str | None) -> Any:
     return None if value is None else json.loads(value)
 
 
+# A request's row as polled: everything but the result tensors, and their size.
+REQUEST_COLUMNS = (
+    "id, job_id, sub_job_id, op, status, params, result, error_code, error_message, created_at, started_at,"
+    " finished_at, length(tensors) AS tensors_bytes"
+)
+
+
 class Store:
     """A thin, typed layer over one SQLite connection."""
 
@@ -405,8 +412,11 @@ class Store:
         rows = self._rows("SELECT status FROM requests WHERE id = ?", (request_id,))
         return rows[0]["status"] if rows else None
 
-    def get_request(self, request_id: str) -> dict[str, Any] | None:
-        rows = self._rows("SELECT * FROM requests WHERE id = ?", (request_id,))
+    def get_request(self, request_id: str, *, tensors: bool = False) -> dict[str, Any] | None:
+        """The request's row; its result tensors (a blob of any size) only when asked for: every poll reads
+        the row, and only a fetch of the tensors needs them. `tensors_bytes` says whether there are any."""
+        columns = REQUEST_COLUMNS + (", tensors" if tensors else "")
+        rows = self._rows(f"SELECT {columns} FROM requests WHERE id = ?", (request_id,))
         if not rows:
             return None
         row = rows[0]
