@@ -135,3 +135,11 @@ def test_draw_follows_the_distribution_and_never_picks_a_zero():
     assert bool((picked[:, 2] == 39).all())
     first = draw(probs, torch.Generator().manual_seed(5))
     assert torch.equal(first, draw(probs, torch.Generator().manual_seed(5)))
+
+
+def test_a_model_merged_once_refuses_a_second_merged_view():
+    """A second merged sampler over weights that already hold the adapter would add it twice."""
+    state = trained_state("tiny", ModelCatalog({}))
+    TransformersSampler(state, merge_lora=True).refresh()
+    with pytest.raises(ValueError, match="already hold a merged adapter"):
+        TransformersSampler(state, merge_lora=True)

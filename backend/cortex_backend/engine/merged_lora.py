@@ -37,6 +37,11 @@ class MergedLoRA:
         self.model = model
         self.places = _lora_layers(model)
         self.layers = [layer for _, _, layer in self.places]
+        if any(layer.merged_adapters for layer in self.layers):
+            # Its base weights already hold W + BA: taken as the originals, every merge would add BA again.
+            raise ValueError(
+                "this model's base weights already hold a merged adapter; merge it through one view"
+            )
         self.parameters = list(adapter_parameters(model).values())
         # The original base weights, on the host: GPU memory holds only the merged copy.
         self.originals = [
