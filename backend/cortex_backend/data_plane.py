@@ -7,9 +7,10 @@ submission order. Results stay readable after the fact (polling never drains any
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,18 +207,13 @@ class RequestManager:
         stream, seen = self._admit(principal, job_id, sequence)
         if seen is not None:
             return seen
-        try:
+        with self._refusal_uses_up(job_id, stream, sequence):
             job, sub, json_body = self._target(principal, job_id, op, json_body, sub_job)
             request_id = new_request_id()
             params, blob = self.prepare(
                 op, sub, body, json_body, job=job, principal=principal, request_id=request_id
             )
-            self._enqueue(job_id, sub, request_id, op, params, blob, stream, sequence[1] if sequence else 0)
-            return self.store.get_request(request_id)
-        except ApiError as exc:
-            if stream is not None:
-                self._use_up(job_id, stream, sequence[1], exc)
-            raise
+            return self._queue(job_id, sub, request_id, op, params, blob, stream, sequence)
 
     async def submit_async(
         self,
@@ -234,40 +230,56 @@ class RequestManager:
         arrivals = self._arrivals.setdefault(job_id, asyncio.Lock())
         try:
             async with arrivals:
+                if op not in FRAME_OPERATIONS or len(body) <= OFF_LOOP_FRAME_BYTES:
+                    return self.submit(principal, job_id, op, body, json_body, sub_job, sequence)
                 stream, seen = self._admit(principal, job_id, sequence)
                 if seen is not None:
                     return seen
-                try:
+                with self._refusal_uses_up(job_id, stream, sequence):
                     job, sub, json_body = self._target(principal, job_id, op, json_body, sub_job)
                     request_id = new_request_id()
-                    if op in FRAME_OPERATIONS and len(body) > OFF_LOOP_FRAME_BYTES:
-                        params, blob = await asyncio.to_thread(
-                            self.prepare,
-                            op,
-                            sub,
-                            body,
-                            json_body,
-                            job=job,
-                            principal=principal,
-                            request_id=request_id,
-                        )
-                        # it may have ended meanwhile
-                        job, sub, json_body = self._target(principal, job_id, op, json_body, sub_job)
-                    else:
-                        params, blob = self.prepare(
-                            op, sub, body, json_body, job=job, principal=principal, request_id=request_id
-                        )
-                    self._enqueue(
-                        job_id, sub, request_id, op, params, blob, stream, sequence[1] if sequence else 0
+                    params, blob = await asyncio.to_thread(
+                        self.prepare,
+                        op,
+                        sub,
+                        body,
+                        json_body,
+                        job=job,
+                        principal=principal,
+                        request_id=request_id,
                     )
-                    return self.store.get_request(request_id)
-                except ApiError as exc:
-                    if stream is not None:
-                        self._use_up(job_id, stream, sequence[1], exc)
-                    raise
+                    # it may have ended meanwhile
+                    job, sub, json_body = self._target(principal, job_id, op, json_body, sub_job)
+                    return self._queue(job_id, sub, request_id, op, params, blob, stream, sequence)
         finally:
             if not arrivals.locked():
                 self._arrivals.pop(job_id, None)
+
+    @contextlib.contextmanager
+    def _refusal_uses_up(
+        self, job_id: str, stream: SequenceStream | None, sequence: tuple[str, int] | None
+    ) -> Iterator[None]:
+        """A numbered submission refused while queueing uses its number up: a retry hears the same refusal."""
+        try:
+            yield
+        except ApiError as exc:
+            if stream is not None and sequence is not None:
+                self._use_up(job_id, stream, sequence[1], exc)
+            raise
+
+    def _queue(
+        self,
+        job_id: str,
+        sub: dict[str, Any],
+        request_id: str,
+        op: str,
+        params: dict[str, Any],
+        blob: bytes,
+        stream: SequenceStream | None,
+        sequence: tuple[str, int] | None,
+    ) -> dict[str, Any]:
+        self._enqueue(job_id, sub, request_id, op, params, blob, stream, sequence[1] if sequence else 0)
+        return self.store.get_request(request_id)
 
     def _admit(
         self, principal: Principal, job_id: str, sequence: tuple[str, int] | None
