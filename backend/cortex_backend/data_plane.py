@@ -213,7 +213,8 @@ class RequestManager:
             params, blob = self.prepare(
                 op, sub, body, json_body, job=job, principal=principal, request_id=request_id
             )
-            return self._queue(job_id, sub, request_id, op, params, blob, stream, sequence)
+            self._enqueue(job_id, sub, request_id, op, params, blob, stream, sequence[1] if sequence else 0)
+            return self.store.get_request(request_id)
 
     async def submit_async(
         self,
@@ -250,7 +251,10 @@ class RequestManager:
                     )
                     # it may have ended meanwhile
                     job, sub, json_body = self._target(principal, job_id, op, json_body, sub_job)
-                    return self._queue(job_id, sub, request_id, op, params, blob, stream, sequence)
+                    self._enqueue(
+                        job_id, sub, request_id, op, params, blob, stream, sequence[1] if sequence else 0
+                    )
+                    return self.store.get_request(request_id)
         finally:
             if not arrivals.locked():
                 self._arrivals.pop(job_id, None)
@@ -266,20 +270,6 @@ class RequestManager:
             if stream is not None and sequence is not None:
                 self._use_up(job_id, stream, sequence[1], exc)
             raise
-
-    def _queue(
-        self,
-        job_id: str,
-        sub: dict[str, Any],
-        request_id: str,
-        op: str,
-        params: dict[str, Any],
-        blob: bytes,
-        stream: SequenceStream | None,
-        sequence: tuple[str, int] | None,
-    ) -> dict[str, Any]:
-        self._enqueue(job_id, sub, request_id, op, params, blob, stream, sequence[1] if sequence else 0)
-        return self.store.get_request(request_id)
 
     def _admit(
         self, principal: Principal, job_id: str, sequence: tuple[str, int] | None

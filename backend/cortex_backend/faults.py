@@ -44,11 +44,12 @@ class Faults:
         return name in self.active_names
 
     def raise_in(self, operation: str) -> None:
-        """Raise what a fault makes `operation` raise, if any (`training_loop`: called inside the loop)."""
+        """Raise what a fault makes `operation` raise, if any: a data-plane operation's name, or
+        `training_loop_data_loaded` (a managed loop, once its data is loaded)."""
         if operation == "forward_backward" and self.active("fail_forward_backward"):
             raise RuntimeError("injected failure (fault fail_forward_backward)")
         if operation == "forward" and self.active("oom_forward"):
             # The message torch gives when a CUDA allocation fails; the engine recognises it by these words.
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (fault oom_forward)")
-        if operation == "training_loop" and self.active("fail_training_loop"):
+        if operation == "training_loop_data_loaded" and self.active("fail_training_loop"):
             raise RuntimeError("injected failure (fault fail_training_loop)")

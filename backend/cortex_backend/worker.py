@@ -324,8 +324,7 @@ class Worker:
             operation = self.operations.get(header["op"])
             if operation is None:
                 raise OperationError("unsupported_operation", f"this worker does not serve {header['op']!r}")
-            if header["op"] != "training_loop":  # the loop checks its own faults once it runs
-                self.faults.raise_in(header["op"])
+            self.faults.raise_in(header["op"])
             if self.sampler is not None and header["op"] == "forward":
                 # Follow an adapter changed by the last operation (a sync or load) before scoring with the
                 # sub-job's weights; generate refreshes by itself, and no other operation reads merged weights.

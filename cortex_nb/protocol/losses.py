@@ -89,6 +89,12 @@ TENSORS: dict[str, TensorSpec] = {
     )
 }
 
+# The importance ratio's clip, as PPO and CISPO take it.
+RATIO_CLIP = (
+    ConfigKey("clip_low_threshold", 0.8, 0.0, 1.0, "the ratio's lower clip"),
+    ConfigKey("clip_high_threshold", 1.2, 1.0, 100.0, "the ratio's upper clip"),
+)
+
 LOSSES: dict[str, LossSpec] = {
     spec.name: spec
     for spec in (
@@ -108,20 +114,14 @@ LOSSES: dict[str, LossSpec] = {
             "ppo",
             "loss = -sum(min(ratio * adv, clip(ratio, low, high) * adv)), ratio = exp(logprob - sampling_logprob)",
             ("target_tokens", "logprobs", "advantages"),
-            config=(
-                ConfigKey("clip_low_threshold", 0.8, 0.0, 1.0, "the ratio's lower clip"),
-                ConfigKey("clip_high_threshold", 1.2, 1.0, 100.0, "the ratio's upper clip"),
-            ),
+            config=RATIO_CLIP,
             metrics=("loss:sum", "ratio:mean", "clip_fraction:mean"),
         ),
         LossSpec(
             "cispo",
             "loss = -sum(stop_gradient(clip(ratio, low, high)) * logprob * adv), ratio = exp(logprob - sampling_logprob)",
             ("target_tokens", "logprobs", "advantages"),
-            config=(
-                ConfigKey("clip_low_threshold", 0.8, 0.0, 1.0, "the ratio's lower clip"),
-                ConfigKey("clip_high_threshold", 1.2, 1.0, 100.0, "the ratio's upper clip"),
-            ),
+            config=RATIO_CLIP,
             metrics=("loss:sum", "ratio:mean", "clip_fraction:mean"),
         ),
     )

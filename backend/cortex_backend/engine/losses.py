@@ -46,13 +46,7 @@ def ppo(logprobs: torch.Tensor, tensors: Tensors, config: dict[str, float]) -> L
     ratio = _ratio(logprobs, tensors)
     advantages = tensors["advantages"].float()
     objective = torch.minimum(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
-    loss = -objective.sum()
-    clip_fraction = ((ratio < low) | (ratio > high)).float().mean().item()
-    return loss, {
-        "loss:sum": loss.item(),
-        "ratio:mean": ratio.mean().item(),
-        "clip_fraction:mean": clip_fraction,
-    }
+    return _clipped_result(-objective.sum(), ratio, low, high)
 
 
 def cispo(logprobs: torch.Tensor, tensors: Tensors, config: dict[str, float]) -> LossResult:
@@ -60,7 +54,10 @@ def cispo(logprobs: torch.Tensor, tensors: Tensors, config: dict[str, float]) ->
     low, high = config["clip_low_threshold"], config["clip_high_threshold"]
     ratio = _ratio(logprobs, tensors)
     weight = torch.clamp(ratio, low, high).detach()
-    loss = -(weight * logprobs * tensors["advantages"].float()).sum()
+    return _clipped_result(-(weight * logprobs * tensors["advantages"].float()).sum(), ratio, low, high)
+
+
+def _clipped_result(loss: torch.Tensor, ratio: torch.Tensor, low: float, high: float) -> LossResult:
     clip_fraction = ((ratio < low) | (ratio > high)).float().mean().item()
     return loss, {
         "loss:sum": loss.item(),

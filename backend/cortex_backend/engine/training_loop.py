@@ -65,7 +65,7 @@ class TrainingLoop:
         try:
             spec = parse_training_loop(self.params["spec"])
             data, eval_data = self._data(spec)
-            self.faults.raise_in("training_loop")
+            self.faults.raise_in("training_loop_data_loaded")
             total = spec.planned_steps(data.steps_per_epoch(spec.batch_size))
             self.report(
                 {
