@@ -1,11 +1,15 @@
-"""What the typed contract costs: a no-op request's round trip and a job listing, against a backend
-built from an earlier tree (default: `main`, whose handlers wrote dicts), measured in one run.
+"""What the typed contract costs: a no-op request's round trip, a job listing, and a small training step
+(forward_backward 4x64 + step), against a backend built from an earlier tree (default: `main`), measured
+in one run.
 
-    python bench/bench_contract.py [--before main] [--repeats 200]
+    python bench/bench_contract.py [--before main] [--repeats 200] [--train-repeats 40]
+
+`--before dd68d89^` is main just before the backend's inside was typed (worker messages, the operations
+catalog, the executor split).
 
 `--before 9f1095f` is main just before the typed contract landed (its handlers wrote dicts with
 json.dumps); `--before HEAD` measures the bench's own noise (both sides the same code). Both backends run
-side by side (tiny, one CPU slot each) and their calls alternate, each going first every other time, so
+side by side (tiny, two CPU slots each: a sampling job and a training job) and their calls alternate, each going first every other time, so
 load from other processes hits both. The goal is a ratio <= 1.0 (the models must not make a round trip
 slower). It also prints the CPU time each backend process, and its workers, spent per loop (one no-op
 round trip and one listing): on a shared, loaded machine a round trip's wall time swings by several
@@ -29,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
 from cortex_nb import Client  # noqa: E402
@@ -67,6 +72,16 @@ def checkout(ref: str, into: Path) -> Path:
     return into / "tree"
 
 
+def train_batch() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 256, size=(4, 65))
+    return {
+        "input_ids": tokens[:, :-1],
+        "target_tokens": tokens[:, 1:],
+        "weights": np.ones((4, 64), np.float32),
+    }
+
+
 def render_cost(client: Client, job_id: str, repeats: int) -> tuple[float, float]:
     from cortex_nb.protocol.schemas.base import render
     from cortex_nb.protocol.schemas.jobs import JobView
@@ -81,6 +96,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default="main", help="git ref of the tree to compare with")
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--train-repeats", type=int, default=40)
     args = parser.parse_args()
     os.environ.setdefault("CORTEX_DISABLE_TELEMETRY", "1")
     with tempfile.TemporaryDirectory(prefix="cortex-contract-") as tmp:
@@ -92,7 +108,7 @@ def main() -> int:
             "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "backend")]),
             "CORTEX_STRICT_REPLIES": "0",
         }
-        common = ("--devices", "cpu:1", "--worker-threads", "1")
+        common = ("--devices", "cpu:2", "--worker-threads", "1")
         before = start_backend(Path(tmp) / "before", *common, env=before_env)
         after = start_backend(Path(tmp) / "after", *common, env={"CORTEX_STRICT_REPLIES": "0"})
         try:
@@ -126,10 +142,30 @@ def main() -> int:
                     for name, pid in pids.items()
                 }
                 typed, plain = render_cost(new, jobs["after"], args.repeats)
+                data = train_batch()
+                trainers = {
+                    name: client.create_training_job("tiny", lora={"r": 16, "alpha": 32})
+                    for name, client in pair
+                }
+                for trainer in trainers.values():
+                    trainer.forward_backward(data).result(timeout_s=300)  # the worker is up, warm
+                    trainer.step().result(timeout_s=300)
+                times["before"]["train"], times["after"]["train"] = [], []
+                names = ("before", "after")
+                for repeat in range(args.train_repeats):
+                    for name in names if repeat % 2 == 0 else names[::-1]:
+                        trainer = trainers[name]
+                        times[name]["train"].append(
+                            elapsed(lambda t=trainer: (t.forward_backward(data).result(), t.step().result()))
+                        )
         finally:
             before.stop()
             after.stop()
-    for what, label in (("noop", "no-op request, submit + result (ms)"), ("list", "GET /v1/jobs (ms)")):
+    for what, label in (
+        ("noop", "no-op request, submit + result (ms)"),
+        ("list", "GET /v1/jobs (ms)"),
+        ("train", "forward_backward 4x64 + step (ms)"),
+    ):
         old_ms = statistics.median(times["before"][what]) * 1000
         new_ms = statistics.median(times["after"][what]) * 1000
         print(

@@ -7,10 +7,10 @@
    - before (the widget of `--before`, default e13118f, the revision before the backend owned progress):
      a `%%cortex train` loop in the kernel with its widget (log long-poll, status, metrics), and a widget
      reattached with `%cortex job ID`, which rebuilt steps and loss by reading every request's result;
-   - after (this tree): the widget of a managed run, fed from the job's progress record.
+   - after (this tree): the widget of a training run, fed from the job's progress record.
    The "before" code runs in a subprocess from a copy of that revision's `cortex_nb` (git archive).
 2. Seconds from a kernel restart (Kernel > Restart) to `%cortex job ID` showing the live step of a
-   managed run in the restarted kernel, with a real ipykernel; and the part after the kernel was ready.
+   training run in the restarted kernel, with a real ipykernel; and the part after the kernel was ready.
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def main() -> None:
         f"  {before['reattached_widget']['by_route']}"
     )
     print(
-        f"after, a managed run's widget:                 {after['managed_run_widget']['per_s']:6.2f} requests/s"
+        f"after, a training run's widget:                 {after['managed_run_widget']['per_s']:6.2f} requests/s"
         f"  ({after['steps_per_s']:.1f} steps/s) {after['managed_run_widget']['by_route']}"
     )
     for name in ("kernel_loop_widget", "reattached_widget"):

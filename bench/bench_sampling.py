@@ -133,7 +133,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     import torch
-    from cortex_backend.engine.sampler import TransformersSampler
+    from cortex_backend.engine.transformers_sampler import TransformersSampler
 
     torch.set_num_threads(args.threads)
     sampler_state = build_state(args.model_dir)

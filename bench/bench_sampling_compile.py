@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=None)
     args = parser.parse_args()
     import torch
-    from cortex_backend.engine.sampler import TransformersSampler
+    from cortex_backend.engine.transformers_sampler import TransformersSampler
     from transformers import CompileConfig
 
     torch.set_num_threads(args.threads)

@@ -4,8 +4,8 @@
 
 - baseline: the same steps driven from this process through the primitive API, pipelined (the next
   step queued before the last result is read), on the same batches (`cortex_nb.train_data`);
-- a managed run (`Client.train`): the loop in the training worker, no round trip per step;
-- the managed run with a live widget following it (feed thread + throttled renders).
+- a training run (`Client.train`): the loop in the training worker, no round trip per step;
+- the training run with a live widget following it (feed thread + throttled renders).
 
 Each trains `tiny` on the shipped demo text on a fresh job; model start-up is not timed (a managed
 run's time is its progress record's `elapsed_s`, from its first step to its last).
@@ -51,7 +51,7 @@ def client_loop(client: Client, steps: int, batch_size: int, seq_len: int) -> fl
 def managed_run(
     client: Client, steps: int, batch_size: int, seq_len: int, with_widget: bool
 ) -> tuple[float, int]:
-    """Seconds per step of a managed run, and the renders of a widget following it (if any)."""
+    """Seconds per step of a training run, and the renders of a widget following it (if any)."""
     job = client.train(
         {
             "base_model": "tiny",
@@ -104,10 +104,10 @@ def main() -> None:
     print(f"tiny, {args.steps} steps of {args.batch_size} x {args.seq_len} tokens, CPU")
     print(f"client-driven pipelined loop {baseline * 1000:7.1f} ms/step")
     print(
-        f"managed run                  {managed * 1000:7.1f} ms/step   x{baseline / managed:.2f} the client loop's speed"
+        f"training run                  {managed * 1000:7.1f} ms/step   x{baseline / managed:.2f} the client loop's speed"
     )
     print(
-        f"managed run + live widget    {watched * 1000:7.1f} ms/step   cost x{watched / managed:.2f} ({renders} renders)"
+        f"training run + live widget    {watched * 1000:7.1f} ms/step   cost x{watched / managed:.2f} ({renders} renders)"
     )
 
 

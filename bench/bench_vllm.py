@@ -30,7 +30,7 @@ from bench_sampling import build_state, hf_generate, measure, prompts_of, report
 
 
 def sampling(repeats: int) -> None:
-    from cortex_backend.engine.sampler import TransformersSampler
+    from cortex_backend.engine.transformers_sampler import TransformersSampler
     from cortex_backend.engine.vllm_sampler import VllmSampler
 
     vllm_state = build_state(None)

@@ -38,9 +38,12 @@ from .protocol.schemas import (
     meta,
     observability,
     runs,
+    speedtest,
+    stats,
     telemetry,
 )
 from .protocol.schemas.base import explain, field_path
+from .server_events import server_events
 from .telemetry import Telemetry, recorded
 from .transport import RetryPolicy, Transport
 
@@ -60,9 +63,14 @@ Submitted = Annotated[dict[str, Any], data_plane.Submitted]
 RequestStatus = Annotated[dict[str, Any], data_plane.RequestStatus]
 RequestList = Annotated[dict[str, Any], data_plane.RequestList]
 ChunkStored = Annotated[dict[str, Any], data_plane.ChunkStored]
+RouterReplayDiscarded = Annotated[dict[str, Any], data_plane.RouterReplayDiscarded]
 CheckpointList = Annotated[dict[str, Any], checkpoints.CheckpointList]
 CheckpointRow = Annotated[dict[str, Any], checkpoints.CheckpointView]
 DeletedCheckpoint = Annotated[dict[str, Any], checkpoints.DeletedCheckpoint]
+PrunedCheckpoints = Annotated[dict[str, Any], checkpoints.PrunedCheckpoints]
+StorageView = Annotated[dict[str, Any], checkpoints.StorageView]
+JobLineage = Annotated[dict[str, Any], checkpoints.JobLineage]
+DeletedJob = Annotated[dict[str, Any], jobs.DeletedJob]
 DatasetRow = Annotated[dict[str, Any], datasets.DatasetView]
 JobLogPage = Annotated[dict[str, Any], logs.JobLogPage]
 RunLogPage = Annotated[dict[str, Any], logs.RunLogPage]
@@ -75,6 +83,19 @@ HostMetrics = Annotated[dict[str, Any], observability.HostMetrics]
 EventPage = Annotated[dict[str, Any], observability.EventPage]
 TelemetryAccepted = Annotated[dict[str, Any], telemetry.TelemetryAccepted]
 TelemetryRecords = Annotated[dict[str, Any], telemetry.TelemetryRecords]
+Stats = Annotated[dict[str, Any], stats.Stats]
+SpeedtestReceived = Annotated[dict[str, Any], speedtest.SpeedtestReceived]
+# A streamed generate sends a heartbeat every 10 s of quiet: a read waiting this long means a dead connection.
+STREAM_READ_TIMEOUT_S = 35.0
+# The filters `GET /v1/jobs` and `GET /v1/runs` take besides status, limit and cursor.
+LISTING_FILTERS = ("name", "since", "until", "label", "owner")
+
+
+def _filters(filters: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(filters) - set(LISTING_FILTERS))
+    if unknown:
+        raise TypeError(f"unknown listing filter(s) {unknown}; use {list(LISTING_FILTERS)}")
+    return dict(filters)
 
 
 def strict_from_env() -> bool:
@@ -162,6 +183,9 @@ class Api:
         self.strict = strict_from_env() if strict is None else strict
         self.max_body_bytes = wire.MAX_BODY_BYTES
         self.chunk_bytes = wire.CHUNK_BYTES
+        # The last link speed test's figures (link_speed.py); uploads above the threshold show an ETA from it.
+        self.measured_link: dict[str, float] | None = None
+        self.eta_threshold_bytes = 64 * 1024 * 1024
 
     @property
     def retry(self) -> RetryPolicy:
@@ -203,8 +227,8 @@ class Api:
         return self.transport.request(spec.method, spec.url(**path_params), **kwargs)
 
     # meta ----------------------------------------------------------------------------------------
-    def version(self) -> VersionInfo:
-        return self.call("version")
+    def version(self, challenge: str | None = None) -> VersionInfo:
+        return self.call("version", params={"challenge": challenge} if challenge else None)
 
     def openapi(self) -> dict[str, Any]:
         return self._raw("openapi", {}).json()
@@ -241,8 +265,12 @@ class Api:
         name: str | None = None,
         idle_timeout_s: float | None = None,
         training_loop: Mapping[str, Any] | None = None,
+        priority: int | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> JobRow:
         body = {
+            "labels": dict(labels) if labels else None,
+            "priority": priority,
             "sub_jobs": list(sub_jobs),
             "training_loop": training_loop,
             "job_id": job_id,
@@ -254,8 +282,13 @@ class Api:
         return self.call("create_job", json={key: value for key, value in body.items() if value is not None})
 
     @recorded("list_jobs")
-    def list_jobs(self, status: str | None = None, limit: int = 100, cursor: str | None = None) -> JobPage:
-        return self.call("list_jobs", params={"status": status, "limit": limit, "cursor": cursor})
+    def list_jobs(
+        self, status: str | None = None, limit: int = 100, cursor: str | None = None, **filters: Any
+    ) -> JobPage:
+        """`filters`: any of `LISTING_FILTERS` (name, since, until, label, owner)."""
+        return self.call(
+            "list_jobs", params={"status": status, "limit": limit, "cursor": cursor, **_filters(filters)}
+        )
 
     @recorded("get_job")
     def get_job(
@@ -276,6 +309,24 @@ class Api:
     @recorded("cancel_job")
     def cancel_job(self, job_id: str) -> JobRow:
         return self.call("cancel_job", {"job_id": job_id})
+
+    def update_job(
+        self, job_id: str, *, name: str | None = None, labels: Mapping[str, str] | None = None
+    ) -> JobRow:
+        """Rename a job, or replace its labels (tags) whole."""
+        body: dict[str, Any] = {"name": name, "labels": dict(labels) if labels is not None else None}
+        return self.call(
+            "update_job",
+            {"job_id": job_id},
+            json={key: value for key, value in body.items() if value is not None},
+        )
+
+    def delete_job(self, job_id: str) -> DeletedJob:
+        """Forget a finished job with its logs and checkpoints (refused while it runs or keeps a checkpoint)."""
+        return self.call("delete_job", {"job_id": job_id})
+
+    def job_lineage(self, job_id: str) -> JobLineage:
+        return self.call("job_lineage", {"job_id": job_id})
 
     @recorded("complete_job")
     def complete_job(self, job_id: str) -> CompletedJob:
@@ -320,14 +371,16 @@ class Api:
         loss_fn_config: Mapping[str, float] | None = None,
         *,
         sub_job: str | None = None,
+        router_replay: Sequence[str] | None = None,
+        record_routes: bool = False,
     ) -> Submitted:
         if loss_fn not in LOSSES:
             raise errors.BadRequestError(
                 f"loss_fn must be one of {sorted(LOSSES)}, got {loss_fn!r}", code="unknown_loss"
             )
-        frame = wire.encode_frame(
-            as_batch(batch), {"loss_fn": loss_fn, "loss_fn_config": dict(loss_fn_config or {})}
-        )
+        metadata = {"loss_fn": loss_fn, "loss_fn_config": dict(loss_fn_config or {})}
+        metadata.update(_routing(router_replay, record_routes))
+        frame = wire.encode_frame(as_batch(batch), metadata)
         return self._submit_frame("forward_backward", job_id, frame, sub_job)
 
     @recorded("forward")
@@ -340,8 +393,10 @@ class Api:
         loss_fn: str | None = None,
         loss_fn_config: Mapping[str, float] | None = None,
         sub_job: str | None = None,
+        router_replay: Sequence[str] | None = None,
+        record_routes: bool = False,
     ) -> Submitted:
-        metadata: dict[str, Any] = {}
+        metadata: dict[str, Any] = _routing(router_replay, record_routes)
         if adapter is not None:
             metadata["adapter"] = adapter
         if loss_fn is not None:
@@ -366,6 +421,44 @@ class Api:
         if adapter is not None:
             body["adapter"] = adapter
         return self.call("generate", {"job_id": job_id}, json=body, params={"sub_job": sub_job})
+
+    @contextlib.contextmanager
+    def generate_stream(
+        self,
+        job_id: str,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        sampling_params: Mapping[str, Any] | None = None,
+        *,
+        adapter: str | Mapping[str, str] | None = None,
+        sub_job: str | None = None,
+    ) -> Iterator[Iterator[tuple[str, Any]]]:
+        """The streamed form of `generate`: its server-sent events as (name, data) pairs: `submitted`,
+        `tokens`..., `result`. Leaving the block early closes the connection, which cancels the request."""
+        body: dict[str, Any] = {
+            "prompts": list(prompts),
+            "sampling_params": dict(sampling_params or {}),
+            "stream": True,
+        }
+        if adapter is not None:
+            body["adapter"] = adapter
+        spec = route("generate")
+        with self.transport.stream(
+            spec.method,
+            spec.url(job_id=job_id),
+            params={"sub_job": sub_job},
+            json=body,
+            timeout_s=STREAM_READ_TIMEOUT_S,
+        ) as response:
+            yield server_events(response.iter_lines())
+
+    def router_replay_discard(
+        self, job_id: str, routes_ids: Sequence[str] | None = None
+    ) -> RouterReplayDiscarded:
+        body = {"routes_ids": list(routes_ids)} if routes_ids is not None else {}
+        return self.call("router_replay_discard", {"job_id": job_id}, json=body)
+
+    def reset_prefix_cache(self, job_id: str, *, sub_job: str | None = None) -> Submitted:
+        return self.call("reset_prefix_cache", {"job_id": job_id}, json={}, params={"sub_job": sub_job})
 
     def noop(self, job_id: str, *, sub_job: str | None = None) -> Submitted:
         return self.call("noop", {"job_id": job_id}, json={}, params={"sub_job": sub_job})
@@ -409,10 +502,13 @@ class Api:
         checkpoint_type: str = "resumable",
         *,
         sub_job: str | None = None,
+        ttl_seconds: int | None = None,
     ) -> Submitted:
         body: dict[str, Any] = {"type": checkpoint_type}
         if checkpoint_id is not None:
             body["checkpoint_id"] = checkpoint_id
+        if ttl_seconds is not None:
+            body["ttl_seconds"] = ttl_seconds
         return self.call("save", {"job_id": job_id}, json=body, params={"sub_job": sub_job})
 
     def load(
@@ -445,14 +541,56 @@ class Api:
             body["targets"] = list(target_sub_job_ids)
         return self.call("weight_sync", {"job_id": job_id}, json=body)
 
-    def list_checkpoints(self, job_id: str) -> CheckpointList:
-        return self.call("list_checkpoints", {"job_id": job_id})
+    def list_checkpoints(self, job_id: str, **filters: Any) -> CheckpointList:
+        """A job's checkpoints; `filters` are `ListCheckpointsQuery`'s (type, kept, min_step, max_step,
+        created_before, created_after)."""
+        params = {
+            key: (str(value).lower() if isinstance(value, bool) else value)
+            for key, value in filters.items()
+            if value is not None
+        }
+        return self.call("list_checkpoints", {"job_id": job_id}, params=params or None)
+
+    def keep_checkpoint(self, job_id: str, checkpoint_id: str, kept: bool = True) -> CheckpointRow:
+        """Mark a checkpoint keep (no bulk delete removes it), or take the mark off."""
+        return self.call(
+            "update_checkpoint", {"job_id": job_id, "checkpoint_id": checkpoint_id}, json={"kept": kept}
+        )
+
+    def prune_checkpoints(
+        self,
+        job_id: str,
+        *,
+        keep_final: bool = True,
+        older_than_s: float | None = None,
+        dry_run: bool = False,
+    ) -> PrunedCheckpoints:
+        """Delete a job's checkpoints in bulk: all but `final` and the kept ones (or only those older than)."""
+        body: dict[str, Any] = {"keep_final": keep_final, "dry_run": dry_run}
+        if older_than_s is not None:
+            body["older_than_s"] = float(older_than_s)
+        return self.call("prune_checkpoints", {"job_id": job_id}, json=body)
+
+    def storage(self, owner: str | None = None) -> StorageView:
+        """Checkpoint bytes per owner (against the quota) and per job."""
+        return self.call("storage", params={"owner": owner} if owner else None)
 
     def get_checkpoint(self, job_id: str, checkpoint_id: str) -> CheckpointRow:
         return self.call("get_checkpoint", {"job_id": job_id, "checkpoint_id": checkpoint_id})
 
     def delete_checkpoint(self, job_id: str, checkpoint_id: str) -> DeletedCheckpoint:
         return self.call("delete_checkpoint", {"job_id": job_id, "checkpoint_id": checkpoint_id})
+
+    def update_checkpoint(self, job_id: str, checkpoint_id: str, changes: dict[str, Any]) -> CheckpointRow:
+        """`changes`: `ttl_seconds` (None: never expire) and/or `public`; a key left out stays as it is."""
+        path = {"job_id": job_id, "checkpoint_id": checkpoint_id}
+        return self.call("update_checkpoint", path, json=changes)
+
+    def copy_checkpoint(
+        self, job_id: str, checkpoint_id: str, ttl_seconds: int | None = None
+    ) -> CheckpointRow:
+        path = {"job_id": job_id, "checkpoint_id": checkpoint_id}
+        return self.call("copy_checkpoint", path, json={"ttl_seconds": ttl_seconds})
 
     def export_checkpoint(
         self, job_id: str, checkpoint_id: str, sink: IO[bytes], *, contents: str = "adapter"
@@ -518,6 +656,19 @@ class Api:
             timeout_s=wait_s + 30 if wait_s else None,
         )
 
+    def speedtest_download(self, size: int) -> int:
+        """Ask for `size` bytes; returns how many arrived."""
+        return len(self._raw("speedtest_download", {}, params={"bytes": size}).content)
+
+    def speedtest_upload(self, data: bytes) -> SpeedtestReceived:
+        headers = {"Content-Type": "application/octet-stream"}
+        return self.call("speedtest_upload", content=data, headers=headers)
+
+    def stats(
+        self, since: float | None = None, until: float | None = None, owner: str | None = None
+    ) -> Stats:
+        return self.call("stats", params={"since": since, "until": until, "owner": owner})
+
     def client_telemetry(self, records: Sequence[Mapping[str, Any]]) -> TelemetryAccepted:
         return self.call("client_telemetry", json={"records": list(records)})
 
@@ -545,8 +696,16 @@ class Api:
         limit: int = 50,
         cursor: str | None = None,
         submission_id: str | None = None,
+        **filters: Any,
     ) -> RunPage:
-        params = {"status": status, "limit": limit, "cursor": cursor, "submission_id": submission_id}
+        """`filters`: any of `LISTING_FILTERS` (name, since, until, label, owner)."""
+        params = {
+            "status": status,
+            "limit": limit,
+            "cursor": cursor,
+            "submission_id": submission_id,
+            **_filters(filters),
+        }
         return self.call("list_runs", params=params)
 
     def get_run(self, run_id: str, wait_s: float = 0.0, while_status: str | None = None) -> RunRow:
@@ -582,11 +741,14 @@ class Api:
 # --- one-off calls outside a Client -------------------------------------------------------------------
 
 
-def probe_version(url: str, *, verify: Any = True, timeout_s: float = 2.0) -> VersionInfo:
-    """`GET /version` of a backend, once, without retries (is the local backend there?)."""
+def probe_version(
+    url: str, *, verify: Any = True, timeout_s: float = 2.0, challenge: str | None = None
+) -> VersionInfo:
+    """`GET /version` of a backend, once, without retries and without a token (is the local backend
+    there? with `challenge`: can it prove it is the one its state file names?)."""
     transport = Transport(url, None, timeout_s=timeout_s, retry=RetryPolicy(max_attempts=1), verify=verify)
     try:
-        return Api(transport, strict=False).version()
+        return Api(transport, strict=False).version(challenge)
     finally:
         transport.close()
 
@@ -638,3 +800,14 @@ class TelemetryChannel:
 
     def close(self) -> None:
         self._transport.close()
+
+
+def _routing(router_replay: Sequence[str] | None, record_routes: bool) -> dict[str, Any]:
+    """Frame metadata of router replay (docs/router-replay.md): the `routes_id` each row replays, and
+    whether to return the experts the forward used."""
+    metadata: dict[str, Any] = {}
+    if router_replay is not None:
+        metadata["router_replay"] = list(router_replay)
+    if record_routes:
+        metadata["record_routes"] = True
+    return metadata

@@ -45,14 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a submission id of your own; submitting it again never runs twice",
     )
-    run.add_argument(
-        "--profile",
-        default=None,
-        help="connection profile (default: CORTEX_URL/CORTEX_TOKEN, then the default profile)",
-    )
+    add_backend_choice(run)
     runs = commands.add_parser("runs", help="list recent source runs")
     runs.add_argument("--limit", type=int, default=20)
-    runs.add_argument("--profile", default=None)
+    add_backend_choice(runs)
     backend = commands.add_parser(
         "backend", help="run or administer the backend service (needs cortex-nb[backend])"
     )
@@ -62,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
         backend.set_defaults(backend_missing=True)
     else:
         add_backend_commands(backend)
+    commands.add_parser(
+        "doctor",
+        help="what this host gives a backend: bubblewrap (the run sandbox), user namespaces, cgroups, GPUs",
+    )
     host = commands.add_parser("host", help="the hosts of a Ray cluster serving one backend (docs/scale.md)")
     host_commands = host.add_subparsers(dest="host_command", required=True)
     join = host_commands.add_parser(
@@ -84,6 +84,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_backend_choice(command: argparse.ArgumentParser) -> None:
+    """Which backend a command talks to: a profile, CORTEX_URL, or (by default, as in the notebook) this
+    user's local backend."""
+    command.add_argument(
+        "--profile",
+        default=None,
+        help="connection profile (default: CORTEX_URL/CORTEX_TOKEN, then the default profile, then --local)",
+    )
+    command.add_argument(
+        "--local",
+        action="store_true",
+        help="use this user's local backend (started if none runs); the default when no URL or profile is set",
+    )
+    command.add_argument(
+        "--data-dir",
+        default=None,
+        help="with --local: the local backend's data dir (default $CORTEX_LOCAL_DIR)",
+    )
+
+
+def backend_client(args: argparse.Namespace):
+    """The client a command uses: `--local`, `--profile NAME`, else CORTEX_URL or the default profile,
+    else the per-user local backend (what `%cortex connect --local` reaches)."""
+    from . import profiles
+    from .client import Client
+
+    if args.local:
+        return Client.local(args.data_dir)
+    if args.profile is not None or profiles.from_env() is not None or profiles.from_profile(None) is not None:
+        return Client.from_profile(args.profile)
+    print(
+        "using your local backend (no CORTEX_URL or profile set; --profile NAME for another)", file=sys.stderr
+    )
+    return Client.local(args.data_dir)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "demo":
@@ -97,6 +133,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(run_command(args))
     if args.command == "host":
         sys.exit(host_command(args))
+    if args.command == "doctor":
+        try:
+            from cortex_backend.doctor import print_report
+        except ImportError:
+            print(
+                "error: the backend is not installed here; pip install 'cortex-nb[backend]'", file=sys.stderr
+            )
+            sys.exit(2)
+        sys.exit(print_report())
     if args.command == "backend":
         if getattr(args, "backend_missing", False):
             print(
@@ -153,12 +198,11 @@ def notebook_demo(args: argparse.Namespace) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     """`cortex-nb run` and `cortex-nb runs`."""
-    from .client import Client
     from .errors import CortexError, SubmissionOutcomeUnknown
-    from .protocol.states import JOB_DONE
+    from .protocol.states import JOB_DONE, format_bytes
 
     try:
-        with Client.from_profile(args.profile) as client:
+        with backend_client(args) as client:
             if args.command == "runs":
                 frame = client.history(limit=args.limit)
                 print(frame.to_string(index=False) if len(frame) else "no runs yet")
@@ -187,7 +231,7 @@ def run_command(args: argparse.Namespace) -> int:
                     else ""
                 )
                 + f"; exit code {report.get('exit_code')}, {report.get('device_seconds')} device-seconds,"
-                f" peak memory {report.get('peak_memory_bytes')} bytes, isolation {report.get('isolation_tier')}"
+                f" peak memory {format_bytes(report.get('peak_memory_bytes'))}, isolation {report.get('isolation_tier')}"
             )
             if args.outputs and final["status"] == JOB_DONE:
                 for name, path in sorted(handle.outputs(dest=args.outputs, keep_paths=True).items()):

@@ -20,7 +20,7 @@ from .api import Api, TelemetryChannel
 from .batching import as_batch
 from .log_stream import LogStream
 from .poll_policy import PollPolicy
-from .protocol.states import JOB_RUNNING, JOB_TERMINAL
+from .protocol.states import JOB_RUNNING, JOB_TERMINAL, is_short_lived
 from .protocol.versions import API_VERSION, api_major
 from .runs import RunHandle, download_output, resume_run, start_run
 from .telemetry import Telemetry, recorded
@@ -52,9 +52,11 @@ class Client:
         extra_headers: dict[str, str] | None = None,
         cookies: dict[str, str] | None = None,
         verify: bool | str | None = None,
+        reconnect_s: float | None = None,
     ) -> None:
         """`verify` checks an https backend's certificate: True (system CAs, the default; else
-        $CORTEX_VERIFY), a CA file, or a `sha256:...` pin (see cortex_nb/tls.py)."""
+        $CORTEX_VERIFY), a CA file, or a `sha256:...` pin (see cortex_nb/tls.py). `reconnect_s` is how
+        long waits on a job ride through a backend that does not answer (default 180 s; see reconnect.py)."""
         self.url = url.rstrip("/")
         self.transport = Transport(
             self.url,
@@ -74,6 +76,8 @@ class Client:
             connect=TelemetryChannel,
         )
         self.api = Api(self.transport, poll=poll, telemetry=self.telemetry)
+        if reconnect_s is not None:
+            self.api.poll.reconnect_s = float(reconnect_s)
         self.backend_version: dict[str, Any] | None = None
         self.local_backend: LocalEndpoint | None = None  # set by Client.local()
         if check_version:
@@ -117,6 +121,8 @@ class Client:
                 code="invalid_request",
             )
         kwargs.setdefault("verify", endpoint.verify)
+        if endpoint.reconnect_s is not None:
+            kwargs.setdefault("reconnect_s", endpoint.reconnect_s)
         return cls(endpoint.url, endpoint.token, **kwargs)
 
     @classmethod
@@ -192,21 +198,35 @@ class Client:
         *,
         name: str | None = None,
         idle_timeout_s: float | None = None,
+        priority: int | None = None,
     ) -> dict[str, Any]:
+        """`priority` 0-9 (default 5) orders the queue; see docs/api.md, Priorities."""
         return self.api.create_job(
-            sub_jobs, job_id, experiment_name, hardware, name=name, idle_timeout_s=idle_timeout_s
+            sub_jobs,
+            job_id,
+            experiment_name,
+            hardware,
+            name=name,
+            idle_timeout_s=idle_timeout_s,
+            priority=priority,
         )
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self.api.get_job(job_id)
 
     @recorded("list_jobs")
-    def list_jobs(self, status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    def list_jobs(
+        self, status: str | None = None, limit: int = 100, short_lived: bool = True, **filters: Any
+    ) -> list[dict[str, Any]]:
+        """Newest first, at most `limit`. `filters`: `name` (a part of it), `since`/`until` (created,
+        Unix seconds), `label` ("key" or "key=value"), `owner` (an admin's token only). With
+        `short_lived=False`, the jobs `%cortex compare` and sampling on demand start for themselves are
+        left out (and `limit` counts the others)."""
         jobs: list[dict[str, Any]] = []
         cursor = None
         while len(jobs) < limit:
-            page = self.api.list_jobs(status, min(limit - len(jobs), 500), cursor)
-            jobs.extend(page["jobs"])
+            page = self.api.list_jobs(status, min(limit - len(jobs), 500), cursor, **filters)
+            jobs.extend(job for job in page["jobs"] if short_lived or not is_short_lived(job))
             cursor = page.get("next_cursor")
             if not cursor:
                 break
@@ -253,8 +273,9 @@ class Client:
         namespace: Mapping[str, Any] | None = None,
         experiment: str | None = None,
         idle_timeout_s: float | None = None,
+        priority: int | None = None,
     ) -> TrainingJob:
-        """Start a managed training run and return its `TrainingJob` at once: the backend runs the loop
+        """Start a training run and return its `TrainingJob` at once: the backend runs the loop
         (batching, eval, samples, checkpoints) in the training worker, so it outlives this process.
 
         `spec` is a `TrainSpec`, a dict of the `%%cortex train` YAML keys, or that YAML text. Its data
@@ -263,7 +284,13 @@ class Client:
         `job.history` and `job.wait()`.
         """
         return start_training(
-            self, spec, name=name, namespace=namespace, experiment=experiment, idle_timeout_s=idle_timeout_s
+            self,
+            spec,
+            name=name,
+            namespace=namespace,
+            experiment=experiment,
+            idle_timeout_s=idle_timeout_s,
+            priority=priority,
         )
 
     # data plane ----------------------------------------------------------------------------------
@@ -275,11 +302,22 @@ class Client:
         loss_fn_config: dict[str, float] | None = None,
         *,
         sub_job: str | None = None,
+        router_replay: list[str] | None = None,
+        record_routes: bool = False,
     ) -> str:
-        """Queue a forward+backward pass; gradients accumulate until `step`. Returns the request id."""
-        return self.api.forward_backward(job_id, batch, loss_fn, loss_fn_config, sub_job=sub_job)[
-            "request_id"
-        ]
+        """Queue a forward+backward pass; gradients accumulate until `step`. Returns the request id.
+        On an MoE base, `router_replay` names per row the `routes_id` of a sample recorded with
+        `record_routes` (its experts are replayed), and `record_routes` returns the experts the forward used
+        as the result tensor `routed_experts` (docs/router-replay.md)."""
+        return self.api.forward_backward(
+            job_id,
+            batch,
+            loss_fn,
+            loss_fn_config,
+            sub_job=sub_job,
+            router_replay=router_replay,
+            record_routes=record_routes,
+        )["request_id"]
 
     def forward(
         self,
@@ -290,12 +328,22 @@ class Client:
         loss_fn: str | None = None,
         loss_fn_config: dict[str, float] | None = None,
         sub_job: str | None = None,
+        router_replay: list[str] | None = None,
+        record_routes: bool = False,
     ) -> str:
         """Queue a scoring pass: log p(target_tokens) per position, no gradients. `adapter` scores with
         "base" (no adapter) or a saved checkpoint's ({"checkpoint_id", "job_id"?}) instead of the live one;
-        `loss_fn` also reports that loss and its metrics (nothing is accumulated)."""
+        `loss_fn` also reports that loss and its metrics (nothing is accumulated); `router_replay` and
+        `record_routes` as for forward_backward."""
         return self.api.forward(
-            job_id, batch, adapter=adapter, loss_fn=loss_fn, loss_fn_config=loss_fn_config, sub_job=sub_job
+            job_id,
+            batch,
+            adapter=adapter,
+            loss_fn=loss_fn,
+            loss_fn_config=loss_fn_config,
+            sub_job=sub_job,
+            router_replay=router_replay,
+            record_routes=record_routes,
         )["request_id"]
 
     def step(
@@ -327,6 +375,19 @@ class Client:
         return self.api.generate(job_id, prompts, sampling_params, adapter=adapter, sub_job=sub_job)[
             "request_id"
         ]
+
+    def reset_prefix_cache(
+        self, job_id: str, *, sub_job: str | None = None, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """Drop the sampling engine's cached prompt prefixes (after the sub-job's queued requests); waits
+        and returns the result: `{engine, reset, cached_prefixes_dropped, detail}`."""
+        request_id = self.api.reset_prefix_cache(job_id, sub_job=sub_job)["request_id"]
+        return self.poll_request(job_id, request_id, timeout_s)
+
+    def router_replay_discard(self, job_id: str, routes_ids: list[str] | None = None) -> dict[str, Any]:
+        """Free routes recorded for replay (`record_routes`): the named `routes_id`s, or all of the job's.
+        Returns what was freed and what the job still holds (`held_bytes`, `cap_bytes`)."""
+        return self.api.router_replay_discard(job_id, routes_ids)
 
     def noop(self, job_id: str, *, sub_job: str | None = None) -> str:
         """A request that does nothing in the worker: measures the round trip."""
@@ -360,10 +421,14 @@ class Client:
         checkpoint_type: str = "resumable",
         *,
         sub_job: str | None = None,
+        ttl_seconds: int | None = None,
     ) -> str:
         """Queue a save of the trainer's adapter ("weights-only") or adapter + optimizer + step + RNG
-        ("resumable"). The result names the checkpoint (`step-N` unless `checkpoint_id` is given)."""
-        return self.api.save(job_id, checkpoint_id, checkpoint_type, sub_job=sub_job)["request_id"]
+        ("resumable"). The result names the checkpoint (`step-N` unless `checkpoint_id` is given); with
+        `ttl_seconds` the backend deletes it that long after it is saved (unless it is in use then)."""
+        return self.api.save(
+            job_id, checkpoint_id, checkpoint_type, sub_job=sub_job, ttl_seconds=ttl_seconds
+        )["request_id"]
 
     def load(
         self,
@@ -405,6 +470,22 @@ class Client:
     def delete_checkpoint(self, job_id: str, checkpoint_id: str) -> dict[str, Any]:
         """Delete a checkpoint; refused (ConflictError, `checkpoint_in_use`) while a load or export reads it."""
         return self.api.delete_checkpoint(job_id, checkpoint_id)
+
+    def set_checkpoint_ttl(self, job_id: str, checkpoint_id: str, ttl_seconds: int | None) -> dict[str, Any]:
+        """Expire the checkpoint `ttl_seconds` from now (at least the backend's shortest, 1 hour by default), or
+        never (None). An expired checkpoint is deleted by the backend once nothing uses it."""
+        return self.api.update_checkpoint(job_id, checkpoint_id, {"ttl_seconds": ttl_seconds})
+
+    def publish_checkpoint(self, job_id: str, checkpoint_id: str, public: bool = True) -> dict[str, Any]:
+        """Let every token of the backend load and sample the checkpoint (public=False takes that back)."""
+        return self.api.update_checkpoint(job_id, checkpoint_id, {"public": public})
+
+    def copy_checkpoint(
+        self, job_id: str, checkpoint_id: str, ttl_seconds: int | None = None
+    ) -> dict[str, Any]:
+        """Copy a checkpoint you may read (yours, or a published one) into a new job of yours, which holds it
+        and cannot be trained on; the copy outlives the source."""
+        return self.api.copy_checkpoint(job_id, checkpoint_id, ttl_seconds)
 
     def export_checkpoint(
         self, job_id: str, checkpoint_id: str, dest: str | Path, *, contents: str = "adapter"
@@ -544,6 +625,29 @@ class Client:
         """Attach to an existing run."""
         return RunHandle(self, self.get_run(run_id))
 
+    def speedtest(self, size_mb: float = 8.0, pings: int = 5) -> dict[str, float]:
+        """Measure the link to the backend: `latency_ms` (median of `pings` round trips), `download_mb_s`
+        and `upload_mb_s` (`size_mb` MB each way, at most 32 MiB; MB = 10^6 bytes). Later uploads larger
+        than `api.eta_threshold_bytes` print an ETA from these figures."""
+        from .link_speed import measure
+
+        return measure(self, int(size_mb * 1e6), pings)
+
+    def stats(
+        self, since: float | None = None, until: float | None = None, owner: str | None = None
+    ) -> dict[str, Any]:
+        """Jobs and runs by state, queue wait (median, p95) and device-seconds per owner and per model over
+        [since, until) (default: the last 7 days); `owner` only with an admin's token."""
+        return self.api.stats(since, until, owner)
+
+    def stats_frame(
+        self, since: float | None = None, until: float | None = None, owner: str | None = None
+    ) -> pd.DataFrame:
+        """`stats` as a DataFrame: one row per figure (section, name, value)."""
+        from .views import stats_frame
+
+        return stats_frame(self.stats(since, until, owner))
+
     def history(self, limit: int = 20) -> pd.DataFrame:
         """Recent runs, newest first, as a pandas DataFrame."""
         from .views import runs_frame
@@ -554,12 +658,13 @@ class Client:
         return self.api.get_run(run_id, wait_s, while_status)
 
     def list_runs(
-        self, status: str | None = None, limit: int = 50, submission_id: str | None = None
+        self, status: str | None = None, limit: int = 50, submission_id: str | None = None, **filters: Any
     ) -> list[dict[str, Any]]:
+        """Newest first, at most `limit`; `filters` as `list_jobs` takes them."""
         runs: list[dict[str, Any]] = []
         cursor = None
         while len(runs) < limit:
-            page = self.api.list_runs(status, min(limit - len(runs), 500), cursor, submission_id)
+            page = self.api.list_runs(status, min(limit - len(runs), 500), cursor, submission_id, **filters)
             runs.extend(page["runs"])
             cursor = page.get("next_cursor")
             if not cursor:

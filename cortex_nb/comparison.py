@@ -21,10 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import errors
 from .api import Api, HasApi, api_of
-from .protocol.states import SAMPLING, TRAINING
-from .train_spec import FINAL_CHECKPOINT
+from .protocol.states import SAMPLING, SHORT_LIVED, TRAINING
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -135,17 +133,9 @@ def _sample_prompts(jobs: list[dict[str, Any]]) -> list[str]:
 
 def _checkpoint_of(api: Api, job: dict[str, Any]) -> str:
     """The checkpoint a run is compared with: `final` where there is one, else its latest."""
-    checkpoints = api.list_checkpoints(job["job_id"])["checkpoints"]
-    ids = [row["checkpoint_id"] for row in checkpoints]
-    if FINAL_CHECKPOINT in ids:
-        return FINAL_CHECKPOINT
-    if not ids:
-        raise errors.CortexError(
-            f"job {job['job_id']} has no checkpoint to sample from; free its device with job.complete() (it saves"
-            " 'final'), or pass samples=False",
-            code="checkpoint_not_found",
-        )
-    return ids[-1]
+    from .on_demand import sampling_checkpoint
+
+    return sampling_checkpoint(api, job)
 
 
 def _sample(api: Api, comparison: Comparison, prompts: list[str], max_tokens: int) -> None:
@@ -175,7 +165,7 @@ def _sample(api: Api, comparison: Comparison, prompts: list[str], max_tokens: in
                 "seed": 0,
             }
         )
-    sampler = Sampler(api, api.create_job(subs, name="%cortex compare"))
+    sampler = Sampler(api, api.create_job(subs, name="%cortex compare", labels=SHORT_LIVED["compare"]))
     try:
         sampler.wait_ready()
         targets = sampler.sub_jobs(SAMPLING)

@@ -56,11 +56,21 @@ def run_demo(
             pending = following
         after = job.generate([PROMPT], max_tokens=96, temperature=0.0).result()
         print(f"greedy sample after:  {after.texts[0]!r}")
+    # Leaving the block completed the job and waited for it: `final` is saved before the backend stops.
+    checkpoints = [row["checkpoint_id"] for row in client.list_checkpoints(job.job_id)]
+    print(f"job {job.job_id}: {job.info['status']}, checkpoints {checkpoints}")
     print(f"loss/token {losses[0]:.3f} -> {losses[-1]:.3f} in {time.monotonic() - started:.0f}s")
     client.close()
     if backend.started:  # a one-shot command leaves no backend behind it did not find running
         backend.stop()
-    return {"losses": losses, "before": before.texts[0], "after": after.texts[0], "job_id": job.job_id}
+    return {
+        "losses": losses,
+        "before": before.texts[0],
+        "after": after.texts[0],
+        "job_id": job.job_id,
+        "status": job.info["status"],
+        "checkpoints": checkpoints,
+    }
 
 
 # The quickstart notebook, run headless (`cortex-nb demo --notebook`) -------------------------------

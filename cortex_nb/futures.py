@@ -57,3 +57,24 @@ class APIFuture(Generic[T]):
     def __repr__(self) -> str:
         state = "done" if self._result is not _UNSET else "pending"
         return f"<APIFuture {self.op} {self.request_id} {state}>"
+
+
+class ResolvedFuture(Generic[T]):
+    """A result already in hand, behind the same `result()` as a queued request's (sampling a finished
+    job answers through a short-lived job of its own, waited for before returning)."""
+
+    def __init__(self, value: T, op: str) -> None:
+        self._value = value
+        self.op = op
+
+    def result(self, timeout_s: float | None = None) -> T:
+        return self._value
+
+    def done(self) -> bool:
+        return True
+
+    def cancel(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"<ResolvedFuture {self.op} done>"

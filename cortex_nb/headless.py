@@ -22,9 +22,10 @@ def _require_nbclient() -> None:
     try:
         import ipykernel  # noqa: F401
         import nbclient  # noqa: F401
+        import nbformat  # noqa: F401
     except ImportError as exc:
         raise CortexError(
-            f"running a notebook headless needs nbclient and ipykernel ({exc.name} is missing);"
+            f"running a notebook headless needs nbclient, nbformat and ipykernel ({exc.name} is missing);"
             " pip install 'cortex-nb[lab]'",
             code="invalid_request",
         ) from None
@@ -60,6 +61,7 @@ def cell_text(cell: Any) -> str:
 
 
 def read_notebook(path: str | os.PathLike):
+    _require_nbclient()  # the first thing `demo --notebook` needs: name the extra, not a traceback
     import nbformat
 
     return nbformat.read(str(path), as_version=4)

@@ -18,6 +18,7 @@ from . import errors
 from .job_state import JobState
 from .kernel_threads import BackgroundLoop
 from .protocol.states import JOB_TERMINAL
+from .reconnect import backend_away
 
 if TYPE_CHECKING:
     from .client import Client
@@ -37,7 +38,8 @@ class JobFeed(BackgroundLoop):
     LOGS_EVERY_S = 2.0  # while the view shows the log tail (`state.logs_open`)
     LOGS_CLOSED_EVERY_S = 15.0  # while it does not: the line count stays roughly current
     METRICS_EVERY_S = 10.0
-    # Consecutive failed rounds (with backoff, about five minutes) before a view stops following.
+    # Consecutive failed rounds (with backoff, about five minutes) before a view stops following. A backend
+    # that does not answer is waited for `client.poll.reconnect_s` instead: it may be restarting.
     MAX_FAILURES = 12
 
     def __init__(self, client: Client, state: JobState) -> None:
@@ -56,29 +58,41 @@ class JobFeed(BackgroundLoop):
     def _loop(self) -> None:
         backoff = 1.0
         failures = 0
+        away_since: float | None = None
         while not self._closed.is_set():
             started = time.monotonic()
             try:
                 self.poll_once(wait_s=self.PROGRESS_WAIT_S)
                 backoff = 1.0
+                away_since = None
             except errors.NotFoundError as exc:
                 self.state.note(exc.message)
                 return
             except errors.CortexError as exc:
                 failures += 1
-                if unreachable(exc):
+                away = unreachable(exc) or backend_away(exc)
+                if away:
+                    away_since = away_since or time.monotonic()
+                    away_s = time.monotonic() - away_since
                     self.state.set_backend_gone(
-                        f"{self.client.url} does not answer; %cortex connect --local starts"
-                        " a new local backend"
+                        f"backend restarting, reconnecting… ({away_s:.0f}s of {self.client.poll.reconnect_s:.0f}s);"
+                        f" {self.client.url} does not answer. If it stays down,"
+                        " %cortex connect --local starts a new local backend"
                     )
-                if failures >= self.MAX_FAILURES:
+                gave_up = (
+                    time.monotonic() - away_since >= self.client.poll.reconnect_s
+                    if away
+                    else failures >= self.MAX_FAILURES
+                )
+                if gave_up:
                     self.state.note(
                         f"stopped following: {exc.message} (%cortex job {self.state.job_id} follows again)"
                     )
                     return
                 self.state.add_log_lines([f"[cortex] lost touch with the backend, retrying: {exc.message}"])
                 self._closed.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                # While the backend is away, look often enough to show the resumed step soon after it is back.
+                backoff = min(backoff * 2, 5.0 if away else 30.0)
                 continue
             except (
                 Exception

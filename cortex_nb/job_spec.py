@@ -1,8 +1,6 @@
-"""`cortex_nb.run_spec` under its former name, so code written before the run spec got its name keeps importing it (the same
-module object, not a copy)."""
-
-import sys
+"""`cortex_nb.run_spec` under its former name, for one release (former_names.py)."""
 
 from . import run_spec as _module
+from .former_names import keep_former_name
 
-sys.modules[__name__] = _module
+keep_former_name(__name__, _module)

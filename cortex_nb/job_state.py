@@ -16,8 +16,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .protocol.states import JOB_TERMINAL, WORD_CANCELLED, WORD_DONE, WORD_FAILED, clock, display_state
-from .series import CHART_POINTS, DecimatedSeries
+from .protocol.series import CHART_POINTS, DecimatedSeries
+from .protocol.states import (
+    JOB_TERMINAL,
+    WORD_CANCELLED,
+    WORD_DONE,
+    WORD_FAILED,
+    WORD_STOPPED,
+    clock,
+    display_state,
+    format_loss,
+    format_rate,
+)
 
 METRIC_POINTS = 240
 LOG_TAIL_LINES = 200
@@ -25,8 +35,19 @@ LOG_LINE_CHARS = 400
 SAMPLE_CHARS = 300
 MAX_SAMPLES = 8
 # The display words a finished job shows.
-TERMINAL_WORDS = frozenset({WORD_DONE, WORD_FAILED, WORD_CANCELLED})
+TERMINAL_WORDS = frozenset({WORD_DONE, WORD_FAILED, WORD_CANCELLED, WORD_STOPPED})
 BACKEND_GONE = "backend gone"
+
+
+def resumed_text(resumed: dict[str, Any]) -> str:
+    """The line a view shows for a run resumed after a backend restart (its progress's `resumed`)."""
+    where = (
+        f"from checkpoint {resumed['checkpoint_id']}" if resumed.get("checkpoint_id") else "from the start"
+    )
+    lost = int(resumed.get("lost_steps") or 0)
+    return f"the backend restarted: resumed {where} at step {resumed['step']}; " + (
+        f"{lost} step(s) lost, trained again" if lost else "no step lost"
+    )
 
 
 @dataclass
@@ -64,6 +85,9 @@ class Snapshot:
     samples_step: int | None
     samples: list[tuple[str, str]]
     checkpoints: list[str] = field(default_factory=list)
+    # RL losses: mean |sampler logprob - trainer logprob| per step (the progress record's curve).
+    mismatch: list[tuple[float, float]] = field(default_factory=list)
+    last_mismatch_max: float | None = None
     queue: dict[str, Any] | None = None
     idle: dict[str, Any] | None = None
     # The last job JSON as the backend sent it (progress, queue, idle, ...); {} before the first.
@@ -91,6 +115,7 @@ class JobState:
         self.progress: dict[str, Any] = {}
         self.loss = DecimatedSeries(CHART_POINTS)
         self.eval_loss = DecimatedSeries(CHART_POINTS)
+        self.mismatch = DecimatedSeries(CHART_POINTS)
         self.metric_kind: str | None = None
         self.metrics: dict[str, DecimatedSeries] = {}
         self.metrics_note: str | None = None
@@ -101,6 +126,7 @@ class JobState:
         self.samples_step: int | None = None
         self.samples: list[tuple[str, str]] = []
         self.checkpoints: deque[str] = deque(maxlen=MAX_SAMPLES)
+        self._resumed_seen: dict[str, Any] | None = None
         self._lock = threading.RLock()
         self._listeners: list[Callable[[], None]] = []
 
@@ -118,8 +144,14 @@ class JobState:
         """Take what the backend says about the job: status, model, devices, failure, and its
         progress record, queue place and idle countdown when the answer carries them."""
         with self._lock:
+            if "progress" not in job and self.progress:
+                # An answer without the record (cancel, complete) keeps the one held: the header's
+                # step and the progress line's step come from one record, never two.
+                job = {**job, "progress": self.progress}
             self.job = job
             self.job_status = job.get("status")
+            if self.backend_gone and (self.message or "").startswith(BACKEND_GONE):
+                self.message = None  # it answers again
             self.backend_gone = False
             self.name = job.get("name") or self.name
             subs = job.get("sub_jobs") or []
@@ -139,6 +171,7 @@ class JobState:
         self.progress = progress
         self.loss = _series(progress.get("history") or [], "loss_per_token")
         self.eval_loss = _series(progress.get("eval_history") or [], "eval_loss_per_token")
+        self.mismatch = _series(progress.get("mismatch_history") or [], "sampler_mismatch_mean")
         samples = progress.get("samples")
         if samples:
             self.samples_step = samples.get("step")
@@ -146,6 +179,10 @@ class JobState:
                 (item["prompt"][:SAMPLE_CHARS], (item.get("text") or "")[:SAMPLE_CHARS])
                 for item in samples.get("items", [])[:MAX_SAMPLES]
             ]
+        resumed = progress.get("resumed")
+        if resumed and resumed != (self._resumed_seen or None):
+            self._resumed_seen = resumed
+            self.message = resumed_text(resumed)
         checkpoint = progress.get("last_checkpoint")
         if checkpoint and (not self.checkpoints or self.checkpoints[-1] != checkpoint):
             self.checkpoints.append(checkpoint)
@@ -272,6 +309,8 @@ class JobState:
                 samples_step=self.samples_step,
                 samples=list(self.samples),
                 checkpoints=list(self.checkpoints),
+                mismatch=self.mismatch.points(),
+                last_mismatch_max=progress.get("sampler_mismatch_max"),
                 queue=self.job.get("queue"),
                 idle=self.job.get("idle"),
                 job=dict(self.job),
@@ -296,9 +335,11 @@ class JobState:
         total = f"/{snap.total_steps}" if snap.total_steps else ""
         parts = [f"{snap.job_id} step {snap.step}{total}"]
         if snap.last_loss is not None:
-            parts.append(f"loss per token {snap.last_loss:.4f}")
+            parts.append(f"loss per token {format_loss(snap.last_loss)}")
         if snap.last_eval is not None:
-            parts.append(f"eval loss per token {snap.last_eval:.4f}")
+            parts.append(f"eval loss per token {format_loss(snap.last_eval)}")
+        if snap.mismatch:
+            parts.append(f"sampler mismatch {format_loss(snap.mismatch[-1][1])}")
         if snap.tokens_per_s:
             parts.append(f"{format_count(snap.tokens_per_s)} tok/s")
         if snap.eta_s is not None:
@@ -313,9 +354,9 @@ class JobState:
         if snap.elapsed_s is not None:
             text += f" in {format_duration(snap.elapsed_s)}"
         if snap.first_loss is not None and snap.last_loss is not None:
-            text += f", loss per token {snap.first_loss:.4f} -> {snap.last_loss:.4f}"
+            text += f", loss per token {format_loss(snap.first_loss)} -> {format_loss(snap.last_loss)}"
         if snap.last_eval is not None:
-            text += f", eval loss per token {snap.last_eval:.4f}"
+            text += f", eval loss per token {format_loss(snap.last_eval)}"
         if snap.tokens_per_s:
             text += f", {format_count(snap.tokens_per_s)} tok/s"
         if snap.message and snap.status != WORD_DONE:
@@ -339,7 +380,5 @@ def format_duration(seconds: float) -> str:
 
 
 def format_count(value: float) -> str:
-    for unit, size in (("M", 1e6), ("k", 1e3)):
-        if value >= size:
-            return f"{value / size:.1f}{unit}"
-    return f"{value:.0f}"
+    """A rate's number as the sidebar writes it ("1.7k", "652")."""
+    return format_rate(value, "").strip()

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CortexError
+from .local_identity import ensure_private_dir, is_backend_process, listener_problem
+from .protocol.backend_proof import new_challenge, proves
 
 STATE_FILE = "backend.json"
 LOCK_FILE = "backend.lock"
@@ -53,12 +55,17 @@ class LocalEndpoint:
     tls_fingerprint: str | None = None
     # Whether this call started it (a one-shot command such as `cortex-nb demo` stops what it started).
     started: bool = False
+    # The backend process's start time as its state file records it: only that process is signalled.
+    pid_start: str | None = None
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        """Stop the backend (SIGTERM, then SIGKILL of its process group) and wait for it to go."""
+        """Stop the backend (SIGTERM, then SIGKILL of its process group) and wait for it to go; a
+        process that is no longer this backend (gone, its pid reused) is never signalled."""
+        if not is_backend_process(self.pid, self.pid_start):
+            return
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGTERM)
-        if not wait_for_exit(self.pid, timeout_s):
+        if not wait_for_exit(self.pid, timeout_s) and is_backend_process(self.pid, self.pid_start):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)
             wait_for_exit(self.pid, 5.0)
@@ -69,38 +76,70 @@ def _resolve(data_dir: str | Path | None) -> Path:
 
 
 def running_endpoint(endpoint_file: Path) -> dict | None:
-    """The state file of a backend whose process is alive: it may not answer yet, or any more."""
+    """The state file of a backend whose process is alive and is the one that wrote it (this user's,
+    started when recorded, running `cortex_backend serve`): it may not answer yet, or any more."""
     try:
         endpoint = json.loads(endpoint_file.read_text())
-        if process_exited(int(endpoint["pid"])):
+        if not is_backend_process(int(endpoint["pid"]), endpoint.get("pid_start")):
             return None
         return endpoint
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def find_local_backend(data_dir: str | Path | None = None) -> LocalEndpoint | None:
-    """The local backend of `data_dir` (default `default_local_dir()`) if its process is alive and it
-    answers `/version`; None otherwise."""
+def proven_problem(endpoint: dict, timeout_s: float = 2.0) -> str | None:
+    """Why the listener at the state file's URL is not proven to be its backend (None once it is): the
+    socket's owner where the OS says it, then a fresh challenge answered with the nonce's proof. Call
+    this, and get None, before any token goes to that URL."""
     # here, not at import: the Jupyter proxy reads this module's paths and never loads the SDK
     from .api import probe_version
-    from .errors import CortexError
 
+    url, nonce = endpoint.get("url"), endpoint.get("nonce")
+    if not isinstance(url, str) or not isinstance(nonce, str):
+        return "the state file names no URL or nonce (a backend of an older version, or not a backend's)"
+    problem = listener_problem(url, int(endpoint["pid"]))
+    if problem is not None:
+        return problem
+    challenge = new_challenge()
+    try:
+        answer = probe_version(
+            url, verify=endpoint.get("tls_fingerprint") or True, timeout_s=timeout_s, challenge=challenge
+        )
+    except CortexError as exc:
+        return f"{url} does not answer: {exc.message}"
+    if not proves(nonce, challenge, answer.get("proof")):
+        return f"the listener at {url} could not prove it is the backend its state file names"
+    return None
+
+
+def _token_file(endpoint: dict, data_dir: Path) -> Path:
+    """The user token's file, which must lie in the state file's own dir (never a path it points elsewhere)."""
+    path = Path(endpoint["token_file"]).expanduser().resolve()
+    if path.parent != data_dir:
+        raise ValueError(f"token file {path} is outside {data_dir}")
+    return path
+
+
+def find_local_backend(data_dir: str | Path | None = None, timeout_s: float = 2.0) -> LocalEndpoint | None:
+    """The local backend of `data_dir` (default `default_local_dir()`) if its process is alive and its
+    listener proves it is that backend; None otherwise. LocalDirUnsafe if the dir is not the user's own."""
     data_dir = _resolve(data_dir)
+    ensure_private_dir(data_dir)
     endpoint = running_endpoint(data_dir / STATE_FILE)
     if endpoint is None:
         return None
     try:
-        fingerprint = endpoint.get("tls_fingerprint")
-        version = probe_version(endpoint["url"], verify=fingerprint or True, timeout_s=2.0)
-        token = Path(endpoint["token_file"]).read_text().strip()
+        if proven_problem(endpoint, timeout_s) is not None:
+            return None
+        token = _token_file(endpoint, data_dir).read_text().strip()
         return LocalEndpoint(
             endpoint["url"],
             token,
             int(endpoint["pid"]),
             data_dir,
-            version.get("version", "?"),
-            fingerprint,
+            str(endpoint.get("version", "?")),
+            endpoint.get("tls_fingerprint"),
+            pid_start=endpoint.get("pid_start"),
         )
     except (KeyError, ValueError, OSError, CortexError):
         return None
@@ -115,9 +154,10 @@ def ensure_local_backend(
     start_timeout_s: float = 120.0,
 ) -> LocalEndpoint:
     """Find the local backend, or start it: as its own session (no kernel is its parent), safe against
-    two callers racing (a lock file), and wait until it answers."""
+    two callers racing (a lock file), and wait until it answers. A backend that runs but is slow to
+    answer is waited for, never killed."""
     data_dir = _resolve(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    ensure_private_dir(data_dir)
     found = find_local_backend(data_dir)
     if found is not None:
         return found
@@ -125,7 +165,32 @@ def ensure_local_backend(
         found = find_local_backend(data_dir)  # another caller may have started it while we waited
         if found is not None:
             return found
+        previous = running_endpoint(data_dir / STATE_FILE)
+        if previous is not None:
+            found = _wait_for_running(data_dir, previous, start_timeout_s)
+            if found is not None:
+                return found
         return _start(data_dir, models or {}, devices, warm_workers, idle_exit_s, start_timeout_s)
+
+
+def _wait_for_running(data_dir: Path, endpoint: dict, timeout_s: float) -> LocalEndpoint | None:
+    """Our backend runs but did not answer in time (busy, or still starting): wait for it. None if it
+    exits meanwhile (then a new one may start); an error naming it if it never answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if running_endpoint(data_dir / STATE_FILE) is None:
+            return None
+        found = find_local_backend(data_dir, timeout_s=min(10.0, max(1.0, deadline - time.monotonic())))
+        if found is not None:
+            return found
+        time.sleep(0.2)
+    problem = proven_problem(endpoint) or "it does not answer"
+    raise CortexError(
+        f"the local backend (pid {endpoint['pid']}) runs but has not answered for {timeout_s:.0f}s ({problem});"
+        f" it was left running. Wait and connect again, or stop it (kill {endpoint['pid']}); its log is"
+        f" {data_dir / 'backend.log'}",
+        code="backend_unavailable",
+    )
 
 
 def _start(
@@ -136,11 +201,8 @@ def _start(
     idle_exit_s: float,
     start_timeout_s: float,
 ) -> LocalEndpoint:
+    # Whatever the state file names is not a running backend of ours (checked by the caller): stale.
     state = data_dir / STATE_FILE
-    previous = running_endpoint(state)
-    if previous is not None:  # alive but not answering: a hung backend holds the data dir
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(int(previous["pid"]), signal.SIGKILL)
     state.unlink(missing_ok=True)
     command = [
         sys.executable,

@@ -9,12 +9,12 @@ what is there now and stops.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
 from . import errors
 from .api import Api, HasApi, api_of
+from .reconnect import Reconnect
 
 PAGE_LIMIT = 5000
 HEARTBEAT_S = 10.0
@@ -68,7 +68,8 @@ class LogStream:
                 return
 
     def _follow(self) -> Iterator[dict[str, Any]]:
-        retry = self.api.retry
+        # A dropped stream is resumed from the cursor, through a backend restart too (reconnect.py).
+        reconnect = Reconnect(self.api.poll.reconnect_s)
         failures = 0
         while True:
             try:
@@ -80,6 +81,7 @@ class LogStream:
                             continue
                         record = json.loads(raw)
                         failures = 0
+                        reconnect.back()
                         kind = record.pop("type", "line")
                         if kind == "line":
                             if record["seq"] > self.cursor:  # never twice, even across a resume
@@ -106,11 +108,13 @@ class LogStream:
                     "the log stream closed before the job ended", code="backend_unavailable"
                 )
             failures += 1
-            if failures >= retry.max_attempts:
+            self.reconnects += 1
+            try:
+                reconnect.wait(last_error)
+            except Exception:
                 raise errors.ConnectionError(
-                    f"lost the log stream of job {self.job_id} {failures} times in a row at cursor {self.cursor};"
-                    f" resume with stream_logs(..., cursor={self.cursor}). Last error: {last_error}",
+                    f"lost the log stream of job {self.job_id} for {reconnect.away_s:.0f}s ({failures} tries)"
+                    f" at cursor {self.cursor}; resume with stream_logs(..., cursor={self.cursor})."
+                    f" Last error: {last_error}",
                     code="backend_unavailable",
                 ) from last_error
-            self.reconnects += 1
-            time.sleep(retry.delay(failures))

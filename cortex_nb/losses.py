@@ -1,8 +1,6 @@
-"""`cortex_nb.protocol.losses` under its former name, so code written before the contract moved keeps importing it (the same
-module object, not a copy)."""
+"""`cortex_nb.protocol.losses` under its former name, for one release (former_names.py)."""
 
-import sys
-
+from .former_names import keep_former_name
 from .protocol import losses as _module
 
-sys.modules[__name__] = _module
+keep_former_name(__name__, _module)

@@ -17,6 +17,9 @@ class PollPolicy:
     timeout_s: float = 1800.0
     long_poll: bool = True
     long_poll_s: float = 25.0
+    # How long a wait that follows a job (TrainingJob.wait, result(), stream_logs, the widget) rides
+    # through a backend that does not answer (a restart) before raising ConnectionError.
+    reconnect_s: float = 180.0
 
     def intervals(self) -> Iterator[float]:
         interval = self.interval_s

@@ -9,6 +9,7 @@ from typing import Any
 from . import errors
 from .api import Api, JobRow
 from .protocol.states import JOB_RUNNING, JOB_TERMINAL, REQUEST_SUCCEEDED, REQUEST_TERMINAL
+from .reconnect import Reconnect, backend_away
 from .telemetry import recorded
 
 
@@ -23,10 +24,19 @@ def poll_request(api: Api, job_id: str, request_id: str, timeout_s: float | None
     deadline = time.monotonic() + (timeout_s if timeout_s is not None else poll.timeout_s)
     intervals = poll.intervals()
     cursor = 0
+    # Through a backend restart: the request is then found failed as `backend_restarted` (retryable).
+    reconnect = Reconnect(poll.reconnect_s)
     while True:
         remaining = deadline - time.monotonic()
         wait_s = min(poll.long_poll_s, max(remaining, 0)) if poll.long_poll else 0.0
-        status = api.get_request(job_id, request_id, cursor, wait_s)
+        try:
+            status = api.get_request(job_id, request_id, cursor, wait_s)
+        except errors.CortexError as exc:
+            if not backend_away(exc) or time.monotonic() >= deadline:
+                raise
+            reconnect.wait(exc)
+            continue
+        reconnect.back()
         cursor = status["cursor"]
         if status["status"] in REQUEST_TERMINAL:
             return finished_result(api, job_id, status)

@@ -6,6 +6,7 @@
     url = "https://gpu-host:8765"
     token_env = "GPU_TOKEN"        # or token = "...", or token_file = "~/gpu.token"
     verify = "sha256:..."          # https: a pinned fingerprint, or a CA file path (default: system CAs)
+    reconnect_s = 300              # how long waits ride through a backend restart (default 180)
 
 `CORTEX_VERIFY` does for `CORTEX_URL` what `verify` does in a profile.
 """
@@ -32,6 +33,8 @@ class Endpoint:
     source: str  # where it came from, for messages
     # How an https URL's certificate is checked (cortex_nb/tls.py); None: $CORTEX_VERIFY, else system CAs.
     verify: bool | str | None = None
+    # How long waits on a job ride through a backend that does not answer; None: the client's default.
+    reconnect_s: float | None = None
 
 
 def config_path() -> Path:
@@ -94,7 +97,21 @@ def from_profile(name: str | None = None) -> Endpoint | None:
             f"profile {chosen!r} in {config_path()}: verify must be true, false, a sha256: pin or a CA file path",
             code="invalid_request",
         )
-    return Endpoint(profile["url"], token, f"profile {chosen!r} in {config_path()}", verify)
+    reconnect_s = profile.get("reconnect_s")
+    if reconnect_s is not None and (
+        isinstance(reconnect_s, bool) or not isinstance(reconnect_s, (int, float)) or reconnect_s < 0
+    ):
+        raise CortexError(
+            f"profile {chosen!r} in {config_path()}: reconnect_s must be a number of seconds >= 0",
+            code="invalid_request",
+        )
+    return Endpoint(
+        profile["url"],
+        token,
+        f"profile {chosen!r} in {config_path()}",
+        verify,
+        float(reconnect_s) if reconnect_s is not None else None,
+    )
 
 
 def save_profile(

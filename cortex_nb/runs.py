@@ -184,7 +184,10 @@ class _BytesReader:
 
 def upload_archive(client: Api | HasApi, submission: Submission) -> str:
     """Send the archive as SHA-256-checked chunks (each retried safely); returns the upload id."""
+    from .link_speed import announce_upload
+
     upload_id = "runsrc-" + uuid.uuid4().hex
+    announce_upload(client, submission.archive_bytes, "the run's source archive")
     count = max(1, -(-submission.archive_bytes // wire.CHUNK_BYTES))
     submission.archive.seek(0)
     for index in range(count):

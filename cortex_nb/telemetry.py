@@ -23,12 +23,12 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+from .protocol.redaction import bounded
 from .protocol.schemas.telemetry import (
     MAX_MESSAGE_CHARS,
     MAX_RECORDS_PER_POST,
 )
 from .protocol.versions import __version__
-from .redaction import bounded
 
 log = logging.getLogger("cortex_nb.telemetry")
 

@@ -15,7 +15,6 @@ A pinned connection checks the fingerprint inside the TLS handshake, before any 
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import re
@@ -23,16 +22,11 @@ import ssl
 from pathlib import Path
 
 from .errors import CortexError
+from .protocol.tls_pin import PIN_PREFIX, fingerprint  # noqa: F401  (their SDK names)
 
 Verify = bool | str
 
-PIN_PREFIX = "sha256:"
 _PIN = re.compile(r"^sha256:([0-9a-f]{64})\Z")
-
-
-def fingerprint(der_certificate: bytes) -> str:
-    """`sha256:<hex>` of a DER-encoded certificate: the form `verify` takes and `serve` prints."""
-    return PIN_PREFIX + hashlib.sha256(der_certificate).hexdigest()
 
 
 def normalize_pin(value: str) -> str | None:
@@ -69,6 +63,21 @@ def parse_verify(value: Verify | None) -> Verify:
             f"verify: {text!r} is neither a sha256: pin nor a readable CA file", code="invalid_request"
         )
     return str(path)
+
+
+def refuse_pin_without_tls(url: str, verify: Verify | ssl.SSLContext | None) -> None:
+    """A pin says "only this certificate": on a plain http:// URL there is none, and the token would travel
+    in clear, so refuse before anything is sent."""
+    pinned = isinstance(verify, _PinnedContext) or (
+        isinstance(verify, str) and normalize_pin(verify) is not None
+    )
+    if pinned and url.lower().startswith("http://"):
+        raise CortexError(
+            f"verify is a sha256: pin but {url} is plain http: nothing would be checked and the token"
+            " would travel unencrypted. Use the backend's https:// URL (it prints it at start), or drop"
+            " the pin for a loopback http backend",
+            code="invalid_request",
+        )
 
 
 def verify_from_env() -> Verify | None:

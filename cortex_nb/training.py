@@ -7,7 +7,7 @@ complete it (freeing its device) when the block ends.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -17,7 +17,7 @@ from . import errors, polling
 from .api import Api, CompletedJob, HasApi, JobLogPage, JobRow, api_of
 from .batching import next_token_batch
 from .checkpoint_files import download_checkpoint
-from .futures import APIFuture
+from .futures import APIFuture, ResolvedFuture
 from .protocol.schemas.sampling import SAMPLING_KEYS
 from .protocol.states import (
     JOB_FAILED,
@@ -26,8 +26,11 @@ from .protocol.states import (
     LOG_PROBABILITY,
     PHASE_KEEP_ALIVE,
     SAMPLING,
+    SHORT_LIVED,
     TRAINING,
 )
+from .reconnect import Reconnect, backend_away, riding_through
+from .token_stream import TokenStream
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,6 +49,11 @@ class GenerateResult:
         self.sampler: str | None = raw.get("sampler")
         # Per prompt, log p(token t | tokens before it) for t >= 1, when asked for with prompt_logprobs=True.
         self.prompt_logprobs: list[list[float]] | None = raw.get("prompt_logprobs")
+        # Set when a job that had ended was sampled on demand (cortex_nb.on_demand): the checkpoint
+        # whose weights answered, the job it belongs to, and the short-lived sampling job that ran it.
+        self.checkpoint_id: str | None = None
+        self.source_job_id: str | None = None
+        self.sampling_job_id: str | None = None
 
     @property
     def texts(self) -> list[str]:
@@ -62,7 +70,19 @@ class GenerateResult:
 
     def __repr__(self) -> str:
         engine = f", sampler {self.sampler}" if self.sampler else ""
-        return f"<GenerateResult {len(self.samples)} sample(s) from {len(self.prompts)} prompt(s), weights v{self.weight_version}{engine}>"
+        weights = f"weights v{self.weight_version}"
+        if self.checkpoint_id:
+            weights = f"checkpoint {self.checkpoint_id} of {self.source_job_id} ({weights})"
+        return f"<GenerateResult {len(self.samples)} sample(s) from {len(self.prompts)} prompt(s), {weights}{engine}>"
+
+    def provenance(self) -> str:
+        """Which weights answered, in words (what `%%cortex sample` prints under its table)."""
+        if self.checkpoint_id:
+            return (
+                f"job {self.source_job_id} has ended: sampled its checkpoint {self.checkpoint_id!r}"
+                f" (weights v{self.weight_version}) in the short-lived sampling job {self.sampling_job_id}"
+            )
+        return f"sampled weights v{self.weight_version}"
 
 
 H = TypeVar("H", bound="_JobHandle")
@@ -107,11 +127,17 @@ class _JobHandle:
         self.info = self.api.cancel_job(self.job_id)
         return self.info
 
-    def complete(self) -> CompletedJob:
+    def complete(self, wait: bool = False, timeout_s: float | None = None) -> CompletedJob:
         """Free the job's device once its queued requests ran. A trained adapter no checkpoint holds is
-        saved first as checkpoint `final` (the answer's `saved_checkpoint` names it)."""
-        self.info = self.api.complete_job(self.job_id)
-        return self.info
+        saved first as checkpoint `final` (the answer's `saved_checkpoint` names it). The backend
+        answers at once and finishes the job when its queue drained; `wait=True` returns only once the
+        job has ended (`final` saved), so a caller may stop the backend right after."""
+        completed = self.api.complete_job(self.job_id)
+        if wait and completed["status"] not in JOB_TERMINAL:
+            ended = polling.wait_for_job(self.api, self.job_id, JOB_TERMINAL, timeout_s)
+            completed = {**ended, "saved_checkpoint": completed.get("saved_checkpoint")}
+        self.info = completed
+        return completed
 
     def logs(self, cursor: int | None = None, limit: int = 1000) -> JobLogPage:
         return self.api.job_logs(self.job_id, cursor or 0, limit)
@@ -120,8 +146,13 @@ class _JobHandle:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        # Leaving the block means the job is over: completing waits until `final` is saved and the
+        # job is done, so code after the block (stopping a local backend) cannot cut the save short.
         if self.info.get("status") not in JOB_TERMINAL:
-            (self.cancel if exc_type is KeyboardInterrupt else self.complete)()
+            if exc_type is KeyboardInterrupt:
+                self.cancel()
+            else:
+                self.complete(wait=True)
 
     # shared data-plane helpers -----------------------------------------------------------------
     def generate(
@@ -133,17 +164,88 @@ class _JobHandle:
         **sampling: Any,
     ) -> APIFuture[GenerateResult]:
         """Sample. `adapter="base"` or `adapter={"checkpoint_id": ...}` samples from the base model or a saved
-        checkpoint instead of the live adapter."""
+        checkpoint instead of the live adapter. On a job that has ended (its device freed), the answer
+        comes from its checkpoint `final` (else its latest) through a short-lived sampling job; the
+        result's `checkpoint_id` and `weight_version` name the weights."""
         unknown = sorted(set(sampling) - set(SAMPLING_KEYS))
         if unknown:
             raise TypeError(f"unknown sampling parameter(s) {unknown}; allowed: {list(SAMPLING_KEYS)}")
         prompts = [p if isinstance(p, str) else list(p) for p in prompts]
-        request_id = self.api.generate(self.job_id, prompts, sampling, adapter=adapter, sub_job=sub_job)[
-            "request_id"
-        ]
+        try:
+            request_id = self.api.generate(self.job_id, prompts, sampling, adapter=adapter, sub_job=sub_job)[
+                "request_id"
+            ]
+        except errors.CortexError as exc:
+            if exc.code != "job_finished" or sub_job is not None or adapter == "base":
+                raise
+            return self._generate_after_end(prompts, sampling, adapter, exc)
         return APIFuture(
             self.api, self.job_id, request_id, "generate", lambda raw: GenerateResult(raw, prompts)
         )
+
+    def generate_stream(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        *,
+        adapter: str | dict[str, str] | None = None,
+        sub_job: str | None = None,
+        **sampling: Any,
+    ) -> TokenStream:
+        """`generate`, streamed: iterate the returned `TokenStream` for each sample's tokens (with their
+        logprobs and text) as they are decoded; its `result` is then what `generate` returns. A job that
+        has ended streams from its checkpoint, sampled on demand as `generate` does."""
+        unknown = sorted(set(sampling) - set(SAMPLING_KEYS))
+        if unknown:
+            raise TypeError(f"unknown sampling parameter(s) {unknown}; allowed: {list(SAMPLING_KEYS)}")
+        prompts = [p if isinstance(p, str) else list(p) for p in prompts]
+        on_demand = sub_job is None and adapter != "base"
+        return TokenStream(
+            self.api,
+            self.job_id,
+            prompts,
+            sampling,
+            adapter=adapter,
+            sub_job=sub_job,
+            result_type=GenerateResult,
+            after_end=(lambda refused: self._stream_after_end(prompts, sampling, adapter, refused))
+            if on_demand
+            else None,
+        )
+
+    def _ended_job(self, refused: errors.CortexError) -> dict[str, Any]:
+        """The job, once it has ended (waiting while it completes); `refused` again if it still runs."""
+        from .on_demand import ended_job
+
+        job = ended_job(self.api, self.job_id)
+        if job is None:
+            raise refused
+        self.info = job
+        return job
+
+    def _stream_after_end(
+        self,
+        prompts: list[Any],
+        sampling: dict[str, Any],
+        adapter: str | dict[str, str] | None,
+        refused: errors.CortexError,
+    ) -> Iterator[dict[str, Any]]:
+        """`generate_stream` on a job that has ended: its checkpoint streamed from a short-lived sampler."""
+        job = self._ended_job(refused)
+        checkpoint = adapter.get("checkpoint_id") if isinstance(adapter, dict) else None
+        return stream_checkpoint(self.api, job, prompts, sampling, checkpoint)
+
+    def _generate_after_end(
+        self,
+        prompts: list[Any],
+        sampling: dict[str, Any],
+        adapter: str | dict[str, str] | None,
+        refused: errors.CortexError,
+    ) -> ResolvedFuture[GenerateResult]:
+        """The job has ended (or is completing): sample its checkpoint (`final`, else its latest, or
+        the one `adapter` names) in a short-lived sampling job instead of refusing."""
+        job = self._ended_job(refused)
+        checkpoint = adapter.get("checkpoint_id") if isinstance(adapter, dict) else None
+        return ResolvedFuture(sample_checkpoint(self.api, job, prompts, sampling, checkpoint), "generate")
 
     def forward(
         self,
@@ -211,6 +313,8 @@ class TrainingJob(_JobHandle):
         experiment: str | None = None,
         job_id: str | None = None,
         idle_timeout_s: float | None = None,
+        gradient_checkpointing: bool = False,
+        n_gpus: int = 1,
         wait: bool = True,
     ) -> TrainingJob:
         trainer = {
@@ -222,6 +326,10 @@ class TrainingJob(_JobHandle):
         }
         if max_seq_len:
             trainer["max_seq_len"] = max_seq_len
+        if gradient_checkpointing:
+            trainer["gradient_checkpointing"] = True
+        if n_gpus != 1:  # ranks with FSDP2 over n_gpus devices (CPU slots on a CPU backend)
+            trainer["n_gpus"] = n_gpus
         subs = [trainer] + [
             {
                 "type": SAMPLING,
@@ -284,7 +392,7 @@ class TrainingJob(_JobHandle):
         )
         return APIFuture(self.api, self.job_id, submitted["request_id"], "weight_sync")
 
-    # managed runs (Client.train) and any training's progress ----------------------------------------
+    # training runs (Client.train) and any training's progress ----------------------------------------
     @property
     def progress(self) -> dict[str, Any] | None:
         """The backend's progress record of this job, refreshed: step, loss per token, eval loss, ETA,
@@ -306,7 +414,9 @@ class TrainingJob(_JobHandle):
         Returns the job; raises `RequestFailed` (with the failure code) if it failed, `TimeoutError` if
         `timeout_s` passes first (the run goes on). `on_update(job)` sees each update."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        job = self.refresh()
+        # A backend restart is ridden through (reconnect.py): a training run resumes by itself.
+        reconnect = Reconnect(self.api.poll.reconnect_s)
+        job = riding_through(self.refresh, self.api.poll.reconnect_s)
         while not training_over(job):
             if on_update is not None:
                 on_update(job)
@@ -316,9 +426,16 @@ class TrainingJob(_JobHandle):
                     f"job {self.job_id} is still training after waiting; it keeps going", code="timeout"
                 )
             updated = (job.get("progress") or {}).get("updated_at")
-            job = self.info = polling.wait_for_progress(
-                self.api, self.job_id, updated, min(remaining, self.api.poll.long_poll_s)
-            )
+            try:
+                job = self.info = polling.wait_for_progress(
+                    self.api, self.job_id, updated, min(remaining, self.api.poll.long_poll_s)
+                )
+            except errors.CortexError as exc:
+                if not backend_away(exc):
+                    raise
+                reconnect.wait(exc)
+                continue
+            reconnect.back()
         if on_update is not None:
             on_update(job)
         if job["status"] == JOB_FAILED:
@@ -354,13 +471,14 @@ class Sampler(_JobHandle):
         seed: int = 0,
         name: str | None = None,
         wait: bool = True,
+        labels: Mapping[str, str] | None = None,
     ) -> Sampler:
         if kind not in (SAMPLING, LOG_PROBABILITY):
             raise ValueError(f"kind must be {SAMPLING!r} or {LOG_PROBABILITY!r}")
         sub = {"type": kind, "base_model": base_model, "lora": lora or {}, "seed": seed}
         if max_seq_len:
             sub["max_seq_len"] = max_seq_len
-        sampler = cls(client, api_of(client).create_job([sub], name=name))
+        sampler = cls(client, api_of(client).create_job([sub], name=name, labels=labels))
         if wait:
             sampler.wait_ready()
         return sampler
@@ -396,8 +514,9 @@ def start_training(
     namespace: Mapping[str, Any] | None = None,
     experiment: str | None = None,
     idle_timeout_s: float | None = None,
+    priority: int | None = None,
 ) -> TrainingJob:
-    """Start a managed training run (`Client.train`): its data uploaded once as datasets, its loop run by
+    """Start a training run (`Client.train`): its data uploaded once as datasets, its loop run by
     the backend in the training worker. Returns the `TrainingJob` at once."""
     from .train_data import examples_to_jsonl, load_examples, upload_dataset
     from .train_spec import TrainSpec, spec_from
@@ -423,5 +542,85 @@ def start_training(
         experiment=experiment,
         idle_timeout_s=idle_timeout_s,
         training_loop=spec.training_loop(dataset_id, eval_id),
+        priority=priority,
     )
     return TrainingJob(client, job)
+
+
+def sample_checkpoint(
+    api: Api,
+    job: dict[str, Any],
+    prompts: Sequence[Any],
+    sampling: dict[str, Any],
+    checkpoint_id: str | None = None,
+) -> GenerateResult:
+    """Generate from `checkpoint_id` of `job` (default: `sampling_checkpoint`) in a sampling job of its
+    own, completed before returning. The result names the checkpoint and the sampling job."""
+    sampler, checkpoint_id = checkpoint_sampler(api, job, checkpoint_id)
+    try:
+        raw = dict(sampler.generate(prompts, **sampling).result().raw)
+    finally:
+        sampler.complete()
+    return named_result(GenerateResult(raw, prompts), job, checkpoint_id, sampler)
+
+
+def stream_checkpoint(
+    api: Api,
+    job: dict[str, Any],
+    prompts: Sequence[Any],
+    sampling: dict[str, Any],
+    checkpoint_id: str | None = None,
+) -> Generator[dict[str, Any], None, GenerateResult]:
+    """`sample_checkpoint`, streamed: yields the sampling job's token pieces as they are decoded and
+    returns the result. The sampling job is completed however the iteration ends."""
+    sampler, checkpoint_id = checkpoint_sampler(api, job, checkpoint_id)
+    try:
+        stream = sampler.generate_stream(prompts, **sampling)
+        try:
+            yield from stream
+        finally:
+            stream.close()
+    finally:
+        sampler.complete()
+    return named_result(stream.result, job, checkpoint_id, sampler)
+
+
+def checkpoint_sampler(api: Api, job: dict[str, Any], checkpoint_id: str | None) -> tuple[Sampler, str]:
+    """A short-lived sampling job on `job`'s base model with its checkpoint (default:
+    `sampling_checkpoint`) loaded, ready for requests; the caller completes it."""
+    from .on_demand import sampling_checkpoint
+
+    trainer = next((sub for sub in job["sub_jobs"] if sub["type"] == TRAINING), None)
+    if trainer is None:
+        raise errors.CortexError(
+            f"job {job['job_id']} has no training sub-job whose weights could be sampled", code="job_finished"
+        )
+    checkpoint_id = checkpoint_id or sampling_checkpoint(api, job)
+    sub = {
+        "type": SAMPLING,
+        "base_model": trainer["base_model"],
+        "lora": trainer.get("lora") or {},
+        "seed": trainer.get("seed", 0),
+    }
+    if trainer.get("max_seq_len"):
+        sub["max_seq_len"] = trainer["max_seq_len"]
+    sampler = Sampler(
+        api, api.create_job([sub], name=f"sample {job['job_id']}", labels=SHORT_LIVED["sample"])
+    )
+    try:
+        sampler.wait_ready()
+        sampler.load(checkpoint_id, job["job_id"]).result()
+    except BaseException:
+        sampler.complete()
+        raise
+    return sampler, checkpoint_id
+
+
+def named_result(
+    result: GenerateResult, job: dict[str, Any], checkpoint_id: str, sampler: Sampler
+) -> GenerateResult:
+    """A result sampled on demand names the checkpoint, the run it came from and the sampling job."""
+    result.checkpoint_id = checkpoint_id
+    result.source_job_id = job["job_id"]
+    result.sampling_job_id = sampler.job_id
+    return result

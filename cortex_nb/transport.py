@@ -62,6 +62,7 @@ class Transport:
     ) -> None:
         self.url = url.rstrip("/")
         self.retry = retry or RetryPolicy()
+        tls.refuse_pin_without_tls(self.url, verify)
         # How an https backend's certificate is checked (cortex_nb/tls.py); side channels reuse it.
         self.verify = tls.httpx_verify(verify)
         headers = {"User-Agent": f"cortex-nb/{__version__}", **(extra_headers or {})}
@@ -177,7 +178,13 @@ class Transport:
 
     @contextlib.contextmanager
     def stream(
-        self, method: str, path: str, *, params: dict[str, Any] | None = None, timeout_s: float | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        json: Any = None,
     ) -> Iterator[httpx.Response]:
         """One streamed response (no retries: a streaming caller resumes from its own cursor).
         An error status raises the typed error; a dropped connection raises `errors.ConnectionError`."""
@@ -190,7 +197,7 @@ class Transport:
             else httpx.USE_CLIENT_DEFAULT
         )
         try:
-            with self._http.stream(method, path, params=params, timeout=timeout) as response:
+            with self._http.stream(method, path, params=params, timeout=timeout, json=json) as response:
                 if response.status_code >= 400:
                     response.read()
                     raise errors.error_from_response(response.status_code, _json_or_text(response))

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .protocol.states import user_labels
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -82,7 +84,7 @@ def jobs_frame(jobs: Sequence[dict[str, Any]], now: float | None = None) -> pd.D
                 "job_id": job["job_id"],
                 "name": job.get("name"),
                 "labels": ", ".join(
-                    f"{key}={value}" for key, value in sorted((job.get("labels") or {}).items())
+                    f"{key}={value}" for key, value in sorted(user_labels(job.get("labels")).items())
                 ),
                 "status": word,
                 "detail": detail,
@@ -92,8 +94,8 @@ def jobs_frame(jobs: Sequence[dict[str, Any]], now: float | None = None) -> pd.D
                 "loss_per_token": progress.get("loss_per_token"),
                 "eval_loss_per_token": progress.get("eval_loss_per_token"),
                 "duration": clock(duration) if duration is not None else None,
-                "lr": ((trainer or {}).get("optimizer") or {}).get("lr"),
-                "lora_r": ((trainer or {}).get("lora") or {}).get("r"),
+                "lr": trainer_setting(trainer, "optimizer", "lr"),
+                "lora_r": trainer_setting(trainer, "lora", "r"),
                 "batch_size": loop.get("batch_size"),
                 "steps": loop.get("steps"),
                 "devices": ", ".join(sorted({sub["device"] for sub in job["sub_jobs"] if sub.get("device")})),
@@ -103,6 +105,20 @@ def jobs_frame(jobs: Sequence[dict[str, Any]], now: float | None = None) -> pd.D
             }
         )
     return pd.DataFrame(rows, columns=JOB_COLUMNS)
+
+
+def trainer_setting(trainer: dict[str, Any] | None, group: str, key: str) -> Any:
+    """A training sub-job's LoRA or optimizer setting as the engine used it: the value given, else the
+    spec's default (a job stores only what its creator wrote, so a table would show NaN for defaults)."""
+    if trainer is None or trainer.get("type") != "training":
+        return None
+    given = (trainer.get(group) or {}).get(key)
+    if given is not None:
+        return given
+    from .protocol.schemas.jobs import LoraSpec, OptimizerSpec
+
+    spec = {"lora": LoraSpec, "optimizer": OptimizerSpec}[group]
+    return spec.model_fields[key].default
 
 
 def job_duration(job: dict[str, Any]) -> float | None:
@@ -157,11 +173,27 @@ def capacity_frame(capacity: dict[str, Any]) -> pd.DataFrame:
     )
 
 
+def adapter_host_lines(capacity: dict[str, Any]) -> list[str]:
+    """One line per adapter host: how many training slots share its one copy of a base, and what they add
+    (the sidebar's Devices section says the same, labextension/src/model.ts `adapterHostLines`)."""
+    from .protocol.states import format_bytes
+
+    hosts = (capacity.get("executor") or {}).get("adapter_hosts") or []
+    return [
+        f"adapter host {host['device']} · {host['base_model']}: {host['slots']} training slot(s) on one base"
+        f" ({format_bytes(host['base_bytes'])} held once; slots add {format_bytes(host['slots_bytes'])})"
+        for host in hosts
+    ]
+
+
 def hosts_text(capacity: dict[str, Any]) -> str:
     """`cortex-nb host list`: one line per host (devices, models, free slots), then the totals."""
     hosts = capacity.get("hosts") or []
     if not hosts:
-        return "no hosts serve this backend yet (hosts join with `cortex-nb host join HEAD_ADDRESS`)"
+        return (
+            "no hosts serve this backend yet (hosts join with `cortex-nb host join HEAD_ADDRESS --token-file"
+            " FILE`, FILE a copy of the head's DATA_DIR/ray-auth-token)"
+        )
     kinds = {device["id"]: device.get("name") or device["kind"] for device in capacity["devices"]}
     rows = [("HOST", "DEVICES", "MODELS", "FREE SLOTS")]
     for host in hosts:
@@ -183,13 +215,27 @@ def hosts_text(capacity: dict[str, Any]) -> str:
         f"{len(hosts)} host(s), {capacity['slots_available']}/{capacity['slots_total']} slots free,"
         f" {capacity.get('pending', 0)} job(s) queued"
     )
+    if (capacity.get("executor") or {}).get("ray_insecure"):
+        lines.append(
+            "warning: the Ray cluster takes clients without a token (--ray-insecure): anyone who reaches its"
+            " ports can run code on its hosts"
+        )
     return "\n".join(lines)
 
 
 def models_frame(models: Sequence[dict[str, Any]]) -> pd.DataFrame:
     import pandas as pd
 
-    columns = ["name", "kind", "architecture", "vocab_size", "max_positions", "hidden_size", "num_layers"]
+    columns = [
+        "name",
+        "kind",
+        "architecture",
+        "vocab_size",
+        "max_positions",
+        "hidden_size",
+        "num_layers",
+        "quantization",
+    ]
     return pd.DataFrame([{key: model.get(key) for key in columns} for model in models], columns=columns)
 
 
@@ -274,12 +320,107 @@ def checkpoints_frame(checkpoints: Sequence[dict[str, Any]]) -> pd.DataFrame:
         "sub_job_id",
         "base_model",
         "state_hash",
+        "expires_at",
+        "public",
     ]
     rows = [
-        {**{key: checkpoint.get(key) for key in columns}, "created_at": _time(checkpoint.get("created_at"))}
+        {
+            **{key: checkpoint.get(key) for key in columns},
+            "created_at": _time(checkpoint.get("created_at")),
+            "expires_at": _time(checkpoint.get("expires_at")),
+            "public": bool(checkpoint.get("public")),
+        }
         for checkpoint in checkpoints
     ]
     return pd.DataFrame(rows, columns=columns)
+
+
+def lineage_frame(lineage: dict[str, Any]) -> pd.DataFrame:
+    """A job's lineage (`GET /v1/jobs/{id}/lineage`) as one row per checkpoint, oldest first: its step,
+    bytes (as `format_bytes` writes them, and raw), keep mark, and where its weights went: exports, loads
+    into other sub-jobs, samplings of it as a saved adapter. `attrs` carry the job, its step and its weight
+    syncs."""
+    import pandas as pd
+
+    from .protocol.states import format_bytes
+
+    columns = [
+        "checkpoint_id",
+        "step",
+        "type",
+        "size",
+        "size_bytes",
+        "kept",
+        "created_at",
+        "exports",
+        "loaded_into",
+        "sampled_by",
+    ]
+    rows = []
+    for checkpoint in lineage["checkpoints"]:
+        uses = checkpoint["uses"]
+        rows.append(
+            {
+                "checkpoint_id": checkpoint["checkpoint_id"],
+                "step": checkpoint["step"],
+                "type": checkpoint["type"],
+                "size": format_bytes(checkpoint["size_bytes"]),
+                "size_bytes": checkpoint["size_bytes"],
+                "kept": checkpoint["kept"],
+                "created_at": _time(checkpoint["created_at"]),
+                "exports": len(checkpoint["exports"]),
+                "loaded_into": ", ".join(sorted({use["job_id"] for use in uses if use["op"] == "load"})),
+                "sampled_by": ", ".join(sorted({use["job_id"] for use in uses if use["op"] != "load"})),
+            }
+        )
+    frame = pd.DataFrame(rows, columns=columns)
+    frame.attrs.update(
+        job_id=lineage["job_id"],
+        name=lineage["name"],
+        step=lineage["step"],
+        size=format_bytes(lineage["size_bytes"]),
+        weight_syncs=len(lineage["weight_syncs"]),
+    )
+    return frame
+
+
+def storage_frame(storage: dict[str, Any]) -> pd.DataFrame:
+    """`GET /v1/storage` as one row per job holding checkpoints, largest first per owner; `attrs["meters"]`
+    has one line per owner: used of quota."""
+    import pandas as pd
+
+    from .protocol.states import format_bytes
+
+    columns = ["owner", "job_id", "name", "status", "checkpoints", "kept", "size", "size_bytes"]
+    rows = [
+        {
+            "owner": owner["owner"],
+            "job_id": job["job_id"],
+            "name": job["name"],
+            "status": job["status"],
+            "checkpoints": job["checkpoint_count"],
+            "kept": job["kept_count"],
+            "size": format_bytes(job["size_bytes"]),
+            "size_bytes": job["size_bytes"],
+        }
+        for owner in storage["owners"]
+        for job in owner["jobs"]
+    ]
+    frame = pd.DataFrame(rows, columns=columns)
+    frame.attrs["meters"] = [storage_meter(owner) for owner in storage["owners"]]
+    return frame
+
+
+def storage_meter(owner: dict[str, Any]) -> str:
+    """ "alice: 1.5 GiB of 50 GiB checkpoint quota (3.0%), 12 checkpoints" (or "no quota")."""
+    from .protocol.states import format_bytes
+
+    used, quota = owner["used_bytes"], owner["quota_bytes"]
+    share = (
+        f"of {format_bytes(quota)} checkpoint quota ({100 * used / quota:.1f}%)" if quota else "(no quota)"
+    )
+    count = owner["checkpoint_count"]
+    return f"{owner['owner']}: {format_bytes(used)} {share}, {count} checkpoint{'' if count == 1 else 's'}"
 
 
 def history_frame(progress: dict[str, Any] | None) -> pd.DataFrame:
@@ -341,16 +482,15 @@ def runs_table(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
         trainer = next((sub for sub in job["sub_jobs"] if sub["type"] == "training"), job["sub_jobs"][0])
         loop = job.get("training_loop") or {}
         progress = job.get("progress") or {}
-        lora = trainer.get("lora") or {}
         rows.append(
             {
                 "job_id": job["job_id"],
                 "name": job.get("name"),
                 "status": display_state(job)[0],
                 "base_model": trainer["base_model"],
-                "lr": (trainer.get("optimizer") or {}).get("lr"),
-                "lora_r": lora.get("r"),
-                "lora_alpha": lora.get("alpha"),
+                "lr": trainer_setting(trainer, "optimizer", "lr"),
+                "lora_r": trainer_setting(trainer, "lora", "r"),
+                "lora_alpha": trainer_setting(trainer, "lora", "alpha"),
                 "batch_size": loop.get("batch_size"),
                 "max_seq_len": loop.get("max_seq_len"),
                 "steps": loop.get("steps"),
@@ -390,3 +530,43 @@ def ab_frame(comparison: ComparedRuns) -> pd.DataFrame:
                 )
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def usage_frame(stats: dict[str, Any]) -> pd.DataFrame:
+    """`GET /v1/stats`'s device-seconds as `%cortex usage` shows them: per user, then per job, most first."""
+    import pandas as pd
+
+    device = stats["device_seconds"]
+    rows = [
+        {"per": "user", "name": name, "device_seconds": seconds}
+        for name, seconds in sorted(device["by_owner"].items(), key=lambda item: -item[1])
+    ]
+    rows += [
+        {"per": "job", "name": name, "device_seconds": seconds}
+        for name, seconds in sorted((device.get("by_job") or {}).items(), key=lambda item: -item[1])
+    ]
+    frame = pd.DataFrame(rows, columns=["per", "name", "device_seconds"])
+    frame["device_hours"] = frame["device_seconds"] / 3600
+    return frame
+
+
+def stats_frame(stats: dict[str, Any]) -> pd.DataFrame:
+    """`GET /v1/stats` as one row per figure: jobs and runs by state, queue wait, device-hours by owner
+    and by model (the figures the backend computed; hours are its seconds / 3600)."""
+    import pandas as pd
+
+    rows = []
+    for kind in ("jobs", "runs"):
+        for state, count in stats[kind]["by_state"].items():
+            rows.append({"section": f"{kind} by state", "name": state, "value": count})
+        rows.append({"section": f"{kind} by state", "name": "total", "value": stats[kind]["total"]})
+    wait = stats["queue_wait"]
+    rows.append({"section": "queue wait (s)", "name": "started", "value": wait["count"]})
+    rows.append({"section": "queue wait (s)", "name": "median", "value": wait["median_s"]})
+    rows.append({"section": "queue wait (s)", "name": "p95", "value": wait["p95_s"]})
+    device = stats["device_seconds"]
+    for key, section in (("by_owner", "device-hours by owner"), ("by_model", "device-hours by model")):
+        for name, seconds in device[key].items():
+            rows.append({"section": section, "name": name, "value": seconds / 3600})
+    rows.append({"section": "device-hours", "name": "total", "value": device["total"] / 3600})
+    return pd.DataFrame(rows, columns=["section", "name", "value"])

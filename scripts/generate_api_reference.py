@@ -74,15 +74,20 @@ def render() -> str:
         "",
         "One table (`cortex_nb/protocol/errors.py`). *Ends* says where else a code appears: a job's or sub-job's",
         "`failure_code` (job), a request's `error.code` (request), a source run's `failure_code` (run), or raised",
-        "by the Python client itself (client).",
+        "by the Python client itself (client). *Category* says what a client should do: `user` (the caller's",
+        "doing: fix the call), `retryable` (the same call may succeed later), `not_supported` (cannot exist on",
+        "this backend), `internal` (the backend's fault, logged); the compatibility faces derive their SDKs'",
+        "error classes from it.",
         "",
-        "| Code | HTTP status | Ends | Meaning |",
-        "|---|---|---|---|",
+        "| Code | HTTP status | Category | Ends | Meaning |",
+        "|---|---|---|---|---|",
     ]
     for code, entry in ERROR_CODES.items():
         where = openapi.ANSWERED_ELSEWHERE.get(code)
         meaning = entry.meaning + (f" (answered by {where})" if where else "")
-        lines.append(f"| `{code}` | {entry.status or ''} | {', '.join(entry.ends)} | {_cell(meaning)} |")
+        lines.append(
+            f"| `{code}` | {entry.status or ''} | {entry.category} | {', '.join(entry.ends)} | {_cell(meaning)} |"
+        )
     lines.append("")
     return "\n".join(lines)
 

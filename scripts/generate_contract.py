@@ -92,7 +92,61 @@ export function displayState(job: IDisplayStateJob, nowS: number = Date.now() / 
   if (job.status === 'cancelled') {
     return ['cancelled', null];
   }
+  const total = progress?.total_steps;
+  if (progress?.phase === 'stopped' && total && (progress.step ?? 0) < total) {
+    const checkpoint = progress.last_checkpoint;
+    return ['stopped', `at ${progress.step ?? 0}/${total}` + (checkpoint ? ` (checkpoint ${checkpoint})` : '')];
+  }
   return ['done', null];
+}
+
+/** A loss with four significant digits ("1.234", "0.0002457"); "–" when there is none. */
+export function formatLoss(value: number | null | undefined): string {
+  if (value === null || value === undefined || !Number.isFinite(value)) {
+    return '–';
+  }
+  return Number(value.toPrecision(4)).toString();
+}
+
+/** A rate with a unit: "2.7k tok/s", "652 tok/s", "3.1 steps/s"; '' when unknown. */
+export function formatRate(value: number | null | undefined, unit: string): string {
+  if (value === null || value === undefined || !Number.isFinite(value)) {
+    return '';
+  }
+  if (value >= 1000) {
+    return `${(value / 1000).toFixed(1)}k ${unit}`;
+  }
+  return `${value >= 10 ? value.toFixed(0) : value.toFixed(1)} ${unit}`;
+}
+
+/** Binary units: "512 B", "1.5 GiB", "120 GiB"; "–" when unknown. */
+export function formatBytes(bytes: number | null | undefined): string {
+  if (bytes === null || bytes === undefined || !Number.isFinite(bytes)) {
+    return '–';
+  }
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return `${value >= 100 || unit === 0 ? value.toFixed(0) : value.toFixed(1)} ${units[unit]}`;
+}
+
+/** "ETA 0:18 · 2.1k tok/s" while training, "took 0:49 · 2.1k tok/s" after, from the record only. */
+export function progressTiming(progress: IJobView['progress'] | undefined): string {
+  if (!progress) {
+    return '';
+  }
+  const training = progress.phase === 'training';
+  return [
+    training && progress.eta_s !== null && progress.eta_s !== undefined ? `ETA ${clock(progress.eta_s)}` : '',
+    !training && progress.elapsed_s !== null && progress.elapsed_s !== undefined ? `took ${clock(progress.elapsed_s)}` : '',
+    formatRate(progress.tokens_per_s, 'tok/s')
+  ]
+    .filter(Boolean)
+    .join(' · ');
 }
 """
 
@@ -179,7 +233,36 @@ def display_state_cases() -> list[dict]:
             "sub_jobs": training,
         },
         {"status": "done", "progress": {**managed, "phase": "finished", "step": 80}, "sub_jobs": training},
+        {
+            "status": "done",
+            "progress": {**managed, "phase": "stopped", "step": 31, "last_checkpoint": "final"},
+            "sub_jobs": training,
+        },
+        {"status": "done", "progress": {**managed, "phase": "stopped", "step": 80}, "sub_jobs": training},
     ]
+
+
+# Records whose numbers every view writes the same way (the fixture's `formats` cases).
+FORMAT_VALUES = [0.0002457, 1.23456, 12345.6, 5e-05, 1e-07, 8.59, 0.0, 3.0, None, 652.3, 1712.0, 3.14159]
+BYTE_VALUES = [512, 1536, 1.5 * 2**30, 120 * 2**30, None]
+PROGRESS_RECORDS = [
+    {"phase": "training", "eta_s": 232.4, "elapsed_s": 10.0, "tokens_per_s": 1712.0},
+    {"phase": "training", "eta_s": None, "elapsed_s": 10.0, "tokens_per_s": 652.3},
+    {"phase": "finished", "eta_s": None, "elapsed_s": 49.2, "tokens_per_s": 2100.0},
+    {"phase": "stopped", "eta_s": None, "elapsed_s": None, "tokens_per_s": None},
+    None,
+]
+
+
+def format_cases() -> dict:
+    from cortex_nb.protocol import states
+
+    return {
+        "loss": [[value, states.format_loss(value)] for value in FORMAT_VALUES],
+        "rate": [[value, states.format_rate(value, "tok/s")] for value in FORMAT_VALUES],
+        "bytes": [[value, states.format_bytes(value)] for value in BYTE_VALUES],
+        "timing": [[record, states.progress_timing(record)] for record in PROGRESS_RECORDS],
+    }
 
 
 def render_fixture() -> str:
@@ -190,13 +273,20 @@ def render_fixture() -> str:
         {"job": job, "now": NOW, "expected": list(states.display_state(job, NOW))}
         for job in display_state_cases()
     ]
-    return json.dumps({"generated_by": "scripts/generate_contract.py", "cases": cases}, indent=1) + "\n"
+    return (
+        json.dumps(
+            {"generated_by": "scripts/generate_contract.py", "cases": cases, "formats": format_cases()},
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 def render() -> str:
     sys.path.insert(0, str(ROOT))
     from cortex_nb.protocol import errors, routes, states
     from cortex_nb.protocol import versions as version
+    from cortex_nb.protocol.schemas.base import LABEL_KEY
 
     def literal(value: object) -> str:
         return json.dumps(value, ensure_ascii=False)
@@ -212,7 +302,7 @@ def render() -> str:
         "",
         "export interface IRouteSpec {",
         "  readonly name: string;",
-        "  readonly method: 'GET' | 'POST' | 'PUT' | 'DELETE';",
+        "  readonly method: 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE';",
         "  /** `{name}` placeholders each fill one path segment. */",
         "  readonly template: string;",
         "}",
@@ -243,6 +333,14 @@ def render() -> str:
     lines += [f"  {literal(code)}: {literal(text)}," for code, text in errors.FAILURE_CODES.items()]
     lines += [
         "};",
+        "",
+        "/** The label of the short-lived jobs compare and sampling on demand start: the sidebar hides them. */",
+        f"export const PURPOSE_LABEL = {literal(states.PURPOSE_LABEL)};",
+        f"export const SHORT_LIVED_PURPOSES: readonly string[] = {literal(list(states.SHORT_LIVED_PURPOSES))};",
+        "/** Labels the tool keeps for itself: not shown as tags, kept when the tags are edited. */",
+        f"export const INTERNAL_LABELS: readonly string[] = {literal(list(states.INTERNAL_LABELS))};",
+        "/** What a label's name may be (the backend refuses others with the field named). */",
+        f"export const LABEL_KEY_PATTERN = new RegExp({literal(LABEL_KEY)});",
         "",
         "/** Where a job's training is (its progress record's `phase`). */",
         f"export const PROGRESS_PHASES = {literal(list(states.PROGRESS_PHASES))} as const;",

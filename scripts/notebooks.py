@@ -13,6 +13,7 @@ fresh local backend in a temporary folder (CORTEX_LOCAL_DIR) and prints its wall
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -33,6 +34,36 @@ def checked(cell) -> bool:
     )
 
 
+# Paths of the machine a notebook ran on: stored outputs must not carry them (they say nothing to a reader
+# and leak the build machine's layout). The sanitized forms are nbval-sanitize.cfg's, so a reference output
+# written this way still compares equal with a fresh run's.
+MACHINE_PATH = re.compile(
+    r"(?<![\w.~])/(?:tmp|home|root|work|Users|private|var/folders|opt|mnt|srv)/[^\s'\"<>]*"
+)
+STORED_FORMS = (
+    (re.compile(r"your local backend in \S+"), "your local backend in DATA_DIR"),
+    (re.compile(r"/tmp/[\w./-]+"), "/TMP"),
+)
+
+
+def machine_paths(cell) -> list[str]:
+    """Absolute paths of the machine that ran the cell, found in its outputs."""
+    found = []
+    for output in cell.get("outputs", []):
+        texts = [output.get("text", "")] + [
+            value for value in (output.get("data") or {}).values() if isinstance(value, str)
+        ]
+        for text in texts:
+            found += MACHINE_PATH.findall(text if isinstance(text, str) else "".join(text))
+    return found
+
+
+def without_machine_paths(text: str) -> str:
+    for pattern, replacement in STORED_FORMS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
 def strip(notebook) -> None:
     notebook.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
     for cell in notebook.cells:
@@ -44,6 +75,12 @@ def strip(notebook) -> None:
         if not checked(cell):
             cell.outputs = []
             cell.execution_count = None
+        for output in cell.outputs:
+            if "text" in output:
+                output["text"] = without_machine_paths(output["text"])
+            for mime, value in (output.get("data") or {}).items():
+                if isinstance(value, str):
+                    output["data"][mime] = without_machine_paths(value)
 
 
 def problems(notebook) -> list[str]:
@@ -64,6 +101,9 @@ def problems(notebook) -> list[str]:
             )
         if "execution" in cell.metadata:
             found.append(f"cell {index}: timing metadata")
+        paths = machine_paths(cell)
+        if paths:
+            found.append(f"cell {index}: an output holds a path of the machine that ran it: {paths[0]}")
     return found
 
 
@@ -122,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for problem in problems(notebook):
             failed = True
-            print(f"{path.relative_to(ROOT)}: {problem}", file=sys.stderr)
+            shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+            print(f"{shown}: {problem}", file=sys.stderr)
     if failed:
         print("run: python scripts/notebooks.py strip (or refresh)", file=sys.stderr)
     return 1 if failed else 0

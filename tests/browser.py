@@ -33,4 +33,14 @@ def open_sidebar(page: Page) -> None:
 def screenshot(target, name: str) -> None:
     """A page or element screenshot under SCREENSHOTS."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    target.screenshot(path=str(SCREENSHOTS / name))
+    from playwright.sync_api import Error
+
+    # A job widget's view is re-created when its cell's picture is rewritten (each tenth of the steps): a
+    # locator then finds the new element on the next try.
+    for attempt in range(3):
+        try:
+            target.screenshot(path=str(SCREENSHOTS / name))
+            return
+        except Error as exc:
+            if "not attached" not in str(exc) or attempt == 2:
+                raise

@@ -15,6 +15,9 @@ from .model_factory import build_char_llama_dir, build_gpt2_dir
 os.environ.setdefault("CORTEX_DISABLE_TELEMETRY", "1")
 # Backends started by tests refuse to render a reply field their schema does not declare (config.py).
 os.environ.setdefault("CORTEX_STRICT_REPLIES", "1")
+# CORTEX_TEST_ADAPTER_HOST=1 runs the session backend's training sub-jobs as adapter-host slots
+# (docs/scale.md), so the suites that use it check that mode against the same expectations.
+HOSTING_ARGS = ("--adapter-host",) if os.environ.get("CORTEX_TEST_ADAPTER_HOST") == "1" else ()
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +44,7 @@ def backend(tmp_path_factory, gpt2_dir, llama_dir) -> BackendProcess:
         "cpu:8",
         "--worker-threads",
         "1",
+        *HOSTING_ARGS,
     )
     yield process
     process.stop()
@@ -113,3 +117,104 @@ from .notebook_fixtures import cortex_shell  # noqa: E402,F401
 
 # Tinker face: the tinker SDK against `backend` -------------------------------------------------------
 from .tinker_fixtures import hf_home, service_client, tinker_key  # noqa: E402,F401
+
+# The unit layer: `live` marks every test that starts a process or a server (a backend, a Jupyter server, a
+# kernel, Chromium, a Ray cluster, a subprocess); `python -m pytest -m "not live"` runs the rest in seconds.
+# Marked here from what each test and its fixtures do, so a new test needs no decorator to be classed right.
+LIVE_FIXTURES = frozenset(
+    {
+        "backend",
+        "client",
+        "tls_backend",
+        "runs_backend",
+        "runs_client",
+        "cortex_shell",
+        "service_client",
+        "tinker_key",
+        "hf_home",
+    }
+)
+# What a test's (or its fixtures') source calls when it starts a process or a server.
+LIVE_CALLS = (
+    "start_backend",
+    "subprocess",
+    "Popen",
+    "jupyter_process",
+    "ray_cluster",
+    "chromium",
+    "playwright",
+    "KernelManager",
+    "start_new_kernel",
+    "NotebookClient",
+    "multiprocessing",
+    "jp_fetch",
+    "jp_serverapp",
+    "Client.local",
+    "ensure_local_backend",
+    "os.fork",
+)
+
+
+def _source(function) -> str:
+    import inspect
+
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+_LIVE: dict[object, bool] = {}
+
+
+def _starts_processes(function) -> bool:
+    """True when the function's source starts a process, or calls a helper of the test package that does
+    (followed through the names it uses, so `_nbval(...)` or `Kernel(...)` count as what they do)."""
+    import inspect
+    import re
+
+    key = getattr(function, "__code__", function)
+    if key in _LIVE:
+        return _LIVE[key]
+    _LIVE[key] = False  # a cycle counts as not live until something in it is
+    source = _source(function)
+    live = any(call in source for call in LIVE_CALLS)
+    if not live:
+        namespace = getattr(function, "__globals__", None)
+        if namespace is None and inspect.isclass(function):
+            namespace = vars(__import__("sys").modules.get(function.__module__, object))
+        for name in set(re.findall(r"\b([A-Za-z_]\w*)\b", source)) & set(namespace or ()):
+            helper = namespace[name]
+            module = getattr(helper, "__module__", "") or ""
+            if module.split(".")[0] == "tests" and (inspect.isfunction(helper) or inspect.isclass(helper)):
+                if helper is not function and _starts_processes(helper):
+                    live = True
+                    break
+    _LIVE[key] = live
+    return live
+
+
+def _is_live(item: pytest.Item) -> bool:
+    if not isinstance(item, pytest.Function):
+        return True  # notebooks under nbval run in a kernel of their own
+    info = getattr(item, "_fixtureinfo", None)
+    names = set(info.names_closure) if info is not None else set()
+    if names & LIVE_FIXTURES:
+        return True
+    functions = [item.function]
+    for name in names:
+        for definition in (info.name2fixturedefs.get(name) or ()) if info is not None else ():
+            if definition.func.__module__.split(".")[0] not in (
+                "_pytest",
+                "pytest_jupyter",
+                "jupyter_server",
+            ):
+                functions.append(definition.func)
+    return any(_starts_processes(function) for function in functions)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    live = pytest.mark.live
+    for item in items:
+        if _is_live(item):
+            item.add_marker(live)

@@ -24,6 +24,7 @@ CODE_CALLS = {
     "end": 2,
     "sub_job_failed": 2,
     "_finish": 2,
+    "InitFailed": 0,  # a worker message (worker_messages.py): its code is the sub-job's failure code
 }
 CODE_KEYWORDS = {"code", "failure_code", "error_code"}
 CODE_KEYS = {"code", "failure_code", "error_code"}

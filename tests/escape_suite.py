@@ -26,6 +26,7 @@ from typing import Any
 from cortex_nb import Client
 
 from .backend_process import BackendProcess, start_backend
+from .escape_residue import RESIDUE_CASES
 from .run_projects import processes_with, wait_for_log, write_project
 from .unprivileged import UserHome, make_user_home, unavailable_reason
 
@@ -269,13 +270,17 @@ def _plant_canaries(folders: list[Path], owner_uid: int | None, secret: str) -> 
 
 def case_filesystem_and_network(tier: Tier, work: Path) -> list[Escape]:
     """Write the runtime and $HOME, read $HOME, the token, the store and host socket dirs, reach loopback
-    TCP, unix sockets in those dirs and an abstract one, create a user namespace."""
+    TCP, unix sockets in those dirs, in the runtime and an abstract one, create a user namespace."""
     planted = f"zz-cortex-escape-{secrets.token_hex(4)}.pth"
     secret = secrets.token_hex(8)
     owner_uid = tier.user.uid if tier.user else None
     places = [Path("/tmp"), Path("/var/tmp"), tier.home, tier.backend.data_dir, tier.workspace]
     places += [Path(folder) for folder in ("/run", "/run/lock", "/dev/shm") if os.path.isdir(folder)]
-    listeners = Listeners([place for place in places if place != tier.workspace], owner_uid)
+    # And inside the runtime the run's python comes from (bound read-only): a host process listening there.
+    socket_dirs = [place for place in places if place != tier.workspace] + [
+        Path(path) for path in tier.runtime
+    ]
+    listeners = Listeners(socket_dirs, owner_uid)
     canaries = _plant_canaries(places, owner_uid, secret)
     token = (tier.backend.data_dir / "admin.token").read_text().strip()
     args = {
@@ -654,6 +659,8 @@ CASES: dict[str, Callable[[Tier, Path], list[Escape]]] = {
     "disk_fill": case_disk_fill,
     "leftover_processes_after_cancel": case_leftover_processes_after_cancel,
 }
+# The backend's own process state a run could reach: keyring, /etc files, memfds, init's command line.
+CASES.update(RESIDUE_CASES)
 
 
 def scratch_dir() -> Path:

@@ -41,18 +41,37 @@ def _failures_section(stdout: str) -> str:
     return stdout[start : end if end > 0 else None][:12000]
 
 
-def fuzz(url: str, token: str, report_dir: Path, seconds: int, seed: int = 1, workers: int = 1) -> FuzzReport:
-    """`schemathesis run` for `seconds` against `url`'s own document, every request with `token`."""
+def fuzz(
+    url: str,
+    token: str,
+    report_dir: Path,
+    seconds: int,
+    seed: int = 1,
+    workers: int = 1,
+    *,
+    document: Path | None = None,
+    header: str = "Authorization: Bearer {token}",
+    checks: str = CHECKS,
+    max_examples: int | None = None,
+    phases: str | None = None,
+) -> FuzzReport:
+    """`schemathesis run` against `url`'s own document (or `document`, a file, served at `url`), every request
+    with `token`: `max_examples` per operation, or else for `seconds` (the process is stopped after `seconds`
+    plus four minutes either way)."""
+    source = [str(document), "--url", url] if document is not None else [f"{url}/v1/openapi.json"]
+    examples = ["--max-examples", str(max_examples)] if max_examples is not None else []
+    examples += ["--phases", phases] if phases is not None else []
     command = [
         str(Path(sys.executable).with_name("schemathesis")),
         "run",
-        f"{url}/v1/openapi.json",
+        *source,
         "-H",
-        f"Authorization: Bearer {token}",
+        header.format(token=token),
         "--checks",
-        CHECKS,
-        "--max-time",
-        str(seconds),
+        checks,
+        *examples,
+        # schemathesis keeps fuzzing until --max-time when it is given, whatever --max-examples says.
+        *(["--max-time", str(seconds)] if max_examples is None else []),
         "--request-timeout",
         "30",
         "--workers",

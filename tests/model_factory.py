@@ -54,14 +54,10 @@ def build_gpt2_dir(path: Path, seed: int = 7) -> Path:
     return path
 
 
-def build_llama_dir(path: Path, seed: int = 11) -> Path:
-    """A small Llama with random weights and the same kind of byte-level BPE tokenizer. Its heads are 32
-    wide: vLLM's CPU attention refuses narrower ones (GPT-2 above has 16)."""
-    import torch
+def _write_bpe_tokenizer(path: Path, model_max_length: int) -> tuple[int, int]:
+    """A byte-level BPE tokenizer trained on CORPUS, saved in `path`: (vocabulary size, end-of-text id)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    path.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -70,19 +66,62 @@ def build_llama_dir(path: Path, seed: int = 11) -> Path:
     )
     tokenizer.train_from_iterator(CORPUS * 20, trainer)
     tokenizer.save(str(path / "tokenizer.json"))
-    eos = tokenizer.token_to_id("<|endoftext|>")
     (path / "tokenizer_config.json").write_text(
         json.dumps(
             {
                 "bos_token": "<|endoftext|>",
                 "eos_token": "<|endoftext|>",
-                "model_max_length": 512,
+                "model_max_length": model_max_length,
                 "tokenizer_class": "PreTrainedTokenizerFast",
             }
         )
     )
+    return tokenizer.get_vocab_size(), tokenizer.token_to_id("<|endoftext|>")
+
+
+def build_mixtral_dir(path: Path, seed: int = 13) -> Path:
+    """A tiny Mixtral (2 layers, 4 experts, 2 per token) with random weights and a byte-level BPE tokenizer:
+    an MoE base for router replay. Its routers are sharpened so a token's top experts are not near-ties."""
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab_size, eos = _write_bpe_tokenizer(path, 256)
+    config = MixtralConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = MixtralForCausalLM(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("gate.weight"):
+                parameter.mul_(20.0)
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
+def build_llama_dir(path: Path, seed: int = 11) -> Path:
+    """A small Llama with random weights and the same kind of byte-level BPE tokenizer. Its heads are 32
+    wide: vLLM's CPU attention refuses narrower ones (GPT-2 above has 16)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab_size, eos = _write_bpe_tokenizer(path, 512)
     config = LlamaConfig(
-        vocab_size=tokenizer.get_vocab_size(),
+        vocab_size=vocab_size,
         hidden_size=128,
         intermediate_size=256,
         num_hidden_layers=2,

@@ -67,8 +67,19 @@ class RayCluster:
     def client(self) -> Client:
         return Client(self.backend.url, self.backend.token)
 
-    def join(self, name: str, *args: str, wait: bool = True) -> JoinedHost:
+    @property
+    def token_file(self) -> Path:
+        """The head's Ray token (the backend made it in its data dir); hosts join with it."""
+        return self.backend.data_dir / "ray-auth-token"
+
+    def join(
+        self, name: str, *args: str, wait: bool = True, token_file: Path | None | str = "head"
+    ) -> JoinedHost:
+        """`host join` with the head's token file (or `token_file`, or none at all when None)."""
         log_path = self.backend.data_dir / f"host-{name}.log"
+        if token_file == "head":
+            token_file = self.token_file
+        token_args = ["--token-file", str(token_file)] if token_file is not None else []
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 [
@@ -85,13 +96,15 @@ class RayCluster:
                     "--object-store",
                     OBJECT_STORE,
                     "--block",
+                    *token_args,
                     *args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env={**os.environ, **RAY_ENV},
+                # The host's private Ray dir goes in the test's own (removed at the end).
+                env={**os.environ, **RAY_ENV, "TMPDIR": str(self.temp_dir)},
             )
         host = JoinedHost(name, process, log_path)
         self.hosts[name] = host

@@ -17,7 +17,11 @@ MAX_WAIT_S = 0.2
 
 
 @schemathesis.serializer(
-    "application/vnd.cortex.frame+safetensors", "application/x-ndjson", "application/x-tar"
+    "application/vnd.cortex.frame+safetensors",
+    "application/x-ndjson",
+    "application/x-tar",
+    "application/x-protobuf",
+    "application/octet-stream",
 )
 def raw_bytes(ctx: Any, value: Any) -> bytes:
     if isinstance(value, bytes):

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from cortex_nb import BadRequestError, Client, ConflictError, CortexError, NotFoundError, RequestFailed
 from cortex_nb.checkpoint_files import extract_verified
-from cortex_nb.state_hash import state_hash
+from cortex_nb.protocol.state_hash import state_hash
 
 from .backend_process import start_backend
 from .training_data import random_batches, train

@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from cortex_backend.devices import Device
-from cortex_backend.ray_cluster.hosts import devices_of
-from cortex_backend.ray_cluster.versions import mismatches
+from cortex_backend.executors.ray_cluster.hosts import devices_of
+from cortex_backend.executors.ray_cluster.versions import mismatches
 from cortex_backend.scheduler import Scheduler
 
 TINY = frozenset({"tiny"})

@@ -13,6 +13,7 @@ import pytest
 import torch
 from cortex_training import (
     CortexTrainingClient,
+    JobType,
     SubJobConfig,
     build_forward_backward_kwargs,
     serialize_forward_backward_args,
@@ -369,3 +370,47 @@ def _cortex_jobs(shell, tls_backend, backend):
         os.environ["CORTEX_TEST_TLS_TOKEN"] = backend.token
         run_cell(shell, f"%cortex connect {backend.url} --token-env CORTEX_TEST_TLS_TOKEN")
         del os.environ["CORTEX_TEST_TLS_TOKEN"]
+
+
+def test_an_unhinted_forward_scores_the_trainers_live_weights(sdk):
+    """`fwd_no_grad` without a routing hint on a job with a log-probability sub-job scores the trainer (what the
+    SDK's users mean), not the scorer, whose weights stay those of before training until a weight sync."""
+    trainer = SubJobConfig.training_job(
+        "tiny",
+        optimizer={"name": "AdamW", "lr": 5e-2},
+        max_seq_len=128,
+        train_batch_size=2,
+        n_gpus=1,
+        seed=1,
+        extra_training={"peft_config": LORA},
+    )
+    scorer = SubJobConfig.sampling_job(
+        "tiny",
+        max_seq_len=128,
+        n_gpus=1,
+        job_type=JobType.LOG_PROBABILITY,
+        extra_sampling={"peft_config": LORA},
+    )
+    job_id = sdk.create_job([trainer, scorer], idle_timeout_seconds=0)
+    rng = np.random.default_rng(4)
+    probe = frame(sdk_batch(rng, batch=1, length=10))
+    try:
+        sdk.wait_for_job(job_id)
+        for _ in range(2):
+            sdk.poll_request(job_id, sdk.forward_backward(job_id, frame(sdk_batch(rng))))
+            sdk.poll_request(job_id, sdk.step(job_id))
+
+        def scores(**hint):
+            return sdk.poll_request(job_id, sdk.fwd_no_grad(job_id, probe, **hint)["request_id"])["logprobs"]
+
+        unhinted, trained, stale = (
+            scores(),
+            scores(sub_job_type="training"),
+            scores(sub_job_type="log_probability"),
+        )
+        torch.testing.assert_close(unhinted, trained, rtol=0, atol=0)
+        assert not torch.allclose(unhinted, stale, atol=1e-4), (
+            "the scorer was never synced, so it must differ"
+        )
+    finally:
+        sdk.cancel_job(job_id)

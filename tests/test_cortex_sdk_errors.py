@@ -154,10 +154,11 @@ def test_bad_jobs(sdk):
         400,
         "invalid_field",
     )
-    two_gpus = SubJobConfig.training_job(
-        "tiny", optimizer={"lr": 1e-3}, max_seq_len=32, train_batch_size=1, n_gpus=2
+    # A training sub-job runs across devices (tests/test_multi_rank_training.py); a sampling one does not.
+    two_gpu_sampler = SubJobConfig.sampling_job("tiny", max_seq_len=32, n_gpus=2)
+    refused(
+        sdk, lambda: sdk.create_job([model_config(), two_gpu_sampler]), 400, "multi_gpu_sampling_unsupported"
     )
-    refused(sdk, lambda: sdk.create_job([two_gpus]), 501, "not_supported")
     with pytest.raises(ValueError, match="at most one training"):  # the SDK itself refuses this one
         sdk.create_job([model_config(), model_config()])
 
@@ -185,10 +186,7 @@ def test_permanent_state_errors_are_not_retried(sdk, jobs, tls_backend):
 def test_what_cannot_exist_here_names_the_equivalent(sdk, jobs):
     job_id, _ = jobs
     refused(sdk, lambda: sdk.get_experiment_run(job_id), 501, "not_supported")
-    refused(sdk, lambda: sdk.generate_stream(job_id, ["x"]), 501, "not_supported")
     refused(sdk, lambda: sdk.tail_events(job_id), 501, "not_supported")
-    refused(sdk, lambda: sdk.reset_prefix_cache(job_id), 501, "not_supported")
-    refused(sdk, lambda: sdk.bootstrap_router_replay(job_id, "a", "b"), 501, "not_supported")
     with pytest.raises(requests.HTTPError) as caught:
         sdk.fetch_execution_logs(job_id)
     assert "Client.download_stdout_logs" in caught.value.response.json()["error"]["message"]
@@ -241,3 +239,25 @@ def test_a_chunk_group_cut_by_a_restart_answers_restart_required(tmp_path):
         assert replay.status_code == 410 and replay.json()["error"]["code"] == "job_finished"
     finally:
         second.stop()
+
+
+def test_generate_stream_drains_tokens_then_results(sdk, jobs):
+    """The SDK's polling stream: token events as decoded, one result per sample, then done; the tokens
+    joined are the result's, and the result is a plain generate's."""
+    running, _ = jobs
+    params = {"max_tokens": 12, "temperature": 0}
+    answer = sdk.generate_stream(running, [[5, 6, 7]], params)
+    assert answer["count"] == 1
+    events: list[dict] = []
+    for _ in range(200):
+        events += sdk.get_request_status(running, answer["request_id"], max_events=4)["events"]
+        if events and events[-1]["type"] == "done":
+            break
+    kinds = [event["type"] for event in events]
+    assert kinds[-1] == "done" and kinds.count("result") == 1 and kinds.count("tokens") > 1
+    assert events[-1] == {"type": "done", "completed": 1, "failed": 0}
+    streamed = [token for event in events if event["type"] == "tokens" for token in event["token_ids"]]
+    result = next(event["result"] for event in events if event["type"] == "result")
+    assert streamed == result["token_ids"]
+    plain = sdk.poll_request(running, sdk.generate(running, [[5, 6, 7]], params))
+    assert plain["results"][0]["token_ids"] == streamed

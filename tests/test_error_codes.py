@@ -36,7 +36,6 @@ def test_every_code_in_the_table_is_produced_somewhere():
 # Codes no test can produce on this machine, and why. Each is still produced by the source (above).
 NOT_REACHED_BY_TESTS = {
     "internal_error": "a bug in the backend, by definition; the OpenAPI fuzz test fails on any 5xx instead",
-    "rate_limited": "more than 2 GiB of chunked Cortex frames held open at once",
     "weight_sync_timeout": "a sync target that stays silent for 600 s (VERDICT_WAIT_S)",
     "sandbox_failed": "the backend failing to set a run up for a reason of its host (a full disk, say)",
 }

@@ -17,7 +17,7 @@ from cortex_training import serialize_forward_backward_args
 from cortex_training import wire as sdk_wire
 
 from cortex_nb import Client, RequestFailed, TimeoutError
-from cortex_nb.datasets import addition_problems
+from cortex_nb.demo_data import addition_problems
 from cortex_nb.protocol.states import JOB_FAILED
 
 from .backend_process import start_backend

@@ -41,6 +41,41 @@ def test_the_eight_notebooks_are_there_and_stored_clean():
     assert result.returncode == 0, result.stderr
 
 
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~])/(?:tmp|home|root|work|Users|private|var/folders|opt|mnt|srv)/")
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_no_stored_output_holds_a_path_of_the_machine_that_ran_it(name):
+    """Shipped outputs read the same on every machine: no /tmp/..., /home/..., /work/... of the build."""
+    notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    for index, cell in enumerate(notebook.cells):
+        for output in cell.get("outputs", []):
+            texts = [output.get("text", "")] + [str(v) for v in (output.get("data") or {}).values()]
+            for text in texts:
+                assert not ABSOLUTE_PATH.search(text) and str(ROOT) not in text, (name, index, text)
+
+
+def test_the_notebook_check_refuses_a_machine_path_and_strip_removes_it(tmp_path):
+    notebook = nbformat.read(NOTEBOOKS / "01-quickstart.ipynb", as_version=4)
+    cell = next(cell for cell in notebook.cells if cell.get("outputs"))
+    cell.outputs[0]["text"] = (
+        "connected via your local backend in /home/builder/.local/share/cortex-nb/local\n"
+    )
+    planted = tmp_path / "planted.ipynb"
+    nbformat.write(notebook, planted)
+    result = subprocess.run(
+        [sys.executable, "scripts/notebooks.py", "check", str(planted)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1 and "/home/builder/.local/share/cortex-nb/local" in result.stderr
+    subprocess.run([sys.executable, "scripts/notebooks.py", "strip", str(planted)], cwd=ROOT, check=True)
+    stripped = nbformat.read(planted, as_version=4)
+    texts = [o.get("text", "") for c in stripped.cells for o in c.get("outputs", [])]
+    assert "connected via your local backend in DATA_DIR\n" in texts  # nbval's sanitized form
+
+
 @pytest.mark.parametrize("name", EXPECTED)
 def test_each_notebook_says_what_it_shows_and_how_to_use_a_gpu(name):
     notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
@@ -166,7 +201,7 @@ def test_a_broken_api_or_a_changed_checked_output_fails_the_nbval_run(tmp_path):
     _write(
         tmp_path / "api.ipynb",
         [
-            ("from cortex_nb.datasets import addition_problems", []),
+            ("from cortex_nb.demo_data import addition_problems", []),
             (
                 "addition_problems().answers()",
                 [],
@@ -177,7 +212,7 @@ def test_a_broken_api_or_a_changed_checked_output_fails_the_nbval_run(tmp_path):
         tmp_path / "output.ipynb",
         [
             (
-                "# NBVAL_CHECK_OUTPUT\nprint(len({row['completion'] for row in __import__('cortex_nb.datasets').datasets"
+                "# NBVAL_CHECK_OUTPUT\nprint(len({row['completion'] for row in __import__('cortex_nb.demo_data').demo_data"
                 ".addition_problems(max_operand=8)}))",
                 [stream],
             ),  # 17 distinct sums now, the reference says 19

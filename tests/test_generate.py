@@ -59,6 +59,16 @@ def test_greedy_matches_transformers_generate(client: Client, gpt2_dir, model):
                 )
                 assert len(values) == len(prompt) - 1
                 np.testing.assert_allclose(values, expected.numpy(), rtol=0, atol=1e-5)
+        # prompt_logprobs_topk: the k most likely tokens at each prompt position, as transformers' top-k.
+        ranked = (
+            job.generate(prompts, max_tokens=1, prompt_logprobs_topk=3).result().raw["prompt_topk_logprobs"]
+        )
+        with torch.no_grad():
+            for prompt, found in zip(prompts, ranked, strict=True):
+                logits = reference.model(input_ids=torch.tensor([prompt])).logits[0].float()
+                values, ids = torch.log_softmax(logits[:-1], dim=-1).topk(3, dim=-1)
+                assert found["token_ids"] == ids.tolist()
+                np.testing.assert_allclose(found["logprobs"], values.numpy(), rtol=0, atol=1e-5)
     finally:
         job.cancel()
 

@@ -21,7 +21,14 @@ def loaded_after(statement: str, watched: tuple[str, ...]) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "module", ["cortex_backend.worker", "cortex_backend.app", "cortex_backend.server", "cortex_server.app"]
+    "module",
+    [
+        "cortex_backend.worker_process",
+        "cortex_backend.worker",
+        "cortex_backend.app",
+        "cortex_backend.server",
+        "cortex_server.app",
+    ],
 )
 def test_backend_worker_and_proxy_load_only_the_protocol(module):
     assert loaded_after(f"import {module}", SDK_MODULES) == []
@@ -56,10 +63,17 @@ def test_all_names_every_lazy_export():
     assert set(cortex_nb.__all__) == {"API_VERSION", "__version__", *cortex_nb._EXPORTS}
 
 
-def test_former_module_names_are_the_moved_modules():
-    import cortex_nb.protocol.states
-    import cortex_nb.states
-    from cortex_nb import job_spec, run_spec, wire
-    from cortex_nb.protocol import wire as protocol_wire
-
-    assert cortex_nb.states is cortex_nb.protocol.states and wire is protocol_wire and job_spec is run_spec
+def test_former_module_names_are_the_moved_modules_and_say_so():
+    # A fresh interpreter: the warning is given once, on the first import of a former name.
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "try:\n    import cortex_nb.wire\nexcept DeprecationWarning as w:\n    print(w)\n"
+        "warnings.simplefilter('ignore')\n"
+        "import sys, cortex_nb.states, cortex_nb.protocol.states, cortex_nb.job_spec, cortex_nb.run_spec\n"
+        "print(sys.modules['cortex_nb.states'] is cortex_nb.protocol.states,"
+        " sys.modules['cortex_nb.job_spec'] is cortex_nb.run_spec)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    warning, same = done.stdout.splitlines()
+    assert "cortex_nb.wire is now cortex_nb.protocol.wire" in warning and "next release" in warning
+    assert same == "True True"

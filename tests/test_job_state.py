@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import xml.etree.ElementTree as ElementTree
 
 from cortex_nb.job_state import LOG_LINE_CHARS, LOG_TAIL_LINES, DecimatedSeries, JobState
@@ -136,10 +137,45 @@ def test_summary_and_repr_read_the_backends_record_as_text():
     )
     summary = state.summary()
     assert summary == (
-        "job-s (tiny) done: 10/10 steps in 0:10, loss per token 2.9000 -> 2.0000,"
-        " eval loss per token 2.5000, 100 tok/s"
+        "job-s (tiny) done: 10/10 steps in 0:10, loss per token 2.9 -> 2, eval loss per token 2.5, 100 tok/s"
     )
-    assert job_view.job_repr(state.snapshot()) == "<cortex job job-s done step 10/10 loss per token 2.0000>"
+    assert job_view.job_repr(state.snapshot()) == "<cortex job job-s done step 10/10 loss per token 2>"
+
+
+def test_small_losses_keep_four_significant_digits_and_the_widget_writes_timing_as_the_sidebar():
+    """A loss of 0.0002457 never reads 0.0000; ETA and tokens/s come from the record through the one
+    function the sidebar's generated twin mirrors (labextension/test/display_state.spec.ts)."""
+    from cortex_nb.protocol.states import progress_timing
+
+    state = JobState("job-small", model="tiny")
+    job = job_with_progress(5, loss_per_token=0.0002457)
+    job["progress"].update(phase="training", total_steps=3000, eta_s=232.4, tokens_per_s=1712.0)
+    state.set_job(job)
+    stats = " · ".join(job_view.stats_parts(state.snapshot(), now=time.time()))
+    assert "loss per token 0.0002457" in stats and "0.0000" not in stats
+    assert progress_timing(job["progress"]) == "ETA 3:52 · 1.7k tok/s" and "ETA 3:52 · 1.7k tok/s" in stats
+
+
+def test_an_answer_without_the_record_keeps_the_header_and_progress_line_on_one_step():
+    state = JobState("job-one", model="tiny")
+    job = job_with_progress(258)
+    job["progress"].update(phase="training", total_steps=3000)
+    state.set_job(job)
+    state.set_job({key: value for key, value in job.items() if key != "progress"})  # a cancel's answer
+    snap = state.snapshot()
+    assert snap.detail == "step 258/3000" and snap.step == 258
+
+
+def test_a_run_stopped_and_saved_early_is_labelled_stopped_not_done():
+    state = JobState("job-stopped", model="tiny")
+    job = job_with_progress(831, "done")
+    job["progress"].update(phase="stopped", total_steps=3000, last_checkpoint="final")
+    state.set_job(job)
+    snap = state.snapshot()
+    assert (snap.status, snap.detail) == ("stopped", "at 831/3000 (checkpoint final)") and snap.finished
+    assert "stopped</span>" in job_view.header_html(snap) and "at 831/3000 (checkpoint final)" in (
+        job_view.header_html(snap)
+    )
 
 
 def test_a_waiting_job_says_why_and_an_idle_one_when_it_frees_its_device():

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 import time
+from collections import OrderedDict
 
 import pytest
 
 from cortex_nb import Client
 from cortex_nb import job_state as state
+from cortex_nb.protocol.states import CELL_DISPLAY_LABEL
 from cortex_nb.widgets import job_view, job_widget
 from cortex_nb.widgets.throttle import MAX_RENDERS_PER_S, RenderThrottle
 
@@ -68,7 +70,8 @@ def test_cancel_asks_before_discarding_trained_steps_then_discards_or_stops_and_
     }
     assert "final" in saved and 2 <= saved["final"]["step"] < 2000
     assert kept.state.message == "device freed; the adapter was saved as checkpoint 'final' first"
-    wait_until(lambda: kept.state.status == "done", 30)
+    # Stopped and saved before its planned steps: "stopped at N/2000 (checkpoint final)", not "done".
+    wait_until(lambda: kept.state.status == "stopped", 30)
     assert not discarded.action_errors and not kept.action_errors
     client.close()
 
@@ -156,7 +159,8 @@ def test_a_widget_whose_backend_dies_stops_following_without_hanging(tmp_path, m
     monkeypatch.setattr(JobFeed, "MAX_FAILURES", 2)
     own = start_backend(tmp_path / "backend", "--devices", "cpu:1")
     try:
-        client = Client(own.url, own.token, retry=RetryPolicy(max_attempts=1))
+        # Rides through an absence of 2 s at most (a restart would be back by then), then stops following.
+        client = Client(own.url, own.token, retry=RetryPolicy(max_attempts=1), reconnect_s=2)
         job = client.create_training_job("tiny")
         widget = job_widget.show_job(client, job.job_id)
         wait_until(lambda: widget.feed.rounds >= 1 and widget.state.job_status == "running", 30)
@@ -166,3 +170,50 @@ def test_a_widget_whose_backend_dies_stops_following_without_hanging(tmp_path, m
     assert not widget.feed.alive
     assert widget.state.message.startswith("stopped following:")
     assert any(line.startswith("[cortex] lost touch with the backend") for line in widget.state.log_tail)
+
+
+def test_a_run_reattached_after_a_restart_continues_the_first_cells_record(
+    cortex_shell, backend, monkeypatch
+):
+    """The `%%cortex train` cell's record (its display id, recorded with the job) is rewritten by the
+    widget that reattaches the run after a kernel restart: "continued in cell N", then the final picture."""
+    published: list[dict] = []
+
+    def publish(data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
+        published.append({"data": data, "display_id": (transient or {}).get("display_id"), "update": update})
+
+    monkeypatch.setattr(cortex_shell.display_pub, "publish", publish)
+    # As in a kernel: a parent message to follow the run in (the plain shell has none).
+    monkeypatch.setattr(job_widget, "capture_parent", lambda: {"header": {"msg_id": "train-cell"}})
+    ran = run_cell(cortex_shell, "%%cortex train -o continued_job\n" + train_spec(12))
+    assert ran.success, ran.stderr
+    job_id = cortex_shell.user_ns["continued_job"].job_id
+    first = job_widget._WIDGETS[job_id]
+    origin = first.origin_display
+    assert origin and any(p["display_id"] == origin and not p["update"] for p in published)
+    assert Client(backend.url, backend.token).get_job(job_id)["labels"][CELL_DISPLAY_LABEL] == origin
+
+    # The kernel restarts: its widgets and their feeds are gone; the run goes on.
+    first.close()
+    monkeypatch.setattr(job_widget, "_WIDGETS", OrderedDict())
+    before = len(published)
+    cell = cortex_shell.execution_count  # the number the next cell runs as
+    reattached = run_cell(cortex_shell, f"%cortex job {job_id}")
+    assert reattached.success, reattached.stderr
+    second = job_widget._WIDGETS[job_id]
+    assert second is not first and second.origin_display == origin and second.continued_in == cell
+    wait_until(lambda: second.state.finished and not second._live_displays, 120)  # its own cell froze
+
+    updates = [p for p in published[before:] if p["display_id"] == origin]
+    assert updates and all(p["update"] for p in updates)  # the first cell's output, rewritten in place
+    assert f"continued in cell {cell}:" in updates[0]["data"]["text/html"]
+    final = updates[-1]["data"]
+    assert f"continued in cell {cell}: after a kernel restart" in final["text/html"]
+    assert "its final picture below" in final["text/html"]
+    assert ">done</span>" in final["text/html"] and "step 12/12" in final["text/html"]
+    assert final["text/plain"].endswith(f"(continued in cell {cell})")
+    assert "application/vnd.jupyter.widget-view+json" not in final  # no view left to say "model not found"
+    # The reattached cell keeps its own final picture, without the note.
+    own = [p for p in published[before:] if p["display_id"] not in (origin, None)]
+    assert own and "continued in cell" not in own[-1]["data"]["text/html"]
+    assert ">done</span>" in own[-1]["data"]["text/html"]

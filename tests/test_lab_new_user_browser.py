@@ -34,7 +34,16 @@ from .notebook_fixtures import wait_until
 def lab(tmp_path_factory):
     """JupyterLab for a user with HOME=`home` and nothing configured; notebooks live in home/root."""
     home = tmp_path_factory.mktemp("new-user")
-    server = start_jupyter(home, None, None, app="lab", fresh_home=True)
+    built = ROOT / "cortex_nb" / "labextension"
+    extra: tuple[str, ...] = ()
+    if (built / "package.json").is_file():
+        # The checkout's panel build, ahead of the installed copy (an editable install copies the panel
+        # once, at install time): the panel under test is the one these sources build. JupyterLab takes
+        # the first copy of an extension it finds, and its extra path comes first.
+        (home / "panel").mkdir()
+        (home / "panel" / "cortex-nb").symlink_to(built)
+        extra = (f"--LabApp.extra_labextensions_path={home / 'panel'}",)
+    server = start_jupyter(home, None, None, app="lab", fresh_home=True, extra_args=extra)
     yield server, home
     server.stop()
     stop_local_backend(local_dir_of(home))
@@ -78,7 +87,7 @@ def notebook(*cells: str) -> dict:
 
 
 CONNECT = "%load_ext cortex_nb\n%cortex connect --local"
-PROBLEMS = "from cortex_nb.datasets import addition_problems\nproblems = addition_problems()"
+PROBLEMS = "from cortex_nb.demo_data import addition_problems\nproblems = addition_problems()"
 
 
 def train_cell(name: str, steps: int, lr: float, output: str, extra: str = "") -> str:
@@ -236,6 +245,8 @@ def test_the_quickstart_starts_the_local_backend_and_the_sidebar_follows_its_job
     )
     expect(view.locator(".cortex-progress-label")).to_contain_text(re.compile(r"step \d+/200"))
     expect(view.locator(".cortex-log")).to_contain_text("step", timeout=60_000)
+    # Device-seconds used, in the words the cell widget uses.
+    expect(view.locator(".cortex-device-seconds")).to_contain_text("device-s", timeout=60_000)
     screenshot(page, "jupyterlab-job-view.png")
 
     # The notebook runs to its end: trained, sampled, checked, and the job completed.
@@ -246,6 +257,12 @@ def test_the_quickstart_starts_the_local_backend_and_the_sidebar_follows_its_job
     finished = sidebar.locator(f'.cortex-training[data-job-id="{job_id}"]')
     expect(finished).to_be_visible(timeout=60_000)
     expect(finished.locator(".cortex-badge")).to_have_text("done")
+    # The label the widget recorded its cell in (set when the cell ran) is the tool's own, not a tag.
+    expect(finished).not_to_contain_text("cell_display")
+    # The Devices section says this user's device time over the week (GET /v1/stats, fetched once a minute).
+    expect(sidebar.locator(".cortex-week-usage")).to_have_text(
+        re.compile(r"your device-hours this week: \d+\.\d+ h"), timeout=90_000
+    )
     expect(finished).to_contain_text(re.compile(r"loss per token [\d.]+ · took \d+:\d\d · 200/200 steps"))
     # Its view: the adapter the training ended with is a checkpoint, and the widget's final picture stays.
     activate_tab(page, "quickstart-addition")
@@ -274,8 +291,15 @@ def test_a_kernel_restart_leaves_the_run_going_and_job_reattaches_to_it(page, la
     widget = page.locator(".jp-NotebookPanel:visible .jp-OutputArea").nth(1)
     expect(widget).to_contain_text(re.compile(r"step [1-9]\d*/3000"), timeout=180_000)
 
-    restart_kernel(page, clear=True)  # the widget goes with the kernel; prompts start again at [ ]
+    restart_kernel(page)  # the widget's kernel goes; its output stays
     restarted_at = time.monotonic()
+    # The old cell's widget is cut off from its kernel: it shows the picture its output carries (where the
+    # run was), never broken-link icons or a frozen Cancel.
+    record = widget.locator(".cortex-cell-record")
+    expect(record).to_contain_text(f"%cortex job {job_id} shows the run live", timeout=30_000)
+    expect(record).to_contain_text("outlives-kernel")
+    expect(widget.locator(".jupyter-widgets-disconnected:visible")).to_have_count(0)
+    screenshot(widget, "old-cell-after-restart-shows-its-picture.png")
     step_then = (client.get_job(job_id)["progress"] or {}).get("step", 0)
     # The run is the backend's: it goes on without the kernel.
     wait_until(lambda: (client.get_job(job_id)["progress"] or {}).get("step", 0) > step_then + 3, 120)
@@ -290,7 +314,8 @@ def test_a_kernel_restart_leaves_the_run_going_and_job_reattaches_to_it(page, la
     page.keyboard.press("Shift+Enter")
     reattached = (
         page.locator(".jp-NotebookPanel:visible .jp-Cell")
-        .filter(has_text=f"%cortex job {job_id}")
+        # by its input: the old cell's picture names the same line (it says how to see the run live)
+        .filter(has=page.locator(".jp-InputArea", has_text=f"%cortex job {job_id}"))
         .locator(".jp-OutputArea")
     )
     expect(reattached).to_contain_text(re.compile(r"step \d+/3000"), timeout=120_000)
@@ -314,16 +339,27 @@ def test_a_kernel_restart_leaves_the_run_going_and_job_reattaches_to_it(page, la
     shown = step_of(reattached.inner_text())
     wait_until(lambda: step_of(reattached.inner_text()) > shown, 120)
 
-    # "Open in sidebar" on the widget opens the job's view; its Cancel asks first, trained steps would be lost.
+    # "Open in sidebar" on the widget opens the job's view; its Cancel asks first, trained steps would be
+    # lost, and offers what the cell widget offers: Stop and save keeps them as checkpoint "final".
     reattached.locator(".cortex-open-in-sidebar").click()
     view = page.locator(f"#cortex-job-{job_id}")
     expect(view.locator(".cortex-cancel")).to_be_visible(timeout=30_000)
+    expect(view.locator("button.cortex-save-checkpoint")).to_be_visible()
     view.locator(".cortex-cancel").click()
     dialog = page.locator(".jp-Dialog")
     expect(dialog).to_contain_text("would be lost")
-    dialog.get_by_role("button", name="Cancel and lose them").click()
-    expect(view.locator(".cortex-job-header .cortex-badge")).to_have_text("cancelled", timeout=60_000)
-    assert client.get_job(job_id)["status"] == "cancelled"
+    expect(dialog.get_by_role("button", name="Cancel and discard")).to_be_visible()
+    stopped_from = client.get_job(job_id)["progress"]["step"]
+    dialog.get_by_role("button", name="Stop and save").click()
+    expect(view.locator(".cortex-job-header .cortex-badge")).to_have_text("stopped", timeout=120_000)
+    ended = client.get_job(job_id)
+    assert ended["status"] == "done" and ended["progress"]["step"] >= stopped_from
+    assert ended["progress"]["last_checkpoint"] == "final"
+    assert "final" in [row["checkpoint_id"] for row in client.list_checkpoints(job_id)]
+    expect(view.locator(".cortex-job-detail")).to_have_text(
+        f"at {ended['progress']['step']}/3000 (checkpoint final)"
+    )
+    screenshot(view, "sidebar-stop-and-save.png")
     client.close()
 
 
@@ -479,6 +515,8 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
 
     # The fifth starts as soon as sweep-1's slot is free, while the three others still hold theirs.
     expect(fifth_widget).to_contain_text(re.compile(r"training|done"), timeout=300_000)
+    # sweep-1's slot frees once its worker has exited; the widget may say so before the fifth is placed.
+    wait_until(lambda: client.get_job(ids["sweep-5"])["started_at"] is not None, 120)
     jobs = {name: client.get_job(job_id) for name, job_id in ids.items()}
     assert jobs["sweep-5"]["started_at"] >= jobs["sweep-1"]["finished_at"]
     assert [jobs[name]["status"] for name in ("sweep-2", "sweep-3", "sweep-4")] == ["running"] * 3
@@ -529,6 +567,7 @@ def test_two_trainings_compared_in_the_sidebar_and_the_notebook(page, lab):
     activate_tab(page, "sweep.ipynb")
     compared = page.locator(".jp-NotebookPanel:visible .cortex-compare-widget")
     expect(compared).to_be_visible(timeout=300_000)
+    expect(compared).to_have_count(1)  # shown once
     expect(compared).to_contain_text("sweep-1")
     expect(compared.locator(".cortex-ab-token").first).to_be_attached(timeout=60_000)
 
@@ -587,7 +626,7 @@ def test_the_sidebar_notices_the_local_backend_go_and_starts_it_again(page, lab)
     ).to_have_text("done", timeout=30_000)
     expect(
         finished.locator(f'.cortex-training[data-job-id="{STORY["long_run"]}"] .cortex-badge')
-    ).to_have_text("cancelled")
+    ).to_have_text("stopped")
 
 
 def test_the_palette_lists_the_cortex_commands(page):

@@ -48,7 +48,17 @@ def test_demo_shows_loss_falling_and_the_text_appearing(tmp_path):
     after = ast.literal_eval(re.search(r"greedy sample after: +('.*')", result.stdout).group(1))
     # The model now continues the prompt with the shipped text, all 96 sampled tokens of it.
     assert len(after) == 96 and PROMPT + after in demo_text(), after
+    # The job ended done with its adapter saved as `final` before the demo stopped the backend.
+    job_id, status, checkpoints = re.search(r"job (\S+): (\w+), checkpoints (\[.*\])", result.stdout).groups()
+    assert status == "done" and "final" in ast.literal_eval(checkpoints), result.stdout
     assert not (tmp_path / "backend.json").exists()  # the demo stopped the local backend it started
+    # Started again, the store still says so (not `failed (backend_restarted)`): the stop cut nothing short.
+    client = Client.local(tmp_path)
+    try:
+        assert client.get_job(job_id)["status"] == "done"
+        assert "final" in [row["checkpoint_id"] for row in client.list_checkpoints(job_id)]
+    finally:
+        client.local_backend.stop()
 
 
 def test_cortex_local_dir_moves_the_default_data_dir(tmp_path, monkeypatch):

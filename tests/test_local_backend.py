@@ -105,7 +105,11 @@ def test_a_dead_local_backend_says_backend_gone_and_connect_local_brings_a_new_o
         )
         assert kept.success, kept.stderr
         kept_job = cortex_shell.user_ns["kept"]
-        midway = run_cell(cortex_shell, "%%cortex train -o midway --name in-flight\n" + train_spec(4000))
+        # `resume: never`: this run fails at the restart, as a client-driven job does (the default, resuming
+        # it, is tests/test_surviving_restarts.py's).
+        midway = run_cell(
+            cortex_shell, "%%cortex train -o midway --name in-flight\n" + train_spec(4000, resume="never")
+        )
         assert midway.success, midway.stderr
         midway_job = cortex_shell.user_ns["midway"]
         wait_until(lambda: (midway_job.progress or {}).get("step", 0) >= 1, 180)

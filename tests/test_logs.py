@@ -191,6 +191,9 @@ def test_download_writes_stdout_per_sub_job(client, tmp_path):
         if line["sub_job_id"] == "training-0" and line["stream"] == "stdout"
     ]
     assert training == expected
+    # No start-up noise of the libraries a worker imports (library_noise.py) in what the user reads.
+    stderr = [line["line"] for line in page_all(client, job.job_id, 1000) if line["stream"] == "stderr"]
+    assert not [line for line in stderr if "Failed to load" in line or "_pytree" in line], stderr[:5]
 
 
 def test_logs_of_another_owner_are_not_found(backend, client):

@@ -86,6 +86,63 @@ def test_cispo_weights_every_token_by_its_clipped_ratio_without_differentiating_
     assert logprobs.grad[0].tolist() == pytest.approx([-1.2, 0.8, -2.0])
 
 
+def test_gspo_gives_every_token_its_sequences_ratio_with_its_own_gradient():
+    # Two sequences (rows). Row 0 ratio over positions 1, 2: log-ratios log 2 and log 8 -> mean log 4, s = 4
+    # (clipped to 1.2); position 0 is prompt (mask 0, advantage 0). Row 1: log-ratios log 0.25, log 1 over both
+    # positions -> s = 0.5 (clipped to 0.8), advantages -1, 3.
+    current = [[0.0, math.log(2.0), math.log(8.0)], [math.log(0.25), 0.0, 0.0]]
+    logprobs = torch.tensor(current, requires_grad=True)
+    tensors = {
+        "logprobs": torch.zeros(2, 3),
+        "advantages": torch.tensor([[0.0, 1.0, 1.0], [-1.0, 3.0, 0.0]]),
+        "sequence_ratio_mask": torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 0.0]]),
+    }
+    loss, metrics = compute_loss("gspo", logprobs, tensors, LOSSES["gspo"].with_defaults({}))
+    # The reference, from the definition: min(s * A, clip(s) * A) per token, s the sequence's ratio.
+    expected = 0.0
+    for row in range(2):
+        mask = tensors["sequence_ratio_mask"][row] != 0
+        s = math.exp(float(torch.tensor(current[row])[mask].mean()))
+        for a in tensors["advantages"][row].tolist():
+            expected -= min(s * a, min(max(s, 0.8), 1.2) * a)
+    assert loss.item() == pytest.approx(expected, abs=1e-5)
+    assert metrics["ratio:mean"] == pytest.approx((3 * 4.0 + 3 * 0.5) / 6, abs=1e-5)
+    loss.backward()
+    # A token's gradient is -s * A where min() picks the unclipped side, else 0. Row 0: s = 4 with A > 0 picks the
+    # clipped 1.2 * A. Row 1 (s = 0.5): A = -1 picks the clipped -0.8; A = 3 picks 0.5 * 3, so its gradient is -1.5.
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, 0.0, 0.0], [0.0, -1.5, 0.0]]))
+
+
+def test_gspo_row_with_nothing_masked_has_ratio_one():
+    logprobs = torch.tensor([[math.log(3.0)]])
+    tensors = _inputs(logprobs=[0.0], advantages=[2.0], sequence_ratio_mask=[0.0])
+    loss, _ = compute_loss("gspo", logprobs, tensors, LOSSES["gspo"].with_defaults({}))
+    assert loss.item() == pytest.approx(-2.0)
+
+
+def test_dro_rewards_logprob_times_advantage_less_a_quadratic_penalty():
+    # loss = -sum(logprob * A - beta / 2 * (logprob - sampling)^2), beta 0.5
+    logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    tensors = _inputs(logprobs=[-1.5, -1.0], advantages=[2.0, -1.0])
+    loss, metrics = compute_loss("dro", logprobs, tensors, LOSSES["dro"].with_defaults({"beta": 0.5}))
+    expected = -((-1.0 * 2.0 - 0.25 * 0.25) + (-2.0 * -1.0 - 0.25 * 1.0))
+    # Like every loss on the sampler's logprobs, it reports their gap to the trainer's: |-1+1.5|, |-2+1|.
+    assert loss.item() == pytest.approx(expected) and metrics == {
+        "loss:sum": pytest.approx(expected),
+        "sampler_mismatch:mean": pytest.approx(0.75),
+        "sampler_mismatch:max": pytest.approx(1.0),
+        "sampler_mismatch_tokens:sum": 2.0,
+    }
+    loss.backward()
+    # -(A - beta * (logprob - sampling))
+    assert logprobs.grad[0].tolist() == pytest.approx([-(2.0 - 0.5 * 0.5), -(-1.0 - 0.5 * -1.0)])
+    assert LOSSES["dro"].defaults() == {"beta": 0.05}
+    # Padding (attention 0) adds no penalty, though its logprob is far from the 0 it was padded with.
+    padded = {**tensors, "attention_mask": torch.tensor([[1.0, 0.0]])}
+    loss, _ = compute_loss("dro", logprobs.detach(), padded, LOSSES["dro"].with_defaults({"beta": 0.5}))
+    assert loss.item() == pytest.approx(-(-1.0 * 2.0 - 0.25 * 0.25))
+
+
 def test_validation_fills_defaults_and_refuses_unknown_or_out_of_range_config():
     spec, config = validate_loss({"loss_fn": "ppo", "loss_fn_config": {"clip_low_threshold": 0.7}})
     assert spec.name == "ppo" and config == {"clip_low_threshold": 0.7, "clip_high_threshold": 1.2}

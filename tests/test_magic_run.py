@@ -45,6 +45,12 @@ def test_run_shows_logs_and_brings_outputs_back_verified(cortex_shell, in_tmp):
     assert any('"answer": 42' in data.get("text/plain", "") for data in shown)  # JSON pretty-printed
     assert any("<table" in data.get("text/html", "") for data in shown)  # CSV as a DataFrame
     assert widget.cancel_button.disabled
+    # Next to the widget view, a static picture of the finished run for when its model is gone.
+    bundle = widget._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    picture = bundle["text/html"]
+    assert 'class="cortex-run-static"' in picture and ">done</span>" in picture
+    assert "hello from the run" in picture and "saved: result -&gt;" in picture
 
 
 def test_noninteractive_run_prints_lines_summary_and_outputs(cortex_shell, in_tmp, monkeypatch):

@@ -14,6 +14,7 @@ import pytest
 
 from cortex_nb import Client, TrainingJob
 from cortex_nb.magics import SUBCOMMANDS, CortexMagics
+from cortex_nb.protocol.states import format_loss
 from cortex_nb.widgets import job_widget
 
 from .notebook_fixtures import DEMO_TEXT, run_cell, train_spec, wait_until
@@ -24,7 +25,7 @@ def widget_state(job_id: str):
 
 
 def train_20_steps(shell, backend):
-    """A finished 20-step managed run of `tiny` on the shipped text, kept alive for sampling."""
+    """A finished 20-step training run of `tiny` on the shipped text, kept alive for sampling."""
     ran = run_cell(shell, "%%cortex train --wait --name magic-test\n" + train_spec(20, keep_alive="10m"))
     assert ran.success, ran.stderr
     job = ran.result
@@ -124,7 +125,7 @@ def test_train_20_steps_returns_job_and_widget_shows_falling_loss(cortex_shell, 
     assert "<polyline" in widget.loss_chart.value
     assert (
         repr(widget)
-        == f"<cortex job {trained_job.job_id} sampling step 20/20 loss per token {snap.last_loss:.4f}>"
+        == f"<cortex job {trained_job.job_id} sampling step 20/20 loss per token {format_loss(snap.last_loss)}>"
     )
     with Client(backend.url, backend.token) as client:
         job = client.get_job(trained_job.job_id)
@@ -283,6 +284,15 @@ def test_sample_from_a_model_uses_a_short_lived_sampler(cortex_shell, backend):
     with Client(backend.url, backend.token) as client:
         samplers = [job for job in client.list_jobs(limit=50) if job["name"] == "%%cortex sample"]
     assert samplers and samplers[0]["status"] == "done"  # completed, its device freed
+    # `%cortex jobs` leaves the tool's own short-lived jobs out, as the sidebar does; --all lists them.
+    sampler_id = samplers[0]["job_id"]
+    assert samplers[0]["labels"] == {"purpose": "sample"}
+    listed = run_cell(cortex_shell, "%cortex jobs --limit 500")
+    assert listed.success, listed.stderr
+    assert sampler_id not in set(listed.result["job_id"])
+    everything = run_cell(cortex_shell, "%cortex jobs --all --limit 500")
+    assert sampler_id in set(everything.result["job_id"])
+    assert len(everything.result) > len(listed.result)
 
 
 # tables, logs, cancel, job ----------------------------------------------------------------------------
@@ -420,6 +430,7 @@ def test_help_documents_every_subcommand_and_the_train_keys(cortex_shell):
         "save",
         "seed",
         "keep_alive",
+        "budget",
     ):
         assert f"\n  {key} " in doc, key
     assert {
@@ -433,7 +444,11 @@ def test_help_documents_every_subcommand_and_the_train_keys(cortex_shell):
         "cancel",
         "checkpoints",
         "compare",
+        "notify",
         "runs",
+        "stats",
+        "usage",
+        "speedtest",
         "train",
         "sample",
         "run",
@@ -464,7 +479,7 @@ def test_noninteractive_job_prints_what_the_backend_knows(cortex_shell, trained_
     assert ran.success, ran.stderr
     line = ran.stdout.strip()
     assert line.startswith(f"{trained_job.job_id} (tiny) sampling: 20/20 steps")
-    assert f"loss per token {live.first_loss:.4f} -> {live.last_loss:.4f}" in line
+    assert f"loss per token {format_loss(live.first_loss)} -> {format_loss(live.last_loss)}" in line
 
 
 def test_error_hints_name_the_magic_that_shows_the_same_thing():

@@ -1,4 +1,4 @@
-"""Checkpoints of managed runs from the notebook front: `save: {every}` in the train spec, `final` at the
+"""Checkpoints of training runs from the notebook front: `save: {every}` in the train spec, `final` at the
 end, `%cortex checkpoints`, the widget's Save button. ("Free device" saving `final`: test_managed_training.py.)"""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Managed training runs on the real backend: the loop in the training worker, datasets named by their
+"""Training runs on the real backend: the loop in the training worker, datasets named by their
 hash, the progress record every view reads, and jobs that free their device when their work ends."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from cortex_nb import BadRequestError, Client, NotFoundError
 from cortex_nb.batching import rows_to_batch
-from cortex_nb.datasets import addition_problems
+from cortex_nb.demo_data import addition_problems
 from cortex_nb.train_data import Example, examples_to_jsonl, tokenize_and_pack
 
 from .notebook_fixtures import wait_until

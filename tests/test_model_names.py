@@ -10,7 +10,7 @@ import pytest
 
 from cortex_nb import Client
 from cortex_nb.errors import BadRequestError
-from cortex_nb.model_names import is_model_name
+from cortex_nb.protocol.model_names import is_model_name
 
 HF_NAME = "cortex-test/tiny-llama"
 

@@ -10,6 +10,9 @@ import xml.etree.ElementTree as ElementTree
 import nbformat
 from nbclient import NotebookClient
 
+from cortex_nb import Client
+from cortex_nb.protocol.states import CELL_DISPLAY_LABEL, format_loss
+
 from .notebook_fixtures import DEMO_TEXT
 
 TRAIN_CELL = f"""%%cortex train --wait -o job --name notebook-run
@@ -92,6 +95,15 @@ def test_notebook_with_widgets_runs_in_a_real_kernel(tmp_path, monkeypatch, back
         o for o in train.outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
     ]
     assert len(widget_outputs) == 1
+    # Next to the widget view, the picture a notebook shows without the widget's kernel followed the run:
+    # it reads where the run got to (all 15 steps, now sampling in keep-alive), not how it started.
+    picture = widget_outputs[0]["data"]["text/html"]
+    assert "step 15/15" in picture and ">sampling</span>" in picture and "starting" not in picture
+    assert f"%cortex job {job_id}</code> shows the run live" in picture
+    # The widget recorded its display with the job: a widget that reattaches after a restart rewrites it.
+    with Client(backend.url, backend.token) as client:
+        recorded = client.get_job(job_id)["labels"][CELL_DISPLAY_LABEL]
+    assert re.fullmatch(r"[0-9a-f]{32}", recorded)  # IPython's display id (saved files drop it)
     # The trait updates made on background threads reached the frontend: the saved widget state
     # holds the finished progress bar and the falling loss chart.
     state = notebook.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
@@ -119,10 +131,10 @@ def assert_saved_notebook_shows_the_final_widget_without_a_kernel(path) -> None:
     job_id = re.search(r'data-cortex-job="([^"]+)"', html).group(1)
     assert (
         output.data["text/plain"]
-        == f"<cortex job {job_id} done step 6/6 loss per token {numbers['final']:.4f}>"
+        == f"<cortex job {job_id} done step 6/6 loss per token {format_loss(numbers['final'])}>"
     )
     assert "<b>saved-picture</b>" in html and ">done</span>" in html and "step 6/6" in html
-    assert f"loss per token {numbers['final']:.4f}" in html and "CPU host: no GPU metrics" in html
+    assert f"loss per token {format_loss(numbers['final'])}" in html and "CPU host: no GPU metrics" in html
     # The loss chart, as an image: one point per step, and its heights follow the losses.
     [(svg, alt)] = [
         (base64.b64decode(data).decode(), alt)
@@ -130,7 +142,7 @@ def assert_saved_notebook_shows_the_final_widget_without_a_kernel(path) -> None:
             r'<img src="data:image/svg\+xml;base64,([^"]+)" alt="(loss per token[^"]*)"', html
         )
     ]
-    assert alt.endswith(f"{numbers['final']:.4f} at step 6")
+    assert alt.endswith(f"{format_loss(numbers['final'])} at step 6")
     points = ElementTree.fromstring(svg).find("{http://www.w3.org/2000/svg}polyline").get("points").split()
     heights = [float(point.split(",")[1]) for point in points]
     losses = numbers["history"]

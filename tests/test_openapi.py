@@ -14,7 +14,7 @@ import pytest
 
 from cortex_nb.protocol import openapi, routes
 from cortex_nb.protocol.errors import ERROR_CODES, ApiError, status_for
-from cortex_nb.protocol.schemas.base import MAX_SEQ, parse
+from cortex_nb.protocol.schemas.base import MAX_SEQ, MAX_WAIT_S, parse
 from cortex_nb.protocol.schemas.data_plane import GetRequestQuery
 from cortex_nb.protocol.schemas.logs import JobLogsQuery, RunLogsQuery
 
@@ -82,6 +82,24 @@ def test_component_schemas_are_valid_json_schema():
     assert create_job["additionalProperties"] is False and "sub_jobs" in create_job["required"]
 
 
+def test_the_spec_formats_and_the_run_manifest_are_described_field_by_field():
+    schemas = openapi.build()["components"]["schemas"]
+
+    def properties(name: str) -> set[str]:
+        return set(schemas[name]["properties"])
+
+    assert {"steps", "data", "save", "budget_device_s", "retry", "init_from"} <= properties("TrainingLoop")
+    assert {"command", "resources", "outputs", "inputs", "retry"} <= properties("RunSpec")
+    create_run = schemas["CreateRun"]["properties"]
+    assert create_run["manifest"]["items"] == {"$ref": "#/components/schemas/ManifestEntry"}
+    entry = schemas["ManifestEntry"]
+    assert properties("ManifestEntry") == {"path", "bytes", "sha256", "kind"}
+    assert entry["additionalProperties"] is False and entry["properties"]["kind"]["enum"] == [
+        "source",
+        "input",
+    ]
+
+
 def test_the_backend_serves_the_document_without_a_token(backend):
     response = httpx.get(f"{backend.url}/v1/openapi.json", timeout=30)
     assert response.status_code == 200 and response.headers["content-type"].startswith("application/json")
@@ -110,3 +128,22 @@ def test_cursors_past_what_the_store_holds_are_refused_not_a_500(backend):
         with pytest.raises(ApiError) as refused:
             parse(model, {"cursor": str(MAX_SEQ + 1)})
         assert refused.value.code == "invalid_field" and refused.value.detail["field"] == "cursor"
+
+
+def test_every_long_poll_states_how_long_it_is_held():
+    """Each `wait` parameter carries the bound the backend holds an answer for, as a keyword and in words."""
+    document = openapi.build()
+    waits = [
+        (op["operationId"], parameter)
+        for methods in document["paths"].values()
+        for op in methods.values()
+        for parameter in op.get("parameters", [])
+        if parameter["name"] == "wait"
+    ]
+    assert len(waits) >= 5, [name for name, _ in waits]
+    for name, parameter in waits:
+        schema = parameter["schema"]
+        assert schema.get("x-maximum-hold") == MAX_WAIT_S and "maximum" not in schema, (name, schema)
+        assert f"at most {MAX_WAIT_S:g} s" in (
+            parameter.get("description") or schema.get("description", "")
+        ), name

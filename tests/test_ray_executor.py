@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from cortex_nb import ConflictError, RequestFailed
-from cortex_nb.datasets import addition_problems
+from cortex_nb.demo_data import addition_problems
 from cortex_nb.protocol.states import JOB_PENDING
 
 from .ray_cluster import start_ray_cluster
@@ -321,7 +321,7 @@ def test_a_lost_host_fails_its_jobs_and_the_queue_carries_on(cluster, ray_client
     waits_for_c = ray_client.create_training_job(
         "small-gpt2", wait=False
     )  # only host c has the model; it is busy
-    # A managed run queued behind it: when it runs, its loop writes checkpoints on its host.
+    # A training run queued behind it: when it runs, its loop writes checkpoints on its host.
     managed = ray_client.train({**MANAGED_SPEC, "data": addition_problems()[:64]}, name="managed-on-ray")
     assert "on a host with small-gpt2" in ray_client.get_job(waits_for_c.job_id)["queue"]["reason"]
 
@@ -387,6 +387,8 @@ def test_host_join_refuses_a_host_whose_versions_differ(cluster, tmp_path):
             "d",
             "--devices",
             "cpu:1",
+            "--token-file",
+            str(cluster.token_file),
             "--block",
         ],
         stdout=subprocess.PIPE,
@@ -407,5 +409,5 @@ def test_host_join_refuses_a_host_whose_versions_differ(cluster, tmp_path):
         "versions differ from the head's" in stderr
         and "cortex-nb: head 0.1.0, this host 9.9.9+other-0.1.0" in stderr
     )
-    assert "ray start" not in stdout  # refused before Ray started anything here
+    assert "$ " not in stdout  # refused before Ray started anything here (the command is not even shown)
     assert cluster.host_names() == before

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from cortex_backend.devices import Device
 from cortex_backend.models import ModelCatalog
-from cortex_backend.runs.manager import run_environment
+from cortex_backend.runs.sandbox_config import run_environment
 from cortex_backend.runs.spec import validate_run_spec
 from cortex_backend.scheduler import Scheduler
 

@@ -12,7 +12,7 @@ import pytest
 from cortex_backend.cli import _executor_problem
 from cortex_backend.config import BackendSettings
 from cortex_backend.devices import Device
-from cortex_backend.samplers import assign_samplers, sampler_note, vllm_version
+from cortex_backend.sampler_choice import assign_samplers, sampler_note, vllm_version
 
 CPU = Device("cpu:0", "cpu", None, "cpu", None, 2)
 GPU = Device("cuda:0", "cuda", 0, "NVIDIA H200", 141 << 30, 2)

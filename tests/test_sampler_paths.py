@@ -7,10 +7,10 @@ import copy
 
 import pytest
 import torch
-from cortex_backend.engine import sampler as sampler_module
+from cortex_backend.engine import transformers_sampler as sampler_module
 from cortex_backend.engine.adapter import adapter_parameters
 from cortex_backend.engine.model_state import ModelState
-from cortex_backend.engine.sampler import TransformersSampler, draw
+from cortex_backend.engine.transformers_sampler import TransformersSampler, draw
 from cortex_backend.models import ModelCatalog
 
 PROMPTS = [[5, 17, 30, 9, 44, 61], [44], [7, 7, 7, 101, 12, 3, 88, 90, 91, 92, 4]]

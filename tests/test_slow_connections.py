@@ -218,3 +218,55 @@ def test_running_out_of_descriptors_neither_spins_nor_floods_the_log():
     assert result["log_lines"] < 50, result
     # Paused, not spinning: well under one core for the three seconds held.
     assert result["cpu_seconds"] < 1.5, result
+
+
+def test_silent_connections_from_loopback_do_not_starve_normal_requests(tmp_path):
+    """Connections that never send a request (slowloris), opened from the same address as the real
+    clients and many more than the cap, keep coming; each new real request is still answered."""
+    backend = start_backend(
+        tmp_path / "silent", "--devices", "cpu:1", "--warm-workers", "0", "--max-connections", "64"
+    )
+    address = urlsplit(backend.url)
+    target = (address.hostname, address.port)
+    silent: list[socket.socket] = []
+    stop = threading.Event()
+
+    def keep_opening() -> None:
+        # 50 new silent connections a second, none ever closed by us: 300 in all, five times the cap.
+        while not stop.is_set() and len(silent) < 300:
+            try:
+                sock = socket.create_connection(target, timeout=10)
+                sock.sendall(b"GET /v1/jobs HT")  # a request line that never ends
+                silent.append(sock)
+            except OSError:
+                pass
+            stop.wait(0.02)
+
+    opener = threading.Thread(target=keep_opening, daemon=True)
+    opener.start()
+    try:
+        wait_for = time.monotonic() + 30
+        while len(silent) < 100 and time.monotonic() < wait_for:
+            time.sleep(0.05)
+        statuses, latencies = [], []
+        for _ in range(40):
+            started = time.perf_counter()
+            try:
+                # A new connection each time, as a client that reconnects would open.
+                statuses.append(httpx.get(backend.url + "/version", timeout=30).status_code)
+            except httpx.HTTPError as exc:
+                statuses.append(type(exc).__name__)
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.1)
+        assert statuses == [200] * 40, statuses
+        latencies.sort()
+        print(
+            f"new-connection requests among {len(silent)} silent connections (cap 64): "
+            f"p50={latencies[20] * 1000:.1f} ms p99={latencies[-1] * 1000:.1f} ms"
+        )
+    finally:
+        stop.set()
+        opener.join(10)
+        for sock in silent:
+            sock.close()
+        backend.stop()

@@ -15,7 +15,7 @@ import pytest
 from cortex_backend.cli import add_backend_commands
 from cortex_backend.config import BackendSettings
 
-from cortex_nb import wire
+from cortex_nb.protocol import wire
 
 from .backend_process import start_backend
 from .tokens import create_token

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cortex_nb import BadRequestError, Client, ConnectionError, NotFoundError
-from cortex_nb.redaction import bounded, redact
+from cortex_nb.protocol.redaction import bounded, redact
 from cortex_nb.telemetry import Telemetry
 from cortex_nb.transport import RetryPolicy
 

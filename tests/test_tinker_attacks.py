@@ -227,7 +227,8 @@ def test_bad_bodies_and_other_owners_get_clear_refusals(backend, keys):
         )
         refused(api.get(f"/sessions/{session_id}", headers=theirs), 404, "session_not_found")
         refused(api.post(f"/sessions/{session_id}/finish", json={}, headers=theirs), 404, "session_not_found")
-        refused(api.post("/copy_weights", json={}, headers=mine), 400, "unsupported_operation")
+        refused(api.post("/copy_weights", json={}, headers=mine), 400, "invalid_field", "tinker://")
+        refused(api.post("/create_custom_loss", json={}, headers=mine), 400, "invalid_field", "session_id")
         refused(api.post("/no_such_call", json={}, headers=mine), 404, "route_not_found")
 
         # Listings: the other owner sees none of it, here or in our own API.

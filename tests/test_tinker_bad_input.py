@@ -83,12 +83,11 @@ def test_user_errors_fail_fast_and_name_the_problem(service_client, backend):
         tinker.BadRequestError,
         "forward_backward",
         400,
-        "'dro' is not supported",
-        "cross_entropy",
-        "importance_sampling",
-        "ppo",
+        "'stable_reinforce' is not served",
+        "not published",
+        "ppo, cispo or gspo",
     ):
-        training.forward_backward([good], "dro").result()
+        training.forward_backward([good], "stable_reinforce").result()
     with refused_once(backend, tinker.BadRequestError, "forward_backward", 400, "token ids outside"):
         training.forward_backward(
             [

@@ -88,7 +88,7 @@ def test_what_we_write_the_sdk_reads():
 
 def test_a_zstd_body_is_bounded_before_it_is_decompressed():
     import zstandard
-    from cortex_backend.compat.tinker.handlers import decompress
+    from cortex_backend.compat.tinker.decoding import decompress
 
     from cortex_nb.errors import ApiError
 

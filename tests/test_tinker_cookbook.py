@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from cortex_nb import Client
-from cortex_nb.datasets import addition_problems
+from cortex_nb.demo_data import addition_problems
 
 from .tinker_fixtures import NEEDS_SDK, TINKER_MODEL
 
@@ -128,6 +128,10 @@ def test_cookbook_supervised_and_rl_recipes(backend, tinker_key, hf_home, tmp_pa
 
     metrics = _finished(supervised, sl_log)
     assert len(metrics) == 4
+    # The recipe merges optim_step's metrics into its rows: the backend's own are prefixed, so its `step` column
+    # stays the recipe's (0, 1, 2, 3), beside the optimizer's step count.
+    assert [row["step"] for row in metrics] == [0, 1, 2, 3]
+    assert [row["cortex/step"] for row in metrics] == [1, 2, 3, 4]
     nll = [row["train_mean_nll"] for row in metrics]
     # The recipe passes no seed, so each run starts from its own random LoRA A (B is zero: the first step's NLL is
     # the base model's). At this learning rate the NLL falls in every run; a larger one sometimes spikes.

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cortex_nb import Client
-from cortex_nb.datasets import addition_problems, is_correct
+from cortex_nb.demo_data import addition_problems, is_correct
 
 from .notebook_fixtures import run_cell
 from .tinker_fixtures import NEEDS_SDK, TINKER_MODEL

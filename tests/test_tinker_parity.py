@@ -1,4 +1,4 @@
-"""Through the published tinker SDK: LoRA training (cross_entropy, then ppo) equals in-process peft (rank, Tinker's
+"""Through the published tinker SDK: LoRA training (cross_entropy, then ppo, cispo, gspo and dro) equals in-process peft (rank, Tinker's
 alpha 32, Adam settings), compute_logprobs equals transformers' log-softmax, greedy sampling equals transformers'
 generate (CPU, fp32)."""
 
@@ -92,20 +92,40 @@ def test_lora_training_sampling_and_logprobs_match_peft_and_transformers(
         assert result.metrics["loss:sum"] == pytest.approx(
             expected_loss.item(), rel=TOLERANCE, abs=TOLERANCE
         ), f"step {step}"
-        assert stepped.metrics["step"] == step + 1
+        assert stepped.metrics["cortex/step"] == step + 1
 
-    # One PPO step on top (Tinker's clipped objective), then one CISPO step (every token keeps a gradient,
-    # weighted by its clipped ratio held constant): sampling logprobs a little off the current ones, so some
-    # ratios clip, and advantages of both signs.
+    # One step of each policy loss on top, each objective from its definition: PPO's clipped objective; CISPO (every
+    # token keeps a gradient, weighted by its clipped ratio held constant); GSPO-token (each token carries its
+    # sequence's ratio, the geometric mean over the masked positions, with its own gradient); DRO (a quadratic
+    # penalty on the log-ratio). Sampling logprobs a little off the current ones, so some ratios clip, and
+    # advantages of both signs.
     clip = {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
+    dro_config = {"beta": 0.3}
 
-    def ppo_objective(logprobs, ratio, clipped, advantages):
-        return torch.minimum(ratio * advantages, clipped * advantages)
+    def clipped(ratio):
+        return torch.clamp(ratio, clip["clip_low_threshold"], clip["clip_high_threshold"])
 
-    def cispo_objective(logprobs, ratio, clipped, advantages):
-        return clipped.detach() * logprobs * advantages
+    def ppo_objective(logprobs, old, advantages, mask):
+        ratio = torch.exp(logprobs - old)
+        return torch.minimum(ratio * advantages, clipped(ratio) * advantages)
 
-    for loss_fn, objective in (("ppo", ppo_objective), ("cispo", cispo_objective)):
+    def cispo_objective(logprobs, old, advantages, mask):
+        return clipped(torch.exp(logprobs - old)).detach() * logprobs * advantages
+
+    def gspo_objective(logprobs, old, advantages, mask):
+        sequence_log_ratio = (logprobs.detach() - old)[mask != 0].mean()
+        ratio = torch.exp(sequence_log_ratio + logprobs - logprobs.detach())
+        return torch.minimum(ratio * advantages, clipped(ratio) * advantages)
+
+    def dro_objective(logprobs, old, advantages, mask):
+        return logprobs * advantages - 0.5 * dro_config["beta"] * (logprobs - old) ** 2
+
+    for loss_fn, objective, config in (
+        ("ppo", ppo_objective, clip),
+        ("cispo", cispo_objective, clip),
+        ("gspo", gspo_objective, clip),
+        ("dro", dro_objective, dro_config),
+    ):
         examples, expected_loss = _examples(rng, vocab), 0.0
         data = []
         for example in examples:
@@ -114,17 +134,21 @@ def test_lora_training_sampling_and_logprobs_match_peft_and_transformers(
             noise = torch.from_numpy(rng.normal(0.0, 0.2, size=len(example["target"])))
             example["old"] = (current + noise).float().tolist()
             example["advantages"] = rng.normal(0.0, 1.0, size=len(example["target"])).round(3).tolist()
+            # GSPO's ratio over the "completion": every position but the first third
+            example["mask"] = [
+                0.0 if i < len(example["target"]) // 3 else 1.0 for i in range(len(example["target"]))
+            ]
+            inputs = {
+                "target_tokens": example["target"],
+                "logprobs": example["old"],
+                "advantages": example["advantages"],
+            }
+            if loss_fn == "gspo":
+                inputs["sequence_ratio_mask"] = example["mask"]
             data.append(
-                types.Datum(
-                    model_input=types.ModelInput.from_ints(example["input"]),
-                    loss_fn_inputs={
-                        "target_tokens": example["target"],
-                        "logprobs": example["old"],
-                        "advantages": example["advantages"],
-                    },
-                )
+                types.Datum(model_input=types.ModelInput.from_ints(example["input"]), loss_fn_inputs=inputs)
             )
-        forward_backward = training.forward_backward(data, loss_fn, clip)
+        forward_backward = training.forward_backward(data, loss_fn, config)
         optim = training.optim_step(types.AdamParams(**ADAM))
         result, _ = forward_backward.result(), optim.result()
         for example, output in zip(examples, result.loss_fn_outputs, strict=True):
@@ -132,17 +156,21 @@ def test_lora_training_sampling_and_logprobs_match_peft_and_transformers(
             np.testing.assert_allclose(
                 output["logprobs"].to_numpy(), logprobs.detach().numpy(), rtol=0, atol=TOLERANCE
             )
-            ratio, advantages = (
-                torch.exp(logprobs - torch.tensor(example["old"])),
+            terms = objective(
+                logprobs,
+                torch.tensor(example["old"]),
                 torch.tensor(example["advantages"]),
+                torch.tensor(example["mask"]),
             )
-            clipped = torch.clamp(ratio, clip["clip_low_threshold"], clip["clip_high_threshold"])
-            expected_loss = expected_loss - objective(logprobs, ratio, clipped, advantages).sum()
+            expected_loss = expected_loss - terms.sum()
         expected_loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        assert result.metrics["loss:sum"] == pytest.approx(expected_loss.item(), rel=TOLERANCE, abs=TOLERANCE)
-        assert 0 < result.metrics["clip_fraction:mean"] < 1, loss_fn
+        assert result.metrics["loss:sum"] == pytest.approx(
+            expected_loss.item(), rel=TOLERANCE, abs=TOLERANCE
+        ), loss_fn
+        if loss_fn in ("ppo", "cispo"):
+            assert 0 < result.metrics["clip_fraction:mean"] < 1, loss_fn
 
     # The trained weights sample and score exactly as the reference does.
     sampler = training.save_weights_and_get_sampling_client().result()

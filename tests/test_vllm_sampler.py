@@ -247,3 +247,26 @@ def test_stop_strings_and_ids_end_samples_where_the_builtin_sampler_does(pair):
         pair.sampler_id, max_tokens=20, temperature=0.0, ignore_eos=True, stop=[stop_id]
     ).samples[1]
     assert by_id["finish_reason"] == "stop" and by_id["tokens"][-1] == stop_id
+
+
+def test_reset_prefix_cache_empties_vllms_cache_and_sampling_goes_on(pair):
+    before = pair.sample(pair.sampler_id, max_tokens=4, temperature=0.0)
+    reset = pair.client.reset_prefix_cache(pair.job.job_id, sub_job=pair.sampler_id)
+    assert reset == {
+        "engine": "vllm",
+        "reset": True,
+        "cached_prefixes_dropped": None,
+        "detail": "vLLM's prefix cache was emptied",
+    }
+    after = pair.sample(pair.sampler_id, max_tokens=4, temperature=0.0)
+    assert [s["tokens"] for s in after.samples] == [s["tokens"] for s in before.samples]
+
+
+def test_a_streamed_generate_on_vllm_sends_each_sample_whole_once_all_are_done(pair):
+    """vLLM does not stream token by token here (docs/sampling.md): one piece per sample, the same result."""
+    stream = pair.job.generate_stream(pair.prompts, sub_job=pair.sampler_id, max_tokens=8, temperature=0.0)
+    pieces = list(stream)
+    plain = pair.sample(pair.sampler_id, max_tokens=8, temperature=0.0)
+    assert stream.result.sampler == "vllm"
+    assert stream.result.tokens == plain.tokens
+    assert [(piece["prompt_index"], piece["tokens"]) for piece in pieces] == list(enumerate(plain.tokens))

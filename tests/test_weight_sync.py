@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cortex_nb import BadRequestError, Client, RequestFailed
-from cortex_nb.state_hash import state_hash
+from cortex_nb.protocol.state_hash import state_hash
 
 from .backend_process import start_backend
 from .training_data import random_batches, text_batch, train

@@ -101,7 +101,7 @@ def test_log_scale_toggle_redraws_the_loss_chart(client):
 
     assert share(linear) == pytest.approx((8 - 8 / 15) / (8 - 8 / 30), abs=0.01)
     assert share(logged) == pytest.approx(math.log(15) / math.log(30), abs=0.01)
-    assert 'alt="loss per token (log scale): 8.0000 at step 1, 0.2667 at step 30"' in widget.static_html()
+    assert 'alt="loss per token (log scale): 8 at step 1, 0.2667 at step 30"' in widget.static_html()
     widget.close()
 
 
@@ -222,13 +222,13 @@ def test_static_picture_is_self_contained_html_with_the_final_curve(client):
     assert (
         "step 12/12" in picture
         and "loss per token 0.6667" in picture
-        and "eval loss per token 1.5000" in picture
+        and "eval loss per token 1.5" in picture
     )
     assert "<b>lr-3e-3</b> <code>job-render</code>" in picture and ">done</span>" in picture
     assert "CPU host: no GPU metrics" in picture and picture.count("GPU metrics") == 1
     images = re.findall(r'<img src="data:image/svg\+xml;base64,([^"]+)" alt="([^"]*)"', picture)
     assert [alt for _, alt in images] == [
-        "loss per token: 8.0000 at step 1, 0.6667 at step 12",
+        "loss per token: 8 at step 1, 0.6667 at step 12",
         "device metrics",
     ]
     loss_svg = base64.b64decode(images[0][0]).decode()

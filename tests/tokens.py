@@ -7,8 +7,11 @@ import sys
 from pathlib import Path
 
 
-def create_token(data_dir: Path, name: str, *scopes: str, tinker: bool = False) -> str:
-    """`tinker=True` asks for a key with the `tml-` prefix the Tinker SDK requires."""
+def create_token(
+    data_dir: Path, name: str, *scopes: str, tinker: bool = False, max_priority: int | None = None
+) -> str:
+    """`tinker=True` asks for a key with the `tml-` prefix the Tinker SDK requires; `max_priority` caps the
+    queue priority the token may ask."""
     result = subprocess.run(
         [
             sys.executable,
@@ -24,6 +27,7 @@ def create_token(data_dir: Path, name: str, *scopes: str, tinker: bool = False) 
             "--scopes",
             *scopes,
             *(["--tinker"] if tinker else []),
+            *(["--max-priority", str(max_priority)] if max_priority is not None else []),
         ],
         capture_output=True,
         text=True,

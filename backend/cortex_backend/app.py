@@ -6,7 +6,19 @@ import tornado.web
 
 from cortex_nb.protocol import routes
 
-from .handlers import checkpoints, data_plane, datasets, jobs, logs, meta, observability, runs, uploads
+from .handlers import (
+    checkpoints,
+    data_plane,
+    datasets,
+    jobs,
+    logs,
+    meta,
+    observability,
+    runs,
+    speedtest,
+    stats,
+    uploads,
+)
 from .handlers.base import NotFoundHandler
 from .service import Service
 
@@ -24,11 +36,16 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "get_job": jobs.JobHandler,
     "cancel_job": jobs.JobCancelHandler,
     "complete_job": jobs.JobCompleteHandler,
+    "update_job": jobs.JobHandler,
+    "delete_job": jobs.JobHandler,
+    "job_lineage": jobs.JobLineageHandler,
     "forward_backward": data_plane.OperationHandler,
     "step": data_plane.OperationHandler,
     "generate": data_plane.OperationHandler,
     "forward": data_plane.OperationHandler,
     "noop": data_plane.OperationHandler,
+    "reset_prefix_cache": data_plane.OperationHandler,
+    "router_replay_discard": data_plane.RouterReplayDiscardHandler,
     "list_requests": data_plane.RequestsHandler,
     "get_request": data_plane.RequestHandler,
     "get_request_tensors": data_plane.RequestTensorsHandler,
@@ -51,6 +68,9 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "job_metrics": observability.JobMetricsHandler,
     "host_metrics": observability.HostMetricsHandler,
     "list_events": observability.EventsHandler,
+    "stats": stats.StatsHandler,
+    "speedtest_download": speedtest.SpeedtestHandler,
+    "speedtest_upload": speedtest.SpeedtestHandler,
     "client_telemetry": observability.TelemetryHandler,
     "recent_telemetry": observability.TelemetryHandler,
     "operator_metrics": observability.OperatorMetricsHandler,
@@ -61,6 +81,10 @@ HANDLERS: dict[str, type[tornado.web.RequestHandler]] = {
     "list_checkpoints": checkpoints.CheckpointsHandler,
     "get_checkpoint": checkpoints.CheckpointHandler,
     "delete_checkpoint": checkpoints.CheckpointHandler,
+    "update_checkpoint": checkpoints.CheckpointHandler,
+    "copy_checkpoint": checkpoints.CheckpointCopyHandler,
+    "prune_checkpoints": checkpoints.CheckpointPruneHandler,
+    "storage": checkpoints.StorageHandler,
     "export_checkpoint": checkpoints.CheckpointExportHandler,
 }
 

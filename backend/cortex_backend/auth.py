@@ -31,6 +31,8 @@ class Principal:
     token_id: str
     owner: str
     scopes: frozenset[str]
+    # The highest queue priority this token may ask (None: the backend's --token-max-priority).
+    max_priority: int | None = None
 
     @property
     def is_admin(self) -> bool:
@@ -58,7 +60,12 @@ def hash_token(token: str) -> str:
 
 
 def create_token(
-    store: Store, name: str, scopes: list[str], owner: str | None = None, prefix: str = TOKEN_PREFIX
+    store: Store,
+    name: str,
+    scopes: list[str],
+    owner: str | None = None,
+    prefix: str = TOKEN_PREFIX,
+    max_priority: int | None = None,
 ) -> str:
     """Create a token and return it; only its hash is kept. `prefix` only changes how the token reads."""
     unknown = sorted(set(scopes) - set(SCOPES))
@@ -70,7 +77,7 @@ def create_token(
         raise ValueError(f"unknown token prefix {prefix!r}")
     token = prefix + secrets.token_urlsafe(32)
     token_id = "tok_" + secrets.token_hex(6)
-    store.add_token(token_id, name, owner or name, hash_token(token), scopes)
+    store.add_token(token_id, name, owner or name, hash_token(token), scopes, max_priority)
     return token
 
 
@@ -91,7 +98,12 @@ def authenticate(store: Store, header: str | None, api_key: str | None = None) -
             "unauthenticated",
             "the token is unknown or revoked; create one with 'cortex-nb backend token create'",
         )
-    return Principal(token_id=row["id"], owner=row["owner"], scopes=frozenset(row["scopes"]))
+    return Principal(
+        token_id=row["id"],
+        owner=row["owner"],
+        scopes=frozenset(row["scopes"]),
+        max_priority=row.get("max_priority"),
+    )
 
 
 def ensure_admin_token(store: Store, path: Path) -> None:

@@ -9,6 +9,10 @@ valid. A crash at any point leaves either a temporary directory (removed at star
 Checkpoints outlive their job: a finished job's checkpoints are listed, exported and loaded into
 another job of the same owner. A checkpoint being read (by a queued or running load, or an export)
 cannot be deleted.
+
+Lifecycle: a checkpoint may carry an expiry time (a TTL given at save or later; checkpoint_expiry.py deletes it
+once past) and may be published: a published checkpoint is readable (loaded, sampled) by every token of this
+backend, while only its owner may change or delete it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 from cortex_nb.protocol.checkpoint_format import (
     CHECKPOINT_TYPES,
+    EXPORT_ADAPTER,
     EXPORT_CONTENTS,
     MANIFEST,
     RESUMABLE,
@@ -39,6 +44,7 @@ from cortex_nb.protocol.schemas.data_plane import LoadBody, SaveBody
 
 from .auth import Principal
 from .durable import fsync_directory
+from .storage_faults import is_storage_error
 from .store import Store
 from .validation import ID_PATTERN, validate_identifier
 
@@ -49,6 +55,9 @@ TRASH_PREFIX = ".trash-"
 # Bytes per adapter parameter: fp32 weights, and for a resumable save two fp32 AdamW moments more.
 BYTES_PER_PARAMETER = {WEIGHTS_ONLY: 4, RESUMABLE: 12}
 ESTIMATE_OVERHEAD_BYTES = 64 * 1024
+# A TTL's bounds (Tinker's: 1 hour to 10 years). The backend may accept shorter ones (--checkpoint-min-ttl).
+MIN_TTL_S = 3600
+MAX_TTL_S = 10 * 365 * 24 * 3600
 # What must agree between a checkpoint (or a trainer) and the sub-job taking its weights.
 ADAPTER_SHAPE_KEYS = ("base_model", "r", "lora_alpha", "target_modules")
 
@@ -97,6 +106,9 @@ def public_checkpoint(row: dict[str, Any]) -> dict[str, Any]:
         "state_hash": manifest.get("state_hash"),
         "adapter": manifest.get("adapter"),
         "files": sorted(manifest.get("files", {})),
+        "expires_at": row.get("expires_at"),
+        "public": bool(row.get("public")),
+        "kept": bool(row.get("kept")),
     }
 
 
@@ -109,6 +121,7 @@ class PendingSave:
     kind: str
     directory: Path
     estimated_bytes: int
+    ttl_seconds: int | None = None
 
 
 @dataclass
@@ -122,10 +135,11 @@ class ExportPlan:
 
 
 class CheckpointManager:
-    def __init__(self, store: Store, root: Path, quota_bytes: int | None) -> None:
+    def __init__(self, store: Store, root: Path, quota_bytes: int | None, min_ttl_s: int = MIN_TTL_S) -> None:
         self.store = store
         self.root = root
         self.quota_bytes = quota_bytes
+        self.min_ttl_s = min_ttl_s
         self.root.mkdir(parents=True, exist_ok=True)
         self._saves: dict[str, PendingSave] = {}
         self._readers: Counter[tuple[str, str]] = Counter()
@@ -177,7 +191,7 @@ class CheckpointManager:
         reserved = sum(save.estimated_bytes for save in self._saves.values() if save.owner == owner)
         return self.store.checkpoint_bytes(owner) + reserved
 
-    def _check_quota(self, owner: str, used: int, needed: int, when: str) -> None:
+    def check_quota(self, owner: str, used: int, needed: int, when: str) -> None:
         if self.quota_bytes is not None and used + needed > self.quota_bytes:
             raise ApiError(
                 "quota_exceeded",
@@ -199,6 +213,7 @@ class CheckpointManager:
         """Reserve a save's id and its estimated bytes, and choose its temporary directory."""
         kind = body.type
         requested = body.checkpoint_id
+        ttl = self.validate_ttl(body.ttl_seconds)
         if requested is not None:
             if self._id_taken(job["id"], requested):
                 raise ApiError(
@@ -208,12 +223,12 @@ class CheckpointManager:
                 )
         parameters = int((sub.get("info") or {}).get("trainable_parameters") or 0)
         estimate = parameters * BYTES_PER_PARAMETER[kind] + ESTIMATE_OVERHEAD_BYTES
-        self._check_quota(job["owner"], self.used_bytes(job["owner"]), estimate, "estimated before saving")
+        self.check_quota(job["owner"], self.used_bytes(job["owner"]), estimate, "estimated before saving")
         job_dir = self.job_dir(job["owner"], job["id"])
         job_dir.mkdir(parents=True, exist_ok=True)
         directory = job_dir / f"{TEMP_PREFIX}{request_id}-{secrets.token_hex(4)}"
         self._saves[request_id] = PendingSave(
-            job["owner"], job["id"], sub["id"], requested, kind, directory, estimate
+            job["owner"], job["id"], sub["id"], requested, kind, directory, estimate, ttl
         )
         return {"type": kind, "checkpoint_id": requested, "directory": str(directory)}
 
@@ -236,6 +251,7 @@ class CheckpointManager:
                 "internal_error",
                 f"a training loop reported a checkpoint outside its job's directory: {directory}",
             )
+        self._saves.pop(request_id, None)  # a retried report: its own reservation does not take the name
         unique = self.free_name(job["id"], validate_checkpoint_id(name))
         self._saves[request_id] = PendingSave(job["owner"], job["id"], sub_job_id, unique, kind, path, 0)
         return self.commit_save(request_id, {"manifest": manifest})
@@ -258,8 +274,10 @@ class CheckpointManager:
         return candidate
 
     def commit_save(self, request_id: str, result: dict[str, Any]) -> dict[str, Any]:
-        """Make a finished save valid: check its files, apply the quota, rename, record. On any
-        failure the temporary directory is removed and the save fails; nothing is listed."""
+        """Make a finished save valid: check its files, apply the quota, rename, record. On a failure
+        the temporary directory is removed and the save fails; nothing is listed. When only the store
+        refused the record, everything is as before the call (files, reservation) and the error is raised
+        for the caller to retry the whole report."""
         save = self._saves.pop(request_id, None)
         if save is None:
             raise ApiError("internal_error", f"save {request_id} has no reservation")
@@ -274,13 +292,14 @@ class CheckpointManager:
                         f"{name} has {actual} bytes on disk but the worker wrote {expected['size']}",
                     )
                 size += actual
-            self._check_quota(save.owner, self.used_bytes(save.owner), size, "measured after writing")
+            self.check_quota(save.owner, self.used_bytes(save.owner), size, "measured after writing")
             checkpoint_id = self._final_id(save, int(manifest["step"]))
             final = save.directory.parent / checkpoint_id
             if final.exists():  # left by a crash between rename and record: never valid
                 shutil.rmtree(final)
             os.rename(save.directory, final)
             fsync_directory(final.parent)
+            created = time.time()
             row = {
                 "job_id": save.job_id,
                 "id": checkpoint_id,
@@ -292,9 +311,19 @@ class CheckpointManager:
                 "base_model": manifest["adapter"]["base_model"],
                 "manifest": manifest,
                 "request_id": request_id,
-                "created_at": time.time(),
+                "created_at": created,
+                "expires_at": None if save.ttl_seconds is None else created + save.ttl_seconds,
             }
-            self.store.insert_checkpoint(row)
+            try:
+                self.store.insert_checkpoint(row)
+            except Exception as exc:
+                if not is_storage_error(exc):
+                    raise
+                # The store refused the record (a held lock, a full disk): undo the rename and keep the
+                # reservation, so that the report's retry commits the same files under the same id.
+                os.rename(final, save.directory)
+                self._saves[request_id] = save
+                raise
         except ApiError:
             shutil.rmtree(save.directory, ignore_errors=True)
             raise
@@ -306,11 +335,16 @@ class CheckpointManager:
         return public_checkpoint(self.store.get_checkpoint(save.job_id, checkpoint_id))
 
     # load -------------------------------------------------------------------------------------
-    def find(self, principal: Principal, owner: str, job_id: str, checkpoint_id: str) -> dict[str, Any]:
-        """A valid checkpoint of a job that `owner` owns and `principal` may see; 404 otherwise."""
+    def find(
+        self, principal: Principal, owner: str, job_id: str, checkpoint_id: str, *, reading: bool = False
+    ) -> dict[str, Any]:
+        """A valid checkpoint of a job that `owner` owns and `principal` may see; 404 otherwise. With
+        `reading` (a load, a sample), a published checkpoint is found whoever owns it."""
         validate_checkpoint_id(checkpoint_id)
         job = self.store.get_job(job_id) if ID_PATTERN.match(str(job_id)) else None
         row = self.store.get_checkpoint(job_id, checkpoint_id) if job is not None else None
+        if row is not None and reading and row.get("public"):
+            return row
         if row is None or not principal.can_see(job["owner"]) or job["owner"] != owner:
             raise ApiError(
                 "checkpoint_not_found",
@@ -375,7 +409,7 @@ class CheckpointManager:
         checkpoint_id: Any,
     ) -> tuple[dict[str, Any], Path]:
         """Find a checkpoint the job's owner owns, check it fits the sub-job, and count this request as its reader."""
-        row = self.find(principal, job["owner"], source_job_id, checkpoint_id)
+        row = self.find(principal, job["owner"], source_job_id, checkpoint_id, reading=True)
         check_adapters_match(
             row["manifest"].get("adapter"),
             (sub.get("info") or {}).get("adapter"),
@@ -408,14 +442,83 @@ class CheckpointManager:
             del self._readers[key]
 
     # listing, deleting, exporting ---------------------------------------------------------------
-    def list(self, job: dict[str, Any]) -> list[dict[str, Any]]:
-        return [public_checkpoint(row) for row in self.store.list_checkpoints(job["id"])]
+    def list(self, job: dict[str, Any], query: Any = None) -> list[dict[str, Any]]:
+        """The job's checkpoints, oldest first, narrowed by a `ListCheckpointsQuery` where given."""
+        rows = self.store.list_checkpoints(job["id"])
+        if query is not None:
+            rows = [row for row in rows if _matches(row, query)]
+        return [public_checkpoint(row) for row in rows]
 
     def get(self, principal: Principal, job: dict[str, Any], checkpoint_id: str) -> dict[str, Any]:
         return self.find(principal, job["owner"], job["id"], checkpoint_id)
 
+    # lifecycle -------------------------------------------------------------------------------
+    def validate_ttl(self, ttl_seconds: Any, field: str = "ttl_seconds") -> int | None:
+        """None (never expires) or whole seconds within this backend's bounds."""
+        if ttl_seconds is None:
+            return None
+        if (
+            isinstance(ttl_seconds, bool)
+            or not isinstance(ttl_seconds, int)
+            or not self.min_ttl_s <= ttl_seconds <= MAX_TTL_S
+        ):
+            raise ApiError(
+                "invalid_field",
+                f"{field}: must be whole seconds from {self.min_ttl_s} to {MAX_TTL_S} (10 years), or null for"
+                f" no expiry; got {ttl_seconds!r}",
+                {"field": field},
+            )
+        return ttl_seconds
+
+    def set_ttl(
+        self, principal: Principal, job: dict[str, Any], checkpoint_id: str, ttl_seconds: Any
+    ) -> dict[str, Any]:
+        """Expire the checkpoint `ttl_seconds` from now, or never (None)."""
+        row = self.get(principal, job, checkpoint_id)
+        ttl = self.validate_ttl(ttl_seconds)
+        expires_at = None if ttl is None else time.time() + ttl
+        self.store.set_checkpoint_lifecycle(row["job_id"], row["id"], expires_at=expires_at)
+        return public_checkpoint(self.store.get_checkpoint(row["job_id"], row["id"]))
+
+    def set_public(
+        self, principal: Principal, job: dict[str, Any], checkpoint_id: str, public: bool
+    ) -> dict[str, Any]:
+        """Publish (every token may read it) or unpublish; asking for what already holds is a conflict."""
+        row = self.get(principal, job, checkpoint_id)
+        if bool(row.get("public")) == public:
+            raise ApiError(
+                "checkpoint_publication_unchanged",
+                f"checkpoint {checkpoint_id} of job {job['id']} is already {'public' if public else 'private'}",
+            )
+        self.store.set_checkpoint_lifecycle(row["job_id"], row["id"], public=int(public))
+        return public_checkpoint(self.store.get_checkpoint(row["job_id"], row["id"]))
+
+    def set_kept(
+        self, principal: Principal, job: dict[str, Any], checkpoint_id: str, kept: bool
+    ) -> dict[str, Any]:
+        row = self.get(principal, job, checkpoint_id)
+        self.store.set_checkpoint_kept(row["job_id"], row["id"], kept)
+        return public_checkpoint(self.get(principal, job, checkpoint_id))
+
+    def readers(self, row: dict[str, Any]) -> int:
+        """Loads, exports and requests reading the checkpoint now (it cannot be deleted while any does)."""
+        return self._readers[(row["job_id"], row["id"])]
+
     def delete(self, principal: Principal, job: dict[str, Any], checkpoint_id: str) -> dict[str, Any]:
         row = self.get(principal, job, checkpoint_id)
+        if row.get("kept"):
+            raise ApiError(
+                "checkpoint_kept",
+                f"checkpoint {checkpoint_id} of job {job['id']} is marked keep; take the mark off first"
+                f' (PATCH /v1/jobs/{job["id"]}/checkpoints/{checkpoint_id} {{"kept": false}}), then delete it',
+                {"checkpoint_id": checkpoint_id},
+            )
+        return self.remove(row)
+
+    def remove(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Delete a checkpoint's row, then its files; refused while a load or export reads it. The caller
+        has checked who may, and the keep mark."""
+        checkpoint_id = row["id"]
         key = (row["job_id"], row["id"])
         if self._readers[key] > 0:
             raise ApiError(
@@ -450,10 +553,25 @@ class CheckpointManager:
         row = self.get(principal, job, checkpoint_id)
         directory = self.path(row)
         manifest = export_manifest(row, contents)
+        self.store.record_export(row["job_id"], row["id"], contents)
         key = (row["job_id"], row["id"])
         self._readers[key] += 1
         files = [(name, directory / name, int(entry["size"])) for name, entry in manifest["files"].items()]
         return ExportPlan(key, encode_manifest(manifest), files, row)
+
+    def begin_file_read(self, row: dict[str, Any], name: str) -> ExportPlan:
+        """Hold one file of the adapter (as an export carries it) against deletion until `end_export`; the
+        caller has checked the right to read it (a signed download URL)."""
+        entries = export_manifest(row, EXPORT_ADAPTER)["files"]
+        if name not in entries:
+            raise ApiError(
+                "not_found",
+                f"checkpoint {row['id']} has no file {name[:80]!r}; its files are {sorted(entries)}",
+            )
+        key = (row["job_id"], row["id"])
+        self._readers[key] += 1
+        path = self.path(row) / name
+        return ExportPlan(key, b"", [(name, path, int(entries[name]["size"]))], row)
 
     def end_export(self, plan: ExportPlan) -> None:
         self._release(plan.key)
@@ -479,3 +597,15 @@ class CheckpointManager:
                     f"{name} of checkpoint {plan.checkpoint['id']} no longer matches its"
                     " SHA-256; the backend will not serve it. Save a new checkpoint.",
                 )
+
+
+def _matches(row: dict[str, Any], query: Any) -> bool:
+    """Whether a checkpoint row passes a `ListCheckpointsQuery`'s filters."""
+    return (
+        (query.type is None or row["type"] == query.type)
+        and (query.kept is None or bool(row.get("kept")) == query.kept)
+        and (query.min_step is None or row["step"] >= query.min_step)
+        and (query.max_step is None or row["step"] <= query.max_step)
+        and (query.created_before is None or row["created_at"] < query.created_before)
+        and (query.created_after is None or row["created_at"] >= query.created_after)
+    )

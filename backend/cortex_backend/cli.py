@@ -6,10 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from cortex_nb.protocol.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
+from cortex_nb.protocol.quantization import QUANTIZATIONS
 from cortex_nb.protocol.routes import SCOPES
 
 from .config import BackendSettings, default_data_dir
-from .samplers import SAMPLER_SETTINGS, check_sampler_setting
+from .runs.script_gate import GATE_MODES, RULES
+from .sampler_choice import SAMPLER_SETTINGS, check_sampler_setting
 
 
 def _model_option(value: str) -> tuple[str, str]:
@@ -17,6 +20,34 @@ def _model_option(value: str) -> tuple[str, str]:
     if not sep or not name or not path:
         raise argparse.ArgumentTypeError("use NAME=DIR, e.g. --model llama-1b=/models/llama-1b")
     return name, path
+
+
+def _quantize_option(value: str) -> tuple[str | None, str]:
+    """NAME=KIND quantizes one model; a bare KIND every model registered with --model."""
+    name, sep, kind = value.rpartition("=")
+    if kind not in QUANTIZATIONS or (sep and not name):
+        raise argparse.ArgumentTypeError(
+            f"use NAME=KIND or KIND with KIND one of {', '.join(QUANTIZATIONS)}, e.g. --quantize llama-8b=nf4"
+        )
+    return (name or None), kind
+
+
+def check_quantization_backend(quantize: dict[str, str]) -> None:
+    """A quantized base needs torchao (any device) or bitsandbytes (CUDA); say which extra brings them."""
+    import importlib.util
+
+    if quantize and not any(importlib.util.find_spec(name) for name in ("torchao", "bitsandbytes")):
+        raise ValueError(
+            "--quantize needs torchao (or bitsandbytes on CUDA): pip install 'cortex-nb[quantize]'"
+        )
+
+
+def quantize_map(options: list[tuple[str | None, str]], models: dict[str, str]) -> dict[str, str]:
+    quantize: dict[str, str] = {}
+    for name, kind in options:
+        for target in [name] if name else list(models):
+            quantize[target] = kind
+    return quantize
 
 
 def _at_least(low: float, kind: type = float):
@@ -32,6 +63,22 @@ def _at_least(low: float, kind: type = float):
         return number
 
     return parse
+
+
+def _priority_cap(value: str) -> int:
+    """A token's priority cap: at least the default band (anyone may ask the default), at most the top."""
+    number = _at_least(DEFAULT_PRIORITY, int)(value)
+    if number > MAX_PRIORITY:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_PRIORITY}, got {value}")
+    return number
+
+
+def _preempt_band(value: str) -> int:
+    """`--preempt-below N`: runs of priority < N may be preempted; 1 (only band 0) to 10 (every band)."""
+    number = _at_least(MIN_PRIORITY + 1, int)(value)
+    if number > MAX_PRIORITY + 1:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_PRIORITY + 1}, got {value}")
+    return number
 
 
 def _fraction(value: str) -> float:
@@ -77,7 +124,10 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     serve = commands.add_parser("serve", help="run the backend service")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     serve.add_argument(
-        "--port", type=int, default=8765, help="port (0 picks a free one; see DATA_DIR/backend.json)"
+        "--port",
+        type=int,
+        default=8765,
+        help="port (default %(default)s; 0 picks a free one; see DATA_DIR/backend.json)",
     )
     http = serve.add_argument_group("HTTP limits (docs/security.md)")
     http.add_argument(
@@ -102,6 +152,28 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         help="open connections at most (also at most half the open-files limit); more are answered 503"
         " too_many_connections and closed (default 1000)",
     )
+    http.add_argument(
+        "--max-connections-per-address",
+        type=_at_least(1, int),
+        default=500,
+        help="open connections one client address may hold (more are answered 503 too_many_connections and"
+        " closed; default 500)",
+    )
+    http.add_argument(
+        "--http-first-line-timeout",
+        type=_at_least(0.5),
+        default=10.0,
+        metavar="SECONDS",
+        help="a new connection that has not sent its request line within this is closed (default 10)",
+    )
+    serve.add_argument(
+        "--storage-retry",
+        type=_at_least(0.1),
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a write the store refuses (disk full, database lock held) is retried before the job it"
+        " is about fails with storage_unavailable (default 30)",
+    )
     serve.add_argument(
         "--data-dir",
         type=Path,
@@ -117,10 +189,46 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         help="register a local Hugging Face model directory (safetensors only); repeatable",
     )
     serve.add_argument(
+        "--quantize",
+        action="append",
+        type=_quantize_option,
+        default=[],
+        metavar="[NAME=]nf4|int8",
+        help="hold a model's base weights quantized (QLoRA: nf4 = 4-bit NormalFloat, int8); NAME is a --model"
+        " name or tiny, and a bare KIND applies to every --model; the adapters stay full precision; repeatable",
+    )
+    serve.add_argument(
         "--devices",
         default="auto",
         help="'auto', 'cpu', 'cpu:N' (N slots) or GPU indices like '0,1'; with --executor ray also 'none'"
         " (the head serves no devices of its own)",
+    )
+    queue = serve.add_argument_group("queue priorities (docs/api.md)")
+    queue.add_argument(
+        "--queue-aging-s",
+        type=_at_least(0.0),
+        default=300.0,
+        help="seconds of waiting that raise a queued job or run one priority band (0: no aging; default 300)",
+    )
+    queue.add_argument(
+        "--token-max-priority",
+        type=_priority_cap,
+        default=9,
+        help="the highest priority (5-9) a token without its own --max-priority may ask; admins may ask any"
+        " (default 9)",
+    )
+    queue.add_argument(
+        "--preempt-below",
+        type=_preempt_band,
+        default=None,
+        help="let a waiting job take the device of a training run of a lower priority below this band"
+        " (1-10): the run pauses at a resumable checkpoint and is queued again, losing no step (default: off)",
+    )
+    serve.add_argument(
+        "--speedtest-per-minute",
+        type=_at_least(1, int),
+        default=20,
+        help="link speed test calls (GET/POST /v1/speedtest) one token may make per minute (default 20)",
     )
     serve.add_argument(
         "--sub-jobs-per-device", type=int, default=4, help="sub-jobs sharing one device before jobs queue"
@@ -129,6 +237,21 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         "--warm-workers", type=int, default=1, help="idle pre-started worker processes per device"
     )
     serve.add_argument("--worker-threads", type=int, default=None, help="torch threads per CPU worker")
+    hosting = serve.add_mutually_exclusive_group()
+    hosting.add_argument(
+        "--adapter-host",
+        dest="adapter_host",
+        action="store_true",
+        default=False,
+        help="training sub-jobs on one device and base model share one worker process that holds the base"
+        " weights once, each an adapter slot (docs/scale.md)",
+    )
+    hosting.add_argument(
+        "--isolation-per-job",
+        dest="adapter_host",
+        action="store_false",
+        help="every sub-job in a worker process of its own (the default)",
+    )
     serve.add_argument(
         "--sampler",
         choices=SAMPLER_SETTINGS,
@@ -166,12 +289,28 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         " (the per-user local backend uses 1800); default: never",
     )
     serve.add_argument(
+        "--drain-grace",
+        type=_at_least(0.0),
+        default=60.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long to drain: training runs pause at a resumable checkpoint and queued"
+        " requests finish; then whatever still runs is stopped hard (default 60)",
+    )
+    serve.add_argument(
         "--checkpoint-quota-bytes",
         type=_byte_count,
         default=50 * 1024**3,
         metavar="BYTES",
         help="most bytes of checkpoints one token owner may keep (e.g. 50000000000 or 50G; 0: no cap;"
         " default 50GiB)",
+    )
+    serve.add_argument(
+        "--checkpoint-min-ttl",
+        type=int,
+        default=3600,
+        metavar="SECONDS",
+        help="shortest TTL a checkpoint may be given (default 3600, Tinker's bound); expired checkpoints are"
+        " deleted unless in use",
     )
     storage = serve.add_argument_group("storage bounds (docs/security.md)")
     storage.add_argument(
@@ -180,6 +319,14 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         default=3600.0,
         metavar="SECONDS",
         help="chunks of an upload no request used are deleted after this (default 3600)",
+    )
+    storage.add_argument(
+        "--router-replay-cache-bytes",
+        type=_byte_count,
+        default=256 * 1024**2,
+        metavar="BYTES",
+        help="MoE routes recorded for router replay that one job may keep in the backend's memory (default"
+        " 256MiB); a generate whose routes would pass it fails with router_replay_cache_full",
     )
     storage.add_argument(
         "--upload-quota-bytes",
@@ -226,6 +373,14 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="Tinker API: a session with no SDK heartbeat for this long ends and its training clients complete",
     )
+    serve.add_argument(
+        "--park-idle-s",
+        type=_at_least(0.0),
+        default=5.0,
+        metavar="SECONDS",
+        help="Tinker API: a training client idle this long is parked (state saved, device slot freed) and"
+        " brought back by its next request (default: 5; 0: never park)",
+    )
     cluster = serve.add_argument_group("executors (docs/scale.md)")
     cluster.add_argument(
         "--executor",
@@ -254,7 +409,21 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         "--ray-temp-dir",
         type=Path,
         default=None,
-        help="ray: Ray's temporary dir on this host (default /tmp/ray)",
+        help="ray: a private dir (made 0700) for Ray's temporary files on this host (default: a fresh one in /tmp)",
+    )
+    cluster.add_argument(
+        "--ray-token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="ray: the file (0600) holding Ray's authentication token (default DATA_DIR/ray-auth-token, made"
+        " for a head started here; hosts join with a copy of it)",
+    )
+    cluster.add_argument(
+        "--ray-insecure",
+        action="store_true",
+        help="ray: use a --ray-address cluster that runs without Ray's token authentication (anyone who"
+        " reaches its ports can run code there); shown in GET /v1/capacity",
     )
     cluster.add_argument(
         "--host-name", default=None, help="ray: the name this host's devices go by (default: its host name)"
@@ -289,6 +458,13 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="'auto': each run in a bubblewrap sandbox (read-only minimal root, private /tmp, no network,"
         " own PID namespace) where the host allows; 'off': no sandbox (trusted code only)",
+    )
+    runs.add_argument(
+        "--allow-unsandboxed-runs",
+        action="store_true",
+        help="run source code even where bubblewrap is missing (no sandbox: a run can read the backend user's"
+        " files and reach its port; trusted code only). Without it such a backend refuses source runs;"
+        " GET /v1/capacity and every run report say which it is",
     )
     runs.add_argument(
         "--run-address-space-mib",
@@ -337,6 +513,21 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         default=100,
         help="CPU weight of a run (cgroup cpu.weight, 1-10000; default 100)",
     )
+    runs.add_argument(
+        "--run-script-gate",
+        choices=GATE_MODES,
+        default="warn",
+        help="a static check of a run's Python files before it starts: strict refuses (script_refused), warn"
+        " reports, off skips (default warn; defence in depth, never a sandbox: docs/security.md)",
+    )
+    runs.add_argument(
+        "--run-script-gate-allow",
+        action="append",
+        choices=sorted(RULES),
+        default=[],
+        metavar="RULE",
+        help=f"a script-gate rule not to apply, repeatable: {', '.join(sorted(RULES))}",
+    )
     # observability
     serve.add_argument(
         "--log-retention-lines",
@@ -357,6 +548,20 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         help="how long device samples are kept",
     )
 
+    stop = commands.add_parser(
+        "stop",
+        help="drain and stop the backend serving a data dir: training runs pause at a resumable checkpoint"
+        " and resume when it starts again",
+    )
+    stop.add_argument("--data-dir", type=Path, default=default_data_dir())
+    stop.add_argument(
+        "--wait",
+        type=_at_least(0.0),
+        default=90.0,
+        metavar="SECONDS",
+        help="how long to wait for it to exit (default 90; its own --drain-grace bounds the drain)",
+    )
+
     token = commands.add_parser("token", help="manage API tokens")
     token_commands = token.add_subparsers(dest="token_command", required=True)
     create = token_commands.add_parser("create", help="create a token (printed once)")
@@ -366,6 +571,12 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         "--tinker",
         action="store_true",
         help="print the token with the 'tml-' prefix the Tinker SDK requires (same scopes and owner rules)",
+    )
+    create.add_argument(
+        "--max-priority",
+        type=_priority_cap,
+        default=None,
+        help="the highest queue priority (5-9) this token may ask (default: the backend's --token-max-priority)",
     )
     create.add_argument("--data-dir", type=Path, default=default_data_dir())
     listing = token_commands.add_parser("list", help="list tokens (never their values)")
@@ -395,6 +606,7 @@ def _tls_arguments_error(args: argparse.Namespace) -> str | None:
 
 def run_backend_command(args: argparse.Namespace) -> int:
     if args.backend_command == "serve":
+        from .executors.base import ExecutorStartRefused
         from .models import ModelCatalog
         from .server import serve
 
@@ -410,18 +622,25 @@ def run_backend_command(args: argparse.Namespace) -> int:
             http_idle_timeout_s=args.http_idle_timeout,
             http_body_timeout_s=args.http_body_timeout,
             max_connections=args.max_connections,
+            max_connections_per_address=args.max_connections_per_address,
+            http_first_line_timeout_s=args.http_first_line_timeout,
+            storage_retry_s=args.storage_retry,
             models=dict(args.model),
+            quantize=quantize_map(args.quantize, dict(args.model)),
             devices=args.devices,
             sub_jobs_per_device=args.sub_jobs_per_device,
             warm_workers=args.warm_workers,
             worker_threads=args.worker_threads,
+            adapter_host=args.adapter_host,
             idle_timeout_s=args.idle_timeout,
             idle_exit_s=args.idle_exit,
+            drain_grace_s=args.drain_grace,
             sampler=args.sampler,
             vllm_gpu_memory_fraction=args.vllm_gpu_memory_fraction,
             vllm_cpu_kv_cache_gib=args.vllm_cpu_kv_cache_gib,
             runs_workspace=args.runs_workspace,
             run_namespaces=args.run_namespaces,
+            allow_unsandboxed_runs=args.allow_unsandboxed_runs,
             run_address_space_mib=args.run_address_space_mib,
             run_max_file_mib=args.run_max_file_mib,
             run_max_processes=args.run_max_processes,
@@ -431,14 +650,23 @@ def run_backend_command(args: argparse.Namespace) -> int:
             run_memory_mib=args.run_memory_mib,
             run_disk_mib=args.run_disk_mib,
             run_cpu_weight=args.run_cpu_weight,
+            run_script_gate=args.run_script_gate,
+            run_script_gate_allow=tuple(args.run_script_gate_allow),
             log_retention_lines=args.log_retention_lines,
+            queue_aging_s=args.queue_aging_s,
+            speedtest_per_minute=args.speedtest_per_minute,
+            token_max_priority=args.token_max_priority,
+            preempt_below=args.preempt_below,
             monitor_interval_s=args.monitor_interval,
             metrics_retention_s=args.metrics_retention_hours * 3600.0,
             checkpoint_quota_bytes=args.checkpoint_quota_bytes or None,
+            checkpoint_min_ttl_s=max(1, args.checkpoint_min_ttl),
             fault_injection=tuple(args.fault_injection),
             tinker_session_timeout_s=args.tinker_session_timeout,
+            park_idle_s=args.park_idle_s or None,
             upload_ttl_s=args.upload_ttl,
             upload_quota_bytes=args.upload_quota_bytes,
+            router_replay_cache_bytes=args.router_replay_cache_bytes,
             dataset_quota_bytes=args.dataset_quota_bytes or None,
             idempotency_ttl_s=args.idempotency_ttl,
             history_retention_s=args.history_retention_days * 86400.0,
@@ -447,13 +675,17 @@ def run_backend_command(args: argparse.Namespace) -> int:
             ray_port=args.ray_port,
             ray_object_store_bytes=args.ray_object_store,
             ray_temp_dir=args.ray_temp_dir,
+            ray_token_file=args.ray_token_file,
+            ray_insecure=args.ray_insecure,
             host_name=args.host_name,
             tls=args.tls,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
         )
         try:
-            ModelCatalog(settings.models)  # refuse unsafe or broken model directories before starting
+            # Refuse unsafe or broken model directories, and quantization nothing here can do, before starting.
+            ModelCatalog(settings.models, settings.quantize)
+            check_quantization_backend(settings.quantize)
             check_sampler_setting(settings.sampler)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -462,8 +694,18 @@ def run_backend_command(args: argparse.Namespace) -> int:
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
-        serve(settings)
+        try:
+            serve(settings)
+        except ExecutorStartRefused as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
+    if args.backend_command == "stop":
+        from .backend_stop import stop_backend
+
+        stopped, message = stop_backend(args.data_dir, args.wait)
+        print(message)
+        return 0 if stopped else 1
     from .auth import TINKER_TOKEN_PREFIX, TOKEN_PREFIX, create_token
     from .store import Store
 
@@ -475,6 +717,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
                 args.name,
                 list(args.scopes),
                 prefix=TINKER_TOKEN_PREFIX if args.tinker else TOKEN_PREFIX,
+                max_priority=args.max_priority,
             )
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -505,6 +748,8 @@ def _executor_problem(settings: BackendSettings) -> str | None:
 
     if importlib.util.find_spec("ray") is None:
         return "--executor ray needs Ray: pip install 'cortex-nb[ray]'"
+    if settings.ray_insecure and settings.ray_address is None:
+        return "--ray-insecure is only for a --ray-address cluster: the head a backend starts always uses a token"
     if settings.sampler == "vllm":
         return (
             "--sampler vllm is not available with --executor ray yet: sub-jobs on Ray hosts sample with the"
@@ -552,12 +797,20 @@ def add_host_join_arguments(join: argparse.ArgumentParser) -> None:
         help="this host's Ray object store size (default: Ray's)",
     )
     join.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a copy (0600) of the head's Ray token (its DATA_DIR/ray-auth-token); without it the token is"
+        " asked for at a prompt. Never give the token itself on the command line",
+    )
+    join.add_argument(
         "--block", action="store_true", help="stay in the foreground; the host leaves when this command stops"
     )
 
 
 def run_host_join(args: argparse.Namespace) -> int:
-    from .ray_cluster.join import join
+    from .executors.ray_cluster.join import join
 
     return join(
         args.head_address,
@@ -568,6 +821,7 @@ def run_host_join(args: argparse.Namespace) -> int:
         sub_jobs_per_device=args.sub_jobs_per_device,
         object_store_bytes=args.object_store,
         block=args.block,
+        token_file=args.token_file,
     )
 
 

@@ -4,7 +4,7 @@
   to stop after its step in hand (it saves checkpoint `final` itself); a job with trained steps that no
   checkpoint holds gets a `final` save queued first. The job ends `done` once its queued requests ran.
 - `sweep` completes, the same way, running jobs that have had nothing to do for their idle timeout
-  (the backend's `--idle-timeout`), and managed runs whose keep-alive has passed without requests.
+  (the backend's `--idle-timeout`), and training runs whose keep-alive has passed without requests.
 - `idle_until` and `keep_alive_until` say when that will happen, for the views.
 """
 
@@ -15,9 +15,8 @@ import time
 from typing import Any
 
 from cortex_nb.protocol import states
-from cortex_nb.protocol.checkpoint_format import WEIGHTS_ONLY
+from cortex_nb.protocol.checkpoint_format import FINAL_CHECKPOINT, WEIGHTS_ONLY
 from cortex_nb.protocol.errors import ApiError
-from cortex_nb.train_spec import FINAL_CHECKPOINT
 
 from .auth import Principal
 from .data_plane import RequestManager
@@ -82,7 +81,7 @@ class Completion:
 
     # timers ------------------------------------------------------------------------------------------
     def keep_alive_until(self, job: dict[str, Any]) -> float | None:
-        """When a managed run sampling after training frees its device, if nothing more is asked of it."""
+        """When a training run sampling after training frees its device, if nothing more is asked of it."""
         record = self.progress.get(job["id"])
         if job["status"] != states.JOB_RUNNING or record is None or record.phase != states.PHASE_KEEP_ALIVE:
             return None

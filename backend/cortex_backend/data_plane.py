@@ -11,55 +11,42 @@ import contextlib
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from cortex_nb.protocol import routes, states, wire
 from cortex_nb.protocol.errors import ApiError
 from cortex_nb.protocol.schemas.base import parse
-from cortex_nb.protocol.schemas.data_plane import SaveBody
+from cortex_nb.protocol.schemas.data_plane import LoadBody, SaveBody
 
 from .auth import Principal
 from .checkpoints import CheckpointManager
-from .executor import Executor
+from .executors.base import Executor
 from .jobs import JobManager
-from .models import ModelCatalog
+from .models import ModelCatalog, ModelInfo
+from .numbered_submissions import SequenceStream, SequenceStreams
+from .operations import DEFAULT_TARGETS, FRAME_OPERATIONS, SERVED_BY_TYPE
+from .router_replays import REPLAY_TENSOR, RouterReplays, check_replayable
 from .store import Store
 from .validation import validate_loss, validate_prompts, validate_token_batch
 from .waiters import Waiters
 from .weight_syncs import WeightSyncCoordinator
 
-# Which sub-job serves an operation when the caller does not name one, in order of preference.
-DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
-    "forward_backward": (states.TRAINING,),
-    "step": (states.TRAINING,),
-    "generate": (states.SAMPLING, states.TRAINING),
-    "forward": (states.LOG_PROBABILITY, states.TRAINING, states.SAMPLING),
-    "noop": (states.TRAINING, states.SAMPLING, states.LOG_PROBABILITY),
-    # checkpoints and weight sync (weight_sync's source is chosen by WeightSyncCoordinator.source)
-    "save": (states.TRAINING,),
-    "load": (states.TRAINING, states.SAMPLING, states.LOG_PROBABILITY),
-    "weight_sync": (states.TRAINING,),
-}
-FRAME_OPERATIONS = frozenset({"forward_backward", "forward"})
 # Frames larger than this are checked in a thread, so the IO loop keeps answering meanwhile.
 OFF_LOOP_FRAME_BYTES = 1 << 20
 MAX_WAIT_S = 60.0
-# How far ahead of the next expected sequence number a submission may arrive (and wait).
-MAX_SEQUENCE_GAP = 1024
 
 
-@dataclass
-class SequenceStream:
-    """A client's numbered submissions to one job: each number runs once, in order, however the
-    submissions arrive. Numbers start at 1; a refused submission uses up its number too, so the ones
-    after it are not held forever."""
+@dataclass(frozen=True)
+class PreparedCall:
+    """What an operation's payload check reads: the sub-job, the body (frame and parsed JSON), who asks."""
 
-    next_seq: int = 1
-    request_ids: dict[int, str] = field(default_factory=dict)
-    refusals: dict[int, ApiError] = field(default_factory=dict)
-    # seq -> (sub_job_id, request_id, op, params, blob): validated and recorded, not yet dispatched
-    held: dict[int, tuple[str, str, str, dict[str, Any], bytes]] = field(default_factory=dict)
+    sub: dict[str, Any]
+    body: bytes
+    json_body: Any
+    job: dict[str, Any] | None
+    principal: Principal | None
+    request_id: str
 
 
 def new_request_id() -> str:
@@ -81,6 +68,7 @@ class RequestManager:
         *,
         checkpoints: CheckpointManager,
         weight_sync: WeightSyncCoordinator,
+        router_replays: RouterReplays | None = None,
     ) -> None:
         self.store = store
         self.catalog = catalog
@@ -88,13 +76,32 @@ class RequestManager:
         self.executor = executor
         self.checkpoints = checkpoints
         self.weight_sync = weight_sync
+        self.router_replays = router_replays or RouterReplays()
         self.waiters = Waiters()
         self._active: dict[str, set[str]] = {}
-        self._streams: dict[tuple[str, str], SequenceStream] = {}
+        self._streams = SequenceStreams()
         self._arrivals: dict[str, asyncio.Lock] = {}
         # Called with (request row, result) when a request succeeds, e.g. to fold it into the job's progress.
         self.on_succeeded: list[Callable[[dict[str, Any], dict[str, Any]], None]] = []
+        self._folded: set[str] = set()  # succeeded requests folded, whose end the store has yet to record
+        # Checks of (job, op) that may refuse a client's request with an ApiError: the backend draining,
+        # a load racing a managed loop.
+        self.admission_checks: list[Callable[[dict[str, Any], str], None]] = []
+        # Called with (job_id, sub_job_id, request_id, op, params, blob) before a request goes to its worker;
+        # one that returns True holds the request and sends it later itself (parking.py: a parked job's
+        # worker is gone until its state is loaded into a new one).
+        self.dispatch_holds: list[Callable[[str, str, str, str, dict[str, Any], bytes], bool]] = []
         jobs.on_job_ended.append(self._job_ended)
+        # The payload check of each operation that has one (operations.CATALOG lists them all).
+        self._preparers: dict[str, Callable[[PreparedCall], tuple[dict[str, Any], bytes]]] = {
+            "save": self._prepare_save,
+            "load": self._prepare_load,
+            "weight_sync": self._prepare_weight_sync,
+            "forward_backward": self._prepare_forward_backward,
+            "forward": self._prepare_forward,
+            "step": self._prepare_step,
+            "generate": self._prepare_generate,
+        }
 
     # submission -------------------------------------------------------------------------------
     def choose_sub_job(self, job: dict[str, Any], op: str, requested: str | None) -> dict[str, Any]:
@@ -108,7 +115,7 @@ class RequestManager:
                     {"field": "sub_job"},
                 )
             sub = match[0]
-            if op not in states.OPERATIONS_BY_TYPE[sub["type"]]:
+            if op not in SERVED_BY_TYPE[sub["type"]]:
                 raise ApiError("unsupported_operation", f"a {sub['type']} sub-job does not serve {op}")
             return sub
         for sub_type in DEFAULT_TARGETS[op]:
@@ -133,61 +140,114 @@ class RequestManager:
         request_id: str = "",
     ) -> tuple[dict[str, Any], bytes]:
         """Check the payload for `op` against what the sub-job can take (its body was parsed with the
-        route's schema); return the worker's params and binary frame."""
-        # checkpoints and weight sync: a save reserves its id and bytes, a load holds its checkpoint
-        if op == "save":
-            return self.checkpoints.prepare_save(request_id, job, sub, json_body), b""
-        if op == "load":
-            return self.checkpoints.prepare_load(request_id, principal, job, sub, json_body), b""
-        if op == "weight_sync":
-            return self.weight_sync.prepare(job, sub, json_body), b""
-        info = self.catalog.get(sub["spec"]["base_model"])
-        limit = max_seq_len(sub, self.catalog)
-        if op == "forward_backward":
-            tensors, metadata = wire.decode_frame(body, copy=False)
-            loss, config = validate_loss(metadata)
-            validate_token_batch(tensors, loss.tensors, info, limit)
-            # Tokens trained on (the attention-mask sum): what the job's progress record counts.
-            mask = tensors.get("attention_mask")
-            tokens = int(mask.sum()) if mask is not None else int(tensors["input_ids"].size)
-            # The worker computes with these validated params, never with the frame's own metadata.
-            return {
-                "loss_fn": loss.name,
-                "loss_fn_config": config,
-                "batch_shape": list(tensors["input_ids"].shape),
-                "tokens": tokens,
-            }, body
-        if op == "forward":
-            tensors, metadata = wire.decode_frame(body, copy=False)
-            params: dict[str, Any] = {}
-            required: tuple[str, ...] = ("target_tokens",)
-            if metadata.get("loss_fn") is not None:
-                # a Tinker `forward` with a loss: the loss's value and logprobs, no gradients
-                loss, params["loss_fn_config"] = validate_loss(metadata)
-                params["loss_fn"], required = loss.name, loss.tensors
-            validate_token_batch(tensors, required, info, limit)
-            if metadata.get("adapter") is not None:
-                params["adapter"] = self.checkpoints.prepare_adapter(
-                    request_id, principal, job, sub, metadata["adapter"]
-                )
-            return {**params, "batch_shape": list(tensors["input_ids"].shape)}, body
-        if op == "step":
-            return json_body.model_dump(), b""
-        if op == "generate":
-            sampling = json_body.sampling_params
-            prompts = validate_prompts(json_body.prompts, self.catalog, info, sampling.max_tokens, limit)
-            generate = {"prompt_tokens": prompts, "sampling_params": sampling.model_dump()}
-            if json_body.adapter is not None:
-                adapter = json_body.adapter
-                generate["adapter"] = self.checkpoints.prepare_adapter(
-                    request_id,
-                    principal,
-                    job,
-                    sub,
-                    adapter if isinstance(adapter, str) else adapter.model_dump(exclude_none=True),
-                )
-            return generate, b""
-        return {}, b""
+        route's schema); return the worker's params and binary frame. An operation with no preparer
+        (noop, reset_prefix_cache) takes no params."""
+        preparer = self._preparers.get(op)
+        if preparer is None:
+            return {}, b""
+        return preparer(PreparedCall(sub, body, json_body, job, principal, request_id))
+
+    # checkpoints and weight sync: a save reserves its id and bytes, a load holds its checkpoint
+    def _prepare_save(self, call: PreparedCall) -> tuple[dict[str, Any], bytes]:
+        return self.checkpoints.prepare_save(call.request_id, call.job, call.sub, call.json_body), b""
+
+    def _prepare_load(self, call: PreparedCall) -> tuple[dict[str, Any], bytes]:
+        return self.checkpoints.prepare_load(
+            call.request_id, call.principal, call.job, call.sub, call.json_body
+        ), b""
+
+    def _prepare_weight_sync(self, call: PreparedCall) -> tuple[dict[str, Any], bytes]:
+        return self.weight_sync.prepare(call.job, call.sub, call.json_body), b""
+
+    def _prepare_forward_backward(self, call: PreparedCall) -> tuple[dict[str, Any], bytes]:
+        info = self.catalog.get(call.sub["spec"]["base_model"])
+        tensors, metadata = wire.decode_frame(call.body, copy=False)
+        loss, config = validate_loss(metadata)
+        validate_token_batch(tensors, loss.tensors, info, max_seq_len(call.sub, self.catalog))
+        # Tokens trained on (the attention-mask sum): what the job's progress record counts.
+        mask = tensors.get("attention_mask")
+        tokens = int(mask.sum()) if mask is not None else int(tensors["input_ids"].size)
+        # The worker computes with these validated params, never with the frame's own metadata.
+        params = {
+            "loss_fn": loss.name,
+            "loss_fn_config": config,
+            "batch_shape": list(tensors["input_ids"].shape),
+            "tokens": tokens,
+        }
+        return self._routing(call, info, tensors, metadata, params)
+
+    def _routing(
+        self,
+        call: PreparedCall,
+        info: ModelInfo,
+        tensors: dict[str, Any],
+        metadata: dict[str, Any],
+        params: dict[str, Any],
+    ) -> tuple[dict[str, Any], bytes]:
+        """A forward_backward or forward that replays recorded routes gets them in its frame
+        (router_replays.py); one that asks for the experts it used says so to the worker."""
+        if REPLAY_TENSOR in tensors:
+            raise ApiError(
+                "invalid_frame",
+                f"{REPLAY_TENSOR} is added by the backend from recorded routes; name them with the frame's"
+                " `router_replay` metadata instead",
+                {"field": REPLAY_TENSOR},
+            )
+        body = call.body
+        if metadata.get("router_replay") is not None:
+            body = self.router_replays.attach(call.sub["job_id"], call.sub, info, call.body, metadata)
+            params["router_replay"] = True
+        if metadata.get("record_routes"):
+            check_replayable(info)
+            params["record_routes"] = True
+        return params, body
+
+    def _prepare_forward(self, call: PreparedCall) -> tuple[dict[str, Any], bytes]:
+        info = self.catalog.get(call.sub["spec"]["base_model"])
+        tensors, metadata = wire.decode_frame(call.body, copy=False)
+        params: dict[str, Any] = {}
+        required: tuple[str, ...] = ("target_tokens",)
+        if metadata.get("loss_fn") is not None:
+            # a Tinker `forward` with a loss: the loss's value and logprobs, no gradients
+            loss, params["loss_fn_config"] = validate_loss(metadata)
+            params["loss_fn"], required = loss.name, loss.tensors
+        validate_token_batch(tensors, required, info, max_seq_len(call.sub, self.catalog))
+        if metadata.get("adapter") is not None:
+            params["adapter"] = self.checkpoints.prepare_adapter(
+                call.request_id, call.principal, call.job, call.sub, metadata["adapter"]
+            )
+        params["batch_shape"] = list(tensors["input_ids"].shape)
+        return self._routing(call, info, tensors, metadata, params)
+
+    def _prepare_step(self, call: PreparedCall) -> tuple[dict[str, Any], bytes]:
+        return call.json_body.model_dump(), b""
+
+    def _prepare_generate(self, call: PreparedCall) -> tuple[dict[str, Any], bytes]:
+        info = self.catalog.get(call.sub["spec"]["base_model"])
+        json_body = call.json_body
+        sampling = json_body.sampling_params
+        limit = max_seq_len(call.sub, self.catalog)
+        prompts = validate_prompts(json_body.prompts, self.catalog, info, sampling.max_tokens, limit)
+        generate = {"prompt_tokens": prompts, "sampling_params": sampling.model_dump()}
+        if json_body.stream:
+            generate["stream"] = True
+        if json_body.adapter is not None:
+            adapter = json_body.adapter
+            generate["adapter"] = self.checkpoints.prepare_adapter(
+                call.request_id,
+                call.principal,
+                call.job,
+                call.sub,
+                adapter if isinstance(adapter, str) else adapter.model_dump(exclude_none=True),
+            )
+        job_id = call.sub["job_id"]
+        if sampling.record_routes or self.router_replays.records_every_generate(job_id, call.sub["id"]):
+            # Last: nothing after this refuses the request, so no recording is left waiting for nothing.
+            check_replayable(info)
+            self.router_replays.check_room(job_id)
+            self.router_replays.recording.add(call.request_id)
+            generate["sampling_params"]["record_routes"] = True
+        return generate, b""
 
     def submit(
         self,
@@ -279,19 +339,9 @@ class RequestManager:
         if sequence is None:
             return None, None
         self._check_accepting(self.jobs.visible_job(principal, job_id))
-        stream = self._stream(job_id, sequence)
-        seq = sequence[1]
-        if seq in stream.request_ids:
-            return stream, self.store.get_request(stream.request_ids[seq])
-        if seq in stream.refusals:
-            raise stream.refusals[seq]
-        if seq < stream.next_seq:
-            raise ApiError(
-                "invalid_field",
-                f"sequence {seq} of stream {sequence[0]!r} was used before; number submissions upward",
-                {"field": "sequence"},
-            )
-        return stream, None
+        stream = self._streams.stream(job_id, sequence)
+        made = stream.made(sequence[1])
+        return stream, self.store.get_request(made) if made is not None else None
 
     def _target(
         self, principal: Principal, job_id: str, op: str, json_body: Any, sub_job: str | None
@@ -299,6 +349,8 @@ class RequestManager:
         """The job (visible, still taking requests), the sub-job that serves `op`, and the body as its schema."""
         job = self.jobs.visible_job(principal, job_id)
         self._check_accepting(job)
+        for check in self.admission_checks:
+            check(job, op)
         schema = routes.route(op).body
         if isinstance(schema, type) and not isinstance(json_body, schema):
             json_body = parse(schema, json_body or {})
@@ -326,47 +378,37 @@ class RequestManager:
         """A face refused a numbered submission before it reached `submit`: its number is used up all the same."""
         if self.jobs.visible_job(principal, job_id)["status"] in states.JOB_TERMINAL:
             return
-        self._use_up(job_id, self._stream(job_id, sequence), sequence[1], error)
+        self._use_up(job_id, self._streams.stream(job_id, sequence), sequence[1], error)
 
     def _use_up(self, job_id: str, stream: SequenceStream, seq: int, error: ApiError) -> None:
         """A refused number: remember the refusal (a retry hears it again) and let the numbers after it go."""
-        if seq not in stream.request_ids and seq >= stream.next_seq:
-            stream.refusals[seq] = error
+        if stream.use_up(seq, error):
             self._release_in_order(job_id, stream)
 
     def sequenced(self, job_id: str, sequence: tuple[str, int]) -> dict[str, Any] | None:
         """The request a numbered submission already made, if any (so a face can skip work a retry would redo)."""
-        stream = self._streams.get((job_id, sequence[0]))
+        stream = self._streams.find(job_id, sequence[0])
         request_id = stream.request_ids.get(sequence[1]) if stream is not None else None
         return self.store.get_request(request_id) if request_id is not None else None
 
-    def _stream(self, job_id: str, sequence: tuple[str, int]) -> SequenceStream:
-        name, seq = sequence
-        stream = self._streams.setdefault((job_id, name), SequenceStream())
-        if (
-            isinstance(seq, bool)
-            or not isinstance(seq, int)
-            or seq < 1
-            or seq >= stream.next_seq + MAX_SEQUENCE_GAP
-        ):
-            raise ApiError(
-                "invalid_field",
-                f"sequence: {seq!r} is not a number from 1 up to {stream.next_seq + MAX_SEQUENCE_GAP - 1}"
-                f" for stream {name!r} (its next number is {stream.next_seq})",
-                {"field": "sequence"},
-            )
-        return stream
-
     def submit_for_service(
-        self, job: dict[str, Any], op: str, params: dict[str, Any], blob: bytes = b""
+        self,
+        job: dict[str, Any],
+        op: str,
+        params: dict[str, Any],
+        blob: bytes = b"",
+        principal: Principal | None = None,
     ) -> str:
         """Queue a request the service makes itself on the job's training sub-job (a managed loop, the
-        final save before a device is freed); returns its id. It is an ordinary request: listed,
-        cancellable, and it keeps the job from idling."""
+        final save before a device is freed, a parked client's save and load); returns its id. It is an
+        ordinary request: listed, cancellable, and it keeps the job from idling. A load reads its
+        checkpoint as `principal` (the job's owner)."""
         sub = self.choose_sub_job(job, "save" if op == "save" else "step", None)
         request_id = new_request_id()
         if op == "save":
             params = self.checkpoints.prepare_save(request_id, job, sub, parse(SaveBody, params))
+        elif op == "load" and principal is not None:
+            params = self.checkpoints.prepare_load(request_id, principal, job, sub, parse(LoadBody, params))
         self._enqueue(job["id"], sub, request_id, op, params, blob)
         return request_id
 
@@ -383,26 +425,30 @@ class RequestManager:
     ) -> None:
         """Record the request and send it to its sub-job, or (numbered, early) hold it until its turn."""
         # One commit for the request's rows, not one per statement: most of a small request's cost.
-        with self.store.transaction():
-            self.store.insert_request(
-                {
-                    "id": request_id,
-                    "job_id": job_id,
-                    "sub_job_id": sub["id"],
-                    "op": op,
-                    "status": states.REQUEST_QUEUED,
-                    "params": _recorded_params(params),
-                }
-            )
-            self.store.add_request_event(request_id, "queued", {"sub_job_id": sub["id"]})
-            self.store.touch_job(job_id)
+        try:
+            with self.store.transaction():
+                self.store.insert_request(
+                    {
+                        "id": request_id,
+                        "job_id": job_id,
+                        "sub_job_id": sub["id"],
+                        "op": op,
+                        "status": states.REQUEST_QUEUED,
+                        "params": _recorded_params(params),
+                    }
+                )
+                self.store.add_request_event(request_id, "queued", {"sub_job_id": sub["id"]})
+                self.store.touch_job(job_id)
+        except BaseException:
+            # Not recorded (a full disk, a held lock): a save's id and bytes, or a load's hold, go back, so
+            # that a retry with the same checkpoint id is not refused as taken.
+            self.checkpoints.request_ended(request_id)
+            raise
         self._active.setdefault(job_id, set()).add(request_id)
         if stream is None:
             self._dispatch(job_id, sub["id"], request_id, op, params, blob)
         else:
-            stream.request_ids[seq] = request_id
-            stream.held[seq] = (sub["id"], request_id, op, params, blob)
-            if seq != stream.next_seq:
+            if stream.hold(seq, (sub["id"], request_id, op, params, blob)):
                 self.store.add_request_event(
                     request_id, "waiting_for_sequence", {"sequence": seq, "next": stream.next_seq}
                 )
@@ -411,19 +457,16 @@ class RequestManager:
     def _dispatch(
         self, job_id: str, sub_job_id: str, request_id: str, op: str, params: dict[str, Any], blob: bytes
     ) -> None:
+        if any(hold(job_id, sub_job_id, request_id, op, params, blob) for hold in self.dispatch_holds):
+            return
         if op == "weight_sync":
             self.weight_sync.dispatch(job_id, request_id, sub_job_id, params)
         else:
             self.executor.submit(job_id, sub_job_id, request_id, op, params, blob)
 
     def _release_in_order(self, job_id: str, stream: SequenceStream) -> None:
-        """Dispatch held submissions from the next expected number on, skipping refused (and cancelled) ones."""
-        while stream.next_seq in stream.held or stream.next_seq in stream.refusals:
-            held = stream.held.pop(stream.next_seq, None)
-            stream.next_seq += 1
-            if held is None:
-                continue
-            sub_job_id, request_id, op, params, blob = held
+        """Dispatch held submissions whose turn came (numbered_submissions.py), unless cancelled meanwhile."""
+        for sub_job_id, request_id, op, params, blob in stream.release():
             request = self.store.get_request(request_id)
             if request is not None and request["status"] == states.REQUEST_QUEUED:
                 self._dispatch(job_id, sub_job_id, request_id, op, params, blob)
@@ -477,6 +520,43 @@ class RequestManager:
             self.store.add_request_event(request_id, "cancel_requested", {})
             self.waiters.notify(request_id)
 
+    # router replay (router_replays.py) ------------------------------------------------------------
+    def router_replay_bootstrap(
+        self, principal: Principal, job_id: str, source: str, target: str, cap_bytes: int | None
+    ) -> dict[str, Any]:
+        """Make every later generate on `source` record routes for trainer `target` to replay."""
+        job = self.jobs.visible_job(principal, job_id)
+        self._check_accepting(job)
+        subs = {sub["id"]: sub for sub in job["sub_jobs"]}
+        if subs[source]["type"] not in (states.SAMPLING, states.TRAINING):
+            raise ApiError(
+                "invalid_field",
+                f"source: {source} is a {subs[source]['type']} sub-job; routes are recorded by one that samples",
+                {"field": "source"},
+            )
+        if subs[target]["type"] != states.TRAINING:
+            raise ApiError(
+                "invalid_field",
+                f"target: {target} is a {subs[target]['type']} sub-job; routes are replayed by a trainer",
+                {"field": "target"},
+            )
+        for sub in (subs[source], subs[target]):
+            check_replayable(self.catalog.get(sub["spec"]["base_model"]))
+        if subs[source]["spec"]["base_model"] != subs[target]["spec"]["base_model"]:
+            raise ApiError(
+                "router_replay_mismatch",
+                f"router replay: {source} samples {subs[source]['spec']['base_model']}, {target} trains"
+                f" {subs[target]['spec']['base_model']}; routes replay only on the base that recorded them",
+            )
+        return self.router_replays.bootstrap(job_id, source, target, cap_bytes)
+
+    def router_replay_discard(
+        self, principal: Principal, job_id: str, routes_ids: list[str] | None
+    ) -> dict[str, Any]:
+        """Free a job's recorded routes: the named ones, or all of them."""
+        self.jobs.visible_job(principal, job_id)
+        return self.router_replays.discard(job_id, routes_ids)
+
     # cancel -----------------------------------------------------------------------------------
     def cancel(self, principal: Principal, job_id: str, request_id: str) -> dict[str, Any]:
         request = self._visible_request(principal, job_id, request_id)
@@ -523,13 +603,29 @@ class RequestManager:
             except ApiError as exc:
                 self._finish(job_id, request_id, states.REQUEST_FAILED, error=(exc.code, exc.message))
                 return
+        if request_id in self.router_replays.recording:
+            self.router_replays.recording.discard(request_id)
+            if status == states.REQUEST_SUCCEEDED:
+                try:
+                    sub = next(
+                        sub for sub in self.store.sub_jobs(job_id) if sub["id"] == request["sub_job_id"]
+                    )
+                    result = self.router_replays.keep(job_id, sub, result or {}, blob)
+                except ApiError as exc:
+                    self._finish(job_id, request_id, states.REQUEST_FAILED, error=(exc.code, exc.message))
+                    return
+                blob = b""  # the routes live in router_replays, not as the request's tensors
         if status == states.REQUEST_SUCCEEDED and request["op"] == "weight_sync":
             result = {**(result or {}), "relayed_bytes": self.weight_sync.relayed_bytes(request_id)}
         if status == states.REQUEST_SUCCEEDED:
             # Folded before the request ends: its end may end the job (a completing one) and close the record.
-            for callback in self.on_succeeded:
-                callback(request, result or {})
+            # A report the store refused is retried whole: what it folded already is not folded twice.
+            if request_id not in self._folded:
+                for callback in self.on_succeeded:
+                    callback(request, result or {})
+                self._folded.add(request_id)
             self._finish(job_id, request_id, status, result=result, tensors=blob or None)
+            self._folded.discard(request_id)
         else:
             self._finish(
                 job_id,
@@ -561,6 +657,7 @@ class RequestManager:
             self.store.touch_job(job_id)
         self.checkpoints.request_ended(request_id)
         self.weight_sync.request_ended(job_id, request_id, status)
+        self.router_replays.recording.discard(request_id)
         self.waiters.notify(request_id)
         active = self._active.get(job_id)
         if active is not None:
@@ -569,10 +666,19 @@ class RequestManager:
                 self._active.pop(job_id, None)
                 self.jobs.request_drained(job_id)
 
+    def fail_active(self, job_id: str, code: str, message: str) -> None:
+        """End a job's unfinished requests without ending the job (its worker is gone and the job is
+        queued again: a training run's retry or preemption)."""
+        for request_id in list(self._active.get(job_id, ())):
+            request = self.store.get_request(request_id)
+            if request is not None and request["status"] not in states.REQUEST_TERMINAL:
+                self._finish(job_id, request_id, states.REQUEST_FAILED, error=(code, message))
+        self._active.pop(job_id, None)
+
     def _job_ended(self, job_id: str, status: str, code: str | None, message: str | None) -> None:
         """A job ended: its unfinished requests end with it, with the job's reason."""
-        for key in [key for key in self._streams if key[0] == job_id]:
-            del self._streams[key]
+        self._streams.forget(job_id)
+        self.router_replays.job_ended(job_id)
         for request_id in list(self._active.pop(job_id, set())):
             request = self.store.get_request(request_id)
             if request is None or request["status"] in states.REQUEST_TERMINAL:

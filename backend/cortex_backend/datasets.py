@@ -3,7 +3,7 @@
 `PUT /v1/datasets/{dataset_id}` stores a JSONL body whose hash is its id (a mismatch is refused), so a
 client uploads a dataset only when `GET` says the backend lacks it, and a managed training loop names
 its data by id. Rows are checked at upload with the same parser the kernel uses
-(`cortex_nb.train_data.examples_from_jsonl`). Datasets belong to their owner, like jobs: another
+(`cortex_nb.protocol.train_rows.examples_from_jsonl`). Datasets belong to their owner, like jobs: another
 owner's id is a 404.
 
 Layout: DATA_DIR/datasets/<owner as hex>/<dataset_id>.jsonl.
@@ -12,19 +12,24 @@ Layout: DATA_DIR/datasets/<owner as hex>/<dataset_id>.jsonl.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import secrets
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from cortex_nb.protocol.errors import ApiError
-from cortex_nb.train_data import examples_from_jsonl
-from cortex_nb.train_spec import DATASET_ID, SpecError
+from cortex_nb.protocol.schemas.spec_errors import SpecError
+from cortex_nb.protocol.schemas.training_loop import DATASET_ID
+from cortex_nb.protocol.train_rows import examples_from_jsonl
 
 from .auth import Principal
 from .durable import fsync_directory
 from .store import Store
+
+PARTIAL_SUFFIX = ".partial"
 
 
 def public_dataset(row: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +71,8 @@ class DatasetStore:
         if existing is not None and self.path(principal.owner, dataset_id).is_file():
             return public_dataset(existing)
         if self.quota_bytes is not None:
-            held = self.store.dataset_bytes(principal.owner)
+            # Uploads being written (or left by a crash) count until they are recorded or removed.
+            held = self.store.dataset_bytes(principal.owner) + self._partial_bytes(principal.owner)
             if held + len(body) > self.quota_bytes:
                 raise ApiError(
                     "quota_exceeded",
@@ -77,24 +83,50 @@ class DatasetStore:
                     {"quota_bytes": self.quota_bytes, "used_bytes": held, "needed_bytes": len(body)},
                 )
         try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ApiError("invalid_dataset", f"the dataset is not UTF-8 text: {exc}") from None
-        try:
-            rows = len(examples_from_jsonl(text.splitlines(), "the dataset"))
+            rows = len(examples_from_jsonl(_lines(body), "the dataset"))
         except SpecError as exc:
             raise ApiError("invalid_dataset", exc.message.removeprefix("data: ")) from None
         path = self.path(principal.owner, dataset_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
-        with open(partial, "wb") as handle:
-            handle.write(body)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, path)
-        fsync_directory(path.parent)
-        self.store.insert_dataset(principal.owner, dataset_id, rows, len(body))
+        partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}{PARTIAL_SUFFIX}")
+        existed = path.is_file()
+        try:
+            with open(partial, "wb") as handle:
+                handle.write(body)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(partial, path)
+            fsync_directory(path.parent)
+            self.store.insert_dataset(principal.owner, dataset_id, rows, len(body))
+        except BaseException:
+            # A full disk (or a store that refused the row) keeps nothing: no partial file, and no file
+            # without its row, which no quota would count.
+            partial.unlink(missing_ok=True)
+            if not existed and self.store.get_dataset(principal.owner, dataset_id) is None:
+                path.unlink(missing_ok=True)
+            raise
         return public_dataset(self.store.get_dataset(principal.owner, dataset_id))
+
+    def _partial_bytes(self, owner: str) -> int:
+        folder = self.root / owner.encode().hex()
+        total = 0
+        for partial in folder.glob(f".*{PARTIAL_SUFFIX}"):
+            try:
+                total += partial.stat().st_size
+            except FileNotFoundError:
+                pass
+        return total
+
+    def remove_partial_files(self) -> int:
+        """At start, no upload is being written: a `.partial` file is what a crash or a full disk left."""
+        removed = 0
+        for partial in self.root.glob(f"*/.*{PARTIAL_SUFFIX}"):
+            try:
+                partial.unlink()
+                removed += 1
+            except FileNotFoundError:
+                pass
+        return removed
 
     def get(self, principal: Principal, dataset_id: str, owner: str | None = None) -> dict[str, Any]:
         """The dataset's row if `owner` (default: the caller) has it and the caller may see it."""
@@ -111,6 +143,18 @@ class DatasetStore:
 
     def read(self, owner: str, dataset_id: str) -> bytes:
         return self.path(owner, dataset_id).read_bytes()
+
+
+def _lines(body: bytes) -> Iterator[str]:
+    """The body's lines, decoded one at a time: the whole text and a list of its lines would each take as much
+    memory as the body again (a str of non-ASCII text up to four times)."""
+    for number, line in enumerate(io.BytesIO(body), 1):
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ApiError(
+                "invalid_dataset", f"the dataset is not UTF-8 text (line {number}): {exc}"
+            ) from None
 
 
 def _checked_id(dataset_id: str) -> str:

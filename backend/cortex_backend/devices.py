@@ -22,7 +22,7 @@ class Device:
     host: str = ""
     # The models a sub-job on this device may use; None: every model the backend has registered.
     models: frozenset[str] | None = None
-    # The engine sampling sub-jobs on this device run ("transformers" | "vllm"; see samplers.py).
+    # The engine sampling sub-jobs on this device run ("transformers" | "vllm"; see sampler_choice.py).
     sampler: str = "transformers"
 
     def to_json(self) -> dict:

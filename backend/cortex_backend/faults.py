@@ -2,7 +2,7 @@
 
 A corrupted weight transfer or a process killed in the middle of writing a file are real events on
 real machines, but no test can wait for one. A backend started with `--fault-injection NAME` (or
-`NAME=SUB_JOB_ID` to limit it to one sub-job) makes its workers misbehave in that one named way.
+`NAME=SUB_JOB_ID` or `NAME=JOB_ID` to limit it to one sub-job or job) makes its workers misbehave in that one named way.
 Off by default; the backend logs a warning when any fault is on. Never enable it in production.
 """
 
@@ -17,8 +17,10 @@ FAULTS: dict[str, str] = {
     "corrupt_sync_bytes": "a weight-sync target flips one byte of a compressed delta before decoding it",
     "corrupt_sync_full": "a weight-sync target changes one value of full weights after decoding them (the sync fails)",
     "fail_forward_backward": "forward_backward raises an error the engine does not expect (a bug, say)",
+    "nan_loss": "forward_backward's loss (and so its gradients) is NaN, as a bad batch makes it",
     "oom_forward": "forward runs out of device memory",
     "fail_training_loop": "a managed training loop raises an error the engine does not expect after its data loads",
+    "oom_training_loop": "a managed training loop runs out of device memory after its data loads",
 }
 
 
@@ -33,11 +35,11 @@ def parse_fault(value: str) -> str:
 class Faults:
     """The faults active in one sub-job's worker."""
 
-    def __init__(self, specs: Iterable[str] = (), sub_job_id: str = "") -> None:
+    def __init__(self, specs: Iterable[str] = (), sub_job_id: str = "", job_id: str = "") -> None:
         self.active_names: set[str] = set()
         for spec in specs:
             name, _, only = spec.partition("=")
-            if not only or only == sub_job_id:
+            if not only or only in (sub_job_id, job_id):
                 self.active_names.add(name)
 
     def active(self, name: str) -> bool:
@@ -53,3 +55,5 @@ class Faults:
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (fault oom_forward)")
         if operation == "training_loop_data_loaded" and self.active("fail_training_loop"):
             raise RuntimeError("injected failure (fault fail_training_loop)")
+        if operation == "training_loop_data_loaded" and self.active("oom_training_loop"):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (fault oom_training_loop)")

@@ -35,6 +35,12 @@ async def read_message(reader: asyncio.StreamReader) -> tuple[dict[str, Any], by
     return header, blob
 
 
+class ChannelClosed(BaseException):
+    """The service closed the worker's channel (it stopped, or was killed). BaseException so the
+    `except Exception` blocks around operations (which report a failure over the same channel) let it
+    through: the worker then stops quietly instead of printing a BrokenPipeError traceback."""
+
+
 class BlockingChannel:
     """The worker's end: thread-safe sends, blocking receives."""
 
@@ -45,7 +51,10 @@ class BlockingChannel:
     def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
         data = pack(header, blob)
         with self._send_lock:
-            self._sock.sendall(data)
+            try:
+                self._sock.sendall(data)
+            except OSError as exc:  # BrokenPipeError, ConnectionResetError: nobody reads any more
+                raise ChannelClosed(str(exc)) from None
 
     def _read_exactly(self, size: int) -> bytes:
         chunks, remaining = [], size

@@ -18,6 +18,7 @@ from .jobs import JobManager, public_job, queue_key
 from .progress import ProgressBook, progress_key
 from .queue_reasons import QueueReasons
 from .scheduler import Scheduler
+from .stats import job_device_seconds
 from .store import Store
 
 
@@ -47,6 +48,7 @@ class JobViews:
             {"timeout_s": self.jobs.idle_timeout_s(job), "frees_at": idle_until} if idle_until else None
         )
         view["keep_alive_until"] = self.completion.keep_alive_until(job)
+        view["device_seconds"] = round(job_device_seconds(job), 3)
         return view
 
     async def wait(

@@ -8,6 +8,7 @@ admits whoever waits next.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import time
@@ -16,12 +17,14 @@ from typing import Any
 
 from cortex_nb.protocol import states
 from cortex_nb.protocol.errors import ApiError
-from cortex_nb.protocol.schemas.jobs import CreateJob
+from cortex_nb.protocol.priority import DEFAULT_PRIORITY
+from cortex_nb.protocol.schemas.jobs import CreateJob, UpdateJob
 
 from .auth import Principal
-from .executor import Executor, SubJobAssignment
+from .devices import Device
+from .executors.base import Executor, SubJobAssignment
 from .models import ModelCatalog
-from .pagination import parse_cursor, split_page
+from .pagination import ListingFilter, parse_cursor, split_page
 from .scheduler import Scheduler
 from .store import Store
 from .validation import validate_job
@@ -55,6 +58,7 @@ def public_job(job: dict[str, Any]) -> dict[str, Any]:
         "last_activity_at": job["last_activity_at"],
         "idle_timeout_s": job["spec"].get("idle_timeout_s"),
         "labels": job["spec"].get("labels") or {},
+        "priority": job["spec"].get("priority", DEFAULT_PRIORITY),
         "sub_jobs": [
             {
                 "sub_job_id": sub["id"],
@@ -94,6 +98,9 @@ class JobManager:
         self.on_job_ended: list[Callable[[str, str, str | None, str | None], None]] = []
         # Called with the job id when all its sub-jobs are up (a managed loop starts then).
         self.on_job_running: list[Callable[[str], None]] = []
+        # Called with (job_id, code, message) before a job is failed; one that returns True has taken the
+        # failure over (a training run's retry policy, managed_retries.py) and the job does not end.
+        self.failure_handlers: list[Callable[[str, str | None, str | None], bool]] = []
         # Checks beyond the job spec's own (e.g. a training loop's datasets): each returns the spec to keep.
         self.validators: list[Callable[[Principal, dict[str, Any]], dict[str, Any]]] = []
         self._completing: set[str] = set()
@@ -114,12 +121,18 @@ class JobManager:
             raise _not_visible(job_id)
 
     def list(
-        self, principal: Principal, status: str | None, limit: int, cursor: str | None
+        self,
+        principal: Principal,
+        status: str | None,
+        limit: int,
+        cursor: str | None,
+        filters: ListingFilter | None = None,
     ) -> dict[str, Any]:
-        """A page of job records (render each with `JobViews.render`) and the next cursor."""
+        """A page of job records (render each with `JobViews.render`) and the next cursor. `filters` (from
+        `listings.listing_filter`, which settles whose jobs) replaces `status` when given."""
         owner = None if principal.is_admin else principal.owner
         page, next_cursor = split_page(
-            self.store.list_jobs(owner, status, limit + 1, parse_cursor(cursor)), limit
+            self.store.list_jobs(owner, status, limit + 1, parse_cursor(cursor), filters), limit
         )
         return {"jobs": page, "next_cursor": next_cursor}
 
@@ -153,9 +166,8 @@ class JobManager:
                 "this job_id cannot be used; choose another job_id, or omit it to get a fresh one",
                 {"field": "job_id"},
             )
-        slots = len(spec["sub_jobs"])
-        min_memory = int(float((spec.get("hardware") or {}).get("min_memory_gib", 0)) * 2**30)
-        models = frozenset(sub["base_model"] for sub in spec["sub_jobs"])
+        self._check_ranks(spec)
+        slots, min_memory, models = _placement_needs(spec)
         if not self.scheduler.fits_ever(slots, min_memory, models=models):
             missing = self._models_on_no_host(models)
             if missing:
@@ -194,9 +206,45 @@ class JobManager:
             },
             sub_jobs,
         )
-        self.scheduler.enqueue(job_id, slots, min_memory, models=models)
+        job = self.store.get_job(job_id)
+        self.scheduler.enqueue(
+            job_id,
+            slots,
+            min_memory,
+            models=models,
+            priority=spec.get("priority", DEFAULT_PRIORITY),
+            submitted_at=job["created_at"],
+        )
         self.admit()
         return self.store.get_job(job_id)
+
+    def _check_ranks(self, spec: dict[str, Any]) -> None:
+        """A sub-job across devices needs that many devices of one kind: distinct GPUs, or CPU slots."""
+        gpus = [device for device in self.scheduler.devices if device.kind == "cuda"]
+        most = len(gpus) if gpus else sum(device.slots for device in self.scheduler.devices)
+        for index, sub in enumerate(spec["sub_jobs"]):
+            n_gpus = int(sub.get("n_gpus") or 1)
+            if n_gpus > 1 and n_gpus > most:
+                raise ApiError(
+                    "exceeds_capacity",
+                    f"sub_jobs[{index}].n_gpus={n_gpus}: this backend has {most}"
+                    + (" GPU(s)" if gpus else " CPU slot(s)")
+                    + " for the ranks of one sub-job (GET /v1/capacity shows its devices)",
+                    {"field": f"sub_jobs[{index}].n_gpus"},
+                )
+
+    def requeue(self, job: dict[str, Any]) -> None:
+        """Put a stored job back in the queue (a training run resumed after a restart, retried or
+        preempted) at its own priority and submission time; admitted by the next `admit`."""
+        slots, min_memory, models = _placement_needs(job["spec"])
+        self.scheduler.enqueue(
+            job["id"],
+            slots,
+            min_memory,
+            models=models,
+            priority=job["spec"].get("priority", DEFAULT_PRIORITY),
+            submitted_at=job["created_at"],
+        )
 
     def queue_moved(self) -> None:
         """Wake long-polls of waiting jobs: their place in the queue or its reason may have changed."""
@@ -236,7 +284,8 @@ class JobManager:
                 self.scheduler.release(job_id)
                 continue
             self._set_job_status(job_id, states.JOB_STARTING, started_at=time.time())
-            for sub, device in zip(job["sub_jobs"], placement, strict=True):
+            for sub, devices in zip(job["sub_jobs"], _per_sub_job(job["sub_jobs"], placement), strict=True):
+                device = devices[0]
                 self.store.update_sub_job(job_id, sub["id"], status=states.JOB_STARTING, device=device.id)
                 assignment = SubJobAssignment(
                     job_id,
@@ -245,6 +294,7 @@ class JobManager:
                     sub["spec"],
                     self.catalog.get(sub["spec"]["base_model"]),
                     device,
+                    tuple(devices) if len(devices) > 1 else (),
                 )
                 self._spawn(self.executor.start_sub_job(assignment))
 
@@ -276,6 +326,21 @@ class JobManager:
         self.end(job_id, states.JOB_FAILED, code, f"{sub_job_id}: {message}")
 
     # ending -----------------------------------------------------------------------------------
+    def update(self, principal: Principal, job_id: str, body: UpdateJob) -> dict[str, Any]:
+        """Rename a job or replace its labels (the caller's own job, or any for an admin); its state is
+        untouched. A job another owner holds is the same 404 as one that does not exist."""
+        job = self.visible_job(principal, job_id)
+        fields: dict[str, Any] = {}
+        if body.name is not None:
+            fields["name"] = body.name
+        if body.labels is not None:
+            spec = dict(job["spec"])
+            spec["labels"] = dict(body.labels)
+            fields["spec"] = json.dumps(spec)
+        self.store.update_job(job_id, **fields)
+        self.waiters.notify(job_id)
+        return self.visible_job(principal, job_id)
+
     def cancel(self, principal: Principal, job_id: str) -> dict[str, Any]:
         job = self.visible_job(principal, job_id)
         if job["status"] not in states.JOB_TERMINAL:
@@ -304,36 +369,95 @@ class JobManager:
         job = self.store.get_job(job_id)
         if job is None or job["status"] in states.JOB_TERMINAL:
             return
+        if status == states.JOB_FAILED and any(
+            handler(job_id, code, message) for handler in self.failure_handlers
+        ):
+            return
+        # The job's end is one write: refused (disk full, lock held), nothing changed and the caller may retry.
+        with self.store.transaction():
+            for sub in job["sub_jobs"]:
+                if sub["status"] not in states.JOB_TERMINAL:
+                    self.store.update_sub_job(job_id, sub["id"], status=status)
+            self._set_job_status(
+                job_id,
+                status,
+                failure_code=code if status != states.JOB_DONE else None,
+                failure_message=message if status != states.JOB_DONE else None,
+                finished_at=time.time(),
+            )
         self._completing.discard(job_id)
-        self._set_job_status(
-            job_id,
-            status,
-            failure_code=code if status != states.JOB_DONE else None,
-            failure_message=message if status != states.JOB_DONE else None,
-            finished_at=time.time(),
-        )
-        for sub in job["sub_jobs"]:
-            if sub["status"] not in states.JOB_TERMINAL:
-                self.store.update_sub_job(job_id, sub["id"], status=status)
-            self._spawn(self.executor.stop_sub_job(job_id, sub["id"]))
-        for callback in self.on_job_ended:
-            callback(job_id, status, code, message)
-        self.scheduler.release(job_id)
-        self.admit()
+        try:
+            for callback in self.on_job_ended:
+                try:
+                    callback(job_id, status, code, message)
+                except (
+                    Exception
+                ):  # what a callback records is secondary: the devices are freed whatever it meets
+                    log.exception("recording the end of job %s failed", job_id)
+        finally:
+            self.free_devices(job_id)
+
+    def free_devices(self, job_id: str) -> None:
+        """Stop the job's workers and free its device slots once they have exited, not when they are asked
+        to: a worker finishing its operation still holds the device's memory, and the next job would start
+        beside it. Meanwhile the slots show as freeing (queue reasons say so)."""
+        sub_job_ids = [sub["id"] for sub in self.store.sub_jobs(job_id)]
+        self.scheduler.withdraw(job_id)
+        if self.scheduler.placement(job_id) is None:
+            for sub_job_id in sub_job_ids:
+                self._spawn(self.executor.stop_sub_job(job_id, sub_job_id))
+            self.admit()
+            self.queue_moved()
+            return
+        if not self.scheduler.mark_freeing(job_id):
+            return  # already being freed
+        self._spawn(self._free_when_stopped(job_id, sub_job_ids))
         self.queue_moved()
+
+    async def set_aside(self, job_id: str) -> None:
+        """Stop a job's workers and free its device slots without ending it: it is queued again (a managed
+        run retried or preempted). Returns once the slots are free."""
+        sub_job_ids = [sub["id"] for sub in self.store.sub_jobs(job_id)]
+        if self.scheduler.placement(job_id) is None:
+            await asyncio.gather(
+                *(self.executor.stop_sub_job(job_id, sub_job_id) for sub_job_id in sub_job_ids),
+                return_exceptions=True,
+            )
+            return
+        self.scheduler.mark_freeing(job_id)
+        self.queue_moved()
+        await self._free_when_stopped(job_id, sub_job_ids)
+
+    async def _free_when_stopped(self, job_id: str, sub_job_ids: list[str]) -> None:
+        try:
+            await asyncio.gather(
+                *(self.executor.stop_sub_job(job_id, sub_job_id) for sub_job_id in sub_job_ids),
+                return_exceptions=True,
+            )
+        finally:
+            self.scheduler.release(job_id)
+            self.admit()
+            self.queue_moved()
 
     def _set_job_status(self, job_id: str, status: str, **fields: Any) -> None:
         self.store.update_job(job_id, status=status, **fields)
         self.waiters.notify(job_id)
 
     # housekeeping -------------------------------------------------------------------------------
-    def recover_after_restart(self, trained_to_the_end: Callable[[str], bool] = lambda job_id: False) -> int:
+    def recover_after_restart(
+        self,
+        trained_to_the_end: Callable[[str], bool] = lambda job_id: False,
+        resumed: frozenset[str] | set[str] = frozenset(),
+    ) -> int:
         """Jobs that were in flight when the backend stopped cannot continue: fail them, clearly. A job
-        whose training had ended (a managed run sampling in its keep-alive) is marked as it really
-        ended: done. `on_job_ended` callbacks hear of each, as of any job that ends."""
+        whose training had ended (a training run sampling in its keep-alive) is marked as it really
+        ended: done. Training runs queued again by resume.py (`resumed`) are left alone. `on_job_ended`
+        callbacks hear of each, as of any job that ends."""
         stale = self.store.jobs_with_status([states.JOB_PENDING, states.JOB_STARTING, states.JOB_RUNNING])
         failed = 0
         for job in stale:
+            if job["id"] in resumed:
+                continue
             if trained_to_the_end(job["id"]):
                 for sub in job["sub_jobs"]:
                     if sub["status"] not in states.JOB_TERMINAL:
@@ -352,8 +476,7 @@ class JobManager:
                 job["id"],
                 status=states.JOB_FAILED,
                 failure_code="backend_restarted",
-                failure_message="the backend restarted while this job was in flight; create a new job"
-                " (and load a checkpoint, if you saved one)",
+                failure_message=_restarted_message(self.store, job["id"]),
                 finished_at=time.time(),
             )
             for callback in self.on_job_ended:
@@ -366,6 +489,36 @@ class JobManager:
         if timeout is None:
             timeout = self.default_idle_timeout_s
         return float(timeout) if timeout else None
+
+
+def _placement_needs(spec: dict[str, Any]) -> tuple[int, int, frozenset[str]]:
+    """What a job asks of the scheduler: device slots, memory per device, base models."""
+    slots = sum(int(sub.get("n_gpus") or 1) for sub in spec["sub_jobs"])
+    min_memory = int(float((spec.get("hardware") or {}).get("min_memory_gib", 0)) * 2**30)
+    return slots, min_memory, frozenset(sub["base_model"] for sub in spec["sub_jobs"])
+
+
+def _per_sub_job(sub_jobs: list[dict[str, Any]], placement: list[Device]) -> list[list[Device]]:
+    """The placement cut into each sub-job's devices: `n_gpus` slots each, in order."""
+    cut, start = [], 0
+    for sub in sub_jobs:
+        count = int(sub["spec"].get("n_gpus") or 1)
+        cut.append(placement[start : start + count])
+        start += count
+    return cut
+
+
+def _restarted_message(store: Store, job_id: str) -> str:
+    """Why an in-flight job failed at a restart, naming its newest checkpoint to start again from."""
+    rows = store.list_checkpoints(job_id)
+    newest = max(rows, key=lambda row: (row["step"], row["created_at"]), default=None)
+    if newest is None:
+        return "the backend restarted while this job was in flight; create a new job and submit again"
+    return (
+        f"the backend restarted while this job was in flight; create a new job and load its newest"
+        f" checkpoint {newest['id']!r} (step {newest['step']}, {newest['type']}) with"
+        f" load(checkpoint_id={newest['id']!r}, source_job_id={job_id!r})"
+    )
 
 
 def _no_host_message(models: list[str]) -> str:

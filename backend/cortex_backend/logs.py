@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cortex_nb.redaction import redact
+from cortex_nb.protocol.redaction import redact
 
 from .store import Store
 from .waiters import Waiters

@@ -6,6 +6,7 @@ directories whose weights are safetensors and whose config asks for no remote co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from dataclasses import dataclass
@@ -13,8 +14,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from cortex_nb.model_names import RULE, is_model_name
 from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.model_names import RULE, is_model_name
+from cortex_nb.protocol.quantization import QUANTIZATIONS
 
 from .tokenizer import ByteTokenizer, FileTokenizer, Tokenizer
 
@@ -47,6 +49,8 @@ class ModelInfo:
     kind: str  # "builtin" | "local"
     path: Path | None
     config: dict[str, Any]
+    # How the base's weights are held: None (the device's precision), "nf4" or "int8" (QLoRA).
+    quantization: str | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -82,11 +86,13 @@ class ModelInfo:
             "kind": self.kind,
             "path": str(self.path) if self.path else None,
             "config": self.config,
+            "quantization": self.quantization,
         }
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> ModelInfo:
-        return cls(data["name"], data["kind"], Path(data["path"]) if data["path"] else None, data["config"])
+        path = Path(data["path"]) if data["path"] else None
+        return cls(data["name"], data["kind"], path, data["config"], data.get("quantization"))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +103,7 @@ class ModelInfo:
             "max_positions": self.max_positions,
             "hidden_size": self.config.get("hidden_size") or self.config.get("n_embd"),
             "num_layers": self.config.get("num_hidden_layers") or self.config.get("n_layer"),
+            "quantization": self.quantization,
         }
 
 
@@ -140,10 +147,20 @@ def inspect_model_dir(name: str, path: Path) -> ModelInfo:
 
 
 class ModelCatalog:
-    def __init__(self, registered: dict[str, Path]) -> None:
-        self._models: dict[str, ModelInfo] = {TINY: ModelInfo(TINY, "builtin", None, dict(TINY_CONFIG))}
+    def __init__(self, registered: dict[str, Path], quantize: dict[str, str] | None = None) -> None:
+        """`quantize` maps a model name (registered here, or `tiny`) to how its base is held."""
+        quantize = dict(quantize or {})
+        unknown = sorted(set(quantize) - set(registered) - {TINY})
+        if unknown:
+            raise ValueError(f"--quantize names models that are not registered: {unknown}")
+        for name, kind in quantize.items():
+            if kind not in QUANTIZATIONS:
+                raise ValueError(f"--quantize {name}={kind}: use one of {list(QUANTIZATIONS)}")
+        tiny = ModelInfo(TINY, "builtin", None, dict(TINY_CONFIG), quantize.get(TINY))
+        self._models: dict[str, ModelInfo] = {TINY: tiny}
         for name, path in registered.items():
-            self._models[name] = inspect_model_dir(name, path)
+            info = inspect_model_dir(name, path)
+            self._models[name] = dataclasses.replace(info, quantization=quantize.get(name))
         self._own = set(self._models)
         self._tokenizers: dict[str, Tokenizer] = {}
 

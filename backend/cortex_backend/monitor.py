@@ -28,7 +28,7 @@ from .devices import Device
 from .store import Store
 
 if TYPE_CHECKING:
-    from .executor import DeviceSampler
+    from .executors.base import DeviceSampler
 
 log = logging.getLogger("cortex_backend.monitor")
 
@@ -241,15 +241,18 @@ class Monitor:
                 measured = {name: workers[name] for name in sample["sub_jobs"] if name in workers}
                 if measured:
                     sample["workers"] = measured
+        with self._lock:
+            for sample in samples:
+                self._latest[sample["device"]] = sample
+            self.samples_taken += len(samples)
+        if self.store is not None:
+            # Published first: a store that refuses writes (disk full, lock held) loses the history, not the
+            # live reading.
             self.store.add_device_samples(samples)
             now = time.monotonic()
             if now - self._last_trim >= TRIM_EVERY_S:
                 self._last_trim = now
                 self.store.trim_device_samples(time.time() - self.retention_s)
-        with self._lock:
-            for sample in samples:
-                self._latest[sample["device"]] = sample
-            self.samples_taken += len(samples)
         return samples
 
     def _read_workers(self, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

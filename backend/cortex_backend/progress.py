@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cortex_nb.protocol import states
-from cortex_nb.series import CHART_POINTS, DecimatedSeries
+from cortex_nb.protocol.series import CHART_POINTS, DecimatedSeries
 
 from .store import Store
 
@@ -59,7 +59,22 @@ class ProgressRecord:
         self.weight_version: int | None = None
         self.history = DecimatedSeries(CHART_POINTS)
         self.eval_history = DecimatedSeries(CHART_POINTS)
+        # RL losses: the last step's |sampler logprob - trainer logprob| over its sampled tokens, and its curve.
+        self.sampler_mismatch_mean: float | None = None
+        self.sampler_mismatch_max: float | None = None
+        self.mismatch_history = DecimatedSeries(CHART_POINTS)
+        # A training run's device-seconds budget, the job's device-seconds at its last step, and where the
+        # budget stopped it (training_loops.py).
+        self.budget_device_s: float | None = None
+        self.device_seconds_at_step: float | None = None
+        self.budget_stop: dict[str, Any] | None = None
         self.samples: dict[str, Any] | None = None
+        # Set when the run came back after a backend restart (resume.py): checkpoint, step, lost steps.
+        self.resumed: dict[str, Any] | None = None
+        # A training run's attempts under its retry policy (managed_retries.py), and its preemptions
+        # (preemption.py): both outlive the requeue that follows them.
+        self.attempts: list[dict[str, Any]] = []
+        self.preemptions: list[dict[str, Any]] = []
         self.updated_at = time.time()
         self._rate: deque[tuple[float, int, int]] = deque(maxlen=RATE_WINDOW + 1)
         # forward_backward results since the last step: a step closes them into one point.
@@ -103,6 +118,11 @@ class ProgressRecord:
         self._tokens = 0
         if self.source == states.PROGRESS_PRIMITIVE and self.phase == states.PHASE_WAITING:
             self.phase = states.PHASE_TRAINING
+
+    def record_mismatch(self, step: int, mean: float, largest: float) -> None:
+        """A step's sampler-vs-trainer logprob gap (as the trainer reports it with the step)."""
+        self.sampler_mismatch_mean, self.sampler_mismatch_max = float(mean), float(largest)
+        self.mismatch_history.append(int(step), float(mean))
 
     def record_eval(self, step: int, summed_loss: float, weights: float) -> None:
         if weights > 0:
@@ -151,7 +171,7 @@ class ProgressRecord:
         return (s1 - s0) / (t1 - t0), (k1 - k0) / (t1 - t0)
 
     def eta_s(self) -> float | None:
-        """Seconds left of a managed run's training, at the recent pace; None when unknown."""
+        """Seconds left of a training run's training, at the recent pace; None when unknown."""
         steps_per_s, _ = self.rates()
         if self.phase == states.PHASE_TRAINING and self.total_steps and steps_per_s:
             return max(self.total_steps - self.step, 0) / steps_per_s
@@ -183,9 +203,50 @@ class ProgressRecord:
             "eval_history": [
                 {"step": _step(x), "eval_loss_per_token": y} for x, y in self.eval_history.points()
             ],
+            "sampler_mismatch_mean": self.sampler_mismatch_mean,
+            "sampler_mismatch_max": self.sampler_mismatch_max,
+            "budget_device_s": self.budget_device_s,
+            "budget_stop": self.budget_stop,
+            "mismatch_history": [
+                {"step": _step(x), "sampler_mismatch_mean": y} for x, y in self.mismatch_history.points()
+            ],
             "samples": self.samples,
+            "resumed": self.resumed,
+            "attempts": list(self.attempts),
+            "preemptions": list(self.preemptions),
             "updated_at": self.updated_at,
         }
+
+    @classmethod
+    def continued(cls, stored: dict[str, Any], step: int, resumed: dict[str, Any]) -> ProgressRecord:
+        """A run's record read back after a restart, cut at `step` (where its checkpoint is): the curve
+        and counters go on from there, and what was trained after it is dropped (it is trained again)."""
+        record = cls(stored.get("source") or states.PROGRESS_MANAGED)
+        record.phase = states.PHASE_WAITING
+        record.step = record.weight_version = int(step)
+        record.total_steps = stored.get("total_steps")
+        record.started_at = stored.get("started_at")
+        for point in stored.get("history") or []:
+            if point["step"] <= step and point["loss_per_token"] is not None:
+                record.history.append(point["step"], point["loss_per_token"])
+                record.loss_per_token = point["loss_per_token"]
+        for point in stored.get("eval_history") or []:
+            if point["step"] <= step and point["eval_loss_per_token"] is not None:
+                record.eval_history.append(point["step"], point["eval_loss_per_token"])
+                record.eval_step, record.eval_loss_per_token = point["step"], point["eval_loss_per_token"]
+        was_at = int(stored.get("step") or 0)
+        tokens = int(stored.get("tokens") or 0)
+        # Tokens of the dropped steps are not known one by one: scale by the steps kept.
+        record.tokens = tokens if was_at <= step else int(tokens * step / max(was_at, 1))
+        samples = stored.get("samples")
+        record.samples = samples if samples and samples.get("step", 0) <= step else None
+        if stored.get("last_checkpoint_step") is not None and stored["last_checkpoint_step"] <= step:
+            record.last_checkpoint = stored.get("last_checkpoint")
+            record.last_checkpoint_step = stored["last_checkpoint_step"]
+        record.resumed = resumed
+        record.attempts = list(stored.get("attempts") or [])
+        record.preemptions = list(stored.get("preemptions") or [])
+        return record
 
 
 class ProgressBook:
@@ -199,6 +260,11 @@ class ProgressBook:
 
     def get(self, job_id: str) -> ProgressRecord | None:
         return self._records.get(job_id)
+
+    def put(self, job_id: str, record: ProgressRecord) -> None:
+        """Hold `record` as the job's (a run resumed after a restart) and write it out."""
+        self._records[job_id] = record
+        self.changed(job_id, persist=True)
 
     def start(self, job_id: str, source: str) -> ProgressRecord:
         record = self._records.get(job_id)
@@ -273,6 +339,10 @@ def fold_request(book: ProgressBook, request: dict[str, Any], result: dict[str, 
         return  # a point appears at the step that closes it
     if request["op"] == "step" and "step" in result:
         record.record_step(int(result["step"]))
+        if result.get("sampler_mismatch_mean") is not None:
+            record.record_mismatch(
+                int(result["step"]), result["sampler_mismatch_mean"], result["sampler_mismatch_max"]
+            )
     elif request["op"] == "save" and result.get("checkpoint_id"):
         record.record_checkpoint(result["checkpoint_id"], int(result.get("step") or 0))
     book.changed(job_id)

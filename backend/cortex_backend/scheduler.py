@@ -1,7 +1,9 @@
 """Device admission: which job's sub-jobs run where, and who waits.
 
-Strict first-in, first-out: a job that does not fit blocks the ones behind it, so a large job is
-never starved by a stream of small ones. Each sub-job takes one slot on one device; a job's
+The queue is ordered by priority band, then submission time (`cortex_nb.protocol.priority`: waiting
+raises a holder's band, so a low band is never starved). Admission walks that order and stops at the
+first holder that does not fit, which blocks the ones behind it, so a large job is never starved by a
+stream of small ones. Each sub-job takes one slot on one device; a job's
 sub-jobs are kept on one device when they fit there (trainer and sampler share weights cheaply).
 
 On a cluster (the Ray executor) devices come and go with their hosts (`set_devices`), and a device
@@ -14,25 +16,44 @@ a kind other than "job" are handed to that kind's admission listener instead of 
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
+
+from cortex_nb.protocol.priority import DEFAULT_AGING_S, DEFAULT_PRIORITY, effective_priority
 
 from .devices import Device
 
 
 class Scheduler:
-    def __init__(self, devices: list[Device]) -> None:
+    def __init__(
+        self,
+        devices: list[Device],
+        aging_s: float = DEFAULT_AGING_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.devices = list(devices)
+        self.aging_s = aging_s
+        self.clock = clock
         self._used: dict[str, int] = {device.id: 0 for device in devices}
         # holder -> the models it needs (jobs; empty for source runs)
         self._models: dict[str, frozenset[str]] = {}
         self._placements: dict[str, list[Device]] = {}
         self._pending: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        # holder -> (priority, submitted at): the queue's order (`queue_order`)
+        self._priority: dict[str, tuple[int, float]] = {}
         # Source runs ---------------------------------------------------------------------------
         self._kinds: dict[str, str] = {}
         self._exclusive: set[str] = set()
+        # Holders that ended and whose workers are still stopping (their slots are not free yet).
+        self._freeing: set[str] = set()
+        # Bumped by every change of the queue or the placements (what a cached view of them is keyed on).
+        self.version = 0
         # kind -> called with (holder_id, placement) when a holder of that kind is admitted.
         self.admission_listeners: dict[str, Callable[[str, list[Device]], None]] = {}
+        # Called with the first holder in line that did not fit, once `admit` has settled the queue
+        # (preemption.py may make room for it).
+        self.on_blocked: Callable[[str], None] | None = None
 
     @property
     def total_slots(self) -> int:
@@ -64,10 +85,15 @@ class Scheduler:
         kind: str = "job",
         exclusive: bool = False,
         models: frozenset[str] = frozenset(),
+        priority: int = DEFAULT_PRIORITY,
+        submitted_at: float | None = None,
     ) -> None:
         """Queue a holder. `exclusive`: `slots` distinct GPUs, each taken whole (source runs on GPUs).
-        `models`: only devices serving all of them are eligible."""
+        `models`: only devices serving all of them are eligible. `priority` 0-9 and `submitted_at`
+        (default: now) place it in the queue."""
+        self.version += 1
         self._pending[holder_id] = (slots, min_memory_bytes)
+        self._priority[holder_id] = (priority, self.clock() if submitted_at is None else submitted_at)
         self._kinds[holder_id] = kind
         if models:
             self._models[holder_id] = frozenset(models)
@@ -76,7 +102,9 @@ class Scheduler:
 
     def withdraw(self, holder_id: str) -> None:
         """Forget a pending holder (cancelled before it started)."""
+        self.version += 1
         self._pending.pop(holder_id, None)
+        self._priority.pop(holder_id, None)
         self._kinds.pop(holder_id, None)
         self._exclusive.discard(holder_id)
         self._models.pop(holder_id, None)
@@ -84,19 +112,46 @@ class Scheduler:
     def is_pending(self, holder_id: str) -> bool:
         return holder_id in self._pending
 
+    def priority_of(self, holder_id: str) -> tuple[int, int, float] | None:
+        """(priority, effective priority now, submitted at) of a pending holder."""
+        if holder_id not in self._priority:
+            return None
+        priority, submitted_at = self._priority[holder_id]
+        return (
+            priority,
+            effective_priority(priority, self.clock() - submitted_at, self.aging_s),
+            submitted_at,
+        )
+
+    def queue_order(self) -> list[str]:
+        """Pending holders, first in line first: highest effective priority, then oldest submission (then
+        the order they were queued in)."""
+        now = self.clock()
+        ranked = []
+        for index, holder_id in enumerate(self._pending):
+            priority, submitted_at = self._priority.get(holder_id, (DEFAULT_PRIORITY, now))
+            band = effective_priority(priority, now - submitted_at, self.aging_s)
+            ranked.append((-band, submitted_at, index, holder_id))
+        ranked.sort()
+        return [holder_id for *_, holder_id in ranked]
+
     def admit(self) -> list[tuple[str, list[Device]]]:
-        """Place pending holders in order until the first that does not fit."""
+        """Place pending holders in queue order until the first that does not fit."""
+        self.version += 1
         admitted = []
         others: list[tuple[str, str, list[Device]]] = []
-        while self._pending:
-            holder_id, (slots, min_memory_bytes) = next(iter(self._pending.items()))
+        blocked: str | None = None
+        for holder_id in self.queue_order():
+            slots, min_memory_bytes = self._pending[holder_id]
             if holder_id in self._exclusive:
                 placement = self._place_exclusive(slots, min_memory_bytes)
             else:
                 placement = self._place(slots, min_memory_bytes, self._models.get(holder_id, frozenset()))
             if placement is None:
+                blocked = holder_id
                 break
-            self._pending.popitem(last=False)
+            del self._pending[holder_id]
+            self._priority.pop(holder_id, None)
             self._exclusive.discard(holder_id)
             self._models.pop(holder_id, None)
             for device in placement:
@@ -110,11 +165,27 @@ class Scheduler:
         # Listeners run after the queue is settled: they may release or admit in turn.
         for kind, holder_id, placement in others:
             self.admission_listeners[kind](holder_id, placement)
+        if blocked is not None and self.on_blocked is not None:
+            self.on_blocked(blocked)
         return admitted
+
+    def mark_freeing(self, holder_id: str) -> bool:
+        """A placed holder ended and its workers are stopping: its slots stay held until `release`. False
+        when it holds none or is already freeing."""
+        self.version += 1
+        if holder_id not in self._placements or holder_id in self._freeing:
+            return False
+        self._freeing.add(holder_id)
+        return True
+
+    def is_freeing(self, holder_id: str) -> bool:
+        return holder_id in self._freeing
 
     def release(self, holder_id: str) -> bool:
         """Free a holder's slots; returns whether it held any."""
+        self.version += 1
         self.withdraw(holder_id)
+        self._freeing.discard(holder_id)
         placement = self._placements.pop(holder_id, None)
         if placement is None:
             return False
@@ -123,13 +194,17 @@ class Scheduler:
         self._forget_departed()
         return True
 
+    def placed_holders(self) -> list[str]:
+        """Holders placed on devices now, in the order they were admitted."""
+        return list(self._placements)
+
     def placement(self, holder_id: str) -> list[Device] | None:
         return self._placements.get(holder_id)
 
     # why a holder waits ------------------------------------------------------------------------
     def pending_holders(self) -> list[str]:
         """Holders waiting, first in line first."""
-        return list(self._pending)
+        return self.queue_order()
 
     def request_of(self, holder_id: str) -> tuple[int, int, bool] | None:
         """(slots, min_memory_bytes, exclusive) a pending holder asks for."""
@@ -231,6 +306,7 @@ class Scheduler:
     def set_devices(self, devices: list[Device]) -> None:
         """Serve these devices from now on. Holders placed on a device that is gone keep their count
         until released (the executor fails their sub-jobs); nothing new is placed there."""
+        self.version += 1
         self.devices = list(devices)
         for device in devices:
             self._used.setdefault(device.id, 0)

@@ -21,6 +21,7 @@ from pathlib import Path
 import tornado.httpserver
 import tornado.netutil
 
+from cortex_nb.protocol.process_identity import process_start
 from cortex_nb.protocol.versions import API_VERSION, __version__
 
 from . import log_limits
@@ -29,7 +30,7 @@ from .auth import ensure_user_token
 from .compat import url_specs as face_url_specs
 from .config import BackendSettings
 from .connections import GuardedHTTPServer, raise_descriptor_limit
-from .samplers import sampler_note
+from .sampler_choice import sampler_note
 from .service import Service
 from .tls import SELF_SIGNED, TlsFiles, plaintext_warning, self_signed_files, server_context
 
@@ -74,12 +75,10 @@ async def run(settings: BackendSettings) -> None:
     )
     # Leave descriptors for the store, workers and runs whatever the cap says.
     server.max_connections = max(16, min(settings.max_connections, descriptors // 2))
+    server.max_connections_per_address = settings.max_connections_per_address
+    server.first_line_timeout_s = settings.http_first_line_timeout_s
     port = _listen(server, settings.host, settings.port)
     url = f"{'https' if files else 'http'}://{settings.host}:{port}"
-    # Local clients (Client.local(), the Jupyter extension) pin the fingerprint instead of trusting any certificate.
-    write_endpoint(
-        settings, url, files.fingerprint() if files is not None else None, service.executor.describe()
-    )
     devices = ", ".join(f"{d.id} ({d.name}, {d.slots} slots)" for d in service.devices)
     log.info(
         "cortex-nb backend %s listening on %s; devices: %s; models: %s",
@@ -94,6 +93,11 @@ async def run(settings: BackendSettings) -> None:
         print(
             f'TLS certificate {files.cert}; clients pin it with verify = "{files.fingerprint()}"', flush=True
         )
+    # Published last, so whoever waits for the endpoint file also finds the lines above already printed.
+    # Local clients (Client.local(), the Jupyter extension) pin the fingerprint instead of trusting any certificate.
+    write_endpoint(
+        settings, url, files.fingerprint() if files is not None else None, service.executor.describe()
+    )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -105,9 +109,27 @@ async def run(settings: BackendSettings) -> None:
     await stop.wait()
     for watcher in watchers:
         watcher.cancel()
+    await _drain(service, settings.drain_grace_s)
     server.stop()
     await service.stop()
     _remove_own_endpoint(settings.endpoint_path)
+
+
+async def _drain(service: Service, grace_s: float) -> None:
+    """Drain before stopping (drain.py), still answering HTTP meanwhile; a second SIGTERM or SIGINT
+    cuts the drain short."""
+    loop = asyncio.get_running_loop()
+    again = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, again.set)
+    print(f"cortex-nb backend draining (at most {grace_s:.0f}s; signal again to stop now)", flush=True)
+    draining = asyncio.create_task(service.drain.run(grace_s))
+    interrupted = asyncio.create_task(again.wait())
+    await asyncio.wait((draining, interrupted), return_when=asyncio.FIRST_COMPLETED)
+    interrupted.cancel()
+    if not draining.done():
+        log.warning("stopping now: the drain was interrupted by a second signal")
+        draining.cancel()
 
 
 def write_endpoint(
@@ -118,6 +140,10 @@ def write_endpoint(
     endpoint = {
         "url": url,
         "pid": os.getpid(),
+        # Who a client may trust with a token, and signal: this process (by its start time) and a listener
+        # that proves it knows the nonce (cortex_nb/local_identity.py, cortex_nb/protocol/backend_proof.py).
+        "pid_start": process_start(os.getpid()),
+        "nonce": settings.endpoint_nonce,
         "token_file": str(settings.user_token_path),
         "admin_token_file": str(settings.admin_token_path),
         "version": __version__,

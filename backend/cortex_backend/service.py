@@ -17,6 +17,8 @@ from typing import Any
 from cortex_nb.protocol import states
 
 from .auth import ensure_admin_token
+from .checkpoint_expiry import CheckpointExpiry
+from .checkpoint_storage import CheckpointStorage
 from .checkpoints import CheckpointManager
 from .completion import Completion
 from .config import BackendSettings
@@ -24,19 +26,31 @@ from .data_plane import RequestManager
 from .datasets import DatasetStore
 from .device_metrics import DeviceMetrics
 from .devices import Device
+from .drain import Drain
 from .events import EventFeed
-from .executor import Executor, create_executor
+from .executors.base import Executor
+from .executors.choice import create_executor
 from .job_views import JobViews
 from .jobs import JobManager
+from .lineage import Lineage
 from .logs import LogBook, run_log_key
+from .managed_retries import ManagedRetries
 from .models import ModelCatalog, ModelInfo
 from .monitor import Monitor
 from .operator_metrics import LiveState, OperatorMetrics
+from .parking import Parking
+from .preemption import Preemption
+from .priorities import job_priority_validator
 from .progress import ProgressBook, fold_request
+from .rate_limits import PerTokenRate
+from .resume import Resumer
+from .router_replays import RouterReplays
 from .runs.manager import RunManager
 from .scheduler import Scheduler
+from .storage_faults import HeldReports, StorageReserve, is_storage_error
 from .store import Store
 from .telemetry import TelemetrySink
+from .token_streams import TokenStreams
 from .training_loops import TrainingLoops
 from .uploads import UploadStore
 from .weight_syncs import WeightSyncCoordinator
@@ -44,6 +58,8 @@ from .weight_syncs import WeightSyncCoordinator
 log = logging.getLogger("cortex_backend.service")
 
 HOUSEKEEPING_S = 60.0
+STORE_BUSY_TIMEOUT_MS = 50
+STORAGE_RESERVE_NAME = "storage-reserve"
 # Finished jobs or runs forgotten per housekeeping round at most (each round is a few short transactions).
 HISTORY_BATCH = 200
 
@@ -56,16 +72,24 @@ class Service:
         # may enter. mkdir's default left the SQLite file readable by every local user.
         with contextlib.suppress(OSError):
             settings.data_dir.chmod(0o700)
-        self.store = Store(settings.db_path)
-        self.catalog = ModelCatalog(settings.models)
+        # Writes wait for another process's database lock only briefly: most are made on the IO loop, and a
+        # refused one is retried (reports) or answered 503 (requests) instead of freezing every client.
+        self.store = Store(settings.db_path, busy_timeout_ms=STORE_BUSY_TIMEOUT_MS)
+        self.storage_reserve = StorageReserve(settings.data_dir / STORAGE_RESERVE_NAME)
+        self.held_reports = HeldReports(settings.storage_retry_s, self._storage_gave_up)
+        self.catalog = ModelCatalog(settings.models, settings.quantize)
         self.executor = executor or create_executor(settings, self)
         self.devices = self.executor.current_devices()
-        self.scheduler = Scheduler(self.devices)
+        self.scheduler = Scheduler(self.devices, aging_s=settings.queue_aging_s)
         self.jobs = JobManager(
             self.store, self.catalog, self.scheduler, self.executor, settings.idle_timeout_s
         )
+        self.jobs.validators.append(job_priority_validator(settings.token_max_priority))
         self.checkpoints = CheckpointManager(
-            self.store, settings.checkpoints_dir, settings.checkpoint_quota_bytes
+            self.store,
+            settings.checkpoints_dir,
+            settings.checkpoint_quota_bytes,
+            settings.checkpoint_min_ttl_s,
         )
         self.weight_sync = WeightSyncCoordinator(self.executor)
         self.requests = RequestManager(
@@ -75,8 +99,10 @@ class Service:
             self.executor,
             checkpoints=self.checkpoints,
             weight_sync=self.weight_sync,
+            router_replays=RouterReplays(settings.router_replay_cache_bytes),
         )
         self.logs = LogBook(self.store, settings.log_retention_lines)
+        self.token_streams = TokenStreams()
         self.uploads = UploadStore(settings.uploads_dir, settings.upload_quota_bytes, settings.upload_ttl_s)
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.waiters.notify(job_id))
         self.runs = RunManager(
@@ -90,8 +116,11 @@ class Service:
         self._sweeper: asyncio.Task | None = None
         # managed training: datasets, loops in the training worker, progress records, freeing devices
         self.progress = ProgressBook(self.store, self.jobs.waiters.notify)
+        # A parked client's own save and load (parking.py) are not the user's: its record ignores them.
         self.requests.on_succeeded.append(
-            lambda request, result: fold_request(self.progress, request, result)
+            lambda request, result: (
+                None if self.parking.owns(request["id"]) else fold_request(self.progress, request, result)
+            )
         )
         self.jobs.on_job_ended.append(lambda job_id, status, *_: self.progress.job_ended(job_id, status))
         self.datasets = DatasetStore(self.store, settings.datasets_dir, settings.dataset_quota_bytes)
@@ -105,8 +134,48 @@ class Service:
             self.progress,
             self.system_log_line,
         )
+        # surviving a stop: SIGTERM drains (drain.py); the next start resumes training runs (resume.py)
+        self.drain = Drain(self.store, self.executor, self.requests, self.training_loops)
+        self.jobs.validators.insert(0, self.drain.refuse_new_job)
+        self.requests.admission_checks.insert(0, self.drain.refuse_request)
+        self.resumer = Resumer(
+            self.store, self.jobs, self.checkpoints, self.progress, self.training_loops, self.system_log_line
+        )
+        # a training run's retry policy, and preemption of low-priority runs (--preempt-below)
+        self.managed_retries = ManagedRetries(
+            self.store,
+            self.jobs,
+            self.requests,
+            self.training_loops,
+            self.progress,
+            self.resumer,
+            self.system_log_line,
+        )
+        self.preemption = Preemption(
+            settings.preempt_below,
+            self.store,
+            self.scheduler,
+            self.executor,
+            self.jobs,
+            self.requests,
+            self.training_loops,
+            self.progress,
+            self.resumer,
+            self.system_log_line,
+        )
+        # idle Tinker training clients give their device slot back (--park-idle-s)
+        self.parking = Parking(
+            settings.park_idle_s,
+            self.store,
+            self.jobs,
+            self.requests,
+            self.checkpoints,
+            self.system_log_line,
+        )
         self.completion = Completion(self.store, self.jobs, self.requests, self.progress, self.training_loops)
         self.job_views = JobViews(self.store, self.scheduler, self.jobs, self.progress, self.completion)
+        self.checkpoint_storage = CheckpointStorage(self.store, self.jobs, self.checkpoints)
+        self.lineage = Lineage(self.store, self.jobs, self.progress)
         # observability
         self.monitor = Monitor(
             self.store,
@@ -131,17 +200,25 @@ class Service:
         self.telemetry = TelemetrySink(self.operator_metrics)
         self.jobs.on_job_ended.append(lambda job_id, *_: self.logs.forget(job_id))
         self._housekeeper: asyncio.Task | None = None
+        self.checkpoint_expiry = CheckpointExpiry(self.store, self.checkpoints, self.system_log_line)
+        self._expiry_sweeper: asyncio.Task | None = None
+        self._parking_sweeper: asyncio.Task | None = None
+        self.speedtest_rate = PerTokenRate(settings.speedtest_per_minute, 60.0, "the link speed test")
 
     async def start(self) -> None:
         ensure_admin_token(self.store, self.settings.admin_token_path)
+        await asyncio.to_thread(self.storage_reserve.restore)
         self.uploads.clear()
         self.checkpoints.recover()
+        if removed := self.datasets.remove_partial_files():
+            log.warning("removed %d partial dataset upload(s) left by the last run", removed)
         if self.settings.fault_injection:
             log.warning(
                 "FAULT INJECTION IS ON (%s): this backend is for tests only",
                 ", ".join(self.settings.fault_injection),
             )
-        failed = self.jobs.recover_after_restart(self._trained_to_the_end)
+        resumed = self.resumer.resume_after_restart()
+        failed = self.jobs.recover_after_restart(self._trained_to_the_end, resumed)
         self.requests.recover_after_restart()
         if failed:
             log.warning(
@@ -149,17 +226,23 @@ class Service:
             )
         await self.runs.start()
         await self.executor.start()
+        if resumed:
+            self.jobs.admit()
         self._sweeper = asyncio.create_task(self._sweep_idle_jobs())
         self.monitor.start()
         self._housekeeper = asyncio.create_task(self._housekeeping())
+        self._expiry_sweeper = asyncio.create_task(self._sweep_expired_checkpoints())
+        if self.parking.enabled:
+            self._parking_sweeper = asyncio.create_task(self.parking.run())
 
     async def stop(self) -> None:
-        for task in (self._sweeper, self._housekeeper):
+        for task in (self._sweeper, self._housekeeper, self._expiry_sweeper, self._parking_sweeper):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.events.stop()
+        await self.held_reports.stop()
         await self.runs.stop()
         self.monitor.stop()  # before the executor: a cluster's samples are read through it
         await self.executor.shutdown()
@@ -190,6 +273,7 @@ class Service:
                     log.exception("%s failed", name)
             try:
                 await asyncio.to_thread(self.uploads.sweep)
+                await asyncio.to_thread(self.storage_reserve.restore)
             except Exception:
                 log.exception("upload sweep failed")
             await asyncio.sleep(interval)
@@ -208,17 +292,31 @@ class Service:
                 self.settings.history_retention_s / 86400,
             )
 
+    async def _sweep_expired_checkpoints(self) -> None:
+        while True:
+            await asyncio.sleep(self.checkpoint_expiry.interval_s)
+            try:
+                self.checkpoint_expiry.sweep()
+            except Exception:
+                log.exception("checkpoint expiry sweep failed")
+
     async def _sweep_idle_jobs(self) -> None:
         while True:
             await asyncio.sleep(self.settings.idle_sweep_s)
             try:
                 self.completion.sweep()
+                # Aging reorders the queue with no event: a holder that now leads and fits starts here.
+                self.jobs.admit()
             except Exception:
                 log.exception("idle sweep failed")
 
     def capacity(self) -> dict[str, Any]:
         """Devices and slots (summed and per host), and the executor that runs sub-jobs on them."""
-        return {**self.scheduler.capacity(), "executor": self.executor.describe()}
+        return {
+            **self.scheduler.capacity(),
+            "executor": self.executor.describe(),
+            "source_runs": self.runs.sandbox_view(),
+        }
 
     def _trained_to_the_end(self, job_id: str) -> bool:
         """After a restart: was this job's training over (a keep-alive cut short), so that it is done?"""
@@ -239,26 +337,55 @@ class Service:
         return bool(self.store.jobs_with_status(active) or self.store.runs_with_status(active))
 
     # ExecutorListener ---------------------------------------------------------------------------
+    # Every report about a job goes through `held_reports`: applied now, or held in order and retried while
+    # the store refuses writes; it never raises into the executor's reader.
     def sub_job_ready(self, job_id: str, sub_job_id: str, info: dict[str, Any]) -> None:
-        self.jobs.sub_job_ready(job_id, sub_job_id, info)
+        self.held_reports.deliver(job_id, self.jobs.sub_job_ready, job_id, sub_job_id, info)
 
     def sub_job_failed(self, job_id: str, sub_job_id: str, code: str, message: str) -> None:
-        self.jobs.sub_job_failed(job_id, sub_job_id, code, message)
+        self.held_reports.deliver(job_id, self.jobs.sub_job_failed, job_id, sub_job_id, code, message)
 
     def request_started(self, job_id: str, request_id: str) -> None:
-        self.requests.started(job_id, request_id)
+        self.held_reports.deliver(job_id, self.requests.started, job_id, request_id)
 
     def request_finished(self, job_id: str, request_id: str, message: dict[str, Any], blob: bytes) -> None:
-        self.requests.finished(job_id, request_id, message, blob)
+        self.held_reports.deliver(job_id, self.requests.finished, job_id, request_id, message, blob)
 
     def log_lines(self, job_id: str, sub_job_id: str, stream: str, lines: list[tuple[float, str]]) -> None:
-        self.logs.append(job_id, sub_job_id, stream, lines)
+        self.held_reports.deliver(job_id, self.logs.append, job_id, sub_job_id, stream, lines, droppable=True)
 
     def sync_message(self, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes) -> None:
-        self.weight_sync.route(job_id, sub_job_id, header, blob)
+        self.held_reports.deliver(job_id, self.weight_sync.route, job_id, sub_job_id, header, blob)
 
     def loop_message(self, job_id: str, sub_job_id: str, header: dict[str, Any]) -> None:
-        self.training_loops.on_message(job_id, sub_job_id, header)
+        self.held_reports.deliver(job_id, self.training_loops.on_message, job_id, sub_job_id, header)
+
+    def request_tokens(self, job_id: str, request_id: str, samples: list[dict[str, Any]]) -> None:
+        # Live news for a streaming reply, never stored: nothing to hold while the store refuses writes.
+        self.token_streams.feed(request_id, samples)
+
+    def _storage_gave_up(self, job_id: str, error: BaseException) -> None:
+        """The store refused a job's writes for `storage_retry_s`: fail the job, keeping what was recorded,
+        and free its devices. On a full disk the reserve is given up so that the failure can be recorded."""
+        message = (
+            f"the backend could not record this job's progress for {self.settings.storage_retry_s:g} s"
+            f" ({error}); what was recorded before is kept. Free space in the backend's data dir (or end"
+            " what holds its database lock), then create a new job (and load its last checkpoint)"
+        )
+        log.error("job %s failed: storage_unavailable (%s)", job_id, error)
+        self.storage_reserve.release()
+        try:
+            self.jobs.end(job_id, states.JOB_FAILED, "storage_unavailable", message)
+            return
+        except Exception as exc:
+            if not is_storage_error(exc):
+                raise
+            log.error("could not record the failure of job %s (%s); freeing its devices anyway", job_id, exc)
+        self.jobs.free_devices(job_id)
+        # Recorded once the store takes writes again.
+        asyncio.get_running_loop().call_later(
+            1.0, lambda: self.held_reports.deliver(job_id, self._storage_gave_up, job_id, error)
+        )
 
     def devices_changed(self, devices: list[Device], host_models: dict[str, ModelInfo]) -> None:
         self.devices = devices

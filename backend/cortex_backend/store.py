@@ -3,21 +3,25 @@ the job/request event feed, device samples, checkpoints, datasets and jobs' prog
 
 Everything the service remembers goes through this one module, so another database can replace it.
 Calls are short and made from the IO loop thread (and the device monitor's thread, serialised by one
-lock); WAL keeps readers from blocking the writer.
+lock). Reads use a connection of their own: with WAL they never wait for a writer, even one of another
+process holding the database lock, so a held lock cannot stop the backend answering GETs. A write waits
+for another process's lock at most `busy_timeout_ms` (the backend keeps that short and retries: see
+storage_faults.py), never the IO loop's whole attention.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .pagination import newest_first_query
+from .pagination import ListingFilter, newest_first_query
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tokens (
@@ -41,7 +45,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     created_at REAL NOT NULL,
     started_at REAL,
     finished_at REAL,
-    last_activity_at REAL NOT NULL
+    last_activity_at REAL NOT NULL,
+    held_seconds REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_owner_created ON jobs(owner, created_at);
 CREATE TABLE IF NOT EXISTS sub_jobs (
@@ -112,9 +117,26 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     manifest TEXT NOT NULL,
     request_id TEXT,
     created_at REAL NOT NULL,
+    expires_at REAL,
+    public INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job_id, id)
 );
 CREATE INDEX IF NOT EXISTS checkpoints_owner ON checkpoints(owner);
+-- A checkpoint marked keep: no bulk delete removes it, and a plain delete or its job's delete is refused.
+CREATE TABLE IF NOT EXISTS kept_checkpoints (
+    job_id TEXT NOT NULL,
+    id TEXT NOT NULL,
+    kept_at REAL NOT NULL,
+    PRIMARY KEY (job_id, id)
+);
+-- Each export of a checkpoint, for its lineage (the tar left the backend: where it went is not known).
+CREATE TABLE IF NOT EXISTS checkpoint_exports (
+    job_id TEXT NOT NULL,
+    checkpoint_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    contents TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS checkpoint_exports_job ON checkpoint_exports(job_id);
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
@@ -212,6 +234,13 @@ def make_private(db_path: Path) -> None:
         pass
 
 
+# A checkpoint's row with whether it is kept.
+_CHECKPOINT_SELECT = (
+    "SELECT c.*, (k.id IS NOT NULL) AS kept FROM checkpoints c"
+    " LEFT JOIN kept_checkpoints k ON k.job_id = c.job_id AND k.id = c.id"
+)
+
+
 def _loads(value: str | None) -> Any:
     return None if value is None else json.loads(value)
 
@@ -226,16 +255,24 @@ REQUEST_COLUMNS = (
 class Store:
     """A thin, typed layer over one SQLite connection."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, busy_timeout_ms: int = 5000) -> None:
         make_private(path)
+        self.busy_timeout_ms = busy_timeout_ms
         self._lock = threading.RLock()
+        # The thread inside a write transaction, whose reads must see its own uncommitted writes.
+        self._transaction_thread: int | None = None
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA busy_timeout=5000")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
         self._migrate()
+        self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        self._read_lock = threading.RLock()
+        self._read_db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._read_db.row_factory = sqlite3.Row
+        self._read_db.execute("PRAGMA busy_timeout=1000")
 
     def _migrate(self) -> None:
         """Bring a store written by an older backend up to date (PRAGMA user_version counts the steps)."""
@@ -248,33 +285,81 @@ class Store:
                     " AND job_id NOT IN (SELECT id FROM jobs)"
                 )
                 self._db.execute("PRAGMA user_version = 1")
+            if version < 2:
+                # A token's own queue-priority cap (NULL: the backend's --token-max-priority).
+                columns = {row[1] for row in self._db.execute("PRAGMA table_info(tokens)")}
+                if "max_priority" not in columns:
+                    self._db.execute("ALTER TABLE tokens ADD COLUMN max_priority INTEGER")
+                self._db.execute("PRAGMA user_version = 2")
+            if version < 3:
+                # Checkpoint lifecycle: an expiry time (NULL: never) and whether other owners may read it.
+                columns = {row[1] for row in self._db.execute("PRAGMA table_info(checkpoints)")}
+                if "expires_at" not in columns:
+                    self._db.execute("ALTER TABLE checkpoints ADD COLUMN expires_at REAL")
+                if "public" not in columns:
+                    self._db.execute("ALTER TABLE checkpoints ADD COLUMN public INTEGER NOT NULL DEFAULT 0")
+                self._db.execute("PRAGMA user_version = 3")
+            if version < 4:
+                # Device time of a job's earlier spans (before a preemption, a parking, a retry or a restart):
+                # `started_at` is the start of the current one.
+                columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+                if "held_seconds" not in columns:
+                    self._db.execute("ALTER TABLE jobs ADD COLUMN held_seconds REAL NOT NULL DEFAULT 0")
+                self._db.execute("PRAGMA user_version = 4")
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._read_lock:
             self._db.close()
+            self._read_db.close()
+
+    def _lock_wait_s(self) -> float:
+        # This backend's own writes are short; a second is far more than one takes.
+        return max(self.busy_timeout_ms / 1000, 1.0)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """The write connection, waited for at most as long as another process's lock is."""
+        if not self._lock.acquire(timeout=self._lock_wait_s()):
+            raise sqlite3.OperationalError("database is locked (another writer of this backend holds it)")
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def _execute(self, sql: str, params: Iterable[Any] = ()) -> sqlite3.Cursor:
-        with self._lock:
+        with self._writing():
             return self._db.execute(sql, tuple(params))
 
     def _rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
-        with self._lock:
-            return [dict(row) for row in self._db.execute(sql, tuple(params)).fetchall()]
+        if self._transaction_thread == threading.get_ident():
+            with self._lock:
+                return [dict(row) for row in self._db.execute(sql, tuple(params)).fetchall()]
+        with self._read_lock:
+            return [dict(row) for row in self._read_db.execute(sql, tuple(params)).fetchall()]
 
     def transaction(self) -> _Transaction:
         return _Transaction(self)
 
     # tokens ---------------------------------------------------------------------------------
-    def add_token(self, token_id: str, name: str, owner: str, token_hash: str, scopes: list[str]) -> None:
+    def add_token(
+        self,
+        token_id: str,
+        name: str,
+        owner: str,
+        token_hash: str,
+        scopes: list[str],
+        max_priority: int | None = None,
+    ) -> None:
         self._execute(
-            "INSERT INTO tokens (id, name, owner, token_hash, scopes, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-            (token_id, name, owner, token_hash, json.dumps(sorted(scopes)), time.time()),
+            "INSERT INTO tokens (id, name, owner, token_hash, scopes, created_at, max_priority)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (token_id, name, owner, token_hash, json.dumps(sorted(scopes)), time.time(), max_priority),
         )
 
     def token_by_hash(self, token_hash: str) -> dict[str, Any] | None:
         # Every authenticated request asks: only the columns a principal is made of.
         rows = self._rows(
-            "SELECT id, name, owner, scopes FROM tokens WHERE token_hash = ? AND revoked_at IS NULL",
+            "SELECT id, name, owner, scopes, max_priority FROM tokens WHERE token_hash = ? AND revoked_at IS NULL",
             (token_hash,),
         )
         if not rows:
@@ -345,11 +430,17 @@ class Store:
         return rows
 
     def list_jobs(
-        self, owner: str | None, status: str | None, limit: int, before: tuple[float, str] | None
+        self,
+        owner: str | None,
+        status: str | None,
+        limit: int,
+        before: tuple[float, str] | None,
+        filters: ListingFilter | None = None,
     ) -> list[dict[str, Any]]:
-        """Newest first; `before` is the (created_at, id) of the last job of the previous page."""
-        sql, params = newest_first_query("jobs", owner, status, before)
-        with self._lock:
+        """Newest first; `before` is the (created_at, id) of the last job of the previous page; `filters`
+        (when given) replaces `owner` and `status`."""
+        sql, params = newest_first_query("jobs", owner, status, before, filters)
+        with self._read_lock:
             jobs = self._rows(sql, [*params, limit])
             if not jobs:
                 return []
@@ -368,6 +459,18 @@ class Store:
             job["spec"] = json.loads(job["spec"])
             job["sub_jobs"] = by_job[job["id"]]
         return jobs
+
+    def holder_labels(self, holder_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Owner, name and kind ("job" or "run") of queue holders, in a few queries whatever their number."""
+        ids = list(dict.fromkeys(holder_ids))
+        labels: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(ids), 500):
+            batch = ids[start : start + 500]
+            marks = ",".join("?" * len(batch))
+            for table, kind in (("jobs", "job"), ("runs", "run")):
+                for row in self._rows(f"SELECT id, owner, name FROM {table} WHERE id IN ({marks})", batch):
+                    labels.setdefault(row["id"], {**row, "kind": kind})
+        return labels
 
     def jobs_with_status(self, statuses: Iterable[str]) -> list[dict[str, Any]]:
         statuses = list(statuses)
@@ -506,7 +609,7 @@ class Store:
                     "DELETE FROM request_events WHERE request_id IN (SELECT id FROM requests WHERE job_id = ?)",
                     (job_id,),
                 )
-                for table in ("requests", "sub_jobs", "logs", "events", "progress"):
+                for table in ("requests", "sub_jobs", "logs", "events", "progress", "checkpoint_exports"):
                     self._execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
                 self._execute("DELETE FROM jobs WHERE id = ?", (job_id,))
         return ids
@@ -550,6 +653,11 @@ class Store:
             sql += " AND sub_job_id = ?"
             params.append(sub_job_id)
         return self._rows(sql + " ORDER BY seq LIMIT ?", [*params, limit])
+
+    def last_log_lines(self, job_id: str, count: int) -> list[str]:
+        """A job's newest `count` log lines, oldest first."""
+        rows = self._rows("SELECT line FROM logs WHERE job_id = ? ORDER BY seq DESC LIMIT ?", (job_id, count))
+        return [row["line"] for row in reversed(rows)]
 
     def trim_logs(self, job_id: str, keep: int) -> int:
         """Drop the oldest lines beyond `keep`; returns how many were dropped."""
@@ -596,10 +704,16 @@ class Store:
         return self._run_row(rows[0]) if rows else None
 
     def list_runs(
-        self, owner: str | None, status: str | None, limit: int, before: tuple[float, str] | None
+        self,
+        owner: str | None,
+        status: str | None,
+        limit: int,
+        before: tuple[float, str] | None,
+        filters: ListingFilter | None = None,
     ) -> list[dict[str, Any]]:
-        """Newest first; `before` is the (created_at, id) of the last run of the previous page."""
-        sql, params = newest_first_query("runs", owner, status, before)
+        """Newest first; `before` is the (created_at, id) of the last run of the previous page; `filters`
+        (when given) replaces `owner` and `status`."""
+        sql, params = newest_first_query("runs", owner, status, before, filters)
         return [self._run_row(row) for row in self._rows(sql, [*params, limit])]
 
     def runs_with_status(self, statuses: Iterable[str]) -> list[dict[str, Any]]:
@@ -621,7 +735,7 @@ class Store:
     def insert_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._execute(
             "INSERT INTO checkpoints (job_id, id, owner, sub_job_id, type, step, size_bytes, base_model, manifest,"
-            " request_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " request_id, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 checkpoint["job_id"],
                 checkpoint["id"],
@@ -634,8 +748,37 @@ class Store:
                 json.dumps(checkpoint["manifest"]),
                 checkpoint.get("request_id"),
                 checkpoint.get("created_at", time.time()),
+                checkpoint.get("expires_at"),
             ),
         )
+
+    def set_checkpoint_lifecycle(self, job_id: str, checkpoint_id: str, **fields: Any) -> None:
+        """Set `expires_at` (None: never) and/or `public` of one checkpoint."""
+        allowed = {name: fields[name] for name in ("expires_at", "public") if name in fields}
+        if allowed:
+            columns = ", ".join(f"{name} = ?" for name in allowed)
+            self._execute(
+                f"UPDATE checkpoints SET {columns} WHERE job_id = ? AND id = ?",
+                [*allowed.values(), job_id, checkpoint_id],
+            )
+
+    def expired_checkpoints(self, now: float) -> list[dict[str, Any]]:
+        return self._checkpoint_rows(
+            _CHECKPOINT_SELECT
+            + " WHERE c.expires_at IS NOT NULL AND c.expires_at <= ? ORDER BY c.expires_at",
+            (now,),
+        )
+
+    def checkpoints_loaded_by_live_jobs(self, live_statuses: Iterable[str]) -> set[tuple[str, str]]:
+        """(job id, checkpoint id) of every checkpoint a load request of a job not yet ended read."""
+        statuses = tuple(live_statuses)
+        rows = self._rows(
+            "SELECT json_extract(r.params, '$.source_job_id') AS source, json_extract(r.params, '$.checkpoint_id')"
+            " AS checkpoint FROM requests r JOIN jobs j ON j.id = r.job_id WHERE r.op = 'load' AND j.status IN"
+            f" ({', '.join('?' for _ in statuses)})",
+            statuses,
+        )
+        return {(row["source"], row["checkpoint"]) for row in rows if row["source"] and row["checkpoint"]}
 
     def _checkpoint_rows(self, sql: str, params: Iterable[Any]) -> list[dict[str, Any]]:
         rows = self._rows(sql, params)
@@ -645,25 +788,98 @@ class Store:
 
     def get_checkpoint(self, job_id: str, checkpoint_id: str) -> dict[str, Any] | None:
         rows = self._checkpoint_rows(
-            "SELECT * FROM checkpoints WHERE job_id = ? AND id = ?", (job_id, checkpoint_id)
+            f"{_CHECKPOINT_SELECT} WHERE c.job_id = ? AND c.id = ?", (job_id, checkpoint_id)
         )
         return rows[0] if rows else None
 
     def list_checkpoints(self, job_id: str) -> list[dict[str, Any]]:
         return self._checkpoint_rows(
-            "SELECT * FROM checkpoints WHERE job_id = ? ORDER BY created_at, id", (job_id,)
+            f"{_CHECKPOINT_SELECT} WHERE c.job_id = ? ORDER BY c.created_at, c.id", (job_id,)
         )
+
+    def set_checkpoint_kept(self, job_id: str, checkpoint_id: str, kept: bool) -> None:
+        if kept:
+            self._execute(
+                "INSERT OR IGNORE INTO kept_checkpoints (job_id, id, kept_at) VALUES (?, ?, ?)",
+                (job_id, checkpoint_id, time.time()),
+            )
+        else:
+            self._execute("DELETE FROM kept_checkpoints WHERE job_id = ? AND id = ?", (job_id, checkpoint_id))
+
+    def record_export(self, job_id: str, checkpoint_id: str, contents: str) -> None:
+        self._execute(
+            "INSERT INTO checkpoint_exports (job_id, checkpoint_id, at, contents) VALUES (?, ?, ?, ?)",
+            (job_id, checkpoint_id, time.time(), contents),
+        )
+
+    def checkpoint_exports(self, job_id: str) -> list[dict[str, Any]]:
+        return self._rows(
+            "SELECT checkpoint_id, at, contents FROM checkpoint_exports WHERE job_id = ? ORDER BY at",
+            (job_id,),
+        )
+
+    def storage_by_job(self, owner: str | None) -> list[dict[str, Any]]:
+        """Per owner and job holding checkpoints: count, kept count and bytes (`owner` None: everyone's)."""
+        sql = (
+            "SELECT c.owner, c.job_id, j.name, j.status, COUNT(*) AS checkpoint_count,"
+            " COALESCE(SUM(c.size_bytes), 0) AS size_bytes, COUNT(k.id) AS kept_count"
+            " FROM checkpoints c LEFT JOIN jobs j ON j.id = c.job_id"
+            " LEFT JOIN kept_checkpoints k ON k.job_id = c.job_id AND k.id = c.id"
+        )
+        params: list[Any] = []
+        if owner is not None:
+            sql += " WHERE c.owner = ?"
+            params.append(owner)
+        return self._rows(sql + " GROUP BY c.owner, c.job_id ORDER BY c.owner, size_bytes DESC", params)
+
+    def checkpoint_uses(self, owner: str, job_id: str) -> list[dict[str, Any]]:
+        """Load, generate and forward requests of `owner`'s jobs that name a checkpoint of `job_id` (a load's
+        source, or a saved adapter `job_id/checkpoint_id`), oldest first, with their params."""
+        rows = self._rows(
+            "SELECT r.id, r.job_id, r.sub_job_id, r.op, r.status, r.params, r.created_at FROM requests r"
+            " JOIN jobs j ON j.id = r.job_id WHERE j.owner = ? AND r.op IN ('load', 'generate', 'forward')"
+            " AND (r.params LIKE ? OR r.params LIKE ?) ORDER BY r.created_at",
+            # A prefilter ('_' in an id matches any character): the caller checks each row exactly.
+            (owner, f'%"source_job_id": "{job_id}"%', f'%"adapter": "{job_id}/%'),
+        )
+        for row in rows:
+            row["params"] = json.loads(row["params"])
+        return rows
+
+    def job_weight_syncs(self, job_id: str) -> list[dict[str, Any]]:
+        rows = self._rows(
+            "SELECT id, status, params, result, created_at FROM requests WHERE job_id = ? AND op = 'weight_sync'"
+            " ORDER BY created_at",
+            (job_id,),
+        )
+        for row in rows:
+            row["params"] = json.loads(row["params"])
+            row["result"] = _loads(row["result"])
+        return rows
+
+    def forget_job(self, job_id: str) -> None:
+        """Delete an ended job's rows (its checkpoints' rows must be gone already)."""
+        with self.transaction():
+            self._execute(
+                "DELETE FROM request_events WHERE request_id IN (SELECT id FROM requests WHERE job_id = ?)",
+                (job_id,),
+            )
+            for table in ("requests", "sub_jobs", "logs", "events", "progress", "checkpoint_exports"):
+                self._execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+            self._execute("DELETE FROM jobs WHERE id = ?", (job_id,))
 
     def all_checkpoints(self) -> list[dict[str, Any]]:
         return self._rows("SELECT job_id, id, owner FROM checkpoints")
 
     def delete_checkpoint(self, job_id: str, checkpoint_id: str) -> bool:
-        return (
-            self._execute(
-                "DELETE FROM checkpoints WHERE job_id = ? AND id = ?", (job_id, checkpoint_id)
-            ).rowcount
-            > 0
-        )
+        with self.transaction():
+            self._execute("DELETE FROM kept_checkpoints WHERE job_id = ? AND id = ?", (job_id, checkpoint_id))
+            return (
+                self._execute(
+                    "DELETE FROM checkpoints WHERE job_id = ? AND id = ?", (job_id, checkpoint_id)
+                ).rowcount
+                > 0
+            )
 
     def checkpoint_bytes(self, owner: str) -> int:
         rows = self._rows(
@@ -768,6 +984,39 @@ class Store:
         rows = self._rows("SELECT data FROM progress WHERE job_id = ?", (job_id,))
         return json.loads(rows[0]["data"]) if rows else None
 
+    # statistics (stats.py) -------------------------------------------------------------------------
+    _IN_WINDOW = (
+        "((created_at >= ? AND created_at < ?) OR (started_at IS NOT NULL AND started_at < ?"
+        " AND (finished_at IS NULL OR finished_at > ?)))"
+    )
+
+    def work_for_stats(
+        self, owner: str | None, since: float, until: float
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        """(jobs, their sub-jobs' models, runs) created in [since, until) or on a device during it: only
+        the columns the statistics read."""
+        where = self._IN_WINDOW
+        params: list[Any] = [since, until, until, since]
+        if owner is not None:
+            where += " AND owner = ?"  # sub_jobs has none of these columns: the same text serves the join
+            params.append(owner)
+        columns = "id, owner, status, created_at, started_at, finished_at"
+        with self._lock:
+            jobs = self._rows(f"SELECT {columns}, held_seconds FROM jobs WHERE {where}", params)
+            subs = self._rows(
+                "SELECT s.job_id, json_extract(s.spec, '$.base_model') AS model FROM sub_jobs s"
+                f" JOIN jobs ON jobs.id = s.job_id WHERE {where}",
+                params,
+            )
+            runs = self._rows(
+                f"SELECT {columns}, devices, json_extract(spec, '$.models') AS models FROM runs WHERE {where}",
+                params,
+            )
+        for run in runs:
+            run["devices"] = json.loads(run["devices"] or "[]")
+            run["models"] = json.loads(run["models"] or "[]")
+        return jobs, subs, runs
+
     def job_counts_by_status(self) -> dict[str, int]:
         return {
             row["status"]: row["n"]
@@ -783,14 +1032,39 @@ class _Transaction:
         self._outer = False
 
     def __enter__(self) -> None:
-        self._store._lock.acquire()
-        self._outer = not self._store._db.in_transaction
+        store = self._store
+        if not store._lock.acquire(timeout=store._lock_wait_s()):
+            raise sqlite3.OperationalError("database is locked (another writer of this backend holds it)")
+        self._outer = not store._db.in_transaction
         if self._outer:
-            self._store._db.execute("BEGIN")
+            try:
+                store._db.execute("BEGIN")
+            except BaseException:
+                store._lock.release()
+                raise
+            store._transaction_thread = threading.get_ident()
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        db = self._store._db
         try:
             if self._outer:
-                self._store._db.execute("ROLLBACK" if exc_type else "COMMIT")
+                self._store._transaction_thread = None
+                if exc_type is None:
+                    try:
+                        db.execute("COMMIT")
+                    except BaseException:
+                        # A COMMIT refused (disk full, lock held) leaves the transaction open: close it, or
+                        # every later write of this connection joins a transaction that never ends.
+                        _rollback(db)
+                        raise
+                else:
+                    _rollback(db)
         finally:
             self._store._lock.release()
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    """Roll back what is open; SQLite may have rolled back already (after SQLITE_FULL, say)."""
+    if db.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")

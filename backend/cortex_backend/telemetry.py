@@ -11,12 +11,12 @@ import time
 from collections import deque
 from typing import Any
 
+from cortex_nb.protocol.redaction import bounded
 from cortex_nb.protocol.schemas.telemetry import (
     ERROR_TYPES,
     ESSENTIAL_OPERATIONS,
     MAX_MESSAGE_CHARS,
 )
-from cortex_nb.redaction import bounded
 
 from .auth import Principal
 from .operator_metrics import OperatorMetrics

@@ -16,7 +16,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from cortex_nb.tls import fingerprint
+from cortex_nb.protocol.tls_pin import fingerprint
 
 SELF_SIGNED = "self-signed"
 VALIDITY_DAYS = 3650

@@ -85,8 +85,12 @@ class UploadStore:
                     )
             folder.mkdir(parents=True, exist_ok=True)
             temporary = path.with_suffix(".partial")
-            temporary.write_bytes(data)
-            temporary.replace(path)
+            try:
+                temporary.write_bytes(data)
+                temporary.replace(path)
+            except BaseException:
+                temporary.unlink(missing_ok=True)  # a full disk keeps no half-written chunk
+                raise
         return {"upload_id": upload_id, "index": index, "status": "stored"}
 
     def sweep(self, now: float | None = None) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from cortex_nb.protocol import strict_json
+from cortex_nb.protocol.custom_loss import CUSTOM_LOSS, custom_loss_spec, validate_custom_loss
 from cortex_nb.protocol.errors import ApiError
 from cortex_nb.protocol.losses import LOSSES, TENSORS, LossSpec
 from cortex_nb.protocol.schemas.data_plane import MAX_PROMPTS
@@ -30,7 +31,7 @@ def _field_error(field: str, message: str, code: str = "invalid_field") -> ApiEr
 
 
 def parse_json(raw: bytes | str, what: str = "the body", code: str = "invalid_json") -> Any:
-    """Strict JSON (cortex_nb.strict_json): NaN, Infinity, runaway nesting and over-long integers are
+    """Strict JSON (cortex_nb.protocol.strict_json): NaN, Infinity, runaway nesting and over-long integers are
     refused with `code` rather than a 500."""
     try:
         return strict_json.loads(raw)
@@ -135,7 +136,10 @@ def validate_job(body: CreateJob, catalog: ModelCatalog) -> dict[str, Any]:
         for sub in normalised:
             if sub["type"] != TRAINING and not sub["lora"] and sub["base_model"] == trainers[0]["base_model"]:
                 sub["lora"] = dict(trainers[0]["lora"])
-    return {**body.model_dump(exclude_unset=True), "sub_jobs": normalised, "labels": body.labels or {}}
+    spec = {**body.model_dump(exclude_unset=True), "sub_jobs": normalised, "labels": body.labels or {}}
+    if body.training_loop is not None:
+        spec["training_loop"] = body.training_loop.normalised()
+    return spec
 
 
 # data plane ----------------------------------------------------------------------------------------
@@ -178,7 +182,8 @@ def validate_token_batch(
                 f"tensor '{name}' has shape {list(tensors[name].shape)} but input_ids has {list(input_ids.shape)}; they must match",
                 {"field": name},
             )
-        if TENSORS[name].integer:
+        spec = TENSORS.get(name)  # a custom loss's own inputs are float32
+        if spec is not None and spec.integer:
             _int_tensor(tensors, name)
     if input_ids.shape[1] > max_seq_len:
         raise ApiError(
@@ -199,7 +204,7 @@ def validate_token_batch(
             raise ApiError("invalid_batch", f"tensor '{name}' holds NaN or infinite values", {"field": name})
 
 
-def validate_loss(metadata: dict[str, Any]) -> tuple[LossSpec, dict[str, float]]:
+def validate_loss(metadata: dict[str, Any]) -> tuple[LossSpec, dict[str, Any]]:
     """The frame's loss and its complete config (the spec's defaults where the client sent none)."""
     if "loss_fn" not in metadata:
         raise ApiError(
@@ -208,6 +213,12 @@ def validate_loss(metadata: dict[str, Any]) -> tuple[LossSpec, dict[str, float]]
             {"field": "loss_fn"},
         )
     name = metadata["loss_fn"]
+    if name == CUSTOM_LOSS:
+        custom = metadata.get("custom_loss")
+        if not isinstance(custom, dict):
+            raise _field_error("custom_loss", "a custom loss frame carries its validated graph")
+        loss = validate_custom_loss(custom.get("name"), custom.get("inputs"), custom)
+        return custom_loss_spec(loss), loss
     spec = LOSSES.get(name) if isinstance(name, str) else None
     if spec is None:
         raise ApiError(

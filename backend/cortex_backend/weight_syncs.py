@@ -21,7 +21,7 @@ from cortex_nb.protocol.errors import ApiError
 from cortex_nb.protocol.schemas.data_plane import WeightSyncBody
 
 from .checkpoints import check_adapters_match
-from .executor import Executor
+from .executors.base import Executor
 
 log = logging.getLogger("cortex_backend.weight_sync")
 

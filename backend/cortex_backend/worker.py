@@ -1,4 +1,5 @@
-"""The worker process: one per sub-job, serving its requests in submission order.
+"""The worker of one sub-job, serving its requests in submission order: a process's only job
+(worker_process.py), or one slot of an adapter host (adapter_host.py).
 
 Started warm (torch, transformers and peft already imported) and idle; an `init` message assigns it
 a sub-job and a device. A reader thread takes messages off the socket so a `cancel` is seen while an
@@ -9,12 +10,9 @@ between its steps, and reports its progress as `loop` messages.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 import queue
-import socket
-import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -23,9 +21,11 @@ from typing import Any, Protocol
 
 from cortex_nb.protocol import wire
 
+from . import sample_batching
+from . import worker_messages as messages
 from .faults import Faults
-from .ipc import BlockingChannel
 from .models import ModelInfo
+from .operations import CATALOG, reads_merged_weights
 
 
 class Channel(Protocol):
@@ -36,15 +36,23 @@ class Channel(Protocol):
     def receive(self) -> tuple[dict[str, Any], bytes]: ...
 
 
+class SharedBases(Protocol):
+    """Base models built once and shared among an adapter host's slots (adapter_host.BaseModels)."""
+
+    def share(self, info: ModelInfo) -> Any: ...
+
+
 class Worker:
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
-        self.requests: queue.Queue[tuple[dict[str, Any], bytes] | None] = queue.Queue()
+        self.requests: queue.Queue[tuple[messages.Request, bytes] | None] = queue.Queue()
         self.cancelled: set[str] = set()
         self.current: str | None = None
         self.state = None
         self.trainer = None
         self.sampler = None  # the sampling engine of a training or sampling sub-job
+        # Queued compatible generates run in one engine pass (sample_batching.py).
+        self.gatherer = sample_batching.GenerateGatherer()
         self.sub_job_type = ""
         self.forward_backward_calls = 0
         # checkpoints and weight sync
@@ -53,73 +61,94 @@ class Worker:
         self.mailbox = None
         self.sync_source = None
         self.saved_adapters = None
+        # Each operation of the catalog is the method of its name.
         self.operations: dict[str, Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]]] = {
-            "noop": self.noop,
-            "forward_backward": self.forward_backward,
-            "step": self.step,
-            "generate": self.generate,
-            "forward": self.forward,
-            "save": self.save,
-            "load": self.load,
-            "weight_sync": self.weight_sync,
-            "weight_sync_apply": self.weight_sync_apply,
-            "train_loop": self.train_loop,
+            name: getattr(self, name) for name in CATALOG
         }
         self._shutting_down = False
+        # The backend is draining (drain.py): a managed loop stops after its step and saves a resumable
+        # checkpoint for the next start to resume from.
+        self._draining = False
 
     # set-up -------------------------------------------------------------------------------------
-    def initialise(self, message: dict[str, Any]) -> None:
-        os.environ.update(message.get("env") or {})
+    def initialise(self, message: messages.Init, base_models: SharedBases | None = None) -> dict[str, Any]:
+        """Load the sub-job's model (`base_models`, an adapter host's, shares one base among slots); return
+        what users are shown about it."""
+        os.environ.update(message.env or {})
         import torch
 
-        threads = message.get("threads")
-        if threads:
-            torch.set_num_threads(int(threads))
+        if message.threads:
+            torch.set_num_threads(int(message.threads))
+        from .engine import sharding
         from .engine.adapter import signature
+        from .engine.loading import pick_device
         from .engine.model_state import ModelState
         from .engine.saved_adapters import SavedAdapters
         from .engine.trainer import Trainer
         from .engine.weight_sync import SyncMailbox, SyncSource
 
-        spec = message["spec"]
-        info = ModelInfo.from_wire(message["model"])
-        self.sub_job_type = message["sub_job_type"]
-        self.state = ModelState(info, spec)
+        spec = message.spec
+        info = ModelInfo.from_wire(message.model)
+        self.sub_job_type = message.sub_job_type
+        base = base_models.share(info) if base_models is not None else None
+        if sharding.is_sharded():  # one rank of a sub-job across devices: join its group before loading
+            sharding.start_process_group(pick_device())
+        self.state = ModelState(info, spec, base=base)
+        if sharding.is_sharded():  # before the optimizer is built: it holds the shards
+            sharding.shard(self.state.model, self.state.device)
         if self.sub_job_type == "training":
-            self.trainer = Trainer(self.state, spec.get("optimizer"))
-        self.sub_job_id = message["sub_job_id"]
-        self.faults = Faults(message.get("faults") or (), self.sub_job_id)
+            self.trainer = Trainer(
+                self.state, spec.get("optimizer"), bool(spec.get("gradient_checkpointing"))
+            )
+        self.sub_job_id = message.sub_job_id
+        self.faults = Faults(message.faults or (), self.sub_job_id, message.job_id)
         self.mailbox = SyncMailbox()
         self.saved_adapters = SavedAdapters()
         if self.trainer is not None:
             self.sync_source = SyncSource(self.state)
+            self.trainer.nan_loss = self.faults.active("nan_loss")
         described = {**self.state.describe(), "pid": os.getpid()}
         described["adapter"] = signature(self.state.model, info.name)
+        if self.trainer is not None:
+            described["gradient_checkpointing"] = bool(spec.get("gradient_checkpointing"))
+        if sharding.is_sharded():
+            described["sharding"] = {"strategy": "fsdp2", **sharding.describe()}
         if self.sub_job_type in ("training", "sampling"):
             from .engine.sampling_engine import open_engine
 
             self.sampler = open_engine(
-                message.get("sampler") or "transformers",
-                self.state,
-                self.sub_job_type,
-                message.get("sampler_options"),
+                message.sampler or "transformers", self.state, self.sub_job_type, message.sampler_options
             )
             described["sampler"] = self.sampler.describe()
         print(
-            f"[engine] {message['sub_job_id']} ready: {info.name} on {described['device']} ({described['dtype']}),"
+            f"[engine] {message.sub_job_id} ready: {info.name} on {described['device']} ({described['dtype']}),"
             f" {described['trainable_parameters']:,} trainable of {described['total_parameters']:,} parameters"
             + (f", sampling with {self.sampler.name}" if self.sampler is not None else ""),
             flush=True,
         )
-        self.channel.send({"type": "ready", "info": described})
+        return described
 
     # operations -----------------------------------------------------------------------------------
     def noop(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         return {"ok": True}, b""
 
+    def reset_prefix_cache(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        result = self.sampler.reset_prefix_cache()
+        print(f"[engine] prefix cache reset ({result['engine']}): {result['detail']}", flush=True)
+        return result, b""
+
     def forward_backward(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        from .engine.router_replay import REPLAY_TENSOR
+
         tensors, _ = wire.decode_frame(blob)
-        result, out = self.trainer.forward_backward(tensors, params["loss_fn"], params["loss_fn_config"])
+        replay = tensors.pop(REPLAY_TENSOR, None)
+        result, out = self.trainer.forward_backward(
+            tensors,
+            params["loss_fn"],
+            params["loss_fn_config"],
+            replay,
+            bool(params.get("record_routes")),
+        )
         self.forward_backward_calls += 1
         speed = result.get("tokens_per_second")
         print(
@@ -147,19 +176,54 @@ class Worker:
 
     def generate(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         request_id = self.current
+        on_tokens = None
+        if params.get("stream"):  # a streamed generate: each look's new tokens go out as `tokens` messages
+
+            def on_tokens(samples: list[dict[str, Any]]) -> None:
+                self.channel.send(messages.encode(messages.Tokens(request_id, samples)))
+
         with self.saved_adapters.applied(self.state, params.get("adapter")):
             result = self.sampler.generate(
-                params["prompt_tokens"], params["sampling_params"], lambda: request_id in self.cancelled
+                params["prompt_tokens"],
+                params["sampling_params"],
+                lambda: request_id in self.cancelled,
+                on_tokens,
             )
-        return result, b""
+            routes = b""
+            if params["sampling_params"].get("record_routes"):
+                routes = self._sample_routes(params["prompt_tokens"], result["samples"])
+        return result, routes
+
+    def _sample_routes(self, prompts: list[list[int]], samples: list[dict[str, Any]]) -> bytes:
+        """The experts each sample's whole sequence routes to, as a frame the service keeps for replay
+        (router_replays.py): `tokens.{i}` and `experts.{i}` (layers, tokens, top_k) per sample, in order."""
+        import numpy as np
+
+        from .engine.router_replay import sequence_routes
+
+        sequences = [prompts[sample["prompt_index"]] + sample["tokens"] for sample in samples]
+        with self.state.inference():
+            experts = sequence_routes(self.state.model, sequences, self.state.device)
+        frame: dict[str, Any] = {}
+        for i, (sequence, routed) in enumerate(zip(sequences, experts, strict=True)):
+            frame[f"tokens.{i}"] = np.asarray(sequence, dtype=np.int32)
+            frame[f"experts.{i}"] = routed.astype(np.int32)
+        return wire.encode_frame(frame)
 
     def forward(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        from .engine.router_replay import REPLAY_TENSOR
         from .engine.scoring import forward
 
         tensors, _ = wire.decode_frame(blob)
+        replay = tensors.pop(REPLAY_TENSOR, None)
         with self.saved_adapters.applied(self.state, params.get("adapter")):
             result, out = forward(
-                self.state, tensors, params.get("loss_fn"), params.get("loss_fn_config") or {}
+                self.state,
+                tensors,
+                params.get("loss_fn"),
+                params.get("loss_fn_config") or {},
+                replay,
+                bool(params.get("record_routes")),
             )
         return result, wire.encode_frame(out)
 
@@ -195,7 +259,7 @@ class Worker:
 
     def _sync_sender(self, sync_id: str) -> Callable[[str, str, dict[str, Any], bytes], None]:
         def send(to: str, kind: str, fields: dict[str, Any], blob: bytes) -> None:
-            self.channel.send({**fields, "type": "sync", "request_id": sync_id, "to": to, "kind": kind}, blob)
+            self.channel.send(messages.encode(messages.Sync(sync_id, to, kind, fields)), blob)
 
         return send
 
@@ -257,13 +321,21 @@ class Worker:
         loop_id = self.current
 
         def report(event: dict[str, Any]) -> None:
-            self.channel.send({**event, "type": "loop", "request_id": loop_id})
+            self.channel.send(messages.encode(messages.Loop(loop_id, event)))
 
         def stop_requested() -> bool:
-            return loop_id in self.cancelled or self._shutting_down
+            return loop_id in self.cancelled or self._shutting_down or self._draining
 
         loop = TrainingLoop(
-            self.state, self.trainer, params, blob, report, self._serve_waiting, stop_requested, self.faults
+            self.state,
+            self.trainer,
+            params,
+            blob,
+            report,
+            self._serve_waiting,
+            stop_requested,
+            self.faults,
+            drain_requested=lambda: self._draining,
         )
         return loop.run(), b""
 
@@ -288,20 +360,36 @@ class Worker:
         try:
             while True:
                 header, blob = self.channel.receive()
-                kind = header.get("type")
-                if kind == "request":
-                    self.requests.put((header, blob))
-                elif kind == "cancel":
-                    self.cancelled.add(header["request_id"])
-                    if self.mailbox is not None:  # a cancelled sync takes no more messages
-                        self.mailbox.close(header["request_id"])
-                elif kind == "sync" and self.mailbox is not None:
-                    self.mailbox.put(header, blob)
-                elif kind == "shutdown":
+                try:
+                    message = messages.decode(header)
+                except messages.UnknownMessage:  # refused, loudly: the sender has a bug
+                    traceback.print_exc()
+                    continue
+                if not self.take(header, message, blob):
                     break
         except (EOFError, OSError):
             pass
         self.requests.put(None)
+
+    def take(self, header: dict[str, Any], message: messages.Message, blob: bytes) -> bool:
+        """Act on a message from the service at once (requests queue); False when told to stop."""
+        if isinstance(message, messages.Request):
+            self.requests.put((message, blob))
+        elif isinstance(message, messages.Cancel):
+            self.cancelled.add(message.request_id)
+            if self.mailbox is not None:  # a cancelled sync takes no more messages
+                self.mailbox.close(message.request_id)
+        elif isinstance(message, messages.Sync):
+            if self.mailbox is not None:
+                self.mailbox.put(header, blob)
+        elif isinstance(message, messages.Drain):
+            self._draining = True
+        elif isinstance(message, messages.Shutdown):
+            return False
+        return True
+
+    def _send(self, message: messages.Message, blob: bytes = b"") -> None:
+        self.channel.send(messages.encode(message), blob)
 
     def serve(self) -> None:
         while True:
@@ -310,110 +398,75 @@ class Worker:
                 return
             self._serve_one(*item)
 
-    def _serve_one(self, header: dict[str, Any], blob: bytes) -> None:
+    def _serve_one(self, request: messages.Request, blob: bytes) -> None:
         from .engine.errors import OperationError
 
-        request_id = header["request_id"]
+        request_id = request.request_id
         if request_id in self.cancelled:
-            self.channel.send({"type": "finished", "request_id": request_id, "status": "cancelled"})
+            self._send(messages.Finished(request_id, "cancelled"))
             self.cancelled.discard(request_id)
             return
+        if request.op == "generate":
+            together = self.gatherer.take(self.requests, request, self.sampler, self.cancelled)
+            if together:
+                self._serve_generates([request, *(queued for queued, _ in together)])
+                return
         self.current = request_id
-        self.channel.send({"type": "started", "request_id": request_id, "at": time.time()})
+        self._send(messages.Started(request_id, time.time()))
         try:
-            operation = self.operations.get(header["op"])
+            operation = self.operations.get(request.op)
             if operation is None:
-                raise OperationError("unsupported_operation", f"this worker does not serve {header['op']!r}")
-            self.faults.raise_in(header["op"])
-            if self.sampler is not None and header["op"] == "forward":
+                raise OperationError("unsupported_operation", f"this worker does not serve {request.op!r}")
+            self.faults.raise_in(request.op)
+            if self.sampler is not None and reads_merged_weights(request.op):
                 # Follow an adapter changed by the last operation (a sync or load) before scoring with the
                 # sub-job's weights; generate refreshes by itself, and no other operation reads merged weights.
                 self.sampler.refresh()
-            result, out_blob = operation(header.get("params") or {}, blob)
-            self.channel.send(
-                {"type": "finished", "request_id": request_id, "status": "succeeded", "result": result},
-                out_blob,
-            )
-        except OperationError as exc:
-            status = "cancelled" if exc.code == "cancelled" else "failed"
-            self.channel.send(
-                {
-                    "type": "finished",
-                    "request_id": request_id,
-                    "status": status,
-                    "code": exc.code,
-                    "message": exc.message,
-                }
-            )
+            result, out_blob = operation(request.params or {}, blob)
+            self._send(messages.succeeded(request_id, result), out_blob)
         except Exception as exc:  # report, never die: one bad request must not end the sub-job
-            code = "out_of_memory" if "out of memory" in str(exc).lower() else "operation_failed"
-            traceback.print_exc()
-            self.channel.send(
-                {
-                    "type": "finished",
-                    "request_id": request_id,
-                    "status": "failed",
-                    "code": code,
-                    "message": f"{header['op']} failed: {type(exc).__name__}: {exc}",
-                }
-            )
+            self._send(_failure(request_id, request.op, exc))
         finally:
             self.current = None
             self.cancelled.discard(request_id)
 
-
-def die_with_parent() -> None:
-    """A worker must not outlive a backend killed without cleanup (it would hold a GPU and compute for no
-    one): ask Linux to SIGKILL it when its parent dies. Elsewhere the closed socket still ends it."""
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent died before the request took effect
-        os._exit(1)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="cortex-nb worker (started by the backend)")
-    parser.add_argument("--fd", type=int, required=True)
-    args = parser.parse_args(argv)
-    die_with_parent()
-    sock = socket.socket(fileno=args.fd)
-    serve_channel(BlockingChannel(sock))
-
-
-def serve_channel(channel: Channel) -> None:
-    """Serve one sub-job over `channel`: the local executor's socket, or a Ray actor's queues."""
-    channel.send({"type": "hello", "pid": os.getpid()})
-    # Import the heavy libraries before being asked, so an assignment starts fast.
-    import peft  # noqa: F401
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
-
-    channel.send({"type": "warm"})
-    worker = Worker(channel)
-    try:
-        header, _ = channel.receive()
-    except (EOFError, OSError):
-        return
-    if header.get("type") != "init":
-        return
-    try:
-        worker.initialise(header)
-    except Exception as exc:
-        traceback.print_exc()
-        channel.send(
-            {"type": "init_failed", "code": "worker_start_failed", "message": f"{type(exc).__name__}: {exc}"}
-        )
-        return
-    threading.Thread(target=worker.read_loop, name="cortex-worker-reader", daemon=True).start()
-    worker.serve()
-    sys.stdout.flush()
+    def _serve_generates(self, requests: list[messages.Request]) -> None:
+        """Queued compatible generates in one engine pass, each answered as if it had run alone
+        (sample_batching.py). A request cancelled meanwhile is answered as cancelled; the pass stops only
+        when all are."""
+        request_ids = [request.request_id for request in requests]
+        started = time.time()
+        for request_id in request_ids:
+            self._send(messages.Started(request_id, started))
+        self.current = request_ids[0]
+        print(f"[engine] generate: {len(requests)} queued requests sampled in one pass", flush=True)
+        try:
+            with self.saved_adapters.applied(self.state, requests[0].params.get("adapter")):
+                results = sample_batching.generate_together(
+                    self.sampler, requests, lambda: all(rid in self.cancelled for rid in request_ids)
+                )
+            for request_id, result in zip(request_ids, results, strict=True):
+                if request_id in self.cancelled:
+                    self._send(messages.failed(request_id, "cancelled", "the request was cancelled"))
+                else:
+                    self._send(messages.succeeded(request_id, result))
+        except Exception as exc:  # report, never die: one bad pass must not end the sub-job
+            failure = _failure(request_ids[0], "generate", exc)
+            for request_id in request_ids:
+                self._send(dataclasses.replace(failure, request_id=request_id))
+        finally:
+            self.current = None
+            for request_id in request_ids:
+                self.cancelled.discard(request_id)
 
 
-if __name__ == "__main__":
-    main()
+def _failure(request_id: str, op: str, exc: Exception) -> messages.Finished:
+    """How a request that raised ends: an engine's OperationError as it says, anything else (a bug, or
+    memory) with its type and message, its traceback in the sub-job's log."""
+    from .engine.errors import OperationError
+
+    if isinstance(exc, OperationError):
+        return messages.failed(request_id, exc.code, exc.message)
+    traceback.print_exc()
+    code = "out_of_memory" if "out of memory" in str(exc).lower() else "operation_failed"
+    return messages.failed(request_id, code, f"{op} failed: {type(exc).__name__}: {exc}")

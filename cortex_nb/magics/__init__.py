@@ -17,7 +17,7 @@ from IPython.core.magic_arguments import parse_argstring
 
 from .. import discovery, errors
 from ..train_spec import SpecError
-from . import line_commands, run, sample, train  # noqa: F401  (each registers its subcommands)
+from . import checkpoints, line_commands, run, sample, train  # noqa: F401  (each registers its subcommands)
 from .error_text import describe
 from .help import overview
 from .registry import SUBCOMMANDS, noninteractive
@@ -53,9 +53,26 @@ class CortexMagics(Magics):
             raise UsageError("not connected: run %cortex connect first (or %cortex connect --local)")
         return self.connection.client
 
+    def local_connection_with(self, job_id: str) -> bool:
+        """Not connected yet: connect to this user's running local backend if it holds `job_id` (what
+        `%cortex job ID` in a fresh kernel means). Starts no backend; True when connected."""
+        from ..local import find_local_backend
+
+        if self.connection is not None or find_local_backend() is None:
+            return False
+        connection = discovery.connect_local()
+        try:
+            connection.client.get_job(job_id)
+        except errors.CortexError:
+            connection.client.close()
+            return False
+        self.set_connection(connection)
+        print(connection.describe())
+        return True
+
     @line_cell_magic
     def cortex(self, line: str, cell: str | None = None):
-        name, _, rest = line.strip().partition(" ")
+        name, _, rest = without_comment(line).strip().partition(" ")
         if not name:
             print(overview())
             return None
@@ -84,6 +101,21 @@ class CortexMagics(Magics):
             ) from None
         except errors.CortexError as exc:
             raise UsageError(f"cortex {name}: [{exc.code}] {one_line(describe(name, exc, cell))}") from None
+
+
+def without_comment(line: str) -> str:
+    """The magic's line without a trailing `# comment` (as Python code may end), keeping a `#` inside
+    quotes or inside a word (`--prompt "issue #3"`, `lr#2`)."""
+    quote = None
+    for index, char in enumerate(line):
+        if quote:
+            if char == quote:
+                quote = None
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            return line[:index].rstrip()
+    return line
 
 
 def one_line(text: str) -> str:

@@ -25,6 +25,7 @@ ORDER = (
     "cancel",
     "checkpoints",
     "compare",
+    "notify",
     "runs",
     "help",
     "train",
@@ -99,6 +100,16 @@ def train_keys_help() -> str:
             "keep_alive",
             "how long the job stays up for sampling after training (e.g. 10m; default 0: it"
             " completes, freeing its device)",
+        ),
+        (
+            "retry",
+            "{max, on, backoff_s}: retry a failed attempt (worker_crashed, host_lost, oom) from the"
+            " newest resumable checkpoint",
+        ),
+        (
+            "budget",
+            "device-seconds the run may use (e.g. 10m); spent, it stops and saves checkpoint final"
+            " (%cortex usage shows what was used)",
         ),
     ]
     text = ["%%cortex train spec keys (YAML; unknown keys are refused):"]

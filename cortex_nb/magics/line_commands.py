@@ -1,5 +1,5 @@
-"""The line subcommands: connect, status, capacity, models, jobs, job, logs, cancel, checkpoints, compare,
-help.
+"""The line subcommands: connect, status, capacity, models, jobs, job, logs, cancel, compare, help
+(checkpoints: checkpoints.py).
 
 Tables come back as DataFrames (so `df = %cortex jobs` works); the rest print.
 """
@@ -14,8 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import discovery, errors
 from ..protocol.states import JOB_STATES, JOB_TERMINAL, clock, display_state
-from ..train_spec import save_supported
-from .registry import checkpoints_supported, noninteractive, subcommand
+from .registry import NOTIFY, noninteractive, subcommand
 
 if TYPE_CHECKING:
     from . import CortexMagics
@@ -92,10 +91,17 @@ def status_command(self: CortexMagics, args: Any, cell: str | None) -> None:
 @subcommand("capacity", "line", "devices, slots in use and available, sampling engine (DataFrame)")
 @magic_arguments(name="cortex capacity")
 def capacity_command(self: CortexMagics, args: Any, cell: str | None):
-    """Devices and their slots, as a DataFrame."""
-    from ..views import capacity_frame
+    """Devices and their slots, as a DataFrame; adapter hosts (a base shared by training slots) as lines."""
+    from ..views import adapter_host_lines, capacity_frame
 
-    return capacity_frame(self.client().get_capacity())
+    capacity = self.client().get_capacity()
+    source_runs = capacity.get("source_runs") or {}
+    if source_runs.get("sandbox") == "none":
+        # Unsandboxed (allowed by the operator) or refused: either way the user must know before submitting.
+        print(f"source runs: {source_runs['note']}")
+    for line in adapter_host_lines(capacity):
+        print(line)
+    return capacity_frame(capacity)
 
 
 @subcommand("models", "line", "models this backend can load (DataFrame)")
@@ -111,13 +117,75 @@ def models_command(self: CortexMagics, args: Any, cell: str | None):
 @magic_arguments(name="cortex jobs")
 @argument("--status", choices=JOB_STATES, help="only jobs whose backend status is this")
 @argument("--limit", type=int, default=50, help="at most this many (default 50)")
+@argument(
+    "--all",
+    action="store_true",
+    help="also the short-lived jobs %%cortex compare and sampling a finished run start (hidden by default)",
+)
 def jobs_command(self: CortexMagics, args: Any, cell: str | None):
     """Jobs visible to this token, newest first, as a DataFrame: state (one word: queued, starting,
     training, sampling, idle, done, failed, cancelled), step, loss per token, eval loss per token,
-    duration, and learning rate, LoRA rank, batch size and planned steps."""
+    duration, and learning rate, LoRA rank, batch size and planned steps. The short-lived jobs that
+    `%cortex compare` and sampling on demand start are left out, as in the sidebar; `--all` lists them."""
     from ..views import jobs_frame
 
-    return jobs_frame(self.client().list_jobs(status=args.status, limit=args.limit))
+    return jobs_frame(self.client().list_jobs(status=args.status, limit=args.limit, short_lived=args.all))
+
+
+@subcommand(
+    "stats", "line", "jobs and runs by state, queue wait, device-hours per owner and model (DataFrame)"
+)
+@magic_arguments(name="cortex stats")
+@argument("--days", type=float, default=7.0, help="the window: this many days up to now (default 7)")
+@argument("--owner", help="whose work (an admin's token only; default: your own, or everyone's for an admin)")
+@argument("--no-plot", action="store_true", help="the DataFrame only, without the chart above it")
+def stats_command(self: CortexMagics, args: Any, cell: str | None):
+    """Statistics the backend computes over a window (GET /v1/stats), one row per figure: jobs and runs
+    created in it by state, their queue wait (median, p95), and device-hours spent in it per owner and
+    per model. Above the DataFrame, a chart of the queue wait and the device-hours per owner."""
+    import time
+
+    from IPython.display import display
+
+    from ..views import stats_frame
+    from ..widgets.stats_chart import StatsChart
+
+    if args.days <= 0:
+        raise UsageError("--days must be more than 0")
+    until = time.time()
+    stats = self.client().stats(until - args.days * 86400, until, args.owner)
+    if not args.no_plot:
+        display(StatsChart(stats))
+    return stats_frame(stats)
+
+
+@subcommand("usage", "line", "device-seconds used per user and per job over a window (DataFrame)")
+@magic_arguments(name="cortex usage")
+@argument("--days", type=float, default=30.0, help="the window: this many days up to now (default 30)")
+@argument("--owner", help="whose work (an admin's token only; default: your own, or everyone's for an admin)")
+def usage_command(self: CortexMagics, args: Any, cell: str | None):
+    """Device-seconds spent in a window, as GET /v1/stats counts them (each sub-job holds one device slot
+    from its job's start to its end; a source run its devices): one row per user, then one per job,
+    most first. A run's `budget` is spent against the same count."""
+    import time
+
+    from ..views import usage_frame
+
+    if args.days <= 0:
+        raise UsageError("--days must be more than 0")
+    until = time.time()
+    return usage_frame(self.client().stats(until - args.days * 86400, until, args.owner))
+
+
+@subcommand("speedtest", "line", "measure the link to the backend: upload and download MB/s, latency")
+@magic_arguments(name="cortex speedtest")
+@argument("--mb", type=float, default=8.0, help="MB sent each way (default 8, at most 33)")
+def speedtest_command(self: CortexMagics, args: Any, cell: str | None) -> None:
+    """Time round trips, a download and an upload against the backend (GET/POST /v1/speedtest) and print
+    the figures; large uploads then show an ETA from them."""
+    from ..link_speed import describe
+
+    print(describe(self.client().speedtest(args.mb)))
 
 
 @subcommand("job", "line", "a live widget for an existing job (also after a kernel restart)")
@@ -126,7 +194,9 @@ def jobs_command(self: CortexMagics, args: Any, cell: str | None):
 def job_command(self: CortexMagics, args: Any, cell: str | None):
     """Show a job live, from the backend's record of it (its progress: steps, loss and eval curves,
     samples; logs; device metrics): a run started in another kernel, or before a restart, is shown
-    where it really is, and goes on advancing."""
+    where it really is, and goes on advancing. In a kernel not yet connected, this user's running local
+    backend is used when the job is there."""
+    self.local_connection_with(args.job_id)
     client = self.client()
     if noninteractive():
         from ..job_state import JobState
@@ -137,8 +207,22 @@ def job_command(self: CortexMagics, args: Any, cell: str | None):
         return None
     from ..widgets.job_widget import show_job
 
-    show_job(client, args.job_id, save_supported())
+    show_job(client, args.job_id)
     return None
+
+
+@subcommand(
+    "notify", "line", "a note in the cell when a watched run ends, fails or starts waiting (off by default)"
+)
+@magic_arguments(name="cortex notify")
+@argument("state", nargs="?", choices=("on", "off"), help="on or off; without it, print the setting")
+def notify_command(self: CortexMagics, args: Any, cell: str | None) -> None:
+    """Turn on (or off) a note under each job widget of this kernel when its run ends, fails or starts
+    waiting for a device. Off by default (notebooks checked by nbval keep their outputs); JupyterLab's
+    bell tells the same from the sidebar."""
+    if args.state is not None:
+        NOTIFY["on"] = args.state == "on"
+    print(f"cortex notify: {'on' if NOTIFY['on'] else 'off'}")
 
 
 @subcommand("logs", "line", "print a job's last log lines; -f follows new ones")
@@ -190,17 +274,6 @@ def cancel_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     print(f"{args.job_id}: {job['status']}{note}")
 
 
-@subcommand("checkpoints", "line", "a job's checkpoints (DataFrame)", available=checkpoints_supported)
-@magic_arguments(name="cortex checkpoints")
-@argument("job_id")
-def checkpoints_command(self: CortexMagics, args: Any, cell: str | None):
-    """A job's checkpoints, as a DataFrame."""
-    from ..training import TrainingJob
-
-    client = self.client()
-    return TrainingJob(client, client.get_job(args.job_id)).checkpoints()
-
-
 @subcommand("compare", "line", "compare runs: loss curves, hyperparameters and final metrics, A/B samples")
 @magic_arguments(name="cortex compare")
 @argument("job_ids", nargs="+", metavar="ID", help="two or more jobs")
@@ -228,11 +301,12 @@ def compare_command(self: CortexMagics, args: Any, cell: str | None):
         max_tokens=args.max_tokens,
         samples=not args.no_samples,
     )
+    # Shown here, once; returning it as well would show it a second time (IPython displays a cell's
+    # value). `-o VAR` keeps it.
     if noninteractive():
         print(comparison.text())
     else:
         comparison.show()
     if args.output:
         self.shell.user_ns[args.output] = comparison
-        return None
-    return comparison
+    return None

@@ -13,6 +13,15 @@ def noninteractive() -> bool:
     return os.environ.get("CORTEX_NONINTERACTIVE", "").strip().lower() in ("1", "true", "yes")
 
 
+# `%cortex notify on|off`: a line under a job's widget when its run ends, fails or starts waiting.
+# Off by default, so notebooks run under nbval keep the same outputs.
+NOTIFY = {"on": False}
+
+
+def notify_enabled() -> bool:
+    return NOTIFY["on"]
+
+
 def checkpoints_supported() -> bool:
     from ..client import Client
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ..protocol.states import SHORT_LIVED
 from .registry import subcommand
 
 if TYPE_CHECKING:
@@ -22,12 +23,14 @@ if TYPE_CHECKING:
 @argument("--max-tokens", type=int, default=64, help="tokens to generate per sample (default 64)")
 @argument("--top-p", type=float, help="nucleus sampling threshold (default 1.0)")
 @argument("--seed", type=int, help="make sampling reproducible")
+@argument("--stream", action="store_true", help="show the text live, token by token, as it is decoded")
 @argument(
     "-o", "--output", metavar="VAR", help="store the DataFrame in VAR (otherwise it is the cell's result, _)"
 )
 def sample_command(self: CortexMagics, args: Any, cell: str | None):
     """Sample completions. The cell holds one prompt per line, or a YAML list of prompts. Returns a
-    DataFrame of prompt, sample, logprob and finish_reason. Ctrl-C cancels the request."""
+    DataFrame of prompt, sample, logprob and finish_reason. With --stream the cell shows each sample's
+    text as it is decoded. Ctrl-C cancels the request."""
     from ..training import Sampler, TrainingJob
 
     if bool(args.job) == bool(args.model):
@@ -51,9 +54,17 @@ def sample_command(self: CortexMagics, args: Any, cell: str | None):
         if args.job:
             handle = TrainingJob(client, client.get_job(args.job))
         else:
-            sampler = handle = Sampler.create(client, args.model, name="%%cortex sample")
-        future = handle.generate(prompts, **sampling)
-        frame = future.result().to_dataframe()
+            sampler = handle = Sampler.create(
+                client, args.model, name="%%cortex sample", labels=SHORT_LIVED["sample"]
+            )
+        if args.stream:
+            result = stream_into_cell(handle, prompts, sampling)
+        else:
+            future = handle.generate(prompts, **sampling)
+            result = future.result()
+        frame = result.to_dataframe()
+        if result.checkpoint_id:
+            print(result.provenance())
     except KeyboardInterrupt:
         if future is not None:
             future.cancel()
@@ -90,3 +101,23 @@ def parse_prompts(body: str) -> list[str]:
     if not prompts:
         raise UsageError("cortex sample: the cell holds no prompts; write one prompt per line")
     return prompts
+
+
+def stream_into_cell(handle: Any, prompts: list[str], sampling: dict[str, Any]) -> Any:
+    """Generate with a live view: one line per sample, its text growing as tokens arrive (redrawn a few
+    times a second). A job that has ended streams from its checkpoint, sampled on demand."""
+    from IPython.display import Pretty, display
+
+    from ..live_text import LiveSamples
+
+    stream = handle.generate_stream(prompts, **sampling)
+    live = LiveSamples(prompts)
+    view = display(Pretty(live.render()), display_id=True)
+    try:
+        for piece in stream:
+            if live.add(piece):
+                view.update(Pretty(live.render()))
+    finally:
+        stream.close()
+    view.update(Pretty(live.render(done=True)))
+    return stream.result

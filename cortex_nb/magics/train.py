@@ -1,4 +1,4 @@
-"""`%%cortex train`: parse the YAML spec, submit it as a managed training run, and watch it.
+"""`%%cortex train`: parse the YAML spec, submit it as a training run, and watch it.
 
 The backend runs the loop in the training worker (`Client.train`); this cell only submits and shows a
 live widget fed from the job's progress record (or, non-interactive, prints progress lines). The run
@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..train_spec import save_supported
 from .registry import noninteractive, subcommand
 
 if TYPE_CHECKING:
@@ -29,6 +28,12 @@ if TYPE_CHECKING:
     metavar="VAR",
     help="store the TrainingJob in VAR (otherwise it is the cell's result, _)",
 )
+@argument("--priority", type=int, help="queue band 0-9, higher first (default 5)")
+@argument(
+    "--budget",
+    metavar="TIME",
+    help="device-seconds the run may use (e.g. 600, 90s, 10m, 1h); spent, it stops and saves 'final'",
+)
 @argument(
     "--wait", action="store_true", help="block until training ends (Ctrl-C stops watching; the run goes on)"
 )
@@ -37,13 +42,15 @@ def train_command(self: CortexMagics, args: Any, cell: str | None):
     training loop; the cell returns at once and the widget follows the run, which goes on if this
     kernel restarts (%cortex job ID shows it again)."""
     from ..job_state import JobState
-    from ..train_spec import parse_train_spec
+    from ..train_spec import parse_budget, parse_train_spec
 
     client = self.client()
     # The cell's first line is the %%cortex line: with it standing in as a blank line, the spec's errors
     # name the lines as the cell numbers them.
     spec = parse_train_spec("\n" + (cell or ""))
-    job = client.train(spec, name=args.name, namespace=self.shell.user_ns)
+    if args.budget is not None:
+        spec.budget_device_s = parse_budget(args.budget, "--budget")
+    job = client.train(spec, name=args.name, namespace=self.shell.user_ns, priority=args.priority)
     state = JobState(job.job_id, args.name, spec.base_model)
     state.set_job(job.info)
     if noninteractive():
@@ -52,7 +59,7 @@ def train_command(self: CortexMagics, args: Any, cell: str | None):
     else:
         from ..widgets.job_widget import JobWidget, remember_widget
 
-        widget = JobWidget(client, state, save_supported())
+        widget = JobWidget(client, state)
         remember_widget(widget)
         widget.show()
         completed = watch(job, state, printer=False) if args.wait else True

@@ -35,6 +35,13 @@ TRAINER_STATE = "trainer_state.json"
 RNG_STATE = "rng_state.safetensors"
 ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
 RESUMABLE_FILES = (OPTIMIZER_STATE, TRAINER_STATE, RNG_STATE)
+# The checkpoint the end of a training is saved as (a training run's last step, or "Free device" on
+# a job with trained steps no checkpoint holds); `final-2`, ... when the name is taken.
+FINAL_CHECKPOINT = "final"
+# The resumable checkpoints a managed loop writes by itself: every few minutes without `save` in the spec
+# (only the newest kept), and where it paused when the backend drained.
+AUTO_CHECKPOINT_PREFIX = "auto-step-"
+DRAINED_CHECKPOINT_PREFIX = "drained-step-"
 # Optimizer tensors are stored as "<adapter tensor name>::<state key>", e.g. "...lora_A.weight::exp_avg".
 STATE_SEPARATOR = "::"
 

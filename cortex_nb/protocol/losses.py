@@ -86,6 +86,11 @@ TENSORS: dict[str, TensorSpec] = {
         ),
         TensorSpec("logprobs", "float32", "each target's log-probability under the policy that sampled it"),
         TensorSpec("advantages", "float32", "each position's advantage"),
+        TensorSpec(
+            "sequence_ratio_mask",
+            "float32",
+            "non-zero at the positions whose log-ratios average into their sequence's importance ratio (GSPO)",
+        ),
     )
 }
 
@@ -123,6 +128,23 @@ LOSSES: dict[str, LossSpec] = {
             ("target_tokens", "logprobs", "advantages"),
             config=RATIO_CLIP,
             metrics=("loss:sum", "ratio:mean", "clip_fraction:mean"),
+        ),
+        LossSpec(
+            "gspo",
+            "loss = -sum(min(s * adv, clip(s, low, high) * adv)), s = stop_gradient(exp(mean of"
+            " logprob - sampling_logprob over the sequence's masked positions)) * exp(logprob - stop_gradient(logprob))",
+            ("target_tokens", "logprobs", "advantages", "sequence_ratio_mask"),
+            config=RATIO_CLIP,
+            metrics=("loss:sum", "ratio:mean", "clip_fraction:mean"),
+        ),
+        LossSpec(
+            "dro",
+            "loss = -sum(logprob * adv - beta / 2 * (logprob - sampling_logprob)^2)",
+            ("target_tokens", "logprobs", "advantages"),
+            config=(
+                ConfigKey("beta", 0.05, 0.0, 1000.0, "the weight of the quadratic penalty on the log-ratio"),
+            ),
+            metrics=("loss:sum",),
         ),
     )
 }

@@ -24,9 +24,10 @@ from .versions import API_VERSION, __version__
 REF = "#/components/schemas/{model}"
 BODY_ERRORS = ("invalid_json", "invalid_field", "body_too_large")
 AUTH_ERRORS = ("unauthenticated", "forbidden")
-# Any route may fail unexpectedly, or be refused when the backend has all the connections it allows;
-# the answer is still the error body.
-EVERY_ROUTE_ERRORS = ("internal_error", "too_many_connections")
+# Any route may fail unexpectedly, be refused when the backend has all the connections it allows, or meet
+# a store that refuses writes (a full disk, a database lock another process holds); the answer is still the
+# error body.
+EVERY_ROUTE_ERRORS = ("internal_error", "too_many_connections", "storage_unavailable", "insufficient_storage")
 # Codes with an HTTP status that no route of this document answers with, and who answers with them.
 ANSWERED_ELSEWHERE = {
     "route_not_found": "the backend, for a path no route has",
@@ -36,13 +37,15 @@ ANSWERED_ELSEWHERE = {
     "backend_unavailable": "the Jupyter proxy (server_extension)",
     "version_mismatch": "the client, for a backend of another API major",
     "not_supported": "the Cortex SDK face (docs/cortex-sdk.md), on its own routes",
-    "rate_limited": "the Cortex SDK face's chunk groups",
     "chunk_group_restart_required": "the Cortex SDK face's chunk groups",
     "chunk_group_conflict": "the Cortex SDK face's chunk groups",
     "chunk_group_missing_chunks": "the Cortex SDK face's chunk groups",
     "session_not_found": "the Tinker face (docs/tinker.md), on its own routes under /api/v1",
     "model_not_found": "the Tinker face (docs/tinker.md), on its own routes under /api/v1",
     "session_expired": "the Tinker face (docs/tinker.md), on its own routes under /api/v1",
+    "too_many_sessions": "the Tinker face (docs/tinker.md), on its own routes under /api/v1",
+    "download_link_invalid": "the Tinker face (docs/tinker.md), for a signed URL (external weights, a session trace)",
+    "custom_loss_refused": "the Tinker face (docs/tinker.md), for a custom loss graph outside its allow-list",
 }
 # Path parameters the backend checks before looking anything up; the others are any one segment.
 PATH_SCHEMAS: dict[str, dict[str, Any]] = {
@@ -77,7 +80,22 @@ def _models(table: tuple[Route, ...]) -> list[tuple[type[BaseModel], str]]:
     return list(pairs)
 
 
+# One server-sent event, as OpenAPI 3.2 describes a stream's items (`itemSchema`): its name and its data line.
+SERVER_SENT_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer", "minimum": 0},
+    },
+}
+
+
 def _content(content: Content) -> dict[str, Any]:
+    if content.media_type == "text/event-stream":
+        return {content.media_type: {"itemSchema": SERVER_SENT_EVENT}}
     schema = (
         {"type": "string"}
         if content.media_type.startswith(("text/", "application/x-ndjson"))

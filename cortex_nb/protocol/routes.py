@@ -19,7 +19,19 @@ from urllib.parse import quote
 from pydantic import BaseModel
 
 from . import wire
-from .schemas import checkpoints, data_plane, datasets, jobs, logs, meta, observability, runs, telemetry
+from .schemas import (
+    checkpoints,
+    data_plane,
+    datasets,
+    jobs,
+    logs,
+    meta,
+    observability,
+    runs,
+    speedtest,
+    stats,
+    telemetry,
+)
 
 READ = "jobs:read"
 WRITE = "jobs:write"
@@ -108,24 +120,36 @@ JOB_ROUTES = (
     "step",
     "generate",
     "noop",
+    "reset_prefix_cache",
+    "router_replay_discard",
     "save",
     "load",
     "weight_sync",
     "list_requests",
     "list_checkpoints",
+    "job_lineage",
     "job_logs",
     "job_metrics",
 )
 REQUEST_ROUTES = ("get_request", "cancel_request", "get_request_tensors")
-CHECKPOINT_ROUTES = ("get_checkpoint", "export_checkpoint", "delete_checkpoint")
+CHECKPOINT_ROUTES = ("get_checkpoint", "export_checkpoint", "update_checkpoint", "delete_checkpoint")
 TO_JOB = follow(JOB_ROUTES, job_id="job_id")
+# What a forward_backward or forward naming recorded routes can be refused with (docs/router-replay.md).
+REPLAY = ("router_replay_unsupported", "router_replay_mismatch", "unknown_routes")
 TO_REQUEST = follow(REQUEST_ROUTES, job_id="job_id", request_id="request_id")
 RUN_ROUTES = ("get_run", "cancel_run", "run_logs", "run_report", "list_run_outputs")
 TO_RUN = follow(RUN_ROUTES, run_id="run_id")
 
 # Error codes a kind of route can answer with, besides the ones it names itself.
 JOB = ("job_not_found",)
-SUBMIT = (*JOB, "job_finished", "unsupported_operation", "idempotency_key_reused", "invalid_request")
+SUBMIT = (
+    *JOB,
+    "job_finished",
+    "unsupported_operation",
+    "idempotency_key_reused",
+    "invalid_request",
+    "backend_draining",
+)
 # a generate or forward run with a saved adapter (`adapter`) instead of the live one
 SAVED_ADAPTER = (
     "checkpoint_not_found",
@@ -142,7 +166,8 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/version",
         None,
-        summary="service, version and API version (no authentication)",
+        summary="service, version and API version (no authentication); with ?challenge=, the local backend's proof",
+        query=meta.VersionQuery,
         reply=meta.Version,
     ),
     Route(
@@ -170,12 +195,16 @@ ROUTES: tuple[Route, ...] = (
             "invalid_model_name",
             "too_many_training_sub_jobs",
             "exceeds_capacity",
+            "multi_gpu_sampling_unsupported",
             "conflict",
             "dataset_not_found",
             "spec_invalid",
             "idempotency_key_reused",
             "job_id_unavailable",
             "no_host_for_model",
+            "priority_not_allowed",
+            "checkpoint_not_found",
+            "backend_draining",
         ),
     ),
     Route(
@@ -183,7 +212,8 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/v1/jobs",
         READ,
-        summary="the caller's jobs (an admin's: everyone's), newest first",
+        summary="the caller's jobs (an admin's: everyone's), newest first, filtered by name, state, time,"
+        " label or owner",
         query=jobs.ListJobsQuery,
         reply=jobs.JobPage,
     ),
@@ -215,6 +245,34 @@ ROUTES: tuple[Route, ...] = (
         reply=jobs.CompletedJob,
         errors=(*JOB, "job_finished"),
     ),
+    Route(
+        "update_job",
+        "PATCH",
+        "/v1/jobs/{job_id}",
+        WRITE,
+        summary="rename a job, or replace its labels (tags)",
+        body=jobs.UpdateJob,
+        reply=jobs.JobView,
+        errors=(*JOB, "invalid_request"),
+    ),
+    Route(
+        "delete_job",
+        "DELETE",
+        "/v1/jobs/{job_id}",
+        WRITE,
+        summary="forget a finished job: its record, logs and checkpoints (refused while it runs or keeps one)",
+        reply=jobs.DeletedJob,
+        errors=(*JOB, "job_not_finished", "checkpoint_kept", "checkpoint_in_use"),
+    ),
+    Route(
+        "job_lineage",
+        "GET",
+        "/v1/jobs/{job_id}/lineage",
+        READ,
+        summary="job → step → checkpoint → exports, loads and samplings; the job's weight syncs",
+        reply=checkpoints.JobLineage,
+        errors=JOB,
+    ),
     # data plane: each answers 202 {request_id}
     Route(
         "forward_backward",
@@ -235,6 +293,7 @@ ROUTES: tuple[Route, ...] = (
             "chunk_mismatch",
             "not_found",
             "conflict",
+            *REPLAY,
         ),
     ),
     Route(
@@ -261,7 +320,18 @@ ROUTES: tuple[Route, ...] = (
         reply=data_plane.Submitted,
         status=202,
         links=TO_REQUEST,
-        errors=(*SUBMIT, "invalid_batch", *SAVED_ADAPTER),
+        errors=(
+            *SUBMIT,
+            "invalid_batch",
+            *SAVED_ADAPTER,
+            "router_replay_unsupported",
+            "router_replay_cache_full",
+        ),
+        stream=Content(
+            "text/event-stream",
+            "with `stream: true`: server-sent events `submitted`, `tokens` ({samples: [{prompt_index,"
+            " sample_index, tokens, logprobs, text}]}) as they are decoded, and a last `result` (RequestStatus)",
+        ),
     ),
     Route(
         "forward",
@@ -283,6 +353,7 @@ ROUTES: tuple[Route, ...] = (
             "conflict",
             "unknown_loss",
             *SAVED_ADAPTER,
+            *REPLAY,
         ),
     ),
     Route(
@@ -297,6 +368,29 @@ ROUTES: tuple[Route, ...] = (
         status=202,
         links=TO_REQUEST,
         errors=SUBMIT,
+    ),
+    Route(
+        "reset_prefix_cache",
+        "POST",
+        "/v1/jobs/{job_id}/reset_prefix_cache",
+        WRITE,
+        summary="drop the sampling engine's cached prompt prefixes, after the sub-job's queued requests",
+        query=data_plane.OperationQuery,
+        body=data_plane.ResetPrefixCacheBody,
+        reply=data_plane.Submitted,
+        status=202,
+        links=TO_REQUEST,
+        errors=SUBMIT,
+    ),
+    Route(
+        "router_replay_discard",
+        "POST",
+        "/v1/jobs/{job_id}/router_replay/discard",
+        WRITE,
+        summary="free MoE routes recorded for replay (generate's `record_routes`): the named ones, or all",
+        body=data_plane.RouterReplayDiscardBody,
+        reply=data_plane.RouterReplayDiscarded,
+        errors=JOB,
     ),
     Route(
         "list_requests",
@@ -362,7 +456,13 @@ ROUTES: tuple[Route, ...] = (
         reply=data_plane.Submitted,
         status=202,
         links=TO_REQUEST,
-        errors=(*SUBMIT, "invalid_checkpoint_id", "checkpoint_not_found", "incompatible_adapter"),
+        errors=(
+            *SUBMIT,
+            "invalid_checkpoint_id",
+            "checkpoint_not_found",
+            "incompatible_adapter",
+            "managed_run_busy",
+        ),
     ),
     Route(
         "weight_sync",
@@ -382,10 +482,21 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/v1/jobs/{job_id}/checkpoints",
         READ,
-        summary="a job's valid checkpoints",
+        summary="a job's valid checkpoints, filtered by type, kept, step or time",
+        query=checkpoints.ListCheckpointsQuery,
         reply=checkpoints.CheckpointList,
         errors=JOB,
         links=follow(CHECKPOINT_ROUTES, job_id="job_id", checkpoint_id="checkpoints/0/checkpoint_id"),
+    ),
+    Route(
+        "prune_checkpoints",
+        "POST",
+        "/v1/jobs/{job_id}/prune_checkpoints",
+        WRITE,
+        summary="delete a job's checkpoints in bulk: all but `final` and the kept ones, or those older than",
+        body=checkpoints.PruneCheckpoints,
+        reply=checkpoints.PrunedCheckpoints,
+        errors=JOB,
     ),
     Route(
         "get_checkpoint",
@@ -395,6 +506,43 @@ ROUTES: tuple[Route, ...] = (
         summary="one checkpoint",
         reply=checkpoints.CheckpointView,
         errors=(*JOB, "checkpoint_not_found", "invalid_checkpoint_id"),
+    ),
+    Route(
+        "update_checkpoint",
+        "PATCH",
+        "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}",
+        WRITE,
+        summary="set a checkpoint's TTL (or none), publish or unpublish it, mark it keep or take the mark off",
+        body=checkpoints.CheckpointUpdate,
+        reply=checkpoints.CheckpointView,
+        errors=(
+            *JOB,
+            "checkpoint_not_found",
+            "invalid_checkpoint_id",
+            "invalid_field",
+            "checkpoint_publication_unchanged",
+        ),
+    ),
+    Route(
+        "copy_checkpoint",
+        "POST",
+        "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/copy",
+        WRITE,
+        summary="copy a checkpoint you may read (yours, or a published one) into a new job of yours",
+        body=checkpoints.CheckpointCopy,
+        reply=checkpoints.CheckpointView,
+        status=201,
+        errors=("checkpoint_not_found", "invalid_checkpoint_id", "invalid_field", "quota_exceeded"),
+    ),
+    Route(
+        "storage",
+        "GET",
+        "/v1/storage",
+        READ,
+        summary="bytes of checkpoints per owner (against the quota), per job",
+        query=checkpoints.StorageQuery,
+        reply=checkpoints.StorageView,
+        errors=("forbidden",),
     ),
     Route(
         "delete_checkpoint",
@@ -408,6 +556,7 @@ ROUTES: tuple[Route, ...] = (
             "checkpoint_not_found",
             "invalid_checkpoint_id",
             "checkpoint_in_use",
+            "checkpoint_kept",
             "idempotency_key_reused",
         ),
     ),
@@ -524,6 +673,8 @@ ROUTES: tuple[Route, ...] = (
             "not_found",
             "conflict",
             "unsupported_operation",
+            "sandbox_unavailable",
+            "priority_not_allowed",
         ),
     ),
     Route(
@@ -531,7 +682,8 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/v1/runs",
         READ,
-        summary="the caller's runs, newest first",
+        summary="the caller's runs (an admin's: everyone's), newest first, filtered by name, state, time,"
+        " label or owner",
         query=runs.ListRunsQuery,
         reply=runs.RunPage,
     ),
@@ -639,6 +791,35 @@ ROUTES: tuple[Route, ...] = (
         summary="job and request state changes after a cursor",
         query=observability.EventsQuery,
         reply=observability.EventPage,
+    ),
+    Route(
+        "stats",
+        "GET",
+        "/v1/stats",
+        READ,
+        summary="jobs and runs by state, queue wait and device-seconds per owner and model over a window",
+        query=stats.StatsQuery,
+        reply=stats.Stats,
+    ),
+    Route(
+        "speedtest_download",
+        "GET",
+        "/v1/speedtest",
+        READ,
+        summary="the link speed test: N bytes to time a download (or 0, a round trip); a few per minute per token",
+        query=speedtest.SpeedtestQuery,
+        reply=Content("application/octet-stream", "`bytes` bytes of no meaning"),
+        errors=("rate_limited",),
+    ),
+    Route(
+        "speedtest_upload",
+        "POST",
+        "/v1/speedtest",
+        READ,
+        summary="the link speed test: a body of at most 32 MiB, counted and dropped; a few per minute per token",
+        body=Content("application/octet-stream", "any bytes, at most 32 MiB"),
+        reply=speedtest.SpeedtestReceived,
+        errors=("rate_limited", "body_too_large"),
     ),
     Route(
         "client_telemetry",

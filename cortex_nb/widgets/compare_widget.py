@@ -5,12 +5,12 @@ or more (green) likely the other run finds it."""
 from __future__ import annotations
 
 from html import escape
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ipywidgets as widgets
 
 from ..views import ComparedRuns, ScoredSample
-from .svg import Line, line_chart
+from .svg import Line, line_chart, svg_img
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,11 +46,29 @@ class ComparisonWidget(widgets.VBox):
         )
         self.add_class("cortex-compare-widget")
 
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        """The widget view, and next to it the same comparison as static HTML: what a notebook shows
+        where the widget's kernel or model is gone (a comparison never changes once drawn)."""
+        bundle = super()._repr_mimebundle_(**kwargs) or {}
+        bundle["text/html"] = static_html(self.comparison)
+        return bundle
+
     def __repr__(self) -> str:
         return repr(self.comparison)
 
 
-def curves_svg(comparison: Comparison) -> str:
+def static_html(comparison: Comparison) -> str:
+    """The whole comparison as one self-contained HTML block (the curves as an image: viewers drop
+    inline SVG from untrusted output)."""
+    return (
+        '<div class="cortex-compare-static">'
+        f"<div><b>{escape(repr(comparison))}</b></div>"
+        f"<div>{svg_img(curves_svg(comparison, standalone=True), 'loss per token of each run')}</div>"
+        f"{table_html(comparison)}{ab_html(comparison)}</div>"
+    )
+
+
+def curves_svg(comparison: Comparison, standalone: bool = False) -> str:
     lines = []
     for index, job in enumerate(comparison.jobs):
         color = PALETTE[index % len(PALETTE)]
@@ -76,15 +94,28 @@ def curves_svg(comparison: Comparison) -> str:
         empty_text="no steps recorded",
         width=560,
         height=220,
+        standalone=standalone,
     )
 
 
 def table_html(comparison: Comparison) -> str:
     return (
         '<div class="cortex-compare-table" style="overflow-x:auto">'
-        + comparison.table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}")
+        + shown_table(comparison).to_html(index=False)
         + "</div>"
     )
+
+
+def shown_table(comparison: Comparison) -> pd.DataFrame:
+    """The table as a reader sees it: "–" where a run has no value (a client's own loop has no planned
+    steps or batch size), never `None` or `NaN`."""
+
+    def cell(value: Any) -> Any:
+        if value is None or (isinstance(value, float) and value != value):
+            return "–"
+        return f"{value:.4g}" if isinstance(value, float) else value
+
+    return comparison.table.astype(object).map(cell)
 
 
 def ab_html(comparison: Comparison) -> str:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from html import escape
 
-from ..job_state import Snapshot, format_count, format_duration
+from ..job_state import Snapshot
 from ..protocol.states import (
     JOB_RUNNING,
     WORD_CANCELLED,
@@ -21,7 +21,10 @@ from ..protocol.states import (
     WORD_QUEUED,
     WORD_SAMPLING,
     WORD_STARTING,
+    WORD_STOPPED,
     WORD_TRAINING,
+    format_loss,
+    progress_timing,
 )
 from .relative_time import ago
 from .svg import Line, line_chart, svg_img
@@ -41,11 +44,18 @@ BADGE_COLORS = {
     WORD_DONE: "#15803d",
     WORD_FAILED: "#b91c1c",
     WORD_CANCELLED: NEUTRAL,
+    WORD_STOPPED: "#475569",  # ended by the user with its adapter kept: neither a failure nor the planned end
     "running": "#2563eb",  # a source run's word while it runs (it has no training phases)
 }
-BAR_STYLES = {WORD_DONE: "success", WORD_FAILED: "danger", WORD_CANCELLED: ""}
+BAR_STYLES = {WORD_DONE: "success", WORD_FAILED: "danger", WORD_CANCELLED: "", WORD_STOPPED: ""}
 BAR_COLORS = {"success": "#15803d", "danger": "#b91c1c", "info": "#0891b2", "": "#9ca3af"}
-COLORS = {"train": "#2563eb", "eval": "#ea580c", "util": "#16a34a", "memory": "#9333ea"}
+COLORS = {
+    "train": "#2563eb",
+    "eval": "#ea580c",
+    "util": "#16a34a",
+    "memory": "#9333ea",
+    "mismatch": "#dc2626",
+}
 # A running job whose progress is older than this says how old it is.
 STALE_AFTER_S = 15.0
 
@@ -64,7 +74,7 @@ def job_repr(snap: Snapshot) -> str:
     total = f"/{snap.total_steps}" if snap.total_steps else ""
     text = f"<cortex job {snap.job_id} {snap.status} step {snap.step}{total}"
     if snap.last_loss is not None:
-        text += f" loss per token {snap.last_loss:.4f}"
+        text += f" loss per token {format_loss(snap.last_loss)}"
     return text + ">"
 
 
@@ -113,22 +123,27 @@ def stats_parts(snap: Snapshot, now: float) -> list[str]:
     progress = snap.job.get("progress") or {}
     total = f"/{snap.total_steps}" if snap.total_steps else ""
     parts = [f"step {snap.step}{total}"]
-    if snap.eta_s is not None and not snap.finished:
-        parts.append(f"ETA {format_duration(snap.eta_s)}")
-    elif snap.elapsed_s is not None and snap.finished:
-        parts.append(f"took {format_duration(snap.elapsed_s)}")
-    if snap.tokens_per_s:
-        parts.append(f"{format_count(snap.tokens_per_s)} tok/s")
+    # ETA and tokens/s as the sidebar writes them: the same record fields, the same function.
+    timing = progress_timing(progress)
+    if timing:
+        parts.append(timing)
     if snap.last_loss is not None:
-        parts.append(f"loss per token {snap.last_loss:.4f}")
+        parts.append(f"loss per token {format_loss(snap.last_loss)}")
     if progress.get("summed_loss") is not None:
-        parts.append(f"summed loss {progress['summed_loss']:.4g}")
+        parts.append(f"summed loss {format_loss(progress['summed_loss'])}")
     if snap.last_eval is not None:
-        parts.append(f"eval loss per token {snap.last_eval:.4f}")
+        parts.append(f"eval loss per token {format_loss(snap.last_eval)}")
     if snap.checkpoints:
         parts.append(f"checkpoint {snap.checkpoints[-1]}")
+    if snap.job.get("device_seconds") is not None:
+        parts.append(device_seconds_text(snap.job["device_seconds"], progress.get("budget_device_s")))
     parts.extend(time_parts(snap, now))
     return parts
+
+
+def device_seconds_text(used: float, budget: float | None) -> str:
+    """Device-seconds used (the backend's count, the one a budget is spent against), and of what budget."""
+    return f"{used:,.0f} device-s" + (f" of {budget:,.0f} budget" if budget else "")
 
 
 def time_parts(snap: Snapshot, now: float) -> list[str]:
@@ -182,6 +197,19 @@ def loss_chart_svg(snap: Snapshot, log_scale: bool = False, standalone: bool = F
         x_label="step",
         empty_text="waiting for the first step",
         log_y=log_scale,
+        standalone=standalone,
+    )
+
+
+def mismatch_chart_svg(snap: Snapshot, standalone: bool = False) -> str:
+    """RL losses: the mean |sampler logprob - trainer logprob| per step (docs/sampling.md says what a
+    rising curve means)."""
+    worst = f" · last max {format_loss(snap.last_mismatch_max)}" if snap.last_mismatch_max is not None else ""
+    return line_chart(
+        "sampler ↔ trainer mismatch, mean |Δ logprob|" + worst,
+        [Line("mismatch", COLORS["mismatch"], snap.mismatch)],
+        x_label="step",
+        empty_text="no RL step yet",
         standalone=standalone,
     )
 
@@ -285,18 +313,50 @@ def static_html(snap: Snapshot, options: ViewOptions, now: float | None = None) 
         f"<div>{header_html(snap)}</div>",
         f"<div>{message_html(snap)}</div>" if snap.message else "",
         f"<div>{progress_bar_html(snap)}{stats_html(snap, now)}</div>",
-        f"<div>{svg_img(loss, f'{loss_alt}: ' + _series_text(snap))} {svg_img(device, 'device metrics')}</div>",
+        f"<div>{svg_img(loss, f'{loss_alt}: ' + _series_text(snap))} {svg_img(device, 'device metrics')}"
+        + (
+            f" {svg_img(mismatch_chart_svg(snap, standalone=True), 'sampler-trainer mismatch')}"
+            if snap.mismatch
+            else ""
+        )
+        + "</div>",
         device_note_html(snap),
         _details(samples_title(snap), samples_table(snap), options.samples_open) if snap.samples else "",
         logs_html(snap, options.logs_open),
+        "" if snap.finished else picture_note_html(snap, now),
         f"<div>{open_in_sidebar_html(snap.job_id)}</div>",
         "</div>",
     ]
     return "".join(parts)
 
 
+def continued_html(snap: Snapshot, options: ViewOptions, cell: int | None, now: float | None = None) -> str:
+    """The record of the cell that first showed a run, once a kernel restart moved its live view to `cell`
+    (`%cortex job ID` there): where the run went, then its picture (the final one once it ended)."""
+    where = f"cell {cell}" if cell else "another cell"
+    then = "its final picture below" if snap.finished else "the picture below is where it was then"
+    note = (
+        f'<div class="cortex-continued" style="font-style:italic">continued in {where}:'
+        f" after a kernel restart, <code>%cortex job {escape(snap.job_id)}</code> reattached this run"
+        f" there; {then}</div>"
+    )
+    return note + static_html(snap, options, now)
+
+
+def picture_note_html(snap: Snapshot, now: float) -> str:
+    """Under a picture of a run still going: when it was taken and how to see the run live (a notebook
+    reopened without the kernel that drew it shows this picture)."""
+    return (
+        f'<div class="cortex-picture-note" style="opacity:.6;font-size:11px">picture as of {clock_time(now)};'
+        f" <code>%cortex job {escape(snap.job_id)}</code> shows the run live</div>"
+    )
+
+
 def _series_text(snap: Snapshot) -> str:
     """The curve in words, for the image's alt text: first and last loss per token."""
     if snap.first_loss is None or snap.last_loss is None:
         return "no steps yet"
-    return f"{snap.first_loss:.4f} at step {snap.loss[0][0]:g}, {snap.last_loss:.4f} at step {snap.step}"
+    return (
+        f"{format_loss(snap.first_loss)} at step {snap.loss[0][0]:g},"
+        f" {format_loss(snap.last_loss)} at step {snap.step}"
+    )

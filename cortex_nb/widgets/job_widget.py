@@ -18,16 +18,17 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
-from IPython.display import display
+from IPython.display import HTML, display, update_display
 
 from ..errors import CortexError
 from ..job_feed import JobFeed
 from ..job_state import JobState, Snapshot
 from ..kernel_threads import capture_parent, start_thread
-from ..protocol.states import JOB_RUNNING
+from ..protocol.states import CELL_DISPLAY_LABEL, JOB_RUNNING
 from .job_view import (
     ViewOptions,
     bar_style,
+    continued_html,
     device_chart_svg,
     device_note_html,
     header_html,
@@ -36,6 +37,7 @@ from .job_view import (
     logs_title,
     loss_chart_svg,
     message_html,
+    mismatch_chart_svg,
     open_in_sidebar_html,
     refresh_in,
     samples_table,
@@ -50,6 +52,8 @@ if TYPE_CHECKING:
     from ..client import Client
 
 MAX_REMEMBERED_WIDGETS = 32
+# The words `%cortex notify on` says (a run ended, failed, or waits for a device).
+NOTIFY_WORDS = frozenset({"done", "stopped", "failed", "cancelled", "queued"})
 # While the job has ended but the feed still collects its last lines, look again this soon.
 FINAL_ROUND_S = 0.5
 CHART_LAYOUT = {"flex": "1 1 320px", "min_width": "240px", "max_width": "580px"}
@@ -65,7 +69,7 @@ def disclosure(title: str, body: widgets.Widget, open_: bool) -> widgets.Accordi
 class JobWidget(widgets.VBox):
     """A live view of one job. Display it; it follows the backend's record of the job."""
 
-    def __init__(self, client: Client, state: JobState, save_supported: bool = False) -> None:
+    def __init__(self, client: Client, state: JobState) -> None:
         self.client = client
         self.state = state
         self.header = widgets.HTML()
@@ -81,6 +85,8 @@ class JobWidget(widgets.VBox):
             layout=widgets.Layout(width="auto", align_self="flex-start"),
         )
         self.device_chart = widgets.HTML(layout=widgets.Layout(width="100%"))
+        # Shown once an RL loss reports the sampler-trainer gap.
+        self.mismatch_chart = widgets.HTML(layout=widgets.Layout(**CHART_LAYOUT, display="none"))
         self.device_note = widgets.HTML()
         self.samples_body = widgets.HTML()
         self.samples = disclosure("samples", self.samples_body, open_=True)
@@ -130,15 +136,12 @@ class JobWidget(widgets.VBox):
         )
         self.save_button.on_click(self._on_save)
         self.open_in_sidebar = widgets.HTML(open_in_sidebar_html(state.job_id))
-        buttons = (
-            [self.cancel_button, self.free_button]
-            + ([self.save_button] if save_supported else [])
-            + [self.open_in_sidebar]
-        )
+        buttons = [self.cancel_button, self.free_button] + [self.save_button] + [self.open_in_sidebar]
         charts = widgets.HBox(
             [
                 widgets.VBox([self.loss_chart, self.log_scale], layout=widgets.Layout(**CHART_LAYOUT)),
                 widgets.VBox([self.device_chart, self.device_note], layout=widgets.Layout(**CHART_LAYOUT)),
+                self.mismatch_chart,
             ],
             layout=widgets.Layout(flex_flow="row wrap", width="100%"),
         )
@@ -155,11 +158,16 @@ class JobWidget(widgets.VBox):
             ]
         )
         self.add_class("cortex-job-widget")
-        self.save_supported = save_supported
         self.feed = JobFeed(client, state)
         self.throttle = RenderThrottle(self.render, self._finished)
         self.action_errors: list[str] = []
         self._live_displays: list[Any] = []
+        # The display of the cell that first showed this run, when that was in an earlier kernel: its
+        # record follows this widget ("continued in cell N"). `continued_in` is this cell's number.
+        self.origin_display: str | None = None
+        self.continued_in: int | None = None
+        self._picture_moment: tuple[Any, ...] | None = None
+        self._notified_word: str | None = state.snapshot().status
         self.log_scale.observe(lambda _change: self.throttle.mark_dirty(), "value")
         self.logs.observe(self._on_logs_toggled, "selected_index")
         state.subscribe(self.throttle.mark_dirty)
@@ -173,9 +181,12 @@ class JobWidget(widgets.VBox):
         one state, one feed."""
         parent = capture_parent()
         self.throttle.parent = parent
+        snap = self.state.snapshot()
         handle = display(self, display_id=True)
-        if parent:  # in a kernel: this display becomes the static picture once the job has ended
+        if parent:  # in a kernel: this display's picture follows the run, and replaces it once it ended
             self._live_displays.append(handle)
+            self._picture_moment = self.picture_moment(snap)
+            self._find_origin(snap, handle.display_id)
         if not self.state.finished or self.feed.rounds == 0:  # a finished job still needs one round
             self.feed.start(parent)
         self.throttle.mark_dirty()
@@ -226,6 +237,74 @@ class JobWidget(widgets.VBox):
         bundle["text/html"] = self.static_html()
         return bundle
 
+    def picture_moment(self, snap: Snapshot) -> tuple[Any, ...]:
+        """What makes the cell's static picture worth rewriting: the state word and its reason, and each
+        tenth of the planned steps (a few rewrites per run: each one re-creates the widget's view)."""
+        total = snap.total_steps or 0
+        progress = snap.step * 10 // total if total else snap.step // 100
+        return (snap.status, snap.detail if snap.status != "training" else None, progress, snap.message)
+
+    def _refresh_pictures(self, snap: Snapshot) -> None:
+        """Rewrite each live display's bundle: the same widget view, and next to it a picture of now, so
+        a notebook saved (or a kernel lost) mid-run keeps where the run was, not how it started."""
+        moment = self.picture_moment(snap)
+        if moment == self._picture_moment or not self._live_displays:
+            return
+        self._picture_moment = moment
+        for handle in self._live_displays:
+            handle.update(self)
+        self._update_origin(snap)
+
+    def _find_origin(self, snap: Snapshot, display_id: str) -> None:
+        """The first display of a run records its id with the job (a label); a widget for the same run
+        in a later kernel finds it there and keeps that cell's record pointing here."""
+        if self.origin_display is not None:  # shown before: the origin is known
+            return
+        labels = dict(snap.job.get("labels") or {})
+        origin = labels.get(CELL_DISPLAY_LABEL)
+        if origin is None:
+            try:
+                self.client.api.update_job(
+                    self.state.job_id, labels={**labels, CELL_DISPLAY_LABEL: display_id}
+                )
+            except CortexError:  # a job this token may not relabel: its record just stays where it is
+                pass
+            self.origin_display = display_id
+            return
+        self.origin_display = origin
+        if origin != display_id:
+            self.continued_in = cell_number()
+            self._update_origin(snap)
+
+    def _update_origin(self, snap: Snapshot) -> None:
+        """Rewrite the first cell's record: continued in this cell, with the picture of now (or the end).
+        Frontends that forgot the display id at the restart ignore it; that record then keeps its note
+        naming `%cortex job ID`."""
+        if self.continued_in is None or self.origin_display is None:
+            return
+        bundle = {
+            "text/html": continued_html(snap, self.view_options(), self.continued_in),
+            "text/plain": f"{job_repr(snap)} (continued in cell {self.continued_in})",
+        }
+        update_display(bundle, display_id=self.origin_display, raw=True)
+
+    def _notify(self, snap: Snapshot) -> None:
+        """With `%cortex notify on`: one note in the cell when the run ends, fails or starts waiting."""
+        from ..magics.registry import notify_enabled
+
+        word = snap.status
+        if word == self._notified_word or not self._live_displays:
+            return
+        self._notified_word = word
+        if not notify_enabled() or word not in NOTIFY_WORDS:
+            return
+        detail = f" {snap.detail}" if snap.detail else ""
+        display(
+            HTML(
+                f'<div class="cortex-notice">cortex: {escape(snap.name or snap.job_id)} {escape(word)}{escape(detail)}</div>'
+            )
+        )
+
     def _freeze_displays(self) -> None:
         """Replace each live display by the final static picture (a trusted notebook reopened without
         this kernel would otherwise show "model not found" where the widget was)."""
@@ -233,6 +312,7 @@ class JobWidget(widgets.VBox):
         bundle = {"text/html": self.static_html(), "text/plain": repr(self)}
         for handle in displays:
             handle.update(bundle, raw=True)
+        self._update_origin(self.state.snapshot())
 
     # buttons ------------------------------------------------------------------------------------
     def _on_cancel(self, _button: Any = None) -> None:
@@ -330,6 +410,9 @@ class JobWidget(widgets.VBox):
         self.stats.value = stats_html(snap, now)
         self.loss_chart.value = loss_chart_svg(snap, self.log_scale.value)
         self.device_chart.value = device_chart_svg(snap)
+        if snap.mismatch:
+            self.mismatch_chart.value = mismatch_chart_svg(snap)
+            self.mismatch_chart.layout.display = None
         self.device_note.value = device_note_html(snap)
         if snap.samples:
             self.samples_body.value = samples_table(snap)
@@ -345,10 +428,13 @@ class JobWidget(widgets.VBox):
         if finished or free:
             self.confirm.layout.display = "none"
         if snap.finished:
+            self._notify(snap)
             if self._finished():
                 self._freeze_displays()
                 return None
             return FINAL_ROUND_S
+        self._refresh_pictures(snap)
+        self._notify(snap)
         return refresh_in(snap, now)
 
     def __repr__(self) -> str:
@@ -377,6 +463,15 @@ def cancel_warning(snap: Snapshot, unsaved: int) -> str:
     )
 
 
+def cell_number() -> int | None:
+    """The number of the cell running now (its `In [N]`), or None outside IPython. Read from the input
+    history, which holds the cell before it runs: IPython 9 has already counted past it by then, 8 not."""
+    from IPython import get_ipython
+
+    history = getattr(getattr(get_ipython(), "history_manager", None), "input_hist_parsed", None)
+    return len(history) - 1 if history else None
+
+
 def remember_widget(widget: JobWidget) -> None:
     _WIDGETS[widget.state.job_id] = widget
     _WIDGETS.move_to_end(widget.state.job_id)
@@ -384,7 +479,7 @@ def remember_widget(widget: JobWidget) -> None:
         _WIDGETS.popitem(last=False)
 
 
-def show_job(client: Client, job_id: str, save_supported: bool = False) -> JobWidget:
+def show_job(client: Client, job_id: str) -> JobWidget:
     """Display a live widget for an existing job.
 
     In the kernel that shows (or showed) it, the same widget appears again: one state, one feed.
@@ -397,6 +492,6 @@ def show_job(client: Client, job_id: str, save_supported: bool = False) -> JobWi
     job = client.get_job(job_id)
     state = JobState(job_id, job.get("name"))
     state.set_job(job)
-    widget = JobWidget(client, state, save_supported)
+    widget = JobWidget(client, state)
     remember_widget(widget)
     return widget.show()

@@ -19,7 +19,7 @@ from ..errors import CortexError
 from ..job_state import JobState, format_duration
 from ..kernel_threads import BackgroundLoop, capture_parent, start_thread
 from ..protocol.states import JOB_DONE, JOB_PENDING, JOB_RUNNING, JOB_TERMINAL, WORD_QUEUED
-from .job_view import BADGE_COLORS, BAR_STYLES, NEUTRAL, logs_pre, logs_title
+from .job_view import BADGE_COLORS, BAR_STYLES, NEUTRAL, logs_html, logs_pre, logs_title
 from .job_widget import disclosure
 from .throttle import RenderThrottle
 
@@ -154,7 +154,8 @@ class RunWidget(widgets.VBox):
     def show(self) -> RunWidget:
         parent = capture_parent()
         self.throttle.parent = parent
-        display(self)
+        self._display = display(self, display_id=True) if parent else None
+        self._picture_word = self._moment()
         self.feed.start(parent)
         SHOWN[self.handle.run_id] = self
         while len(SHOWN) > MAX_REMEMBERED:
@@ -217,6 +218,31 @@ class RunWidget(widgets.VBox):
             self.message.value += "<br>" + escape(
                 "saved: " + ", ".join(f"{n} -> {p}" for n, p in sorted(self.saved.items()))
             )
+        display_handle = getattr(self, "_display", None)
+        moment = self._moment()
+        if display_handle is not None and moment != getattr(self, "_picture_word", None):
+            # The output's picture follows the run's word (and its outputs, once saved): what a notebook
+            # shows where the widget's kernel or model is gone.
+            self._picture_word = moment
+            display_handle.update(self)
+
+    def _moment(self) -> tuple[Any, ...]:
+        snap = self.state.snapshot()
+        return (run_word(snap.job_status), bool(self.saved), snap.message)
+
+    def static_html(self) -> str:
+        """The run as one self-contained HTML block: its word, its summary and the log tail."""
+        return (
+            f'<div class="cortex-run-static" data-cortex-run="{escape(self.handle.run_id, quote=True)}">'
+            f"<div>{self.header.value}</div><div>{self.message.value}</div>"
+            f"{logs_html(self.state.snapshot(), open_=True)}</div>"
+        )
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        """The widget view, and next to it the static picture (see `static_html`)."""
+        bundle = super()._repr_mimebundle_(**kwargs) or {}
+        bundle["text/html"] = self.static_html()
+        return bundle
 
     def __repr__(self) -> str:
         snap = self.state.snapshot()

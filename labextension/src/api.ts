@@ -6,20 +6,9 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { REQUEST_TERMINAL } from './contract';
 import { QueryValue, routePath } from './routes';
-import {
-  ICapacity,
-  ICheckpointView,
-  ICompletedJob,
-  IExtensionStatus,
-  IHostMetrics,
-  IJobLogPage,
-  IJobMetrics,
-  IJobView,
-  IRequestSummary,
-  IRouteReplies,
-  JsonRouteName
-} from './types';
+import { ICapacity, ICheckpointView, ICompletedJob, IDeletedJob, IExtensionStatus, IHostMetrics, IJobLineage, IJobLogPage, IJobMetrics, IJobView, IPrunedCheckpoints, IRequestStatus, IRequestSummary, IRouteReplies, IStats, IStorageView, JsonRouteName } from './types';
 
 export const API_PATH = 'cortex/api';
 
@@ -137,6 +126,21 @@ export class CortexApi {
     return this.call('complete_job', { job_id: jobId }, {}, {});
   }
 
+  /** "Save checkpoint": a resumable checkpoint of the trainer now; answers once it is saved. */
+  async saveCheckpoint(jobId: string, timeoutS = 300): Promise<IRequestStatus> {
+    const submitted = await this.call('save', { job_id: jobId }, {}, { type: 'resumable' });
+    const deadline = Date.now() + timeoutS * 1000;
+    for (;;) {
+      const status = await this.call('get_request', { job_id: jobId, request_id: submitted.request_id }, { wait: 10 });
+      if (REQUEST_TERMINAL.includes(status.status)) {
+        return status;
+      }
+      if (Date.now() > deadline) {
+        throw new CortexApiError(0, 'timeout', `the save of ${jobId} is still ${status.status}; it keeps going`);
+      }
+    }
+  }
+
   async listRequests(jobId: string, limit = 50): Promise<IRequestSummary[]> {
     return (await this.call('list_requests', { job_id: jobId }, { limit })).requests;
   }
@@ -152,5 +156,43 @@ export class CortexApi {
 
   async checkpoints(jobId: string): Promise<ICheckpointView[]> {
     return (await this.call('list_checkpoints', { job_id: jobId })).checkpoints;
+  }
+
+  /** Rename a job, or replace its labels (tags) whole. */
+  updateJob(jobId: string, change: { name?: string; labels?: Record<string, string> }): Promise<IJobView> {
+    return this.call('update_job', { job_id: jobId }, {}, change);
+  }
+
+  /** Forget a finished job with its logs and checkpoints (refused while it runs or keeps a checkpoint). */
+  deleteJob(jobId: string): Promise<IDeletedJob> {
+    return this.call('delete_job', { job_id: jobId });
+  }
+
+  /** Checkpoint bytes per owner (against the quota) and per job. */
+  storage(): Promise<IStorageView> {
+    return this.call('storage');
+  }
+
+  /** `GET /v1/stats` over its default window (the last 7 days), for `owner` (the token's own when null). */
+  stats(owner: string | null): Promise<IStats> {
+    return this.call('stats', {}, owner ? { owner } : {});
+  }
+
+  /** Job → step → checkpoint → exports, loads and samplings; the job's weight syncs. */
+  lineage(jobId: string): Promise<IJobLineage> {
+    return this.call('job_lineage', { job_id: jobId });
+  }
+
+  keepCheckpoint(jobId: string, checkpointId: string, kept: boolean): Promise<ICheckpointView> {
+    return this.call('update_checkpoint', { job_id: jobId, checkpoint_id: checkpointId }, {}, { kept });
+  }
+
+  /** Delete a job's checkpoints but `final` and the kept ones (or only those older than); a dry run deletes nothing. */
+  pruneCheckpoints(jobId: string, options: { olderThanS?: number; dryRun?: boolean } = {}): Promise<IPrunedCheckpoints> {
+    const body: Record<string, unknown> = { keep_final: true, dry_run: options.dryRun ?? false };
+    if (options.olderThanS !== undefined) {
+      body.older_than_s = options.olderThanS;
+    }
+    return this.call('prune_checkpoints', { job_id: jobId }, {}, body);
   }
 }

@@ -8,7 +8,7 @@ export const API_VERSION = "1.0";
 
 export interface IRouteSpec {
   readonly name: string;
-  readonly method: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  readonly method: 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE';
   /** `{name}` placeholders each fill one path segment. */
   readonly template: string;
 }
@@ -21,11 +21,16 @@ export const PROXIED_ROUTES: Readonly<Record<string, IRouteSpec>> = {
   get_job: { name: "get_job", method: "GET", template: "/v1/jobs/{job_id}" },
   cancel_job: { name: "cancel_job", method: "POST", template: "/v1/jobs/{job_id}/cancel" },
   complete_job: { name: "complete_job", method: "POST", template: "/v1/jobs/{job_id}/complete" },
+  update_job: { name: "update_job", method: "PATCH", template: "/v1/jobs/{job_id}" },
+  delete_job: { name: "delete_job", method: "DELETE", template: "/v1/jobs/{job_id}" },
+  job_lineage: { name: "job_lineage", method: "GET", template: "/v1/jobs/{job_id}/lineage" },
   forward_backward: { name: "forward_backward", method: "POST", template: "/v1/jobs/{job_id}/forward_backward" },
   step: { name: "step", method: "POST", template: "/v1/jobs/{job_id}/step" },
   generate: { name: "generate", method: "POST", template: "/v1/jobs/{job_id}/generate" },
   forward: { name: "forward", method: "POST", template: "/v1/jobs/{job_id}/forward" },
   noop: { name: "noop", method: "POST", template: "/v1/jobs/{job_id}/noop" },
+  reset_prefix_cache: { name: "reset_prefix_cache", method: "POST", template: "/v1/jobs/{job_id}/reset_prefix_cache" },
+  router_replay_discard: { name: "router_replay_discard", method: "POST", template: "/v1/jobs/{job_id}/router_replay/discard" },
   list_requests: { name: "list_requests", method: "GET", template: "/v1/jobs/{job_id}/requests" },
   get_request: { name: "get_request", method: "GET", template: "/v1/jobs/{job_id}/requests/{request_id}" },
   get_request_tensors: { name: "get_request_tensors", method: "GET", template: "/v1/jobs/{job_id}/requests/{request_id}/tensors" },
@@ -34,7 +39,11 @@ export const PROXIED_ROUTES: Readonly<Record<string, IRouteSpec>> = {
   load: { name: "load", method: "POST", template: "/v1/jobs/{job_id}/load" },
   weight_sync: { name: "weight_sync", method: "POST", template: "/v1/jobs/{job_id}/weight_sync" },
   list_checkpoints: { name: "list_checkpoints", method: "GET", template: "/v1/jobs/{job_id}/checkpoints" },
+  prune_checkpoints: { name: "prune_checkpoints", method: "POST", template: "/v1/jobs/{job_id}/prune_checkpoints" },
   get_checkpoint: { name: "get_checkpoint", method: "GET", template: "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}" },
+  update_checkpoint: { name: "update_checkpoint", method: "PATCH", template: "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}" },
+  copy_checkpoint: { name: "copy_checkpoint", method: "POST", template: "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/copy" },
+  storage: { name: "storage", method: "GET", template: "/v1/storage" },
   delete_checkpoint: { name: "delete_checkpoint", method: "DELETE", template: "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}" },
   export_checkpoint: { name: "export_checkpoint", method: "GET", template: "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/export" },
   put_dataset: { name: "put_dataset", method: "PUT", template: "/v1/datasets/{dataset_id}" },
@@ -57,6 +66,9 @@ export const PROXIED_ROUTES: Readonly<Record<string, IRouteSpec>> = {
   job_metrics: { name: "job_metrics", method: "GET", template: "/v1/jobs/{job_id}/metrics" },
   host_metrics: { name: "host_metrics", method: "GET", template: "/v1/host/metrics" },
   list_events: { name: "list_events", method: "GET", template: "/v1/events" },
+  stats: { name: "stats", method: "GET", template: "/v1/stats" },
+  speedtest_download: { name: "speedtest_download", method: "GET", template: "/v1/speedtest" },
+  speedtest_upload: { name: "speedtest_upload", method: "POST", template: "/v1/speedtest" },
   client_telemetry: { name: "client_telemetry", method: "POST", template: "/v1/telemetry" },
 };
 
@@ -71,14 +83,17 @@ export const REQUEST_TERMINAL: readonly string[] = ["cancelled", "failed", "succ
 /** Stable failure codes and what each means. */
 export const FAILURE_CODES: Readonly<Record<string, string>> = {
   "invalid_batch": "the batch does not fit the model or the loss (shapes, dtypes, token ids, length)",
+  "custom_loss_failed": "a custom loss raised while it ran on the trainer (or grew past its size bound); the message names the node",
   "unsupported_operation": "the sub-job (or model) does not serve this operation",
   "exceeds_capacity": "the job or run needs more devices (or memory) than this backend has (a pending job fails so when the hosts left in a cluster can never hold it)",
   "invalid_dataset": "the dataset is not JSONL training rows, or could not be cut into training rows",
   "incompatible_adapter": "the weights do not fit the sub-job's adapter (base model, rank or target modules)",
   "no_host_for_model": "no host of the cluster that is up now has the model (a pending job fails so when the last such host leaves)",
   "job_finished": "the job has ended (or is completing) and takes no new requests",
+  "router_replay_cache_full": "the routes kept for replay would pass the job's cap; discard routes already trained on, or raise the cap",
   "checkpoint_corrupted": "a checkpoint file no longer matches its SHA-256; it was not loaded",
   "quota_exceeded": "the owner's checkpoint quota would be exceeded; nothing was kept",
+  "storage_unavailable": "the backend's store refused writes (its disk is full, or another process holds its database lock); an answer: retry shortly. A job: it failed after retrying, keeping what was recorded",
   "cancelled": "cancelled by the user",
   "backend_restarted": "the backend restarted while this was in flight",
   "worker_crashed": "the worker process serving the sub-job died",
@@ -89,15 +104,24 @@ export const FAILURE_CODES: Readonly<Record<string, string>> = {
   "no_gradients": "step found no gradients to apply: call forward_backward first",
   "non_finite_gradients": "a step's gradient norm was NaN or infinite; lower the learning rate or clip gradients",
   "training_loop_failed": "the managed training loop raised an error; see the message and the job's logs",
+  "restore_failed": "a parked training client could not be brought back from its saved state; load checkpoint 'parked' into a new one",
   "weight_sync_failed": "a sampler could not take the trainer's weights; it kept its previous ones",
   "weight_sync_timeout": "a weight-sync participant did not answer in time",
 };
+
+/** The label of the short-lived jobs compare and sampling on demand start: the sidebar hides them. */
+export const PURPOSE_LABEL = "purpose";
+export const SHORT_LIVED_PURPOSES: readonly string[] = ["compare", "sample"];
+/** Labels the tool keeps for itself: not shown as tags, kept when the tags are edited. */
+export const INTERNAL_LABELS: readonly string[] = ["cell_display"];
+/** What a label's name may be (the backend refuses others with the field named). */
+export const LABEL_KEY_PATTERN = new RegExp("^[a-z][a-z0-9_.-]{0,62}$");
 
 /** Where a job's training is (its progress record's `phase`). */
 export const PROGRESS_PHASES = ["waiting", "training", "keep_alive", "finished", "stopped", "failed"] as const;
 
 /** One word per state, everywhere a job is shown (the widget, %cortex jobs, the sidebar). */
-export const DISPLAY_WORDS = ["queued", "starting", "training", "sampling", "idle", "done", "failed", "cancelled"] as const;
+export const DISPLAY_WORDS = ["queued", "starting", "training", "sampling", "idle", "done", "failed", "cancelled", "stopped"] as const;
 export type DisplayWord = (typeof DISPLAY_WORDS)[number];
 
 /** Python's round(): halves go to the even neighbour, so both languages write the same clock. */
@@ -166,5 +190,59 @@ export function displayState(job: IDisplayStateJob, nowS: number = Date.now() / 
   if (job.status === 'cancelled') {
     return ['cancelled', null];
   }
+  const total = progress?.total_steps;
+  if (progress?.phase === 'stopped' && total && (progress.step ?? 0) < total) {
+    const checkpoint = progress.last_checkpoint;
+    return ['stopped', `at ${progress.step ?? 0}/${total}` + (checkpoint ? ` (checkpoint ${checkpoint})` : '')];
+  }
   return ['done', null];
+}
+
+/** A loss with four significant digits ("1.234", "0.0002457"); "–" when there is none. */
+export function formatLoss(value: number | null | undefined): string {
+  if (value === null || value === undefined || !Number.isFinite(value)) {
+    return '–';
+  }
+  return Number(value.toPrecision(4)).toString();
+}
+
+/** A rate with a unit: "2.7k tok/s", "652 tok/s", "3.1 steps/s"; '' when unknown. */
+export function formatRate(value: number | null | undefined, unit: string): string {
+  if (value === null || value === undefined || !Number.isFinite(value)) {
+    return '';
+  }
+  if (value >= 1000) {
+    return `${(value / 1000).toFixed(1)}k ${unit}`;
+  }
+  return `${value >= 10 ? value.toFixed(0) : value.toFixed(1)} ${unit}`;
+}
+
+/** Binary units: "512 B", "1.5 GiB", "120 GiB"; "–" when unknown. */
+export function formatBytes(bytes: number | null | undefined): string {
+  if (bytes === null || bytes === undefined || !Number.isFinite(bytes)) {
+    return '–';
+  }
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return `${value >= 100 || unit === 0 ? value.toFixed(0) : value.toFixed(1)} ${units[unit]}`;
+}
+
+/** "ETA 0:18 · 2.1k tok/s" while training, "took 0:49 · 2.1k tok/s" after, from the record only. */
+export function progressTiming(progress: IJobView['progress'] | undefined): string {
+  if (!progress) {
+    return '';
+  }
+  const training = progress.phase === 'training';
+  return [
+    training && progress.eta_s !== null && progress.eta_s !== undefined ? `ETA ${clock(progress.eta_s)}` : '',
+    !training && progress.elapsed_s !== null && progress.elapsed_s !== undefined ? `took ${clock(progress.elapsed_s)}` : '',
+    formatRate(progress.tokens_per_s, 'tok/s')
+  ]
+    .filter(Boolean)
+    .join(' · ');
 }

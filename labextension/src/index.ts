@@ -4,16 +4,18 @@
  * from notebook outputs.
  */
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
+import { ICommandPalette, MainAreaWidget, Notification, Sanitizer, WidgetTracker } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import { CortexApi } from './api';
+import { installCellRecords } from './cellrecord';
 import { CommandIDs, registerCommands } from './commands';
 import { cortexIcon } from './icon';
 import { jobLabel, sortJobs } from './jobrows';
 import { PanelModel } from './model';
 import { installOpenJobListener } from './openlink';
 import { PanelRefresher } from './refresher';
+import { sidebarActions } from './sidebaractions';
 import { CompareView } from './widgets/compareview';
 import { JobView } from './widgets/jobview';
 import { CortexSidebar } from './widgets/sidebar';
@@ -26,7 +28,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
   activate: (app: JupyterFrontEnd, palette: ICommandPalette | null, restorer: ILayoutRestorer | null) => {
     const api = new CortexApi();
     const model = new PanelModel();
-    const refresher = new PanelRefresher(api, model);
+    // The bell: this user's runs that end, fail or start waiting, with what to do next.
+    const refresher = new PanelRefresher(api, model, 3000, notice => {
+      Notification.emit(notice.message, notice.type, {
+        autoClose: notice.type === 'error' ? false : 8000,
+        actions: [
+          {
+            label: 'Open in sidebar',
+            callback: () => void app.commands.execute(CommandIDs.openJob, { jobId: notice.jobId })
+          },
+          {
+            label: 'Insert %cortex job ID',
+            caption: 'Insert the line that shows this job into the active notebook (or copy it when none is)',
+            callback: () => void actions.insertJobLine(notice.jobId)
+          }
+        ]
+      });
+    });
+    const actions = sidebarActions(app, api, model, refresher);
     const jobs = new WidgetTracker<MainAreaWidget<JobView>>({ namespace: 'cortex-nb-job' });
     const comparisons = new WidgetTracker<MainAreaWidget<CompareView>>({ namespace: 'cortex-nb-compare' });
 
@@ -64,7 +83,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       openJob: jobId => void app.commands.execute(CommandIDs.openJob, { jobId }),
       refresh: () => void app.commands.execute(CommandIDs.refresh),
       startLocal: () => void refresher.startLocalBackend(),
-      compare: jobIds => void app.commands.execute(CommandIDs.compare, { jobIds })
+      compare: jobIds => void app.commands.execute(CommandIDs.compare, { jobIds }),
+      ...actions
     });
     sidebar.title.icon = cortexIcon;
     sidebar.title.caption = 'Cortex: GPUs and jobs';
@@ -105,6 +125,20 @@ const plugin: JupyterFrontEndPlugin<void> = {
     installOpenJobListener(document, jobId => {
       void app.commands.execute(CommandIDs.openJob, { jobId });
     });
+    // A cortex widget whose kernel or model is gone shows the picture its output carries (cellrecord.ts).
+    const sanitizer = new Sanitizer();
+    installCellRecords(
+      document.body,
+      function* () {
+        for (const widget of app.shell.widgets('main')) {
+          const cells = (widget as unknown as { content?: { widgets?: unknown } }).content?.widgets;
+          if (Array.isArray(cells)) {
+            yield* cells;
+          }
+        }
+      },
+      html => sanitizer.sanitize(html)
+    );
   }
 };
 

@@ -4,8 +4,9 @@
  * progress record has it, the actions a job offers, and the summary of a finished training.
  * Pure: no JupyterLab imports, unit-tested with jest.
  */
-import { JOB_TERMINAL, displayState } from './contract';
-import { formatAge, formatDuration, formatLoss, formatRate } from './format';
+import { JOB_TERMINAL, displayState, progressTiming } from './contract';
+import { formatAge, formatLoss } from './format';
+import { formatStart, jobTags } from './joblist';
 import { IJobView, IProgress } from './types';
 
 export function isTerminal(status: string): boolean {
@@ -47,19 +48,15 @@ export function jobProgress(job: IJobView): IProgressLine {
     record.loss_per_token !== null ? `loss per token ${formatLoss(record.loss_per_token)}` : '',
     record.eval_loss_per_token !== null ? `eval ${formatLoss(record.eval_loss_per_token)}` : ''
   ].filter(Boolean);
-  const training = record.phase === 'training';
-  const timing = [
-    training && record.eta_s !== null ? `ETA ${formatDuration(record.eta_s)}` : '',
-    !training && record.elapsed_s !== null ? `took ${formatDuration(record.elapsed_s)}` : '',
-    formatRate(record.tokens_per_s, 'tok/s')
-  ].filter(Boolean);
+  // The widget's stats line writes the same fields the same way (cortex_nb.protocol.states.progress_timing).
+  const timing = progressTiming(record);
   return {
     step,
     total,
     fraction: total ? Math.min(1, step / total) : null,
     label: total ? `step ${step}/${total}` : `step ${step}`,
     loss: losses.join(' · '),
-    timing: timing.join(' · ')
+    timing
   };
 }
 
@@ -77,6 +74,10 @@ export interface IJobRow {
   device: string;
   progress: IProgressLine;
   queuePosition: number | null;
+  /** "2026-12-02 11:38": when it started (or, while it waits, was created). */
+  start: string;
+  /** Its labels as `key=value` tags. */
+  tags: string[];
 }
 
 export function jobRow(job: IJobView, nowS: number): IJobRow {
@@ -94,7 +95,9 @@ export function jobRow(job: IJobView, nowS: number): IJobRow {
     model: models.join(', '),
     device: devices.join(', '),
     progress: jobProgress(job),
-    queuePosition: job.queue?.position ?? null
+    queuePosition: job.queue?.position ?? null,
+    start: formatStart(job),
+    tags: jobTags(job)
   };
 }
 
@@ -120,6 +123,8 @@ export interface ITrainingSummary {
   finalEval: number | null;
   durationS: number | null;
   finishedAt: number | null;
+  start: string;
+  tags: string[];
 }
 
 export function trainingSummary(job: IJobView, nowS: number): ITrainingSummary | null {
@@ -137,7 +142,9 @@ export function trainingSummary(job: IJobView, nowS: number): ITrainingSummary |
     finalLoss: record.loss_per_token,
     finalEval: record.eval_loss_per_token,
     durationS: record.elapsed_s,
-    finishedAt: job.finished_at
+    finishedAt: job.finished_at,
+    start: formatStart(job),
+    tags: jobTags(job)
   };
 }
 
@@ -172,24 +179,36 @@ export interface IJobActions {
   freeDevice: boolean;
   /** Set when Cancel would throw trained steps away: the confirmation to ask. */
   cancelWarning: string | null;
+  /** A trainer still training: save a resumable checkpoint now, or stop after the step in hand keeping the adapter. */
+  saveCheckpoint: boolean;
+  stopAndSave: boolean;
 }
+
+/** The confirmation Cancel asks when trained steps would be lost: the same three choices as the cell widget. */
+export const CANCEL_CHOICES = {
+  keep: 'Keep training',
+  stopAndSave: 'Stop and save',
+  discard: 'Cancel and discard'
+} as const;
 
 /**
  * A training that has finished (keep-alive, or idle until the backend frees it) offers "Free device",
  * never Cancel; a job still working offers Cancel, with a confirmation when trained steps would be lost.
  */
 export function jobActions(job: IJobView): IJobActions {
+  const none = { saveCheckpoint: false, stopAndSave: false };
   if (isTerminal(job.status)) {
-    return { cancel: false, freeDevice: false, cancelWarning: null };
+    return { cancel: false, freeDevice: false, cancelWarning: null, ...none };
   }
   if (job.status !== 'running') {
-    return { cancel: true, freeDevice: false, cancelWarning: null };
+    return { cancel: true, freeDevice: false, cancelWarning: null, ...none };
   }
   const phase = job.progress?.phase;
   const finished = phase === 'keep_alive' || phase === 'finished' || job.idle !== null;
   if (finished) {
-    return { cancel: false, freeDevice: true, cancelWarning: null };
+    return { cancel: false, freeDevice: true, cancelWarning: null, ...none };
   }
+  const trains = job.sub_jobs.some(sub => sub.type === 'training');
   const unsaved = unsavedSteps(job.progress);
   const record = job.progress;
   let warning: string | null = null;
@@ -197,7 +216,8 @@ export function jobActions(job: IJobView): IJobActions {
     const since = record?.last_checkpoint ? `since checkpoint ${record.last_checkpoint}` : 'so far (no checkpoint yet)';
     warning =
       `Cancel stops ${jobTitle(job)} now and keeps nothing: ` +
-      `${unsaved === null ? 'the trained steps' : `${unsaved} trained step${unsaved === 1 ? '' : 's'}`} ${since} would be lost.`;
+      `${unsaved === null ? 'the trained steps' : `${unsaved} trained step${unsaved === 1 ? '' : 's'}`} ${since} would be lost. ` +
+      `${CANCEL_CHOICES.stopAndSave} stops after the step in hand and keeps the adapter as checkpoint "final".`;
   }
-  return { cancel: true, freeDevice: false, cancelWarning: warning };
+  return { cancel: true, freeDevice: false, cancelWarning: warning, saveCheckpoint: trains, stopAndSave: trains };
 }

@@ -4,8 +4,23 @@
  */
 import { API_VERSION, PACKAGE_VERSION } from './contract';
 import { formatBytes } from './format';
+import { DEFAULT_FILTER, IJobFilter, filterJobs, hiddenShortLived } from './joblist';
 import { IJobRow, ITrainingSummary, finishedTrainings, isTerminal, jobRow, listedJobs } from './jobrows';
-import { ICapacity, ICheckpointView, IDeviceCapacity, IJobView, ILogLine, IMetricSample, IHostMetrics, IJobMetrics, IExtensionStatus } from './types';
+import { ICheckpointRow, IStorageJobRow, IStorageMeter, checkpointRows, storageJobRows, storageMeters } from './storage';
+import {
+  ICapacity,
+  ICheckpointView,
+  IDeviceCapacity,
+  IExtensionStatus,
+  IHostMetrics,
+  IJobLineage,
+  IJobMetrics,
+  IJobView,
+  ILogLine,
+  IMetricSample,
+  IStats,
+  IStorageView
+} from './types';
 
 export function apiMajor(version: string | undefined | null): number | null {
   if (!version) {
@@ -108,6 +123,31 @@ export function hostLines(capacity: ICapacity | null): string[] {
     const models = host.models ? ` · ${host.models.join(', ')}` : '';
     return `${host.host}: ${host.slots_available}/${host.slots_total} slots free${models}`;
   });
+}
+
+/**
+ * One line per adapter host (a worker holding a base once for the training slots on a device); the
+ * same words as `%cortex capacity` (cortex_nb/views.py `adapter_host_lines`).
+ */
+export function adapterHostLines(capacity: ICapacity | null): string[] {
+  const hosts = capacity?.executor?.adapter_hosts ?? [];
+  return hosts.map(
+    host =>
+      `adapter host ${host.device} · ${host.base_model}: ${host.slots} training slot(s) on one base` +
+      ` (${formatBytes(host.base_bytes)} held once; slots add ${formatBytes(host.slots_bytes)})`
+  );
+}
+
+/**
+ * "your device-hours this week: 1.25 h" from `GET /v1/stats` over its default 7-day window: the owner's own
+ * share when the stats cover several owners (an admin token), else the total. Empty before the first fetch.
+ */
+export function weekUsageLine(stats: IStats | null, owner: string | null): string {
+  if (!stats) {
+    return '';
+  }
+  const seconds = owner && stats.owner === null ? stats.device_seconds.by_owner[owner] ?? 0 : stats.device_seconds.total;
+  return `your device-hours this week: ${(seconds / 3600).toFixed(seconds < 36 ? 3 : 2)} h`;
 }
 
 /** The newest sample per device. */
@@ -277,6 +317,17 @@ export interface IPanelState {
   startError: string | null;
   /** Finished trainings ticked for comparison, in the order they were ticked. */
   compareSelection: string[];
+  /** Which jobs the lists show (name, id or tag; short-lived ones hidden by default). */
+  filter: IJobFilter;
+  /** Checkpoint bytes per owner and job; null before the first fetch or where the backend has no such route. */
+  storage: IStorageView | null;
+  /** The job whose checkpoints the storage section shows, and its lineage once fetched. */
+  storageJob: string | null;
+  lineage: IJobLineage | null;
+  /** The last storage action's outcome or refusal, shown under the storage section. */
+  storageNote: string | null;
+  /** This user's `GET /v1/stats` over the last 7 days; null before the first fetch or without the route. */
+  weekStats: IStats | null;
 }
 
 export class PanelModel {
@@ -290,7 +341,13 @@ export class PanelModel {
     updatedAt: null,
     startingLocal: false,
     startError: null,
-    compareSelection: []
+    compareSelection: [],
+    filter: DEFAULT_FILTER,
+    storage: null,
+    storageJob: null,
+    weekStats: null,
+    lineage: null,
+    storageNote: null
   };
   private _listeners = new Set<(model: PanelModel) => void>();
 
@@ -319,21 +376,59 @@ export class PanelModel {
     return versionWarnings(this._state.status);
   }
 
+  weekUsage(): string {
+    return weekUsageLine(this._state.weekStats, this._state.status?.identity?.owner ?? null);
+  }
+
   hosts(): string[] {
-    return hostLines(this._state.capacity);
+    return [...hostLines(this._state.capacity), ...adapterHostLines(this._state.capacity)];
   }
 
   devices(): IDeviceRow[] {
     return deviceRows(this._state.capacity, this._state.hostSamples);
   }
 
-  /** Jobs still going, and finished jobs that never trained. */
+  /** The jobs the filter lets through (short-lived ones only when asked for). */
+  get filteredJobs(): IJobView[] {
+    return filterJobs(this._state.jobs, this._state.filter);
+  }
+
+  /** Jobs still going, and finished jobs that never trained, as the filter lets through. */
   jobRows(nowS: number): IJobRow[] {
-    return listedJobs(this._state.jobs).map(job => jobRow(job, nowS));
+    return listedJobs(this.filteredJobs).map(job => jobRow(job, nowS));
   }
 
   finishedTrainings(nowS: number): ITrainingSummary[] {
-    return finishedTrainings(this._state.jobs, nowS);
+    return finishedTrainings(this.filteredJobs, nowS);
+  }
+
+  /** Short-lived jobs (compare, sampling on demand) the filter hides. */
+  get hiddenShortLived(): number {
+    return hiddenShortLived(this._state.jobs, this._state.filter);
+  }
+
+  setFilter(change: Partial<IJobFilter>): void {
+    this.update({ filter: { ...this._state.filter, ...change } });
+  }
+
+  storageMeters(): IStorageMeter[] {
+    return storageMeters(this._state.storage);
+  }
+
+  storageJobs(): IStorageJobRow[] {
+    return storageJobRows(this._state.storage);
+  }
+
+  /** The open job's checkpoints (empty until its lineage arrives, or when another job's is held). */
+  storageCheckpoints(): ICheckpointRow[] {
+    const lineage = this._state.lineage;
+    return lineage && lineage.job_id === this._state.storageJob ? checkpointRows(lineage) : [];
+  }
+
+  /** Open a job's checkpoints in the storage section, or close them when it is open already. */
+  toggleStorageJob(jobId: string): void {
+    const open = this._state.storageJob === jobId ? null : jobId;
+    this.update({ storageJob: open, lineage: null, storageNote: null });
   }
 
   /** Tick or untick a finished training for comparison. */

@@ -6,9 +6,12 @@
 import { Poll } from '@lumino/polling';
 
 import { CortexApi, CortexApiError } from './api';
-import { PanelModel, gpuMetricsNote, noLocalBackend } from './model';
+import { IPanelState, PanelModel, gpuMetricsNote, noLocalBackend } from './model';
+import { IRunNotice, runNotices } from './notices';
 import { hasRoute } from './routes';
-import { IMetricSample } from './types';
+import { IJobView, IMetricSample } from './types';
+
+const WEEK_STATS_EVERY_MS = 60_000;
 
 /** How many recent host samples the sidebar keeps (it shows the latest per device). */
 const HOST_SAMPLES_KEPT = 200;
@@ -16,11 +19,17 @@ const HOST_SAMPLES_KEPT = 200;
 export class PanelRefresher {
   readonly poll: Poll;
   private _hostSince: number | null = null;
+  /** The job list of the last round, to tell what changed since (null: nothing seen yet). */
+  private _lastJobs: IJobView[] | null = null;
+  // When this week's usage was last fetched: it changes slowly and scans the backend's records, so once a minute.
+  private _weekStatsAt = 0;
 
   constructor(
     private readonly _api: CortexApi,
     private readonly _model: PanelModel,
-    interval = 3000
+    interval = 3000,
+    /** Told when one of this user's runs ends, fails or starts waiting (the bell: see notices.ts). */
+    private readonly _onNotice: (notice: IRunNotice) => void = () => undefined
   ) {
     this.poll = new Poll({
       factory: () => this.refreshOnce(),
@@ -63,23 +72,32 @@ export class PanelRefresher {
         // shows here within one interval.
         model.update({ status, capacity: null, jobs: [], hostSamples: [], error: null, updatedAt: Date.now() });
         this._hostSince = null;
+        this._lastJobs = null;
         return;
       }
       if (!status.reachable || !status.authenticated) {
         model.update({ status, error: null, updatedAt: Date.now() });
         throw new Error(status.error?.message ?? 'backend not available');  // back off
       }
-      const [capacity, jobs, metrics] = await Promise.all([
+      const [capacity, jobs, metrics, storage, week] = await Promise.all([
         this._api.capacity(),
         this._api.listJobs(),
-        this._hostMetrics()
+        this._hostMetrics(),
+        this._storage(),
+        this._weekStats(status.identity?.owner ?? null)
       ]);
+      for (const notice of runNotices(this._lastJobs, jobs)) {
+        this._onNotice(notice);
+      }
+      this._lastJobs = jobs;
       model.update({
         status,
         capacity,
         jobs,
         hostSamples: metrics.samples,
         gpuMetricsNote: metrics.note,
+        ...storage,
+        ...week,
         error: null,
         updatedAt: Date.now()
       });
@@ -88,6 +106,40 @@ export class PanelRefresher {
       model.update({ error: message, updatedAt: Date.now() });
       throw error;  // the poll backs off
     }
+  }
+
+  /** This user's device time over the last 7 days, at most once a minute; left as it was on a refusal. */
+  private async _weekStats(owner: string | null): Promise<Partial<IPanelState>> {
+    const now = Date.now();
+    if (!hasRoute('stats') || now - this._weekStatsAt < WEEK_STATS_EVERY_MS) {
+      return {};
+    }
+    this._weekStatsAt = now;
+    const weekStats = await this._api.stats(owner).catch(() => null);
+    return weekStats ? { weekStats } : {};
+  }
+
+  /** Fetch the storage view and the open job's lineage now (after a storage action). */
+  async refreshStorage(): Promise<void> {
+    this._model.update(await this._storage());
+  }
+
+  /**
+   * Checkpoint storage, and the lineage of the job open in the storage section. A backend without these
+   * routes, or one refusing them, leaves the section empty rather than failing the round.
+   */
+  private async _storage(): Promise<Partial<IPanelState>> {
+    if (!hasRoute('storage')) {
+      return {};
+    }
+    const open = this._model.state.storageJob;
+    const [storage, lineage] = await Promise.all([
+      this._api.storage().catch(() => null),
+      open && hasRoute('job_lineage') ? this._api.lineage(open).catch(() => null) : Promise.resolve(null)
+    ]);
+    // The job may have been closed (or another opened) while the answers came.
+    const still = this._model.state.storageJob === open;
+    return still ? { storage, lineage } : { storage };
   }
 
   private async _hostMetrics(): Promise<{ samples: IMetricSample[]; note: string | null }> {

@@ -68,6 +68,8 @@ export interface IVersion {
   service: string;
   version: string;
   api_version: string;
+  /** with ?challenge=: the answer that proves this is the backend its state file names (cortex_nb/protocol/backend_proof.py); absent without a challenge */
+  proof?: string | null;
 }
 
 /** A job as every job route answers it, and each row of `GET /v1/jobs`. */
@@ -85,8 +87,10 @@ export interface IJobView {
   last_activity_at: number | null;
   idle_timeout_s: number | null;
   labels: Record<string, string>;
+  /** its queue band (0-9, higher first) */
+  priority?: number;
   sub_jobs: ISubJobView[];
-  /** a managed run's normalised spec */
+  /** a training run's normalised spec */
   training_loop: Record<string, unknown> | null;
   /** null while the job never trained */
   progress: IProgress | null;
@@ -94,6 +98,8 @@ export interface IJobView {
   queue: IQueueInfo | null;
   idle: IIdleInfo | null;
   keep_alive_until: number | null;
+  /** device-seconds so far: each sub-job holds one device slot from the job's start to its end */
+  device_seconds?: number | null;
 }
 
 export interface ISubJobView {
@@ -109,7 +115,7 @@ export interface ISubJobView {
   device: string | null;
   failure_code: string | null;
   failure_message: string | null;
-  /** what its worker reported when it was ready (device, dtype, adapter...) */
+  /** what its worker reported when it was ready (device, dtype, adapter...); a Tinker training client's `parking` (parked, parks, last_restore_s: docs/tinker.md) */
   info: Record<string, unknown> | null;
 }
 
@@ -157,7 +163,22 @@ export interface IProgress {
   /** at most 256 points, decimated on long runs */
   history: IHistoryPoint[];
   eval_history: IEvalPoint[];
+  /** RL losses: the last step's mean |sampler logprob - trainer logprob| over its sampled tokens */
+  sampler_mismatch_mean?: number | null;
+  /** the same gap's largest value */
+  sampler_mismatch_max?: number | null;
+  /** a training run's device-seconds budget (spent, it stops and saves 'final') */
+  budget_device_s?: number | null;
+  /** set when the budget stopped the run */
+  budget_stop?: IBudgetStop | null;
+  /** sampler_mismatch_mean per step, at most 256 points */
+  mismatch_history?: IMismatchPoint[];
   samples: ISamples | null;
+  resumed?: IResumeNote | null;
+  /** each attempt so far, with a retry policy in the spec */
+  attempts?: ITrainingAttempt[];
+  /** each time it made room for a higher-priority job */
+  preemptions?: IPreemption[];
   updated_at: number;
 }
 
@@ -172,6 +193,21 @@ export interface IEvalPoint {
   eval_loss_per_token: number | null;
 }
 
+/**
+ * Where a run's device-seconds budget ran out: the step at which it was found spent, the job's
+ * device-seconds then, and at the step before (under the budget).
+ */
+export interface IBudgetStop {
+  step: number;
+  device_seconds: number;
+  before: number | null;
+}
+
+export interface IMismatchPoint {
+  step: number;
+  sampler_mismatch_mean: number | null;
+}
+
 export interface ISamples {
   step: number;
   items: ISampleItem[];
@@ -182,12 +218,61 @@ export interface ISampleItem {
   text: string;
 }
 
-/** Why a pending job waits. */
+/**
+ * How a training run came back after the backend stopped: from which checkpoint, at which step, and
+ * how many trained steps no checkpoint held (they are trained again; 0 after a drained stop).
+ */
+export interface IResumeNote {
+  /** null: no resumable checkpoint, trained again from step 0 */
+  checkpoint_id: string | null;
+  step: number;
+  lost_steps: number;
+  /** how many times this run was resumed */
+  restarts: number;
+  at: number;
+  /** why it was resumed: a backend restart, its retry policy, or a preemption */
+  reason?: 'backend_restarted' | 'retry' | 'preempted';
+}
+
+/** One attempt of a training run with a retry policy (the shape of a source run's attempts). */
+export interface ITrainingAttempt {
+  attempt: number;
+  status: 'pending' | 'starting' | 'running' | 'done' | 'failed' | 'cancelled';
+  failure_code: string | null;
+  failure_message: string | null;
+  /** worker_crashed, host_lost or oom when the policy knows it */
+  retry_reason: string | null;
+  started_at: number | null;
+  finished_at: number;
+  /** the last step the attempt trained */
+  step: number;
+}
+
+/**
+ * A training run paused at a resumable checkpoint to give its device to a higher-priority job
+ * (`--preempt-below`); it resumed from that checkpoint, losing no step.
+ */
+export interface IPreemption {
+  at: number;
+  /** the step it paused at (and resumed from) */
+  step: number;
+  checkpoint_id: string;
+  /** the band of the waiting job it made room for */
+  by_priority: number;
+}
+
+/** Why a pending job waits, and where its priority puts it. */
 export interface IQueueInfo {
   position: number;
   reason: string;
   blocked_by: string[];
   estimate_s: number | null;
+  /** the band it asked for */
+  priority?: number;
+  /** its band now, raised by waiting (aging) */
+  effective_priority?: number;
+  /** ties in a band go oldest first */
+  submitted_at?: number | null;
 }
 
 /** A running job with nothing to do: the backend frees its device at `frees_at`. */
@@ -216,8 +301,10 @@ export interface ICompletedJob {
   last_activity_at: number | null;
   idle_timeout_s: number | null;
   labels: Record<string, string>;
+  /** its queue band (0-9, higher first) */
+  priority?: number;
   sub_jobs: ISubJobView[];
-  /** a managed run's normalised spec */
+  /** a training run's normalised spec */
   training_loop: Record<string, unknown> | null;
   /** null while the job never trained */
   progress: IProgress | null;
@@ -225,8 +312,70 @@ export interface ICompletedJob {
   queue: IQueueInfo | null;
   idle: IIdleInfo | null;
   keep_alive_until: number | null;
+  /** device-seconds so far: each sub-job holds one device slot from the job's start to its end */
+  device_seconds?: number | null;
   /** the checkpoint trained steps no checkpoint held were saved as first (`final`), or null */
   saved_checkpoint: string | null;
+}
+
+/** `DELETE /v1/jobs/{job_id}`: a finished job's record and its checkpoints are gone. */
+export interface IDeletedJob {
+  job_id: string;
+  deleted: boolean;
+  checkpoints_deleted: string[];
+  freed_bytes: number;
+}
+
+/** `GET /v1/jobs/{job_id}/lineage`: job → step → checkpoint → exports, loads and samplings; weight syncs. */
+export interface IJobLineage {
+  job_id: string;
+  name: string | null;
+  status: string;
+  /** the step training reached (the progress record), or null */
+  step: number | null;
+  /** bytes of all its checkpoints */
+  size_bytes: number;
+  /** oldest first */
+  checkpoints: ICheckpointLineage[];
+  weight_syncs: IWeightSyncRecord[];
+}
+
+export interface ICheckpointLineage {
+  checkpoint_id: string;
+  step: number;
+  type: string;
+  size_bytes: number;
+  kept: boolean;
+  created_at: number;
+  exports: ICheckpointExport[];
+  /** loads into sub-jobs, and samplings of it as a saved adapter */
+  uses: ICheckpointUse[];
+}
+
+export interface ICheckpointExport {
+  at: number;
+  contents: string;
+}
+
+/** A load of the checkpoint into a sub-job, or a generate that sampled it as a saved adapter. */
+export interface ICheckpointUse {
+  job_id: string;
+  sub_job_id: string;
+  request_id: string;
+  op: 'load' | 'generate' | 'forward';
+  status: string;
+  at: number;
+}
+
+export interface IWeightSyncRecord {
+  request_id: string;
+  at: number;
+  status: string;
+  /** the sampling sub-jobs that got the weights (before it succeeds: those asked; null: all) */
+  targets: string[] | null;
+  format: string | null;
+  /** path (delta or full), weight_version (the trainer's step sent), bytes, source_hash */
+  result: Record<string, unknown> | null;
 }
 
 /** 202: the request is queued; poll it by its id. */
@@ -235,6 +384,16 @@ export interface ISubmitted {
   job_id: string;
   sub_job_id: string;
   status: 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled';
+}
+
+/** What a discard freed and what the job still holds. */
+export interface IRouterReplayDiscarded {
+  discarded: number;
+  freed_bytes: number;
+  /** named ids the job does not hold (never recorded, or freed before) */
+  not_held: string[];
+  held_bytes: number;
+  cap_bytes: number;
 }
 
 export interface IRequestList {
@@ -307,6 +466,52 @@ export interface ICheckpointView {
   /** base_model, r, lora_alpha, target_modules, parameters */
   adapter: Record<string, unknown> | null;
   files: string[];
+  /** when the backend deletes it; null: never */
+  expires_at?: number | null;
+  /** readable (loaded, sampled) by every token of the backend */
+  public?: boolean;
+  /** marked keep: no bulk delete or expiry removes it */
+  kept?: boolean;
+}
+
+export interface IPrunedCheckpoints {
+  job_id: string;
+  dry_run: boolean;
+  /** checkpoints deleted (or, on a dry run, that would be) */
+  deleted: string[];
+  freed_bytes: number;
+  spared: ISparedCheckpoint[];
+}
+
+export interface ISparedCheckpoint {
+  checkpoint_id: string;
+  /** final: named final (keep_final); kept: marked keep; in_use: a load or export reads it; newer: created within older_than_s */
+  reason: 'final' | 'kept' | 'in_use' | 'newer';
+}
+
+/** `GET /v1/storage`. */
+export interface IStorageView {
+  owners: IOwnerStorage[];
+}
+
+export interface IOwnerStorage {
+  owner: string;
+  /** bytes the owner's checkpoints take on disk */
+  used_bytes: number;
+  /** the backend's --checkpoint-quota-bytes; null: no quota */
+  quota_bytes: number | null;
+  checkpoint_count: number;
+  /** jobs holding checkpoints, largest first */
+  jobs: IJobStorage[];
+}
+
+export interface IJobStorage {
+  job_id: string;
+  name: string | null;
+  status: string;
+  checkpoint_count: number;
+  kept_count: number;
+  size_bytes: number;
 }
 
 export interface IDeletedCheckpoint {
@@ -358,6 +563,7 @@ export interface ICapacity {
   pending_slots: number;
   hosts?: IHostCapacity[];
   executor?: IExecutorView | null;
+  source_runs?: ISourceRunsView | null;
   /** the caller's own pending jobs, in queue order */
   pending_jobs: IPendingJob[];
 }
@@ -394,8 +600,36 @@ export interface IHostCapacity {
 /** What runs sub-jobs: `local` worker processes, or `ray` actors on the hosts of a cluster. */
 export interface IExecutorView {
   name: string;
+  /** local: `adapter_host` (training sub-jobs on one device and base share a process, the base held once) or `isolation_per_job` (a process per sub-job) */
+  hosting?: string | null;
+  adapter_hosts?: IAdapterHostView[] | null;
   ray_address?: string | null;
   hosts?: string[] | null;
+  /** ray: true when the cluster takes clients without Ray's token authentication (the operator's --ray-insecure): anyone who reaches its ports can run code on its hosts */
+  ray_insecure?: boolean | null;
+}
+
+/** One adapter host: a worker process holding a base model once for the training slots on a device. */
+export interface IAdapterHostView {
+  device: string;
+  base_model: string;
+  pid: number;
+  /** training sub-jobs served by this process now */
+  slots: number;
+  /** the base model's weights, held once for every slot */
+  base_bytes: number;
+  /** what the slots add: each its adapter, gradients and AdamW moments (4x the adapter) */
+  slots_bytes: number;
+}
+
+/** Whether source runs get a sandbox here, and whether they are accepted at all without one. */
+export interface ISourceRunsView {
+  /** bubblewrap, none, or unknown (still starting) */
+  sandbox: string;
+  /** false: POST /v1/runs answers sandbox_unavailable */
+  runs_accepted: boolean;
+  /** what a user should know, in words (says UNSANDBOXED when it is) */
+  note: string;
 }
 
 export interface IPendingJob {
@@ -404,6 +638,8 @@ export interface IPendingJob {
   position: number;
   reason: string;
   estimate_s: number | null;
+  priority?: number | null;
+  effective_priority?: number | null;
 }
 
 export interface IModelList {
@@ -419,6 +655,8 @@ export interface IModelView {
   max_positions: number | null;
   hidden_size: number | null;
   num_layers: number | null;
+  /** how the base's weights are held: null (the device's precision), nf4 or int8 */
+  quantization?: string | null;
 }
 
 export interface ITokenized {
@@ -451,6 +689,9 @@ export interface IRunView {
   exit_code: number | null;
   spec: Record<string, unknown>;
   outputs: Record<string, unknown>;
+  /** its queue band (0-9, higher first) */
+  priority?: number;
+  labels?: Record<string, string>;
 }
 
 export interface IRunPage {
@@ -494,6 +735,41 @@ export interface IRunReport {
   /** the dedicated uid the run ran as (none: the backend's own) */
   run_uid?: number | null;
   limits?: Record<string, unknown> | null;
+  /** absent when --run-script-gate is off */
+  script_gate?: IScriptGateReport | null;
+  /** each attempt so far, with a retry policy in the spec (docs/run-spec.md) */
+  attempts?: IRunAttempt[] | null;
+}
+
+/** What the script gate found before the run started (docs/security.md: defence in depth). */
+export interface IScriptGateReport {
+  mode: 'strict' | 'warn';
+  files_scanned: number;
+  refused: boolean;
+  findings: IScriptFinding[];
+}
+
+export interface IScriptFinding {
+  /** relative to the work dir */
+  path: string;
+  line: number;
+  /** ctypes, shell, network, write_outside_workdir or unparsable */
+  rule: string;
+  message: string;
+}
+
+/** One attempt of a run with a retry policy. */
+export interface IRunAttempt {
+  attempt: number;
+  status: 'pending' | 'starting' | 'running' | 'done' | 'failed' | 'cancelled';
+  failure_code: string | null;
+  failure_message: string | null;
+  /** worker_crashed, oom or timeout when the policy knows it */
+  retry_reason: string | null;
+  started_at: number | null;
+  finished_at: number;
+  exit_code: number | null;
+  signal: number | null;
 }
 
 export interface IRunOutputs {
@@ -588,6 +864,49 @@ export interface IEvent {
   failure_code?: string | null;
 }
 
+/** `GET /v1/stats`. */
+export interface IStats {
+  since: number;
+  until: number;
+  /** whose work is counted (null: everyone's, for an admin) */
+  owner: string | null;
+  jobs: IStateCounts;
+  runs: IStateCounts;
+  queue_wait: IQueueWait;
+  /** time on devices inside the window: each sub-job holds one slot of one device, a run its devices; work still running counts up to now */
+  device_seconds: IDeviceSeconds;
+}
+
+export interface IStateCounts {
+  total: number;
+  /** jobs (or runs) created in the window, by status */
+  by_state: Record<string, number>;
+}
+
+export interface IQueueWait {
+  /** jobs and runs created in the window that have started */
+  count: number;
+  median_s: number | null;
+  /** nearest-rank 95th percentile */
+  p95_s: number | null;
+}
+
+export interface IDeviceSeconds {
+  total: number;
+  by_owner: Record<string, number>;
+  /** a sub-job's seconds go to its base model; a source run's are split evenly between the models it stages, or go to '(none)' */
+  by_model: Record<string, number>;
+  /** per job with device time in the window (its sub-jobs' seconds) */
+  by_job?: Record<string, number>;
+}
+
+/** `POST /v1/speedtest`: what arrived. */
+export interface ISpeedtestReceived {
+  bytes: number;
+  /** seconds from the body's first byte to its last, as the backend saw */
+  receive_s: number;
+}
+
 export interface ITelemetryAccepted {
   accepted: number;
 }
@@ -600,11 +919,16 @@ export interface IRouteReplies {
   get_job: IJobView;
   cancel_job: IJobView;
   complete_job: ICompletedJob;
+  update_job: IJobView;
+  delete_job: IDeletedJob;
+  job_lineage: IJobLineage;
   forward_backward: ISubmitted;
   step: ISubmitted;
   generate: ISubmitted;
   forward: ISubmitted;
   noop: ISubmitted;
+  reset_prefix_cache: ISubmitted;
+  router_replay_discard: IRouterReplayDiscarded;
   list_requests: IRequestList;
   get_request: IRequestStatus;
   cancel_request: IRequestStatus;
@@ -612,7 +936,11 @@ export interface IRouteReplies {
   load: ISubmitted;
   weight_sync: ISubmitted;
   list_checkpoints: ICheckpointList;
+  prune_checkpoints: IPrunedCheckpoints;
   get_checkpoint: ICheckpointView;
+  update_checkpoint: ICheckpointView;
+  copy_checkpoint: ICheckpointView;
+  storage: IStorageView;
   delete_checkpoint: IDeletedCheckpoint;
   put_dataset: IDatasetView;
   get_dataset: IDatasetView;
@@ -633,6 +961,8 @@ export interface IRouteReplies {
   job_metrics: IJobMetrics;
   host_metrics: IHostMetrics;
   list_events: IEventPage;
+  stats: IStats;
+  speedtest_upload: ISpeedtestReceived;
   client_telemetry: ITelemetryAccepted;
 }
 

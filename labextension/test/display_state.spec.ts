@@ -5,7 +5,17 @@
 import * as fs from 'fs';
 import * as path from 'path';
 
-import { DISPLAY_WORDS, IDisplayStateJob, clock, displayState } from '../src/contract';
+import {
+  DISPLAY_WORDS,
+  IDisplayStateJob,
+  clock,
+  displayState,
+  formatBytes,
+  formatLoss,
+  formatRate,
+  progressTiming
+} from '../src/contract';
+import { IJobView } from '../src/types';
 
 interface ICase {
   job: IDisplayStateJob;
@@ -39,4 +49,23 @@ describe('clock', () => {
     expect(clock(3725)).toBe('1:02:05');
     expect(clock(-5)).toBe('0:00');
   });
+});
+
+interface IFormats {
+  loss: [number | null, string][];
+  rate: [number | null, string][];
+  bytes: [number | null, string][];
+  timing: [IJobView['progress'], string][];
+}
+
+const formats = (fixture as unknown as { formats: IFormats }).formats;
+
+describe('one number, one text: the panel writes the progress record as the widget does', () => {
+  it.each(formats.loss)('loss %p -> %p', (value, text) => expect(formatLoss(value)).toBe(text));
+  it.each(formats.rate)('rate %p -> %p', (value, text) => expect(formatRate(value, 'tok/s')).toBe(text));
+  it.each(formats.bytes)('bytes %p -> %p', (value, text) => expect(formatBytes(value)).toBe(text));
+  it.each(formats.timing.map(([record, text]) => [JSON.stringify(record), record, text]))(
+    'timing %s',
+    (_, record, text) => expect(progressTiming(record as IJobView['progress'])).toBe(text)
+  );
 });

@@ -2,6 +2,7 @@ import { JOB_STATES } from '../src/contract';
 import { formatDuration, formatLoss, formatRate } from '../src/format';
 import {
   finishedTrainings,
+  CANCEL_CHOICES,
   jobActions,
   jobLabel,
   jobProgress,
@@ -97,7 +98,7 @@ describe('actions', () => {
       job({ progress: progress({ phase: 'finished', step: 80 }), idle: { timeout_s: 300, frees_at: 2300 } }),
       job({ progress: progress({ source: 'primitive', total_steps: null }), idle: { timeout_s: 300, frees_at: 2300 } })
     ]) {
-      expect(jobActions(finished)).toEqual({ cancel: false, freeDevice: true, cancelWarning: null });
+      expect(jobActions(finished)).toEqual({ cancel: false, freeDevice: true, cancelWarning: null, saveCheckpoint: false, stopAndSave: false });
     }
   });
 
@@ -105,13 +106,20 @@ describe('actions', () => {
     const unsaved = jobActions(job({ name: 'lr-3e-3', progress: progress({ last_checkpoint: 'step-40', last_checkpoint_step: 40 }) }));
     expect(unsaved.cancel).toBe(true);
     expect(unsaved.cancelWarning).toBe(
-      'Cancel stops lr-3e-3 now and keeps nothing: 2 trained steps since checkpoint step-40 would be lost.');
+      'Cancel stops lr-3e-3 now and keeps nothing: 2 trained steps since checkpoint step-40 would be lost. ' +
+        'Stop and save stops after the step in hand and keeps the adapter as checkpoint "final".');
+    // The job view offers what the cell widget offers: Save checkpoint, and Stop and save (also in the dialog).
+    expect(unsaved.saveCheckpoint).toBe(true);
+    expect(unsaved.stopAndSave).toBe(true);
+    expect(CANCEL_CHOICES).toEqual({ keep: 'Keep training', stopAndSave: 'Stop and save', discard: 'Cancel and discard' });
     const none = jobActions(job({ progress: progress() }));
     expect(none.cancelWarning).toContain('42 trained steps so far (no checkpoint yet) would be lost');
     const saved = jobActions(job({ progress: progress({ last_checkpoint: 'step-42', last_checkpoint_step: 42 }) }));
-    expect(saved).toEqual({ cancel: true, freeDevice: false, cancelWarning: null });
-    expect(jobActions(job({ status: 'pending' }))).toEqual({ cancel: true, freeDevice: false, cancelWarning: null });
-    expect(jobActions(job({ status: 'done', progress: progress() }))).toEqual({ cancel: false, freeDevice: false, cancelWarning: null });
+    expect(saved).toEqual({ cancel: true, freeDevice: false, cancelWarning: null, saveCheckpoint: true, stopAndSave: true });
+    expect(jobActions(job({ status: 'pending' }))).toEqual({ cancel: true, freeDevice: false, cancelWarning: null, saveCheckpoint: false, stopAndSave: false });
+    expect(jobActions(job({ status: 'done', progress: progress() }))).toEqual({ cancel: false, freeDevice: false, cancelWarning: null, saveCheckpoint: false, stopAndSave: false });
+    const sampler = job({ progress: null, sub_jobs: [{ ...job().sub_jobs[0], type: 'sampling' }] });
+    expect(jobActions(sampler).saveCheckpoint).toBe(false);  // nothing trains: nothing to save
   });
 
   it('assumes steps would be lost when the record cannot say which step a checkpoint holds', () => {

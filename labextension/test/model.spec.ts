@@ -4,6 +4,8 @@ import {
   LogBuffer,
   MetricSeries,
   PanelModel,
+  adapterHostLines,
+  weekUsageLine,
   connectionState,
   deviceRows,
   gpuMetricsNote,
@@ -148,6 +150,34 @@ describe('devices', () => {
     expect(hostLines({ ...CPU_CAPACITY, hosts: [host('a', 1, ['tiny']), host('gpu-2', 0, ['llama-1b', 'tiny'])] })).toEqual([
       'a: 1/2 slots free · tiny',
       'gpu-2: 0/2 slots free · llama-1b, tiny'
+    ]);
+  });
+
+  it("says this user's device-hours over the week: their share of everyone's, or the whole of their own", () => {
+    const stats = (owner: string | null, total: number, byOwner: Record<string, number>) => ({
+      since: 0, until: 604800, owner,
+      jobs: { total: 0, by_state: {} }, runs: { total: 0, by_state: {} },
+      queue_wait: { count: 0, median_s: null, p95_s: null },
+      device_seconds: { total, by_owner: byOwner, by_model: {} }
+    });
+    expect(weekUsageLine(null, 'ana')).toBe('');
+    expect(weekUsageLine(stats('ana', 4500, { ana: 4500 }), 'ana')).toBe('your device-hours this week: 1.25 h');
+    // an admin token's stats cover everyone: the line is this user's share only
+    expect(weekUsageLine(stats(null, 9000, { ana: 1800, bo: 7200 }), 'ana')).toBe('your device-hours this week: 0.50 h');
+    expect(weekUsageLine(stats(null, 9000, { bo: 9000 }), 'ana')).toBe('your device-hours this week: 0.000 h');
+    expect(weekUsageLine(stats('ana', 18, { ana: 18 }), 'ana')).toBe('your device-hours this week: 0.005 h');
+  });
+
+  it('gives a line per adapter host: the slots that share its one base, and what they add', () => {
+    expect(adapterHostLines(null)).toEqual([]);
+    expect(adapterHostLines({ ...CPU_CAPACITY, executor: { name: 'local', hosting: 'isolation_per_job' } })).toEqual([]);
+    const executor = {
+      name: 'local',
+      hosting: 'adapter_host',
+      adapter_hosts: [{ device: 'cpu:0', base_model: 'tiny', pid: 7, slots: 3, base_bytes: 12 * 2 ** 20, slots_bytes: 640 * 2 ** 10 }]
+    };
+    expect(adapterHostLines({ ...CPU_CAPACITY, executor })).toEqual([
+      'adapter host cpu:0 · tiny: 3 training slot(s) on one base (12.0 MiB held once; slots add 640 KiB)'
     ]);
   });
 

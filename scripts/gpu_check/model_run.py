@@ -60,8 +60,8 @@ def run(
 ) -> dict[str, Any]:
     import torch
     from cortex_backend.engine.model_state import ModelState
-    from cortex_backend.engine.sampler import TransformersSampler
     from cortex_backend.engine.trainer import Trainer
+    from cortex_backend.engine.transformers_sampler import TransformersSampler
     from cortex_backend.models import ModelCatalog
 
     device = "cpu" if dry_run else "cuda"

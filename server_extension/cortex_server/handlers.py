@@ -195,3 +195,8 @@ class ProxyHandler(CortexAPIHandler):
     @authorized
     async def delete(self, *_: str) -> None:
         await self.forward()
+
+    @web.authenticated
+    @authorized
+    async def patch(self, *_: str) -> None:
+        await self.forward()

@@ -15,9 +15,11 @@ from tornado.httpclient import HTTPClientError
 from traitlets.config import Config
 
 from cortex_nb import __version__
-from cortex_nb.version import API_VERSION
+from cortex_nb.protocol.versions import API_VERSION
 
+from ..impostor import attacker_folder, received, start_impostor, stop
 from ..tokens import create_token
+from ..unprivileged import unavailable_reason
 from .test_server_extension import body, fetch_error, server_config
 
 USER_SCOPES = ("jobs:read", "jobs:write", "runs:write")
@@ -49,8 +51,11 @@ def user_token(backend):
     return create_token(backend.data_dir, "local-user", *USER_SCOPES)
 
 
-def write_state_file(local_dir, *, url: str, pid: int, token_file) -> None:
+def write_state_file(local_dir, *, url: str, pid: int, token_file, proof_of=None) -> None:
+    """A state file for `url`; with `proof_of` (a running backend), the start time and nonce from that
+    backend's own state file, which the proxy checks before it sends a token."""
     local_dir.mkdir(parents=True, exist_ok=True)
+    local_dir.chmod(0o700)
     state = {
         "url": url,
         "pid": pid,
@@ -60,6 +65,9 @@ def write_state_file(local_dir, *, url: str, pid: int, token_file) -> None:
         "started_at": time.time(),
         "data_dir": str(local_dir),
     }
+    if proof_of is not None:
+        own = json.loads((proof_of.data_dir / "backend.json").read_text())
+        state.update({key: own[key] for key in ("pid_start", "nonce") if key in own})
     (local_dir / "backend.json").write_text(json.dumps(state))
 
 
@@ -85,13 +93,14 @@ async def test_with_no_local_backend_the_status_says_so_and_offers_to_start_one(
 async def test_the_local_backend_is_found_through_its_state_file_with_its_user_token(
     jp_fetch, local_dir, backend, user_token, tmp_path
 ):
-    token_file = tmp_path / "user.token"
+    local_dir.mkdir(mode=0o700, exist_ok=True)
+    token_file = local_dir / "user.token"  # the proxy takes a token file only from the state file's own dir
     token_file.write_text(user_token)
     token_file.chmod(0o600)
     assert body(await jp_fetch("cortex", "api", "status"))["reachable"] is False
 
     # The backend appears: the very next call sees it (no restart of Jupyter, no wait).
-    write_state_file(local_dir, url=backend.url, pid=backend.pid, token_file=token_file)
+    write_state_file(local_dir, url=backend.url, pid=backend.pid, token_file=token_file, proof_of=backend)
     status = body(await jp_fetch("cortex", "api", "status"))
     assert status["reachable"] is True and status["authenticated"] is True, status
     assert status["backend_url"] == backend.url
@@ -129,3 +138,34 @@ async def test_a_configured_backend_is_used_as_given_and_never_started(jp_fetch,
         await jp_fetch("cortex", "api", "local", "start", method="POST", body=b"{}")
     assert caught.value.code == 409
     assert json.loads(caught.value.response.body)["error"]["code"] == "conflict"
+
+
+@pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
+async def test_a_stale_state_file_sends_no_token_to_another_users_listener(
+    jp_fetch, local_dir, backend, user_token
+):
+    """After a crash the state file still names the backend's pid and port; here both went to a listener of
+    another uid (the pid reused, the port taken). The proxy must not forward the user's token to it."""
+    local_dir.mkdir(mode=0o700, exist_ok=True)
+    token_file = local_dir / "user.token"
+    token_file.write_text(user_token)
+    token_file.chmod(0o600)
+    with attacker_folder() as folder:
+        impostor, log = start_impostor(folder, 0)
+        try:
+            port = int((folder / "port.txt").read_text())
+            # the backend's own start time and nonce, as its stale file would still hold them
+            write_state_file(
+                local_dir,
+                url=f"http://127.0.0.1:{port}",
+                pid=impostor.pid,
+                token_file=token_file,
+                proof_of=backend,
+            )
+            status = body(await jp_fetch("cortex", "api", "status"))
+            assert status["reachable"] is False and status["backend_url"] is None
+            code, error = await fetch_error(jp_fetch, "cortex", "api", "v1", "jobs")
+            assert (code, error["error"]["code"]) == (502, "backend_unavailable")
+            assert received(log) == ""
+        finally:
+            stop(impostor)

@@ -10,9 +10,10 @@ from typing import Any
 
 import torch
 
-from cortex_nb.state_hash import state_hash
+from cortex_nb.protocol.state_hash import state_hash
 
 from .lora import ADAPTER_NAME, adapter_state
+from .sharding import full, like
 
 
 def adapter_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
@@ -32,7 +33,7 @@ def adapter_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
 def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A float32 copy of the adapter on the CPU, detached from training."""
     return {
-        name: p.detach().to(device="cpu", dtype=torch.float32).clone()
+        name: full(p.detach()).to(device="cpu", dtype=torch.float32).clone()
         for name, p in adapter_parameters(model).items()
     }
 
@@ -67,7 +68,7 @@ def assign(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
         if tuple(value.shape) != tuple(parameters[name].shape):
             raise ValueError(f"{name}: shape {list(value.shape)} does not fit {list(parameters[name].shape)}")
     for name, value in tensors.items():
-        parameters[name].copy_(value)
+        parameters[name].copy_(like(parameters[name], value))
 
 
 def signature(model: torch.nn.Module, base_model: str) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from cortex_nb.protocol.checkpoint_format import (
     file_entry,
     matches,
 )
-from cortex_nb.state_hash import state_hash
+from cortex_nb.protocol.state_hash import state_hash
 
 from ..durable import fsync_directory
 from ..faults import Faults
@@ -44,6 +44,7 @@ from .adapter import adapter_parameters, assign, signature
 from .errors import OperationError
 from .lora import ADAPTER_NAME, adapter_state
 from .model_state import ModelState
+from .sharding import full, is_writer, like
 
 PAUSE_MID_SAVE_S = 120.0
 
@@ -91,7 +92,7 @@ def _optimizer_tensors(
                     "operation_failed", f"optimizer state {key!r} is not a tensor; it cannot be saved"
                 )
             tensors[f"{names_by_parameter[id(parameter)]}{STATE_SEPARATOR}{key}"] = (
-                value.detach().cpu().contiguous()
+                full(value.detach()).cpu().contiguous()
             )
     return tensors, order
 
@@ -107,11 +108,18 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
 def write_checkpoint(
     state: ModelState, trainer, directory: Path, kind: str, faults: Faults
 ) -> dict[str, Any]:
-    """Write a complete checkpoint into `directory` (which must not exist yet); return its manifest."""
+    """Write a complete checkpoint into `directory` (which must not exist yet); return its manifest.
+
+    Across ranks, every rank gathers the whole adapter and optimizer state (collectives) and rank 0 alone
+    writes: one adapter, not a shard per rank."""
+    model = state.model
+    adapter = {name: full(t.detach()).cpu().contiguous() for name, t in adapter_state(model).items()}
+    if not is_writer():
+        if kind == RESUMABLE:
+            _optimizer_tensors(trainer, {id(p): name for name, p in adapter_parameters(model).items()})
+        return {"step": trainer.step_count, "written_by_rank": 0}
     directory.mkdir(parents=False, exist_ok=False)
     files: dict[str, dict[str, Any]] = {}
-    model = state.model
-    adapter = {name: t.detach().cpu().contiguous() for name, t in adapter_state(model).items()}
     _write_file(directory, ADAPTER_CONFIG, adapter_config_bytes(model, state.info.name), files)
     weights = save_tensors(adapter, metadata={"format": "pt"})
     if faults.active("pause_mid_save"):
@@ -178,7 +186,12 @@ def _restore_optimizer(
         )
     index = {id(p): i for i, p in enumerate(trainer.parameters)}
     current = trainer.optimizer.state_dict()
-    restored = {index[id(parameters[name])]: entries for name, entries in by_name.items()}
+    restored = {
+        index[id(parameters[name])]: {
+            key: value if key == "step" else like(parameters[name], value) for key, value in entries.items()
+        }
+        for name, entries in by_name.items()
+    }
     trainer.optimizer.load_state_dict({"state": restored, "param_groups": current["param_groups"]})
 
 

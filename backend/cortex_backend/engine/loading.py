@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..models import TINY_CONFIG, TINY_HEAD_SCALE, TINY_SEED, ModelInfo
+from .quantize import bitsandbytes_config, quantize_base, uses_bitsandbytes
 
 
 def pick_device() -> torch.device:
@@ -40,6 +41,21 @@ def build_tiny() -> torch.nn.Module:
 
 
 def load_base_model(info: ModelInfo, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """The base in the device's precision, or quantized where the operator registered it so (QLoRA)."""
+    if uses_bitsandbytes(info.quantization, device, info.kind == "local"):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(
+            str(info.path),
+            trust_remote_code=False,
+            use_safetensors=True,
+            dtype=dtype,
+            attn_implementation="sdpa",
+            quantization_config=bitsandbytes_config(info.quantization, dtype),
+            device_map={"": device.index or 0},
+        )
+        model.config.use_cache = True
+        return model
     if info.kind == "builtin":
         model = build_tiny()
     else:
@@ -53,5 +69,7 @@ def load_base_model(info: ModelInfo, device: torch.device, dtype: torch.dtype) -
             attn_implementation="sdpa",
         )
     model.to(device=device, dtype=dtype)
+    if info.quantization:
+        quantize_base(model, info.quantization)
     model.config.use_cache = True
     return model

@@ -32,6 +32,12 @@ def _lora_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, tor
     return found
 
 
+def _base_parameter(layer: torch.nn.Module) -> torch.Tensor:
+    """The base tensor a LoRA layer merges into: a linear layer's `weight`, or the parameter a peft
+    `ParamWrapper` adapts (an MoE's fused experts or router, which `all-linear` targets on Mixtral)."""
+    return getattr(layer.get_base_layer(), getattr(layer, "parameter_name", None) or "weight")
+
+
 class MergedLoRA:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -44,9 +50,7 @@ class MergedLoRA:
             )
         self.parameters = list(adapter_parameters(model).values())
         # The original base weights, on the host: GPU memory holds only the merged copy.
-        self.originals = [
-            layer.get_base_layer().weight.detach().to("cpu", copy=True) for layer in self.layers
-        ]
+        self.originals = [_base_parameter(layer).detach().to("cpu", copy=True) for layer in self.layers]
         self.merged_versions: tuple[int, ...] | None = None
         self.merges = 0
 
@@ -60,7 +64,7 @@ class MergedLoRA:
         if versions == self.merged_versions:
             return False
         for layer, original in zip(self.layers, self.originals, strict=True):
-            layer.get_base_layer().weight.copy_(original)
+            _base_parameter(layer).copy_(original)
             layer.merged_adapters.clear()
             layer.merge(adapter_names=[ADAPTER_NAME])
         self.merged_versions = versions

@@ -12,17 +12,27 @@ from ..models import ModelInfo
 from ..tokenizer import ByteTokenizer, FileTokenizer, Tokenizer
 from .loading import load_base_model, pick_device, pick_dtype
 from .lora import apply_lora
+from .quantize import quantized_bytes
 
 
 class ModelState:
-    def __init__(self, info: ModelInfo, spec: dict[str, Any], dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        info: ModelInfo,
+        spec: dict[str, Any],
+        dtype: torch.dtype | None = None,
+        base: torch.nn.Module | None = None,
+    ) -> None:
+        """`base`: the base model already built on this device (an adapter host's slots share one's
+        weights); otherwise it is loaded here."""
         self.info = info
         self.spec = spec
         self.device = pick_device()
         # The device's precision unless told (scripts/gpu-check builds an fp32 reference on a GPU).
         self.dtype = dtype or pick_dtype(self.device)
         self.seed = int(spec.get("seed", 0))
-        base = load_base_model(info, self.device, self.dtype)
+        if base is None:
+            base = load_base_model(info, self.device, self.dtype)
         self.model = apply_lora(base, spec.get("lora") or {}, self.seed)
         self.model.to(self.device)
         # The process RNG drives LoRA dropout: seed it from the sub-job so a run is repeatable (and a
@@ -67,4 +77,13 @@ class ModelState:
             "total_parameters": total,
             "max_seq_len": self.max_seq_len,
             "weight_version": self.weight_version,
+            "quantization": self.info.quantization,
+            # The base's weights as held (a quantized tensor by its packed bytes), apart from the adapter.
+            "base_bytes": quantized_bytes(self.model) - adapter_bytes(self.model),
         }
+
+
+def adapter_bytes(model: torch.nn.Module) -> int:
+    """The adapter's bytes on this rank (a shard of it on a rank of a sub-job across devices)."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters() if p.requires_grad]
+    return sum(p.numel() * p.element_size() for p in local)

@@ -10,6 +10,7 @@ import torch
 
 from .losses import compute_loss, target_logprobs
 from .model_state import ModelState
+from .router_replay import recording_experts, replaying_experts, routed_experts
 
 
 def model_logits(state: ModelState, tensors: dict[str, np.ndarray]) -> torch.Tensor:
@@ -24,10 +25,15 @@ def forward(
     tensors: dict[str, np.ndarray],
     loss_fn: str | None = None,
     loss_fn_config: dict[str, Any] | None = None,
+    replay: np.ndarray | None = None,
+    record_routes: bool = False,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """`replay` and `record_routes` as for forward_backward (engine/trainer.py)."""
     result: dict[str, Any] = {"weight_version": state.weight_version}
-    with state.inference():
-        logits = model_logits(state, tensors)
+    with state.inference(), replaying_experts(state.model, replay):
+        with recording_experts(state.model, record_routes) as calls:
+            logits = model_logits(state, tensors)
+        routed = routed_experts(calls)
         logprobs = target_logprobs(logits, state.as_tensor(tensors["target_tokens"], torch.long))
         if loss_fn is not None:
             loss_inputs = {name: state.as_tensor(value) for name, value in tensors.items()}
@@ -42,4 +48,6 @@ def forward(
         result["loss:sum"] = float(-(weights * out).sum(dtype=np.float64))
         result["weights:sum"] = float(weights.sum(dtype=np.float64))
         out = np.where(weights != 0, out, np.float32(0.0))
-    return result, {"logprobs": out}
+    if replay is not None:
+        result["router_replay"] = {"layers": int(replay.shape[0]), "rows": int(replay.shape[1])}
+    return result, {"logprobs": out, **routed}

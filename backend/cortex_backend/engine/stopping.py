@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cortex_nb.sampling_params import SamplingParams
+from cortex_nb.protocol.schemas.sampling import SamplingParams
 
 from ..tokenizer import Tokenizer
 

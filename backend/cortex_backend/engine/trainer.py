@@ -13,7 +13,9 @@ from .errors import OperationError
 from .losses import compute_loss, target_logprobs
 from .memory import peak_memory, reset_peak
 from .model_state import ModelState
+from .router_replay import recording_experts, replaying_experts, routed_experts
 from .scoring import model_logits
+from .sharding import full
 
 
 def set_training_mode(model: torch.nn.Module) -> None:
@@ -38,8 +40,14 @@ DEFAULT_OPTIMIZER: dict[str, Any] = {
 
 
 class Trainer:
-    def __init__(self, state: ModelState, optimizer_spec: dict[str, Any] | None) -> None:
+    def __init__(
+        self, state: ModelState, optimizer_spec: dict[str, Any] | None, gradient_checkpointing: bool = False
+    ) -> None:
         self.state = state
+        if gradient_checkpointing:
+            # Non-reentrant: it needs no input that requires grad (the embeddings are frozen under LoRA) and
+            # recomputes with the same RNG, so gradients equal those of the plain backward pass.
+            state.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.settings = {**DEFAULT_OPTIMIZER, **(optimizer_spec or {})}
         self.parameters = [p for p in state.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -52,23 +60,47 @@ class Trainer:
         self.step_count = 0
         self.pending_batches = 0
         self.pending_tokens = 0
+        # Test-only fault `nan_loss` (faults.py): every loss is NaN, as a bad batch makes it.
+        self.nan_loss = False
+        # The sampler-vs-trainer gap over this step's batches so far: (sum, max, sampled tokens).
+        self.pending_mismatch = (0.0, 0.0, 0)
         set_training_mode(state.model)
 
     def forward_backward(
-        self, tensors: dict[str, np.ndarray], loss_fn: str, loss_fn_config: dict[str, Any]
+        self,
+        tensors: dict[str, np.ndarray],
+        loss_fn: str,
+        loss_fn_config: dict[str, Any],
+        replay: np.ndarray | None = None,
+        record_routes: bool = False,
     ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """One batch's loss and gradients. `replay`: an MoE base's routers use these recorded experts
+        (engine/router_replay.py), backward included; `record_routes`: return the experts the forward used."""
         started = time.perf_counter()
         reset_peak(self.state.device)
-        logits = model_logits(self.state, tensors)
-        targets = self.state.as_tensor(tensors["target_tokens"], torch.long)
-        logprobs = target_logprobs(logits, targets)
-        loss_inputs = {name: self.state.as_tensor(value) for name, value in tensors.items()}
-        loss, metrics = compute_loss(loss_fn, logprobs, loss_inputs, loss_fn_config)
-        loss.backward()
+        model = self.state.model
+        with replaying_experts(model, replay):
+            with recording_experts(model, record_routes) as calls:
+                logits = model_logits(self.state, tensors)
+            targets = self.state.as_tensor(tensors["target_tokens"], torch.long)
+            logprobs = target_logprobs(logits, targets)
+            loss_inputs = {name: self.state.as_tensor(value) for name, value in tensors.items()}
+            loss, metrics = compute_loss(loss_fn, logprobs, loss_inputs, loss_fn_config)
+            if self.nan_loss:
+                loss = loss * float("nan")
+            loss.backward()
         elapsed = time.perf_counter() - started
         tokens = int(np.prod(tensors["input_ids"].shape))
         self.pending_batches += 1
         self.pending_tokens += tokens
+        counted = int(metrics.get("sampler_mismatch_tokens:sum", 0))
+        if counted:
+            total, largest, seen = self.pending_mismatch
+            self.pending_mismatch = (
+                total + metrics["sampler_mismatch:mean"] * counted,
+                max(largest, metrics["sampler_mismatch:max"]),
+                seen + counted,
+            )
         result = {
             "loss": float(loss.item()),
             "loss_fn": loss_fn,
@@ -77,7 +109,9 @@ class Trainer:
             "accumulated_batches": self.pending_batches,
             **peak_memory(self.state.device),
         }
-        return result, {"logprobs": logprobs.detach().float().cpu().numpy()}
+        if replay is not None:
+            result["router_replay"] = {"layers": int(replay.shape[0]), "rows": int(replay.shape[1])}
+        return result, {"logprobs": logprobs.detach().float().cpu().numpy(), **routed_experts(calls)}
 
     def step(
         self,
@@ -111,10 +145,11 @@ class Trainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, float(clip))
         else:
             grad_norm = torch.nn.utils.get_total_norm(grads)
-        grad_norm_value = float(grad_norm.item())
+        grad_norm_value = float(full(grad_norm).item())
         if not math.isfinite(grad_norm_value):
             self.optimizer.zero_grad(set_to_none=True)
             self.pending_batches = self.pending_tokens = 0
+            self.pending_mismatch = (0.0, 0.0, 0)
             raise OperationError(
                 "non_finite_gradients", f"the gradient norm is {grad_norm_value}; the step was skipped"
             )
@@ -130,5 +165,11 @@ class Trainer:
             "tokens": self.pending_tokens,
             **peak_memory(self.state.device),
         }
+        total, largest, seen = self.pending_mismatch
+        if seen:
+            # Over every sampled token of the step's batches (a loss on the sampler's logprobs only).
+            result["sampler_mismatch_mean"] = total / seen
+            result["sampler_mismatch_max"] = largest
         self.pending_batches = self.pending_tokens = 0
+        self.pending_mismatch = (0.0, 0.0, 0)
         return result

@@ -2,13 +2,21 @@
 
 The kernel only submits and watches, so a run outlives any kernel. The loop cuts the uploaded
 examples into rows and batches with the same code a kernel's own loop over the primitive API uses
-(`cortex_nb.train_data.pack_examples`, `PackedData.batches`, `rows_to_batch`), and calls the same
+(`cortex_nb.protocol.train_rows.pack_examples`, `PackedData.batches`, `rows_to_batch`), and calls the same
 `Trainer.forward_backward` and `Trainer.step`, so both train on the same batches to the same losses.
 
 Between steps it serves requests queued for the sub-job meanwhile (a sample, a checkpoint from the
 widget), and it stops after the step in hand when its request is cancelled ("Free device"). Every
 step, eval, sample and checkpoint is reported to the service, which folds it into the job's
 progress record; when the loop ends normally the adapter is saved as checkpoint `final`.
+
+A loop may start from a checkpoint: `init_from` (a new run that begins with another run's adapter,
+and optionally its optimizer state; its own steps count from 0) or `resume_from` (the same run after
+a backend restart: adapter, optimizer, step and RNG restored, the batches already trained skipped, so
+it goes on exactly as if never stopped). When the backend drains, the loop stops after the step in
+hand and saves a resumable checkpoint for the next start (status `drained`). Without `save` in the
+spec, a resumable checkpoint is still written every `AUTO_SAVE_S` seconds of training (only the
+newest is kept), so a crash loses at most that much work.
 """
 
 from __future__ import annotations
@@ -21,10 +29,17 @@ from typing import Any
 
 import numpy as np
 
-from cortex_nb.protocol.checkpoint_format import WEIGHTS_ONLY
+from cortex_nb.protocol.checkpoint_format import (
+    AUTO_CHECKPOINT_PREFIX,
+    DRAINED_CHECKPOINT_PREFIX,
+    FINAL_CHECKPOINT,
+    RESUMABLE,
+    WEIGHTS_ONLY,
+)
 from cortex_nb.protocol.schemas.sampling import SamplingParams
-from cortex_nb.train_data import PackedData, examples_from_jsonl, pack_examples
-from cortex_nb.train_spec import FINAL_CHECKPOINT, SpecError, TrainSpec, parse_training_loop
+from cortex_nb.protocol.schemas.spec_errors import SpecError
+from cortex_nb.protocol.schemas.training_loop import TrainingLoop as LoopSpec
+from cortex_nb.protocol.train_rows import PackedData, examples_from_jsonl, pack_examples
 
 from ..faults import Faults
 from .errors import OperationError
@@ -32,6 +47,9 @@ from .model_state import ModelState
 from .trainer import Trainer
 
 TEMP_PREFIX = ".tmp-"
+# Without `save` in the spec: a resumable checkpoint after the step that ends this much training time
+# (the service keeps only the newest of them). Adapter and optimizer state only, never the base.
+AUTO_SAVE_S = 120.0
 
 Report = Callable[[dict[str, Any]], None]
 
@@ -47,6 +65,7 @@ class TrainingLoop:
         serve_waiting: Callable[[], None],
         stop_requested: Callable[[], bool],
         faults: Faults,
+        drain_requested: Callable[[], bool] = lambda: False,
     ) -> None:
         self.state = state
         self.trainer = trainer
@@ -57,13 +76,17 @@ class TrainingLoop:
         self.stop_requested = stop_requested
         self.faults = faults
         self.checkpoint_dir = Path(params["checkpoint_dir"])
+        self.drain_requested = drain_requested
+        # (checkpoint id, step) of the newest resumable checkpoint this loop wrote
+        self.last_resumable: tuple[str, int] | None = None
 
     # the loop -----------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Train to the end (or until stopped); returns a summary. Failures raise `OperationError`
         after reporting `ended` with their code."""
         try:
-            spec = parse_training_loop(self.params["spec"])
+            # The service checked and normalised it (`TrainingLoop` in `POST /v1/jobs`): this reads it back.
+            spec = LoopSpec.model_validate(self.params["spec"])
             data, eval_data = self._data(spec)
             self.faults.raise_in("training_loop_data_loaded")
             total = spec.planned_steps(data.steps_per_epoch(spec.batch_size))
@@ -82,7 +105,10 @@ class TrainingLoop:
                 f" ({data.examples} examples, {data.tokens} tokens, {len(data.rows)} rows)",
                 flush=True,
             )
-            stopped = self._train(spec, data, eval_data, total)
+            first_step = self._start_from(spec)
+            stopped = self._train(spec, data, eval_data, total, first_step)
+            if stopped and self.drain_requested():
+                return self._drained()
             saved = (
                 self._save(FINAL_CHECKPOINT, spec.save.type if spec.save else WEIGHTS_ONLY)
                 if self.trainer.step_count > 0
@@ -118,7 +144,7 @@ class TrainingLoop:
             )
         return {"status": status, "step": self.trainer.step_count, "checkpoint": saved}
 
-    def _data(self, spec: TrainSpec) -> tuple[PackedData, PackedData | None]:
+    def _data(self, spec: LoopSpec) -> tuple[PackedData, PackedData | None]:
         tokenizer = self.state.tokenizer
         if tokenizer is None:
             raise OperationError(
@@ -153,9 +179,70 @@ class TrainingLoop:
             )
         return data, eval_data
 
-    def _train(self, spec: TrainSpec, data: PackedData, eval_data: PackedData | None, total: int) -> bool:
-        """The steps; True if stopped before the last one."""
-        from cortex_nb.batching import rows_to_batch
+    def _start_from(self, spec: LoopSpec) -> int:
+        """Load the checkpoint this loop starts from, if any; the number of steps already trained."""
+        from .checkpoint import load_checkpoint
+
+        resume = self.params.get("resume_from")
+        init = self.params.get("init_from")
+        if resume:
+            result = load_checkpoint(
+                self.state, self.trainer, Path(resume["directory"]), resume["manifest"], True
+            )
+            self.last_resumable = (resume["checkpoint_id"], result["step"])
+            self.report(
+                {"event": "resumed", "checkpoint_id": resume["checkpoint_id"], "step": result["step"]}
+            )
+            print(
+                f"[engine] resumed from checkpoint {resume['checkpoint_id']} at step {result['step']}"
+                f" (optimizer and RNG state restored)",
+                flush=True,
+            )
+            return int(result["step"])
+        if init:
+            result = load_checkpoint(
+                self.state,
+                self.trainer,
+                Path(init["directory"]),
+                init["manifest"],
+                bool(init.get("restore_optimizer", True)),
+            )
+            # A new run: its own steps count from 0, whatever step the checkpoint was saved at.
+            self.trainer.step_count = 0
+            self.state.weight_version = 0
+            print(
+                f"[engine] initialised from checkpoint {init['checkpoint_id']} of {init['source_job_id']}"
+                f" (step {result['step']}; optimizer state "
+                + ("restored" if result["restored_optimizer"] else "fresh")
+                + ")",
+                flush=True,
+            )
+        return 0
+
+    def _drained(self) -> dict[str, Any]:
+        """The backend is draining: keep a resumable checkpoint of where the loop is, then end."""
+        step = self.trainer.step_count
+        if self.last_resumable is not None and self.last_resumable[1] == step:
+            saved = self.last_resumable[0]
+        else:
+            saved = self._save(f"{DRAINED_CHECKPOINT_PREFIX}{step}", RESUMABLE)
+        self.report({"event": "ended", "status": "drained", "step": step, "checkpoint": saved})
+        print(
+            f"[engine] the backend is stopping: paused at step {step}; checkpoint {saved} resumes it",
+            flush=True,
+        )
+        return {"status": "drained", "step": step, "checkpoint": saved}
+
+    def _train(
+        self,
+        spec: LoopSpec,
+        data: PackedData,
+        eval_data: PackedData | None,
+        total: int,
+        first_step: int = 0,
+    ) -> bool:
+        """The steps after `first_step`; True if stopped before the last one."""
+        from cortex_nb.protocol.batching import rows_to_batch
 
         eval_batches = (
             eval_data.eval_batches(spec.batch_size, spec.eval.max_rows) if eval_data and spec.eval else []
@@ -164,7 +251,11 @@ class TrainingLoop:
             [self.state.tokenizer.encode(prompt) for prompt in spec.sample.prompts] if spec.sample else []
         )
         batches = data.batches(spec.batch_size, spec.seed)
-        for step in range(1, total + 1):
+        for _ in range(first_step):  # the batches trained before the checkpoint resumed from
+            next(batches)
+        trained_since_save = 0.0
+        for step in range(first_step + 1, total + 1):
+            started = time.monotonic()
             if self.stop_requested():
                 return True
             batch = rows_to_batch(next(batches), data.pad_id)
@@ -192,8 +283,13 @@ class TrainingLoop:
                 self._eval(stepped["step"], eval_batches)
             if prompts and (final or step % spec.sample.every == 0):
                 self._sample(stepped["step"], spec, prompts)
+            trained_since_save += time.monotonic() - started
             if spec.save and not final and step % spec.save.every == 0:
                 self._save(f"step-{stepped['step']}", spec.save.type)
+                trained_since_save = 0.0
+            elif not spec.save and not final and trained_since_save >= AUTO_SAVE_S:
+                self._save(f"{AUTO_CHECKPOINT_PREFIX}{stepped['step']}", RESUMABLE)
+                trained_since_save = 0.0
             self.serve_waiting()
         return False
 
@@ -207,8 +303,8 @@ class TrainingLoop:
             weights += float(batch["weights"].sum())
         self.report({"event": "eval", "step": step, "loss": summed, "weights": weights})
 
-    def _sample(self, step: int, spec: TrainSpec, prompts: list[list[int]]) -> None:
-        from .sampler import generate
+    def _sample(self, step: int, spec: LoopSpec, prompts: list[list[int]]) -> None:
+        from .transformers_sampler import generate
 
         params = SamplingParams(
             max_tokens=spec.sample.max_tokens, temperature=float(spec.sample.temperature), seed=spec.seed
@@ -227,6 +323,8 @@ class TrainingLoop:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         directory = self.checkpoint_dir / f"{TEMP_PREFIX}loop-{checkpoint_id}-{secrets.token_hex(4)}"
         manifest = write_checkpoint(self.state, self.trainer, directory, kind, self.faults)
+        if kind == RESUMABLE:
+            self.last_resumable = (checkpoint_id, self.trainer.step_count)
         self.report(
             {
                 "event": "checkpoint",

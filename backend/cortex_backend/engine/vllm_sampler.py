@@ -26,13 +26,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from cortex_nb.sampling_params import MAX_SEED, SamplingParams
+from cortex_nb.protocol.schemas.base import MAX_SEED
+from cortex_nb.protocol.schemas.sampling import SamplingParams
 
 from .adapter import adapter_parameters
 from .errors import OperationError
 from .model_state import ModelState
-from .sampler import prompt_logprobs
-from .sampling_engine import Cancelled, SamplingEngine
+from .prompt_scores import prompt_logprobs
+from .sampling_interface import Cancelled, SamplingEngine
 from .stopping import TextStop, finish_sample, stop_token_ids
 
 # LoRA ranks vLLM can serve (its LoRAConfig.max_lora_rank); an adapter's rank is rounded up to one.
@@ -134,6 +135,9 @@ class AdapterVersions:
 
 class VllmSampler(SamplingEngine):
     name = "vllm"
+    # A streamed generate gets its samples whole, in one piece once all are done (docs/sampling.md):
+    # `sample` steps vLLM's engine for all samples together and has no per-token hook.
+    streams_tokens = False
 
     def __init__(self, state: ModelState, options: dict[str, Any]) -> None:
         super().__init__(state)
@@ -156,6 +160,9 @@ class VllmSampler(SamplingEngine):
             "logprobs_mode": "raw_logprobs",
             "enable_prefix_caching": True,  # the n samples of a prompt share its KV cache
         }
+        if state.device.type == "cuda" and state.info.quantization == "nf4":
+            # vLLM quantizes the base itself as it loads it (bitsandbytes 4-bit), as the trainer holds it.
+            arguments["quantization"] = "bitsandbytes"
         if state.device.type == "cuda":
             arguments["gpu_memory_utilization"] = float(options.get("gpu_memory_fraction", 0.45))
         started = time.perf_counter()
@@ -180,6 +187,18 @@ class VllmSampler(SamplingEngine):
             f" ({(time.perf_counter() - started) * 1000:.0f} ms); loaded ids {self.adapters.loaded()}",
             flush=True,
         )
+
+    def reset_prefix_cache(self) -> dict[str, Any]:
+        """vLLM's own reset. Requests of a sub-job run one at a time, so none is in flight to refuse it."""
+        reset = bool(self.llm.reset_prefix_cache())
+        return {
+            "engine": self.name,
+            "reset": reset,
+            "cached_prefixes_dropped": None,
+            "detail": "vLLM's prefix cache was emptied"
+            if reset
+            else "vLLM refused the reset (a request still held cache blocks)",
+        }
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -212,6 +231,12 @@ class VllmSampler(SamplingEngine):
     ) -> tuple[list[dict[str, Any]], list[list[float]] | None]:
         from vllm.inputs import TokensPrompt
 
+        if params.logprobs_topk:
+            # vLLM's top-k logprobs come after its own logits processing, not the model's own distribution.
+            raise OperationError(
+                "unsupported_operation",
+                "logprobs_topk (the sampled positions' top-k) is served by the built-in (transformers) sampler only",
+            )
         tokenizer = self.state.tokenizer
         stop_ids = stop_token_ids(params, tokenizer, self.state.model.config.eos_token_id)
         streamed = bool(params.stop_strings) and tokenizer is not None

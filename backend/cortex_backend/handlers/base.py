@@ -22,6 +22,7 @@ from cortex_nb.protocol.versions import API_VERSION, __version__
 
 from ..auth import API_KEY_HEADER, Principal, authenticate
 from ..service import Service
+from ..storage_faults import storage_api_error
 from ..validation import dumps_strict, parse_json_object
 
 log = logging.getLogger("cortex_backend.http")
@@ -193,6 +194,12 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        refused = storage_api_error(exc) if exc is not None and not isinstance(exc, ApiError) else None
+        if refused is not None:
+            # The disk is full or another process holds the database lock: the client can act or retry.
+            exc = refused
+            if exc.status == 503:
+                self.set_header("Retry-After", "1")
         if isinstance(exc, ApiError):
             code, message, detail, status = exc.code, exc.message, exc.detail, exc.status
         elif isinstance(exc, tornado.web.HTTPError):
@@ -215,7 +222,7 @@ class BaseHandler(tornado.web.RequestHandler):
         if self._body_left_unread():
             # Tornado drops the connection after this answer; say so, or the client's next request on it fails.
             self.set_header("Connection", "close")
-        self.set_status(self.error_status(code, status))
+        self.set_status(self.error_status(code, status), reason=self.error_reason(code, message))
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.finish(dumps_strict({"error": {"code": code, "message": message, "detail": detail}}))
 
@@ -223,9 +230,15 @@ class BaseHandler(tornado.web.RequestHandler):
         """The HTTP status an error code answers with (a compatibility face maps codes for its own clients)."""
         return status
 
+    def error_reason(self, code: str, message: str) -> str | None:
+        """The HTTP reason phrase of an error answer; None: the status's usual one."""
+        return None
+
     # observability ------------------------------------------------------------------------------
     # Set by handlers that hold a request open (long-poll, log stream): their time is waiting, not work.
     waited = False
+    # How the request counters name an answer no route of the table matched.
+    unmatched_name = "unmatched"
 
     def on_finish(self) -> None:
         metrics = getattr(self.service, "operator_metrics", None)
@@ -235,7 +248,7 @@ class BaseHandler(tornado.web.RequestHandler):
             "wait" in self.request.query_arguments
             and self.get_query_argument("wait", "") not in ("", "0", "0.0")
         )
-        name = self.route.name if self.route is not None else "unmatched"
+        name = self.route.name if self.route is not None else self.unmatched_name
         metrics.observe_request(
             name, self.request.method, self.get_status(), self.request.request_time(), waited
         )
@@ -243,6 +256,9 @@ class BaseHandler(tornado.web.RequestHandler):
     def log_exception(self, typ, value, tb) -> None:
         if isinstance(value, ApiError):
             return  # an expected refusal, answered with its code
+        if storage_api_error(value) is not None:
+            log.warning("%s %s: the store refused a write: %s", self.request.method, self.request.path, value)
+            return
         super().log_exception(typ, value, tb)
 
 

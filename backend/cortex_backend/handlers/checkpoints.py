@@ -1,4 +1,5 @@
-"""Checkpoints of a job: list, read one, delete one, and export one as a streamed tar."""
+"""Checkpoints of a job: list (filtered), read one, keep or delete one, delete in bulk (prune), export one as
+a streamed tar; and an owner's checkpoint storage."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import hashlib
 
 from cortex_nb.protocol.checkpoint_format import MANIFEST, MANIFEST_SHA_HEADER
 
+from ..checkpoint_copies import copy_checkpoint
 from ..checkpoints import CheckpointManager, public_checkpoint
 from ..tar_stream import END_OF_ARCHIVE, archive_size, member_header, padding
 from .base import BaseHandler
@@ -17,13 +19,38 @@ EXPORT_READ_BYTES = 1 << 20
 class CheckpointsHandler(BaseHandler):
     def get(self, job_id: str) -> None:
         job = self.service.jobs.visible_job(self.principal, job_id)
-        self.write_json({"job_id": job_id, "checkpoints": self.service.checkpoints.list(job)})
+        query = self.query_args()
+        self.write_json({"job_id": job_id, "checkpoints": self.service.checkpoints.list(job, query)})
+
+
+class CheckpointPruneHandler(BaseHandler):
+    def post(self, job_id: str) -> None:
+        self.write_json(self.service.checkpoint_storage.prune(self.principal, job_id, self.parse_body()))
+
+
+class StorageHandler(BaseHandler):
+    def get(self) -> None:
+        self.write_json(self.service.checkpoint_storage.usage(self.principal, self.query_args().owner))
 
 
 class CheckpointHandler(BaseHandler):
     def get(self, job_id: str, checkpoint_id: str) -> None:
         job = self.service.jobs.visible_job(self.principal, job_id)
         self.write_json(public_checkpoint(self.service.checkpoints.get(self.principal, job, checkpoint_id)))
+
+    def patch(self, job_id: str, checkpoint_id: str) -> None:
+        """The checkpoint's lifecycle: a TTL from now (or none), published or not, kept or not."""
+        update = self.parse_body()
+        job = self.service.jobs.visible_job(self.principal, job_id)
+        manager = self.service.checkpoints
+        row = public_checkpoint(manager.get(self.principal, job, checkpoint_id))
+        if "ttl_seconds" in update.model_fields_set:
+            row = manager.set_ttl(self.principal, job, checkpoint_id, update.ttl_seconds)
+        if update.public is not None:
+            row = manager.set_public(self.principal, job, checkpoint_id, update.public)
+        if update.kept is not None:
+            row = manager.set_kept(self.principal, job, checkpoint_id, update.kept)
+        self.write_json(row)
 
     def delete(self, job_id: str, checkpoint_id: str) -> None:
         if self.replay_if_seen():
@@ -32,6 +59,18 @@ class CheckpointHandler(BaseHandler):
         response = self.service.checkpoints.delete(self.principal, job, checkpoint_id)
         self.remember(200, response)
         self.write_json(response)
+
+
+class CheckpointCopyHandler(BaseHandler):
+    """A copy in a new record-only job of the caller (checkpoint_copies.py); the source may be another owner's
+    published checkpoint, so it is found by reading rights, not by seeing its job."""
+
+    def post(self, job_id: str, checkpoint_id: str) -> None:
+        body = self.parse_body()
+        manager = self.service.checkpoints
+        source = manager.find(self.principal, self.principal.owner, job_id, checkpoint_id, reading=True)
+        copied = copy_checkpoint(self.service.store, manager, self.principal, source, body.ttl_seconds)
+        self.write_json(copied, 201)
 
 
 class CheckpointExportHandler(BaseHandler):

@@ -6,12 +6,16 @@ import asyncio
 
 from cortex_nb.protocol import wire
 from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.schemas.base import MAX_WAIT_S
 
 from .base import BaseHandler
+from .generate_stream import GenerateStream
 
 
 class OperationHandler(BaseHandler):
     """POST /v1/jobs/{job_id}/{op}: the op is the route's name (forward_backward, step, ...)."""
+
+    _stream: GenerateStream | None = None
 
     def body_limit(self) -> int:
         # A frame assembled from uploaded chunks arrives by reference, not in the body.
@@ -52,8 +56,17 @@ class OperationHandler(BaseHandler):
             "sub_job_id": request["sub_job_id"],
             "status": request["status"],
         }
+        # A retry of a streamed generate (same Idempotency-Key) is answered with its request id, to poll.
         self.remember(202, response)
+        if op == "generate" and getattr(json_body, "stream", False):
+            self._stream = GenerateStream(self, request, response)
+            await self._stream.send()
+            return
         self.write_json(response, 202)
+
+    def on_connection_close(self) -> None:
+        if self._stream is not None:
+            self._stream.client_left()
 
 
 class RequestsHandler(BaseHandler):
@@ -72,7 +85,7 @@ class RequestHandler(BaseHandler):
                 request_id,
                 query.cursor,
                 min(query.max_events, 1000),
-                min(query.wait, 60.0),
+                min(query.wait, MAX_WAIT_S),
             )
         )
 
@@ -88,3 +101,9 @@ class RequestTensorsHandler(BaseHandler):
 class RequestCancelHandler(BaseHandler):
     def post(self, job_id: str, request_id: str) -> None:
         self.write_json(self.service.requests.cancel(self.principal, job_id, request_id))
+
+
+class RouterReplayDiscardHandler(BaseHandler):
+    def post(self, job_id: str) -> None:
+        body = self.parse_body()
+        self.write_json(self.service.requests.router_replay_discard(self.principal, job_id, body.routes_ids))

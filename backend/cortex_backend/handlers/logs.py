@@ -15,6 +15,7 @@ from typing import Any
 from tornado.iostream import StreamClosedError
 
 from cortex_nb.protocol import states
+from cortex_nb.protocol.schemas.base import MAX_WAIT_S
 
 from ..logs import MAX_PAGE
 from ..validation import dumps_strict
@@ -35,9 +36,9 @@ class JobLogsHandler(BaseHandler):
         redacted = job["owner"] != self.principal.owner
         if (query.follow or "").lower() in ("1", "true", "yes"):
             self.waited = True
-            await self._stream(job_id, cursor, sub_job, redacted, max(0.05, min(query.heartbeat, 60.0)))
+            await self._stream(job_id, cursor, sub_job, redacted, max(0.05, min(query.heartbeat, MAX_WAIT_S)))
             return
-        wait_s = min(query.wait, 60.0) if job["status"] not in states.JOB_TERMINAL else 0.0
+        wait_s = min(query.wait, MAX_WAIT_S) if job["status"] not in states.JOB_TERMINAL else 0.0
         self.waited = wait_s > 0
         page = await self.service.logs.follow(job_id, cursor, limit, wait_s, sub_job, redacted)
         page["job_status"] = self.service.jobs.visible_job(self.principal, job_id)["status"]

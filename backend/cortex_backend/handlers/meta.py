@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from cortex_nb.protocol import openapi
+from cortex_nb.protocol import backend_proof, openapi
 from cortex_nb.protocol.errors import ApiError
 from cortex_nb.protocol.versions import API_VERSION, __version__
 
@@ -13,7 +13,11 @@ from .base import BaseHandler
 
 class VersionHandler(BaseHandler):
     def get(self) -> None:
-        self.write_json({"service": "cortex-nb-backend", "version": __version__, "api_version": API_VERSION})
+        reply = {"service": "cortex-nb-backend", "version": __version__, "api_version": API_VERSION}
+        challenge = self.query_args().challenge
+        if challenge is not None:
+            reply["proof"] = backend_proof.proof(self.service.settings.endpoint_nonce, challenge)
+        self.write_json(reply)
 
 
 class OpenApiHandler(BaseHandler):

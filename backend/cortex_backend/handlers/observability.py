@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from cortex_nb.protocol.schemas.base import MAX_WAIT_S
+
 from .base import BaseHandler
 
 
@@ -23,7 +25,7 @@ class EventsHandler(BaseHandler):
         query = self.query_args()
         self.write_json(
             await self.service.events.follow(
-                self.principal, query.after, min(query.limit, 1000), min(query.wait, 60.0)
+                self.principal, query.after, min(query.limit, 1000), min(query.wait, MAX_WAIT_S)
             )
         )
 

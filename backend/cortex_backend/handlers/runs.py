@@ -4,7 +4,9 @@ outputs (listing and download), and the chunk uploads that carry a run's source 
 from __future__ import annotations
 
 from cortex_nb.protocol import states
+from cortex_nb.protocol.schemas.base import MAX_WAIT_S
 
+from ..listings import listing_filter
 from ..logs import MAX_PAGE, run_log_key
 from ..runs.manager import public_run
 from .base import BaseHandler
@@ -18,14 +20,17 @@ class RunsHandler(BaseHandler):
         query = self.query_args()
         self.write_json(
             self.service.runs.list(
-                self.principal, query.status, min(query.limit, 500), query.cursor, query.submission_id
+                self.principal,
+                query.status,
+                min(query.limit, 500),
+                query.cursor,
+                query.submission_id,
+                listing_filter(self.principal, query),
             )
         )
 
     async def post(self) -> None:
-        run, created = await self.service.runs.submit(
-            self.principal, self.parse_body().model_dump(exclude_unset=True)
-        )
+        run, created = await self.service.runs.submit(self.principal, self.parse_body())
         if not created:
             self.set_header("Cortex-Existing-Run", "true")
         self.write_json(public_run(run), 201 if created else 200)
@@ -37,7 +42,7 @@ class RunHandler(BaseHandler):
         self.write_json(
             public_run(
                 await self.service.runs.wait_for_change(
-                    self.principal, run_id, query.while_status, min(query.wait, 60.0)
+                    self.principal, run_id, query.while_status, min(query.wait, MAX_WAIT_S)
                 )
             )
         )
@@ -57,7 +62,7 @@ class RunLogsHandler(BaseHandler):
     async def get(self, run_id: str) -> None:
         run = self.service.runs.visible_run(self.principal, run_id)
         query = self.query_args()
-        wait_s = min(query.wait, 60.0) if run["status"] not in states.JOB_TERMINAL else 0.0
+        wait_s = min(query.wait, MAX_WAIT_S) if run["status"] not in states.JOB_TERMINAL else 0.0
         # Lines shown to anyone but the run's owner (an admin) are redacted, as job logs are.
         redacted = run["owner"] != self.principal.owner
         page = await self.service.logs.follow(

@@ -10,16 +10,14 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
-import re
 import tarfile
 from pathlib import Path
 from typing import Any
 
-from cortex_nb import run_spec
 from cortex_nb.protocol.errors import ApiError, CortexError
+from cortex_nb.protocol.schemas import run_spec
+from cortex_nb.protocol.schemas.runs import ManifestEntry
 
-SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}\Z")
-ENTRY_KEYS = {"path", "bytes", "sha256", "kind"}
 READ_BLOCK = 1 << 20
 
 
@@ -27,45 +25,18 @@ def _manifest_error(message: str, path: str | None = None) -> ApiError:
     return ApiError("manifest_mismatch", message, {"path": path} if path else {})
 
 
-def validate_manifest(raw: Any, spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Check the manifest's shape and limits; inputs must be exactly the spec's inputs."""
-    if not isinstance(raw, list):
-        raise ApiError(
-            "invalid_field", "manifest: must be a list of {path, bytes, sha256, kind}", {"field": "manifest"}
-        )
+def validate_manifest(manifest: list[ManifestEntry], spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rules between the manifest's entries (whose shape CreateRun checked) and against the spec: clean
+    relative paths, each once, within the limits; inputs exactly the spec's inputs."""
     entries, seen = [], set()
     source_bytes = source_files = 0
-    for index, entry in enumerate(raw):
+    for index, entry in enumerate(manifest):
         field = f"manifest[{index}]"
-        if (
-            not isinstance(entry, dict)
-            or set(entry) - ENTRY_KEYS
-            or not {"path", "bytes", "sha256"} <= set(entry)
-        ):
-            raise ApiError(
-                "invalid_field",
-                f"{field}: must be an object with path, bytes, sha256 and kind",
-                {"field": field},
-            )
         try:
-            path = run_spec.relative_path(entry["path"], f"{field}.path")
+            path = run_spec.relative_path(entry.path, f"{field}.path")
         except CortexError as exc:
             raise ApiError("invalid_field", exc.message, exc.detail) from None
-        size, digest, kind = entry["bytes"], entry["sha256"], entry.get("kind", "source")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ApiError(
-                "invalid_field", f"{field}.bytes: must be a non-negative integer", {"field": f"{field}.bytes"}
-            )
-        if not isinstance(digest, str) or not SHA256_PATTERN.match(digest):
-            raise ApiError(
-                "invalid_field",
-                f"{field}.sha256: must be 64 lowercase hex digits",
-                {"field": f"{field}.sha256"},
-            )
-        if kind not in ("source", "input"):
-            raise ApiError(
-                "invalid_field", f"{field}.kind: must be 'source' or 'input'", {"field": f"{field}.kind"}
-            )
+        size, digest, kind = entry.bytes, entry.sha256, entry.kind
         if path in seen:
             raise _manifest_error(f"{path} is listed twice in the manifest", path)
         seen.add(path)

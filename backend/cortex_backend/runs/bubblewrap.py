@@ -1,9 +1,11 @@
 """The run's view of the host, as bubblewrap (`bwrap`) arguments.
 
 A run starts from an empty root and sees only what it needs, read-only: the system directories
-(/usr, /etc and the merged-/usr links), the Python runtime that runs it, /sys, its staged models.
+(/usr, /etc less the backend's own files there, and the merged-/usr links), the Python runtime that runs it, /sys, its staged models.
 Writable: its own work dir, and private, size-capped tmpfs mounts for /tmp, /dev/shm and /var/tmp.
 /run is an empty tmpfs, so no host socket directory (/run, /var/run, /run/lock, /run/user) is visible;
+a unix socket some host process listens on inside a tree that is bound (a runtime, /etc) is covered by
+/dev/null (connecting is refused), as the kernel lists them in /proc/net/unix when the run starts;
 $HOME, the backend's data dir and every other run's work dir are simply absent. The root itself is
 remounted read-only at the end. New network, PID, IPC, UTS, cgroup and user namespaces; the run may not
 create further user namespaces, and dies with its supervisor.
@@ -28,6 +30,8 @@ NVIDIA_CONTROL_NODES = (
     "/dev/nvidia-caps",
 )
 RUN_HOSTNAME = "cortex-run"
+# Folders under /etc the docs once suggested for the backend's own files (TLS keys): never shown to a run.
+BACKEND_ETC_DIRS = ("/etc/cortex", "/etc/cortex-nb")
 
 
 def system_layout(root: str = "/") -> list[str]:
@@ -67,8 +71,11 @@ def sandbox_arguments(
     tmp_bytes: int,
     gpu_indices: list[int],
     disable_userns: bool = True,
+    hidden_etc: list[str] | None = None,
+    host_sockets: list[str] | None = None,
 ) -> list[str]:
-    """The bwrap command line up to (not including) '--' and the command."""
+    """The bwrap command line up to (not including) '--' and the command. `host_sockets`: the unix
+    socket paths to cover (default: those the host listens on now)."""
     args = [
         "--unshare-user",
         "--unshare-pid",
@@ -102,10 +109,79 @@ def sandbox_arguments(
     for path in _outermost([*hide_paths, *world_writable]):
         if _under_any(path, visible) and os.path.isdir(path):
             args += ["--size", "4096", "--tmpfs", path]
+    args += hide_arguments(hidden_etc or [])
+    covered = [path for path in [*hide_paths, *world_writable] if _under_any(path, visible)] + (
+        hidden_etc or []
+    )
+    sockets = listening_socket_paths() if host_sockets is None else host_sockets
+    for path in sockets:
+        if _under_any(path, [*visible, "/sys"]) and not _under_any(path, covered):
+            args += ["--ro-bind", "/dev/null", path]
     args += ["--bind", workdir, sandbox_workdir]
     for name, path in models.items():
         args += ["--ro-bind", path, str(Path(sandbox_workdir) / "models" / name)]
     args += ["--remount-ro", "/", "--chdir", sandbox_workdir]
+    return args
+
+
+def listening_socket_paths(table: str = "/proc/net/unix") -> list[str]:
+    """The filesystem paths of the unix sockets bound in this network namespace (abstract ones, named
+    with a leading '@', are out of reach already: a run has a network namespace of its own)."""
+    paths: set[str] = set()
+    try:
+        with open(table, encoding="utf-8", errors="replace") as lines:
+            next(lines, None)
+            for line in lines:
+                fields = line.split(maxsplit=7)
+                if len(fields) == 8 and fields[7].startswith("/"):
+                    paths.add(fields[7].rstrip("\n"))
+    except OSError:
+        return []
+    return sorted(path for path in paths if os.path.lexists(path))
+
+
+def private_etc_entries(backend_uid: int, root: str = "/etc") -> list[str]:
+    """What under /etc a run must not read although the host's /etc is bound: the backend's own folders
+    (/etc/cortex), and for a backend that is not root (whose runs have its uid and groups) every entry
+    its user owns or may read only through its uid or groups. A root backend's runs have uids of their
+    own, which read only what everyone may."""
+    hidden = [path for path in BACKEND_ETC_DIRS if os.path.lexists(path)] if root == "/etc" else []
+    if backend_uid == 0:
+        return hidden
+    todo = [root]
+    while todo:
+        folder = todo.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if _under_any(entry.path, hidden):
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if entry.is_symlink():
+                continue
+            private = info.st_uid == backend_uid or (
+                not info.st_mode & 0o004 and os.access(entry.path, os.R_OK, follow_symlinks=False)
+            )
+            if private:
+                hidden.append(entry.path)
+            elif entry.is_dir(follow_symlinks=False):
+                todo.append(entry.path)
+    return sorted(hidden)
+
+
+def hide_arguments(paths: list[str]) -> list[str]:
+    """bwrap options that cover each path: an empty tmpfs over a folder, /dev/null over anything else."""
+    args: list[str] = []
+    for path in _outermost(paths):
+        if os.path.isdir(path) and not os.path.islink(path):
+            args += ["--size", "4096", "--tmpfs", path]
+        elif os.path.lexists(path):
+            args += ["--ro-bind", "/dev/null", path]
     return args
 
 

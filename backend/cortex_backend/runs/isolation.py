@@ -105,6 +105,23 @@ class HostIsolation:
             sandbox = "bubblewrap" if self.sandbox.bwrap else f"unavailable: {self.sandbox.problem}"
         return f"sandbox {sandbox}; cgroups: {self.cgroups.describe()}"
 
+    def sandbox_view(self, allow_unsandboxed: bool) -> dict[str, object]:
+        """What users are told about source runs here (GET /v1/capacity, `%cortex capacity`)."""
+        if self.sandboxed:
+            return {
+                "sandbox": "bubblewrap",
+                "runs_accepted": True,
+                "note": "each run in a bubblewrap sandbox",
+            }
+        why = "turned off (--run-namespaces off)" if self.namespaces_off else self.sandbox.problem
+        if allow_unsandboxed:
+            note = (
+                f"UNSANDBOXED: source runs run without a sandbox ({why}), as the backend's user, able to read"
+                " its files and reach its port; the operator allowed this"
+            )
+            return {"sandbox": "none", "runs_accepted": True, "note": note}
+        return {"sandbox": "none", "runs_accepted": False, "note": unavailable_message(why)}
+
     def missing_for_required(self, limits: dict[str, str]) -> str | None:
         """Why `isolation: required` cannot be met (None when it can)."""
         if self.namespaces_off:
@@ -118,6 +135,16 @@ class HostIsolation:
                 f" {self.cgroups.describe()})"
             )
         return None
+
+
+def unavailable_message(problem: str | None) -> str:
+    """Why source runs are refused on a backend without a sandbox, and what to do about it."""
+    return (
+        f"this backend has no run sandbox ({problem}), so it runs no source code. Install bubblewrap on the"
+        " backend host (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap) and restart"
+        " the backend; `cortex-nb doctor` shows what the host gives. Only for trusted code: start it with"
+        " --allow-unsandboxed-runs"
+    )
 
 
 def backend_id(data_dir: str) -> str:

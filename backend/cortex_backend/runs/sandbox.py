@@ -49,6 +49,11 @@ MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
 
+# keyctl(2): its syscall number per architecture, and KEYCTL_JOIN_SESSION_KEYRING with no name (a new,
+# anonymous session keyring).
+KEYCTL_SYSCALL = {"x86_64": 250, "aarch64": 219, "ppc64le": 283, "s390x": 280}
+KEYCTL_JOIN_SESSION_KEYRING = 1
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
@@ -73,6 +78,15 @@ def _check(result: int, what: str) -> None:
 
 def prctl(option: int, value: int) -> None:
     _check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), f"prctl({option})")
+
+
+def new_session_keyring() -> None:
+    """Leave the backend's session keyring for a fresh, empty one: otherwise a run inherits it and can
+    read (and add) the keys the backend's login holds. Where keyctl is unknown or blocked (a container's
+    seccomp profile), the run cannot use it either."""
+    number = KEYCTL_SYSCALL.get(os.uname().machine)
+    if number is not None:
+        _libc.syscall(ctypes.c_long(number), ctypes.c_int(KEYCTL_JOIN_SESSION_KEYRING), None)
 
 
 def unshare(flags: int) -> None:
@@ -174,6 +188,7 @@ def enter_run(config: dict[str, Any]) -> None:
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
+    new_session_keyring()  # after the uid drop: the new keyring belongs to the run's uid
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     os.umask(0o022)
@@ -226,9 +241,35 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
+def memfd_bytes(pids: list[int]) -> int:
+    """Memory held by the memfds (memfd_create) these processes have open: counted by no mount and, while
+    unmapped, by no process's resident size. Each file once, however many processes share it."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            path = f"/proc/{pid}/fd/{fd}"
+            try:
+                if not os.readlink(path).startswith("/memfd:"):
+                    continue
+                info = os.stat(path)
+            except OSError:
+                continue
+            if (info.st_dev, info.st_ino) not in seen:
+                seen.add((info.st_dev, info.st_ino))
+                total += info.st_blocks * 512
+    return total
+
+
 def sandbox_memory_bytes(init_pid: int) -> int:
-    """What the run holds in memory: its processes' resident pages plus what its private tmpfs mounts hold."""
-    total = resident_bytes(process_tree(init_pid))
+    """What the run holds in memory: its processes' resident pages, their memfds, and what its private
+    tmpfs mounts hold."""
+    pids = process_tree(init_pid)
+    total = resident_bytes(pids) + memfd_bytes([init_pid, *pids])
     for mount_point in SANDBOX_TMPFS:
         try:
             info = os.statvfs(f"/proc/{init_pid}/root/{mount_point}")
@@ -278,6 +319,14 @@ def _rusage_fields() -> dict[str, Any]:
     }
 
 
+def options_pipe(options: list[str]) -> int:
+    """A file descriptor holding `options` NUL-separated, for bwrap's --args (a memfd: no size limit)."""
+    fd = os.memfd_create("bwrap-options", 0)
+    os.write(fd, b"".join(option.encode() + b"\0" for option in options))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 class SandboxedRun:
     """Starts bubblewrap with the command, watches it and the run's limits, and ends it when asked."""
 
@@ -298,11 +347,14 @@ class SandboxedRun:
             expose_paths([(path, bool(writable)) for path, writable in config["expose_paths"]])
         mark_read, mark_write = os.pipe()
         status_read, status_write = os.pipe()
+        # Every option goes through a pipe (--args), not the command line: the PID namespace's init is a
+        # copy of bwrap, and a run reading its /proc/1/cmdline would see the host paths of every bind.
+        options = [*config["bwrap_args"], "--json-status-fd", str(status_write)]
+        args_fd = options_pipe(options)
         argv = [
             config["bwrap"],
-            *config["bwrap_args"],
-            "--json-status-fd",
-            str(status_write),
+            "--args",
+            str(args_fd),
             "--",
             "/bin/sh",
             "-c",
@@ -317,7 +369,7 @@ class SandboxedRun:
                 env=config["env"],
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
-                pass_fds=(mark_write, status_write),
+                pass_fds=(mark_write, status_write, args_fd),
                 start_new_session=True,
                 preexec_fn=lambda: enter_run(config),
             )
@@ -328,6 +380,7 @@ class SandboxedRun:
             return 0
         os.close(mark_write)
         os.close(status_write)
+        os.close(args_fd)
         started = False
         status_buffer = b""
         exit_status: int | None = None

@@ -1,22 +1,23 @@
-"""A submitted run spec checked against this backend: the shared rules (cortex_nb.run_spec), plus
+"""A submitted run spec (checked by its schema, `RunSpec`, in the body) checked against this backend:
 registered models that can be staged and GPUs this host has."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from cortex_nb import run_spec
-from cortex_nb.protocol.errors import ApiError, CortexError
+from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.schemas.run_spec import RunSpec
 
 from ..models import ModelCatalog
 from ..scheduler import Scheduler
 
 
-def validate_run_spec(raw: Any, catalog: ModelCatalog, scheduler: Scheduler) -> dict[str, Any]:
-    try:
-        spec = run_spec.validate_spec(raw)
-    except CortexError as exc:
-        raise ApiError(exc.code, exc.message, exc.detail) from None
+def validate_run_spec(
+    spec_or_raw: RunSpec | Any, catalog: ModelCatalog, scheduler: Scheduler
+) -> dict[str, Any]:
+    """The spec's normalised form, once this backend can run it (a body's spec comes parsed)."""
+    parsed = spec_or_raw if isinstance(spec_or_raw, RunSpec) else RunSpec.parse(spec_or_raw)
+    spec = parsed.normalised()
     for index, name in enumerate(spec["models"]):
         field = f"models[{index}]"
         if name not in catalog.names():

@@ -50,6 +50,12 @@ PATTERN_MEANINGS = {
 Identifier = Annotated[str, StringConstraints(pattern=IDENTIFIER)]
 ShortText = Annotated[str, StringConstraints(max_length=200)]
 Seconds = Annotated[float, Field(ge=0)]
+# Long polls: the backend holds an answer at most this long; a larger `wait` is taken as this. Stated in the
+# schema as `x-maximum-hold` and in the description, not as `maximum`: a schema maximum would make schema-driven
+# clients and fuzzers send exactly it, holding each long poll 60 s, and a larger value is not an error.
+MAX_WAIT_S = 60.0
+WAIT_BOUND_TEXT = f"held at most {MAX_WAIT_S:g} s; a larger wait is taken as {MAX_WAIT_S:g}"
+WaitSeconds = Annotated[float, Field(ge=0, json_schema_extra={"x-maximum-hold": MAX_WAIT_S})]
 MAX_SEED = 2**63 - 1
 # A position in a sequence the backend numbers (events, log lines): what SQLite's INTEGER holds, and more.
 MAX_SEQ = 1 << 62
@@ -144,16 +150,16 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | N
         fields = getattr(current, "model_fields", None)
         if not fields or part not in fields:
             return None
-        current = _model_of(fields[part].annotation)
+        current = model_of(fields[part].annotation)
     fields = getattr(current, "model_fields", None)
     return sorted(fields) if fields else None
 
 
-def _model_of(annotation: Any) -> type[BaseModel] | None:
+def model_of(annotation: Any) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in getattr(annotation, "__args__", ()) or ():
-        found = _model_of(arg)
+        found = model_of(arg)
         if found is not None:
             return found
     return None

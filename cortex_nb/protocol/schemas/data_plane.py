@@ -10,17 +10,27 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, ValidationError, WithJsonSchema
+from pydantic import BeforeValidator, Field, ValidationError, WithJsonSchema, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..checkpoint_format import CHECKPOINT_TYPES, RESUMABLE
 from ..states import REQUEST_STATES
-from .base import IDENTIFIER, Body, Cursor, Identifier, Query, Reply, Seconds
+from .base import IDENTIFIER, WAIT_BOUND_TEXT, Body, Cursor, Identifier, Query, Reply, WaitSeconds
 from .sampling import SamplingParams
 
 MAX_PROMPTS = 1024
 WEIGHT_FORMATS = ("lora", "full")
-OPERATIONS = ("forward_backward", "step", "generate", "forward", "noop", "save", "load", "weight_sync")
+OPERATIONS = (
+    "forward_backward",
+    "step",
+    "generate",
+    "forward",
+    "noop",
+    "save",
+    "load",
+    "weight_sync",
+    "reset_prefix_cache",
+)
 
 RequestStatusName = Literal[REQUEST_STATES]  # type: ignore[valid-type]
 
@@ -59,6 +69,33 @@ class Submitted(Reply):
 
 class NoopBody(Body):
     """A request that does nothing in the worker: measures the round trip."""
+
+
+class ResetPrefixCacheBody(Body):
+    """Drop the sampling engine's cached prompt prefixes (vLLM's prefix cache); queued after the sub-job's
+    earlier requests, so they finish first."""
+
+
+class RouterReplayDiscardBody(Body):
+    """Free routes a sampler recorded for replay (`record_routes`): the named ones, or all of the job's."""
+
+    routes_ids: list[Annotated[str, Field(max_length=64)]] | None = Field(
+        default=None,
+        max_length=100_000,
+        description="the samples' `routes_id`s; none or null: all of the job's",
+    )
+
+
+class RouterReplayDiscarded(Reply):
+    """What a discard freed and what the job still holds."""
+
+    discarded: int
+    freed_bytes: int
+    not_held: list[str] = Field(
+        description="named ids the job does not hold (never recorded, or freed before)"
+    )
+    held_bytes: int
+    cap_bytes: int
 
 
 class StepBody(Body):
@@ -119,11 +156,41 @@ class GenerateBody(Body):
         default=None,
         description='"base": the base model without an adapter; a saved checkpoint; default: the live adapter',
     )
+    stream: bool = Field(
+        default=False,
+        description="answer with server-sent events (text/event-stream): `submitted`, `tokens` as they are"
+        " decoded, then `result` (the request as polled once it ended)",
+    )
+
+    @model_validator(mode="after")
+    def _targets_fit_prompts(self) -> GenerateBody:
+        targets = self.sampling_params.prompt_logprobs_targets
+        if targets is None:
+            return self
+        if len(targets) != len(self.prompts) or any(isinstance(prompt, str) for prompt in self.prompts):
+            raise PydanticCustomError(
+                "invalid_field",
+                "sampling_params.prompt_logprobs_targets: one matrix per prompt, and the prompts as token ids",
+            )
+        for index, (prompt, matrix) in enumerate(zip(self.prompts, targets, strict=True)):
+            if len(matrix) != len(prompt) - 1 or len({len(row) for row in matrix}) != 1:
+                raise PydanticCustomError(
+                    "invalid_field",
+                    f"sampling_params.prompt_logprobs_targets[{index}]: must be {len(prompt) - 1} rows"
+                    " (len(prompt) - 1) of one width",
+                )
+        return self
 
 
 class SaveBody(Body):
     checkpoint_id: CheckpointId | None = Field(default=None, description="default: `step-N`")
     type: Literal[CHECKPOINT_TYPES] = RESUMABLE  # type: ignore[valid-type]
+    ttl_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="delete the checkpoint this many seconds after it is saved (the backend's bounds: 1 hour to"
+        " 10 years by default); null: never",
+    )
 
 
 class LoadBody(Body):
@@ -208,9 +275,7 @@ class ListRequestsQuery(Query):
 class GetRequestQuery(Query):
     cursor: Cursor = Field(default=0, description="events after this seq")
     max_events: int = Field(default=100, ge=1, description="at most 1000")
-    wait: Seconds = Field(
-        default=0.0, description="hold the answer up to this many seconds (at most 60) for news"
-    )
+    wait: WaitSeconds = Field(default=0.0, description=f"hold the answer for news: {WAIT_BOUND_TEXT}")
 
 
 class ChunkStored(Reply):

@@ -1,4 +1,4 @@
-"""Datasets of managed training runs: JSONL rows uploaded once, named by their SHA-256."""
+"""Datasets of training runs: JSONL rows uploaded once, named by their SHA-256."""
 
 from __future__ import annotations
 

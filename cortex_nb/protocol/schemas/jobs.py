@@ -2,17 +2,18 @@
 with, including the backend-owned progress record, why a job waits and when it frees its device.
 
 What needs the backend's model catalog (does the model exist, does it have these LoRA modules, does
-max_seq_len fit it) is checked by the service; the rest is here. A managed run's `training_loop` is
-checked by its own definition, `cortex_nb.train_spec` (the `%%cortex train` spec's JSON form).
+max_seq_len fit it) is checked by the service; the rest is here. A training run's
+`training_loop` is `TrainingLoop` (the `%%cortex train` spec's JSON form), refused in the spec's words.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 from ..states import (
     JOB_STATES,
     PROGRESS_MANAGED,
@@ -21,7 +22,20 @@ from ..states import (
     SUB_JOB_TYPES,
     TRAINING,
 )
-from .base import LABEL_KEY, MODULE_NAME, Body, Identifier, Query, Reply, Seconds, Seed, ShortText
+from .base import (
+    LABEL_KEY,
+    MODULE_NAME,
+    WAIT_BOUND_TEXT,
+    Body,
+    Identifier,
+    Query,
+    Reply,
+    Seed,
+    ShortText,
+    WaitSeconds,
+)
+from .stats import ListingQuery
+from .training_loop import TrainingLoop, loop_refusal
 
 MAX_SUB_JOBS = 8
 MAX_LABELS = 16
@@ -69,6 +83,10 @@ class OptimizerSpec(Body):
     )
 
 
+# The most ranks one sub-job may ask for (one host's devices).
+MAX_RANKS = 64
+
+
 class SubJobSpec(Body):
     type: SubJobType
     base_model: str = Field(description="the name of a registered model (GET /v1/models)")
@@ -78,11 +96,34 @@ class SubJobSpec(Body):
     )
     max_seq_len: int | None = Field(default=None, ge=1, description="at most the model's own maximum")
     seed: Seed = 0
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description="training only: keep each layer's input and recompute its activations in the backward"
+        " pass (less memory, about a third more compute; the same gradients)",
+    )
+    n_gpus: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_RANKS,
+        description="training only: run as this many ranks with FSDP2 (parameters, gradients and optimizer"
+        " state sharded across them), one device each (CPU slots with gloo on a CPU backend)",
+    )
 
     @model_validator(mode="after")
     def _optimizer_only_for_training(self) -> SubJobSpec:
         if self.optimizer is not None and self.type != TRAINING:
             raise PydanticCustomError("invalid_field", "optimizer: only a training sub-job has an optimizer")
+        if self.gradient_checkpointing and self.type != TRAINING:
+            raise PydanticCustomError(
+                "invalid_field", "gradient_checkpointing: only a training sub-job runs a backward pass"
+            )
+        if self.n_gpus > 1 and self.type != TRAINING:
+            raise PydanticCustomError(
+                "multi_gpu_sampling_unsupported",
+                "n_gpus: a {kind} sub-job runs on one device; tensor-parallel sampling (vLLM's) is not"
+                " built in cortex-nb. Use n_gpus: 1, or several sampling sub-jobs",
+                {"kind": self.type},
+            )
         return self
 
 
@@ -121,11 +162,27 @@ class CreateJob(Body):
     labels: Annotated[dict[LabelKey, ShortText], Field(max_length=MAX_LABELS)] | None = Field(
         default=None, description="free-form labels shown with the job; they never decide who may see it"
     )
-    training_loop: dict[str, Any] | None = Field(
+    priority: int | None = Field(
         default=None,
-        description="a managed training run: the JSON form of the `%%cortex train` spec"
-        " (cortex_nb/train_spec.py, docs/api.md); only with exactly one training sub-job",
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description=f"queue band, higher first (default {DEFAULT_PRIORITY}); above the default only as far"
+        " as the token may (docs/api.md, Priorities)",
     )
+    training_loop: TrainingLoop | None = Field(
+        default=None,
+        description="a training run: the JSON form of the `%%cortex train` spec"
+        " (docs/api.md); only with exactly one training sub-job",
+    )
+
+    @field_validator("training_loop", mode="wrap")
+    @classmethod
+    def _loop_in_its_own_words(cls, value: Any, handler: Any) -> Any:
+        # The ApiError is not a ValueError: it leaves validation as it is, naming `training_loop.<key>`.
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            raise loop_refusal(exc) from None
 
     @field_validator("job_id")
     @classmethod
@@ -186,7 +243,8 @@ class SubJobView(Reply):
     failure_code: str | None
     failure_message: str | None
     info: dict[str, Any] | None = Field(
-        description="what its worker reported when it was ready (device, dtype, adapter...)"
+        description="what its worker reported when it was ready (device, dtype, adapter...); a Tinker"
+        " training client's `parking` (parked, parks, last_restore_s: docs/tinker.md)"
     )
 
 
@@ -200,6 +258,20 @@ class EvalPoint(Reply):
     eval_loss_per_token: float | None
 
 
+class BudgetStop(Reply):
+    """Where a run's device-seconds budget ran out: the step at which it was found spent, the job's
+    device-seconds then, and at the step before (under the budget)."""
+
+    step: int
+    device_seconds: float
+    before: float | None
+
+
+class MismatchPoint(Reply):
+    step: int | float
+    sampler_mismatch_mean: float | None
+
+
 class SampleItem(Reply):
     prompt: str
     text: str
@@ -208,6 +280,44 @@ class SampleItem(Reply):
 class Samples(Reply):
     step: int
     items: list[SampleItem]
+
+
+class ResumeNote(Reply):
+    """How a training run came back after the backend stopped: from which checkpoint, at which step, and
+    how many trained steps no checkpoint held (they are trained again; 0 after a drained stop)."""
+
+    checkpoint_id: str | None = Field(description="null: no resumable checkpoint, trained again from step 0")
+    step: int
+    lost_steps: int
+    restarts: int = Field(description="how many times this run was resumed")
+    at: float
+    reason: Literal["backend_restarted", "retry", "preempted"] = Field(
+        default="backend_restarted",
+        description="why it was resumed: a backend restart, its retry policy, or a preemption",
+    )
+
+
+class TrainingAttempt(Reply):
+    """One attempt of a training run with a retry policy (the shape of a source run's attempts)."""
+
+    attempt: int
+    status: JobStatus
+    failure_code: str | None
+    failure_message: str | None
+    retry_reason: str | None = Field(description="worker_crashed, host_lost or oom when the policy knows it")
+    started_at: float | None
+    finished_at: float
+    step: int = Field(description="the last step the attempt trained")
+
+
+class Preemption(Reply):
+    """A training run paused at a resumable checkpoint to give its device to a higher-priority job
+    (`--preempt-below`); it resumed from that checkpoint, losing no step."""
+
+    at: float
+    step: int = Field(description="the step it paused at (and resumed from)")
+    checkpoint_id: str
+    by_priority: int = Field(description="the band of the waiting job it made room for")
 
 
 class Progress(Reply):
@@ -233,17 +343,41 @@ class Progress(Reply):
     weight_version: int | None
     history: list[HistoryPoint] = Field(description="at most 256 points, decimated on long runs")
     eval_history: list[EvalPoint]
+    sampler_mismatch_mean: float | None = Field(
+        default=None,
+        description="RL losses: the last step's mean |sampler logprob - trainer logprob| over its sampled tokens",
+    )
+    sampler_mismatch_max: float | None = Field(default=None, description="the same gap's largest value")
+    budget_device_s: float | None = Field(
+        default=None, description="a training run's device-seconds budget (spent, it stops and saves 'final')"
+    )
+    budget_stop: BudgetStop | None = Field(default=None, description="set when the budget stopped the run")
+    mismatch_history: list[MismatchPoint] = Field(
+        default_factory=list, description="sampler_mismatch_mean per step, at most 256 points"
+    )
     samples: Samples | None
+    resumed: ResumeNote | None = None
+    attempts: list[TrainingAttempt] = Field(
+        default_factory=list, description="each attempt so far, with a retry policy in the spec"
+    )
+    preemptions: list[Preemption] = Field(
+        default_factory=list, description="each time it made room for a higher-priority job"
+    )
     updated_at: float
 
 
 class QueueInfo(Reply):
-    """Why a pending job waits."""
+    """Why a pending job waits, and where its priority puts it."""
 
     position: int
     reason: str
     blocked_by: list[str]
     estimate_s: float | None
+    priority: int = Field(default=DEFAULT_PRIORITY, description="the band it asked for")
+    effective_priority: int = Field(
+        default=DEFAULT_PRIORITY, description="its band now, raised by waiting (aging)"
+    )
+    submitted_at: float | None = Field(default=None, description="ties in a band go oldest first")
 
 
 class IdleInfo(Reply):
@@ -269,12 +403,17 @@ class JobView(Reply):
     last_activity_at: float | None
     idle_timeout_s: float | None
     labels: dict[str, str]
+    priority: int = Field(default=DEFAULT_PRIORITY, description="its queue band (0-9, higher first)")
     sub_jobs: list[SubJobView]
-    training_loop: dict[str, Any] | None = Field(description="a managed run's normalised spec")
+    training_loop: dict[str, Any] | None = Field(description="a training run's normalised spec")
     progress: Progress | None = Field(description="null while the job never trained")
     queue: QueueInfo | None = Field(description="non-null only while pending")
     idle: IdleInfo | None
     keep_alive_until: float | None
+    device_seconds: float | None = Field(
+        default=None,
+        description="device-seconds so far: each sub-job holds one device slot from the job's start to its end",
+    )
 
 
 class CompletedJob(JobView):
@@ -285,21 +424,44 @@ class CompletedJob(JobView):
     )
 
 
+class UpdateJob(Body):
+    """`PATCH /v1/jobs/{job_id}`: rename a job, or replace its labels (tags)."""
+
+    body_name = "job"
+    name: ShortText | None = Field(default=None, description="the new name")
+    labels: Annotated[dict[LabelKey, ShortText], Field(max_length=MAX_LABELS)] | None = Field(
+        default=None, description="the job's labels, replaced whole ({} clears them)"
+    )
+
+    @model_validator(mode="after")
+    def _something_to_change(self) -> UpdateJob:
+        if self.name is None and self.labels is None:
+            raise PydanticCustomError("invalid_request", "give name, labels or both")
+        return self
+
+
+class DeletedJob(Reply):
+    """`DELETE /v1/jobs/{job_id}`: a finished job's record and its checkpoints are gone."""
+
+    job_id: str
+    deleted: bool
+    checkpoints_deleted: list[str]
+    freed_bytes: int
+
+
 class JobPage(Reply):
     jobs: list[JobView]
     next_cursor: str | None
 
 
-class ListJobsQuery(Query):
+class ListJobsQuery(ListingQuery):
     status: JobStatus | None = None
     limit: int = Field(default=50, ge=1, description="at most 500 are returned")
     cursor: str | None = None
 
 
 class GetJobQuery(Query):
-    wait: Seconds = Field(
-        default=0.0, description="hold the answer up to this many seconds (at most 60) for a change"
-    )
+    wait: WaitSeconds = Field(default=0.0, description=f"hold the answer for a change: {WAIT_BOUND_TEXT}")
     while_status: JobStatus | None = Field(
         default=None, description="with `wait`: answer once the status differs"
     )

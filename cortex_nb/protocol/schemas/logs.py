@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..states import JOB_STATES
-from .base import Cursor, Query, Reply, Seconds
+from .base import WAIT_BOUND_TEXT, Cursor, Query, Reply, WaitSeconds
 
 JobStatus = Literal[JOB_STATES]  # type: ignore[valid-type]
 
@@ -41,9 +41,7 @@ class JobLogsQuery(Query):
     cursor: Cursor = 0
     limit: int = Field(default=1000, ge=1, description="at most 5000")
     sub_job: str | None = None
-    wait: Seconds = Field(
-        default=0.0, description="hold the answer up to this many seconds (at most 60) for a line"
-    )
+    wait: WaitSeconds = Field(default=0.0, description=f"hold the answer for a line: {WAIT_BOUND_TEXT}")
     follow: str | None = Field(
         default=None, description="1: a newline-delimited JSON stream until the job ends"
     )
@@ -55,4 +53,4 @@ class JobLogsQuery(Query):
 class RunLogsQuery(Query):
     cursor: Cursor = 0
     limit: int = Field(default=1000, ge=1, description="at most 5000")
-    wait: Seconds = 0.0
+    wait: WaitSeconds = Field(default=0.0, description=f"hold the answer for news: {WAIT_BOUND_TEXT}")

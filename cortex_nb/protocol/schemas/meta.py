@@ -5,7 +5,8 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from .base import Body, Reply
+from ..backend_proof import CHALLENGE_PATTERN
+from .base import Body, Query, Reply
 
 
 class Version(Reply):
@@ -14,6 +15,19 @@ class Version(Reply):
     service: str
     version: str
     api_version: str
+    proof: str | None = Field(
+        default=None,
+        description="with ?challenge=: the answer that proves this is the backend its state file names"
+        " (cortex_nb/protocol/backend_proof.py); absent without a challenge",
+    )
+
+
+class VersionQuery(Query):
+    challenge: str | None = Field(
+        default=None,
+        pattern=CHALLENGE_PATTERN,
+        description="a fresh random hex string from a local client; the reply's `proof` answers it",
+    )
 
 
 class WhoAmI(Reply):
@@ -52,6 +66,8 @@ class PendingJob(Reply):
     position: int
     reason: str
     estimate_s: float | None
+    priority: int | None = None
+    effective_priority: int | None = None
 
 
 class HostCapacity(Reply):
@@ -65,12 +81,44 @@ class HostCapacity(Reply):
     models: list[str] | None = None
 
 
+class AdapterHostView(Reply):
+    """One adapter host: a worker process holding a base model once for the training slots on a device."""
+
+    device: str
+    base_model: str
+    pid: int
+    slots: int = Field(description="training sub-jobs served by this process now")
+    base_bytes: int = Field(description="the base model's weights, held once for every slot")
+    slots_bytes: int = Field(
+        description="what the slots add: each its adapter, gradients and AdamW moments (4x the adapter)"
+    )
+
+
 class ExecutorView(Reply):
     """What runs sub-jobs: `local` worker processes, or `ray` actors on the hosts of a cluster."""
 
     name: str
+    hosting: str | None = Field(
+        None,
+        description="local: `adapter_host` (training sub-jobs on one device and base share a process, the"
+        " base held once) or `isolation_per_job` (a process per sub-job)",
+    )
+    adapter_hosts: list[AdapterHostView] | None = None
     ray_address: str | None = None
     hosts: list[str] | None = None
+    ray_insecure: bool | None = Field(
+        None,
+        description="ray: true when the cluster takes clients without Ray's token authentication (the"
+        " operator's --ray-insecure): anyone who reaches its ports can run code on its hosts",
+    )
+
+
+class SourceRunsView(Reply):
+    """Whether source runs get a sandbox here, and whether they are accepted at all without one."""
+
+    sandbox: str = Field(description="bubblewrap, none, or unknown (still starting)")
+    runs_accepted: bool = Field(description="false: POST /v1/runs answers sandbox_unavailable")
+    note: str = Field(description="what a user should know, in words (says UNSANDBOXED when it is)")
 
 
 class Capacity(Reply):
@@ -82,6 +130,7 @@ class Capacity(Reply):
     pending_slots: int
     hosts: list[HostCapacity] = Field(default_factory=list)
     executor: ExecutorView | None = None
+    source_runs: SourceRunsView | None = None
     pending_jobs: list[PendingJob] = Field(description="the caller's own pending jobs, in queue order")
 
 
@@ -93,6 +142,9 @@ class ModelView(Reply):
     max_positions: int | None
     hidden_size: int | None
     num_layers: int | None
+    quantization: str | None = Field(
+        None, description="how the base's weights are held: null (the device's precision), nf4 or int8"
+    )
 
 
 class ModelList(Reply):

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import Cursor, Query, Reply, Seconds
+from .base import WAIT_BOUND_TEXT, Cursor, Query, Reply, Seconds, WaitSeconds
 from .meta import DeviceView
 
 
@@ -80,4 +80,4 @@ class EventPage(Reply):
 class EventsQuery(Query):
     after: Cursor = 0
     limit: int = Field(default=100, ge=1, description="at most 1000")
-    wait: Seconds = 0.0
+    wait: WaitSeconds = Field(default=0.0, description=f"hold the answer for news: {WAIT_BOUND_TEXT}")

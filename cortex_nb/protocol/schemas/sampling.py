@@ -21,6 +21,8 @@ MAX_STOP_SEQUENCES = 16
 MAX_NEW_TOKENS = 1 << 16
 MAX_TEMPERATURE = 100.0
 MAX_TOP_K = 1 << 24
+# The most top-k logprobs per position (vLLM's own default cap)
+MAX_PROMPT_LOGPROBS_TOPK = 20
 
 StopItem = Annotated[str, Field(min_length=1)] | Annotated[int, Field(ge=0)]
 
@@ -40,7 +42,56 @@ class SamplingParams(Body):
     prompt_logprobs: bool = Field(
         default=False, description="per prompt, each prompt token's log-probability after the first"
     )
+    logprobs_topk: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_PROMPT_LOGPROBS_TOPK,
+        description="each sampled position's k most likely tokens and their log-probabilities (0: none; the"
+        " built-in engine only)",
+    )
+    prompt_logprobs_topk: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_PROMPT_LOGPROBS_TOPK,
+        description="per prompt, the k most likely tokens and their log-probabilities at each prompt position"
+        " after the first (0: none)",
+    )
+    prompt_logprobs_targets: (
+        Annotated[
+            list[
+                Annotated[
+                    list[
+                        Annotated[
+                            list[Annotated[int, Field(ge=-1)]], Field(max_length=MAX_PROMPT_LOGPROBS_TOPK)
+                        ]
+                    ],
+                    Field(min_length=1),
+                ]
+            ],
+            Field(min_length=1),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="per token-id prompt, a [len(prompt) - 1][K] matrix of token ids (K at most 20): cell [i][j] is"
+        " scored at prompt position i + 1; -1 asks nothing. The answer's `prompt_target_logprobs` has the same"
+        " shape, 0.0 where -1 was",
+    )
+    prompt_alt_tokens_k: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_PROMPT_LOGPROBS_TOPK,
+        description="per prompt, k tokens drawn (with replacement, at the request's temperature and seed) from the"
+        " model's next-token distribution at each prompt position after the first, with their log-probabilities"
+        " (temperature 1)",
+    )
     ignore_eos: bool = Field(default=False, description="keep sampling past the end-of-sequence token")
+    record_routes: bool = Field(
+        default=False,
+        description="on an MoE base (Mixtral, Qwen-MoE), keep the experts its routers chose for every token of each"
+        " sample; each sample then carries a `routes_id` that a later forward_backward or forward names to"
+        " replay them (docs/router-replay.md)",
+    )
 
     @field_validator("stop", mode="wrap")
     @classmethod

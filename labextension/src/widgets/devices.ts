@@ -3,8 +3,13 @@ import { meter } from '../charts/meter';
 import { h } from '../dom';
 import { IDeviceRow } from '../model';
 
-export function renderDevices(rows: IDeviceRow[], gpuMetricsNote: string | null, hosts: string[] = []): HTMLElement {
+export function renderDevices(
+  rows: IDeviceRow[], gpuMetricsNote: string | null, hosts: string[] = [], weekUsage = ''
+): HTMLElement {
   const section = h('section', { class: 'cortex-section cortex-devices' }, h('h3', {}, 'Devices'));
+  if (weekUsage) {
+    section.appendChild(h('div', { class: 'cortex-muted cortex-week-usage' }, weekUsage));
+  }
   for (const line of hosts) {
     section.appendChild(h('div', { class: 'cortex-muted cortex-host' }, line));
   }

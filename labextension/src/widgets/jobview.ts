@@ -17,7 +17,8 @@ import { lossChart } from '../charts/losschart';
 import { displayState } from '../contract';
 import { h, replaceChildren, wordBadge } from '../dom';
 import { formatAge, formatBytes, formatLoss } from '../format';
-import { isTerminal, jobActions, jobLabel, jobProgress, jobTitle } from '../jobrows';
+import { deviceSecondsText, mismatchPoints, mismatchTitle } from '../jobfigures';
+import { CANCEL_CHOICES, isTerminal, jobActions, jobLabel, jobProgress, jobTitle } from '../jobrows';
 import { LogBuffer, MetricSeries, gpuMetricsNote, sortCheckpoints } from '../model';
 import { RouteUnavailableError, hasRoute } from '../routes';
 import { ICheckpointView, IJobView } from '../types';
@@ -154,21 +155,57 @@ export class JobView extends Widget {
     }
   }
 
+  /**
+   * Cancel, asking first when trained steps would be lost, with the cell widget's three choices: keep
+   * training, stop and save (complete: the adapter kept as checkpoint "final"), or cancel and discard.
+   */
   async cancel(): Promise<void> {
-    const warning = this.job ? jobActions(this.job).cancelWarning : null;
+    const actions = this.job ? jobActions(this.job) : null;
+    const warning = actions?.cancelWarning ?? null;
     if (warning) {
+      const buttons = [Dialog.cancelButton({ label: CANCEL_CHOICES.keep })];
+      if (actions?.stopAndSave) {
+        buttons.push(Dialog.okButton({ label: CANCEL_CHOICES.stopAndSave, className: 'cortex-stop-and-save' }));
+      }
+      buttons.push(Dialog.warnButton({ label: CANCEL_CHOICES.discard }));
       const answer = await showDialog({
         title: `Cancel ${this.job ? jobTitle(this.job) : this.jobId}?`,
         body: warning,
-        buttons: [Dialog.cancelButton({ label: 'Keep training' }), Dialog.warnButton({ label: 'Cancel and lose them' })]
+        buttons
       });
       if (!answer.button.accept) {
+        return;
+      }
+      if (answer.button.label === CANCEL_CHOICES.stopAndSave) {
+        await this.stopAndSave();
         return;
       }
     }
     await this._act(async () => {
       this.job = await this._api.cancelJob(this.jobId);
       this._notice = null;
+    });
+  }
+
+  /** Stop after the step in hand and keep the adapter: complete the job (checkpoint "final" first). */
+  async stopAndSave(): Promise<void> {
+    await this._act(async () => {
+      const completed = await this._api.completeJob(this.jobId);
+      this.job = completed;
+      this._notice = completed.saved_checkpoint
+        ? `Stopped; the trained adapter is saved as checkpoint ${completed.saved_checkpoint}.`
+        : 'Stopped; every trained step was already saved.';
+    });
+  }
+
+  /** Save a resumable checkpoint now; training goes on. */
+  async saveCheckpoint(): Promise<void> {
+    await this._act(async () => {
+      const saved = await this._api.saveCheckpoint(this.jobId);
+      if (saved.status !== 'succeeded') {
+        throw new CortexApiError(0, saved.error?.code ?? saved.status, saved.error?.message ?? `save ${saved.status}`);
+      }
+      this._notice = `Saved checkpoint ${String(saved.result?.checkpoint_id ?? '')}.`;
     });
   }
 
@@ -292,6 +329,22 @@ export class JobView extends Widget {
       free.addEventListener('click', () => void this.freeDevice());
       buttons.push(free);
     }
+    if (actions?.saveCheckpoint) {
+      const save = h('button', {
+        class: 'jp-Button cortex-button cortex-save-checkpoint', disabled: this._busy,
+        title: 'Save a resumable checkpoint now; training goes on'
+      }, 'Save checkpoint');
+      save.addEventListener('click', () => void this.saveCheckpoint());
+      buttons.push(save);
+    }
+    if (actions?.stopAndSave) {
+      const stop = h('button', {
+        class: 'jp-Button cortex-button cortex-stop-and-save', disabled: this._busy,
+        title: 'Stop after the step in hand and keep the adapter (checkpoint "final"), freeing the device'
+      }, 'Stop and save');
+      stop.addEventListener('click', () => void this.stopAndSave());
+      buttons.push(stop);
+    }
     if (actions?.cancel) {
       const cancel = h('button', {
         class: 'jp-Button cortex-button cortex-cancel', disabled: this._busy,
@@ -321,7 +374,10 @@ export class JobView extends Widget {
     );
   }
 
-  /** Progress bar, the losses as the backend names them, the loss chart and the latest samples. */
+  /**
+   * Progress bar, the losses as the backend names them, device-seconds used (of a budget), the loss chart,
+   * the sampler ↔ trainer mismatch chart where an RL loss reports it, and the latest samples.
+   */
   renderTraining(): void {
     const job = this.job;
     const record = job?.progress ?? null;
@@ -344,6 +400,8 @@ export class JobView extends Widget {
           record.last_checkpoint ? `last checkpoint ${record.last_checkpoint}` : ''
         ].filter(Boolean).join(' · ')
       : '';
+    const deviceSeconds = deviceSecondsText(job);
+    const mismatch = mismatchPoints(record);
     const samples = record?.samples;
     replaceChildren(
       this._training,
@@ -354,7 +412,14 @@ export class JobView extends Widget {
           record ? [progress.label, progress.timing].filter(Boolean).join(' · ') : 'waiting for the first step')
       ),
       figures ? h('div', { class: 'cortex-muted cortex-loss-figures' }, figures) : null,
-      h('div', { class: 'cortex-job-charts' }, lossChart([{ label: jobTitle(job), progress: record }])),
+      deviceSeconds ? h('div', { class: 'cortex-muted cortex-device-seconds' }, deviceSeconds) : null,
+      h('div', { class: 'cortex-job-charts' },
+        lossChart([{ label: jobTitle(job), progress: record }]),
+        mismatch.length
+          ? h('div', { class: 'cortex-mismatch-chart' }, lineChart(
+            [{ label: 'mean |Δ logprob|', points: mismatch, className: 'cortex-series-3' }],
+            { title: mismatchTitle(record), format: formatLoss, xLabel: 'step' }))
+          : null),
       samples && samples.items.length
         ? h('details', { class: 'cortex-samples', open: true },
             h('summary', {}, `samples at step ${samples.step}`),

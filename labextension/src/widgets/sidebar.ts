@@ -1,6 +1,6 @@
 /**
- * The left-sidebar panel: connection, devices, jobs and finished trainings, re-rendered whenever the
- * model changes (and each second while a countdown shows).
+ * The left-sidebar panel: connection, devices, the job filter, jobs, finished trainings and checkpoint
+ * storage, re-rendered whenever the model changes (and each second while a countdown shows).
  */
 import { Widget } from '@lumino/widgets';
 
@@ -8,14 +8,23 @@ import { h, replaceChildren } from '../dom';
 import { PanelModel } from '../model';
 import { renderConnection } from './connection';
 import { renderDevices } from './devices';
+import { lineageSummary } from '../storage';
+import { filterBar } from './filterbar';
 import { renderJobs } from './jobs';
+import { IJobRowActions } from './rowactions';
+import { renderStorage } from './storage';
 import { renderTrainings } from './trainings';
 
-export interface ISidebarActions {
+export interface ISidebarActions extends IJobRowActions {
   openJob: (jobId: string) => void;
   refresh: () => void;
   startLocal: () => void;
   compare: (jobIds: string[]) => void;
+  /** Open or close a job's checkpoints in the storage section (and fetch its lineage). */
+  toggleStorageJob: (jobId: string) => void;
+  keepCheckpoint: (jobId: string, checkpointId: string, kept: boolean) => void;
+  pruneAllButFinal: (jobId: string) => void;
+  pruneOlderThan: (jobId: string) => void;
 }
 
 export class CortexSidebar extends Widget {
@@ -34,6 +43,8 @@ export class CortexSidebar extends Widget {
     const refresh = h('button', { class: 'jp-Button cortex-button', title: 'Refresh now (Cortex: Refresh)' }, 'Refresh');
     refresh.addEventListener('click', () => this._actions.refresh());
     this.node.appendChild(h('header', { class: 'cortex-sidebar-header' }, h('h2', {}, 'Cortex'), refresh));
+    // Outside the re-rendered body: typing in the filter keeps its focus.
+    this.node.appendChild(filterBar(model));
     this.node.appendChild(this._body);
     this._unsubscribe = model.onChange(() => this.render());
     // Countdowns ("freeing the device in 4:32") move on between polls.
@@ -59,14 +70,27 @@ export class CortexSidebar extends Widget {
         startError: state.startError,
         startLocal: this._actions.startLocal
       }),
-      renderDevices(model.devices(), state.gpuMetricsNote, model.hosts()),
-      renderJobs(model.jobRows(now), this._actions.openJob),
+      renderDevices(model.devices(), state.gpuMetricsNote, model.hosts(), model.weekUsage()),
+      renderJobs(model.jobRows(now), this._actions.openJob, this._actions, state.filter.text.trim() !== ''),
       renderTrainings({
         trainings: model.finishedTrainings(now),
         selection: state.compareSelection,
         toggle: jobId => model.toggleCompare(jobId),
         openJob: this._actions.openJob,
-        compare: this._actions.compare
+        compare: this._actions.compare,
+        actions: this._actions
+      }),
+      renderStorage({
+        meters: model.storageMeters(),
+        jobs: model.storageJobs(),
+        openJob: state.storageJob,
+        summary: state.lineage && state.lineage.job_id === state.storageJob ? lineageSummary(state.lineage) : '',
+        checkpoints: model.storageCheckpoints(),
+        note: state.storageNote,
+        toggleJob: this._actions.toggleStorageJob,
+        keep: this._actions.keepCheckpoint,
+        pruneAllButFinal: this._actions.pruneAllButFinal,
+        pruneOlderThan: this._actions.pruneOlderThan
       })
     ];
     // Only touch the page when something shows differently: a node replaced under the pointer would

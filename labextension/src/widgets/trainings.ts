@@ -5,6 +5,7 @@
 import { h, wordBadge } from '../dom';
 import { formatDuration, formatLoss } from '../format';
 import { ITrainingSummary } from '../jobrows';
+import { IJobRowActions, identityLine, rowActions } from './rowactions';
 
 export interface ITrainingsProps {
   trainings: ITrainingSummary[];
@@ -12,6 +13,7 @@ export interface ITrainingsProps {
   toggle: (jobId: string) => void;
   openJob: (jobId: string) => void;
   compare: (jobIds: string[]) => void;
+  actions: IJobRowActions;
 }
 
 export function renderTrainings(props: ITrainingsProps): HTMLElement {
@@ -52,7 +54,9 @@ export function renderTrainings(props: ITrainingsProps): HTMLElement {
         h('span', { class: 'cortex-job-title' }, training.title),
         wordBadge(training.word)
       ),
-      h('div', { class: 'cortex-job-training cortex-muted' }, figures.join(' · '))
+      h('div', { class: 'cortex-job-training cortex-muted' }, figures.join(' · ')),
+      identityLine(training.jobId, training.start, training.tags),
+      rowActions(training.jobId, true, props.actions)
     );
     item.addEventListener('click', () => props.openJob(training.jobId));
     item.addEventListener('keydown', event => {

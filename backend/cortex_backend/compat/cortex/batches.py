@@ -149,23 +149,37 @@ def _frame(inputs: dict[str, np.ndarray], metadata: dict[str, Any] | None) -> by
 
 
 def forward_backward_frame(frame: bytes) -> bytes:
-    """Our forward_backward frame (cross-entropy, summed) for the SDK's DSSST1 batch frame."""
-    value, _ = dssst1.loads(frame)
-    return _frame(_inputs(_model_kwargs(value), labels_required=True), {"loss_fn": "cross_entropy"})
+    """Our forward_backward frame (cross-entropy, summed) for the SDK's DSSST1 batch frame. The frame's op
+    metadata may name the sampled rows' routes to replay: `router_replay: {"sample_ids": [...]}` (or the
+    list itself), one sample id (a sample's `sample_id`) per row."""
+    value, op = dssst1.loads(frame)
+    metadata: dict[str, Any] = {"loss_fn": "cross_entropy", **_router_replay(op)}
+    return _frame(_inputs(_model_kwargs(value), labels_required=True), metadata)
+
+
+def _router_replay(op: dict[str, Any]) -> dict[str, Any]:
+    """Our frame metadata for the SDK frame's `router_replay` op metadata (router_replays.py checks it)."""
+    named = op.get("router_replay")
+    if named is None:
+        return {}
+    if isinstance(named, dict):
+        named = named.get("sample_ids")
+    return {"router_replay": named}
 
 
 def forward_frame(payload: Any) -> bytes:
     """Our forward frame for the `forward` operation's payload: base64 DSSST1 bytes or JSON kwargs.
-    Without labels, every next token is scored."""
+    Without labels, every next token is scored. A DSSST1 payload may name routes to replay, as
+    `forward_backward_frame` reads them."""
     if isinstance(payload, dict) and "payload_b64" in payload:
         try:
             raw = base64.b64decode(payload["payload_b64"], validate=True)
         except (binascii.Error, TypeError, ValueError):
             raise ApiError("invalid_frame", "payload.payload_b64 is not base64") from None
-        value, _ = dssst1.loads(raw)
+        value, op = dssst1.loads(raw)
     else:
-        value = payload
-    return _frame(_inputs(_model_kwargs(value), labels_required=False), None)
+        value, op = payload, {}
+    return _frame(_inputs(_model_kwargs(value), labels_required=False), _router_replay(op) or None)
 
 
 # results --------------------------------------------------------------------------------------------
@@ -220,6 +234,8 @@ def generate_results(result: dict[str, Any], prompt_offset: int = 0) -> list[dic
             "prompt_index": s["prompt_index"] + prompt_offset,
             "sample_index": s["sample_index"],
             **({"logprobs": s["logprobs"]} if s.get("logprobs") is not None else {}),
+            # A sampler bootstrapped for router replay keeps each sample's routes under this id.
+            **({"sample_id": s["routes_id"]} if s.get("routes_id") else {}),
         }
         for s in samples
     ]

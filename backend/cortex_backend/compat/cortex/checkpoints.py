@@ -79,8 +79,6 @@ class CheckpointHandler(CortexHandler):
 class CheckpointFileHandler(CortexHandler):
     """GET .../checkpoints/{checkpoint_id}/files/{filename}?owner=&expires=&signature=: no token, the link is the grant."""
 
-    authenticated = False
-
     async def get(self, database: str, schema: str, job_id: str, checkpoint_id: str, filename: str) -> None:
         owner = self.get_query_argument("owner", "")
         self.face.links.check(

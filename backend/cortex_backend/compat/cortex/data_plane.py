@@ -3,6 +3,7 @@ load (JSON). Each becomes an ordinary request of the service and answers `{reque
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from cortex_nb.protocol import states
@@ -29,12 +30,13 @@ class FrameOperationHandler(CortexHandler):
     def body_limit(self) -> int:
         return FRAME_BODY_LIMIT
 
-    def post(self, database: str, schema: str, job_id: str, operation: str) -> None:
-        # No awaits from here to the end: a chunk group is assembled, submitted and remembered in one go,
-        # so a retried last chunk can never find it half-done.
+    async def post(self, database: str, schema: str, job_id: str) -> None:
+        operation = self.operation
+        # Reading, spooling, assembling and decoding frames (up to 1 GiB) run in threads: the IO loop keeps
+        # answering other clients meanwhile.
         job = self.service.jobs.visible_job(self.principal, job_id)
         body = self.body
-        chunk = dssst1.request_chunk(body)
+        chunk = await asyncio.to_thread(dssst1.request_chunk, body)
         if job["status"] in states.JOB_TERMINAL and (chunk is None or chunk.index == 0):
             # Refused before any chunk is held (the service refuses a whole frame the same way).
             raise ApiError(
@@ -43,30 +45,32 @@ class FrameOperationHandler(CortexHandler):
                 " if you saved one)",
                 {"status": job["status"], "failure_code": job["failure_code"]},
             )
-        if chunk is not None:
-            replay = self.face.chunk_groups.submitted(self.principal, job_id, chunk)
+        if chunk is None:
+            self.write_json(await self._submit(job_id, operation, body), 202)
+            return
+        groups = self.face.chunk_groups
+        async with self.face.group_turn((self.principal.owner, job_id, chunk.group_id or chunk.frame_sha256)):
+            replay = groups.submitted(self.principal, job_id, chunk)
             if replay is not None:
                 self.write_json(replay, 202 if "request_id" in replay else 200)
                 return
-            frame = self.face.chunk_groups.add(self.principal, job_id, chunk)
+            frame = await asyncio.to_thread(groups.add, self.principal, job_id, chunk)
             if frame is None:
                 self.write_json(received(chunk), 200)
                 return
-        else:
-            frame = body
-        response = self._submit(job_id, operation, frame)
-        if chunk is not None:
-            self.face.chunk_groups.remember(self.principal, job_id, chunk, response)
+            response = await self._submit(job_id, operation, frame)
+            groups.remember(self.principal, job_id, chunk, response)
         self.write_json(response, 202)
 
-    def _submit(self, job_id: str, operation: str, frame: bytes) -> dict[str, Any]:
+    async def _submit(self, job_id: str, operation: str, frame: bytes) -> dict[str, Any]:
         submit = self.service.requests.submit
-        if operation == "forward-backward":
-            request = submit(
-                self.principal, job_id, "forward_backward", batches.forward_backward_frame(frame), None, None
+        if operation == "forward_backward":
+            ours = await asyncio.to_thread(batches.forward_backward_frame, frame)
+            request = await self.service.requests.submit_async(
+                self.principal, job_id, "forward_backward", ours, None, None
             )
             return submitted(job_id, [request["id"]])
-        value, _ = dssst1.loads(frame)
+        value, _ = await asyncio.to_thread(dssst1.loads, frame)
         parts = generate_requests(value)
         ids = []
         for prompts, params, _ in parts:
@@ -78,7 +82,8 @@ class FrameOperationHandler(CortexHandler):
 class JsonOperationHandler(CortexHandler):
     """POST /{job_id}/step, /save, /load."""
 
-    def post(self, database: str, schema: str, job_id: str, operation: str) -> None:
+    def post(self, database: str, schema: str, job_id: str) -> None:
+        operation = self.operation
         body = self.json_body()
         if operation == "step":
             self._only(body, {"learning_rate"})

@@ -1,5 +1,6 @@
 """Errors on the Cortex SDK surface: the same JSON body as everywhere (`{"error": {code, message,
-detail}}`), with statuses chosen for how the SDK reacts to them.
+detail}}`), with statuses chosen for how the SDK reacts to them (derived from each code's category:
+compat/face_errors.py `cortex_status`).
 
 The SDK retries 404 and 409 (and 429, 5xx) for about a minute. So a permanent mistake, which our own
 API answers with 404 or 409, is answered here with a status the SDK does not retry: 400 for something
@@ -15,30 +16,11 @@ from __future__ import annotations
 
 from cortex_nb.protocol.errors import ApiError
 
-CHUNK_GROUP_CODES = frozenset(
-    {"chunk_group_restart_required", "chunk_group_conflict", "chunk_group_missing_chunks"}
-)
-GONE_CODES = frozenset({"job_finished"})
 REASON_LIMIT = 300
 
 
 def not_supported(message: str, field: str | None = None) -> ApiError:
     return ApiError("not_supported", message, {"field": field} if field else {})
-
-
-def sdk_status(code: str, status: int) -> int:
-    """The status this surface answers for an error whose code and usual status are given."""
-    if code in CHUNK_GROUP_CODES:
-        return 409
-    if code == "not_supported":
-        return 501
-    if code in GONE_CODES:
-        return 410
-    if status == 404:
-        return 400
-    if status == 409:
-        return 422
-    return status
 
 
 def reason_phrase(code: str, message: str) -> str:

@@ -121,22 +121,19 @@ def _dict(value: Any, field: str, allowed: set[str]) -> dict[str, Any]:
     return value
 
 
-def _one_gpu(config: dict[str, Any], field: str) -> None:
+def _n_gpus(config: dict[str, Any], field: str) -> int:
+    """The sub-job's `n_gpus`: a training sub-job runs as that many ranks (FSDP2); the service refuses a
+    sampling one above 1 (`multi_gpu_sampling_unsupported`)."""
     n_gpus = config.get("n_gpus", 1)
     if not isinstance(n_gpus, int) or isinstance(n_gpus, bool) or n_gpus < 1:
         raise _field("must be a positive integer", f"{field}.n_gpus")
-    if n_gpus > 1:
-        raise not_supported(
-            f"{field}.n_gpus={n_gpus}: a cortex-nb sub-job runs on one device; create it with n_gpus=1"
-            " (or several jobs: the backend places each on its own GPU)",
-            f"{field}.n_gpus",
-        )
     if config.get("multiplex_job_id") is not None:
         raise not_supported(
             f"{field}.multiplex_job_id: sub-jobs are not multiplexed across jobs here; put the"
             " sampling and training sub-jobs in one job",
             f"{field}.multiplex_job_id",
         )
+    return n_gpus
 
 
 def _lora(peft: Any, field: str) -> dict[str, Any]:
@@ -218,7 +215,7 @@ def job_spec(body: Any, database: str, schema: str) -> dict[str, Any]:
             )
             if config.get("inference_config") is not None:
                 raise _field("a training sub-job takes training_config", f"{field}.inference_config")
-            _one_gpu(training, f"{field}.training_config")
+            n_gpus = _n_gpus(training, f"{field}.training_config")
             sub["optimizer"] = _optimizer(training, f"{field}.training_config")
             sub["lora"] = _lora(training.get("peft_config"), f"{field}.training_config.peft_config")
             max_seq_len = training.get("max_seq_len")
@@ -226,12 +223,14 @@ def job_spec(body: Any, database: str, schema: str) -> dict[str, Any]:
             inference = _dict(config.get("inference_config"), f"{field}.inference_config", INFERENCE_KEYS)
             if config.get("training_config") is not None:
                 raise _field(f"a {kind} sub-job takes inference_config", f"{field}.training_config")
-            _one_gpu(inference, f"{field}.inference_config")
+            n_gpus = _n_gpus(inference, f"{field}.inference_config")
             if inference.get("peft_config") is not None:
                 sub["lora"] = _lora(inference["peft_config"], f"{field}.inference_config.peft_config")
             max_seq_len = inference.get("max_seq_len")
         if max_seq_len is not None:
             sub["max_seq_len"] = max_seq_len
+        if n_gpus > 1:
+            sub["n_gpus"] = n_gpus
         sub_jobs.append(sub)
     spec: dict[str, Any] = {
         "sub_jobs": sub_jobs,
@@ -270,6 +269,7 @@ def sdk_job(job: dict[str, Any]) -> dict[str, Any]:
             else None
         )
         max_seq_len = sub.get("max_seq_len") or (sub.get("info") or {}).get("max_seq_len")
+        n_gpus = len((sub.get("info") or {}).get("ranks") or ()) or 1  # a sub-job across devices: its ranks
         row: dict[str, Any] = {
             "sub_job_id": sdk_sub_job_id(job_id, sub["sub_job_id"]),
             "job_type": sub["type"],
@@ -284,7 +284,7 @@ def sdk_job(job: dict[str, Any]) -> dict[str, Any]:
                 "optimizer": {"name": "AdamW", **{k: v for k, v in optimizer.items() if k != "grad_clip"}},
                 "gradient_clipping": optimizer.get("grad_clip"),
                 "max_seq_len": max_seq_len,
-                "n_gpus": 1,
+                "n_gpus": n_gpus,
                 "peft_config": peft,
             }
         else:

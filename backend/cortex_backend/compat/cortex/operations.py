@@ -1,5 +1,6 @@
 """POST /{job_id}/operation, the SDK's multiplexer: forward (fwd, fwd_no_grad), weight-sync,
-cancel-request and tail-logs; the operations of Snowflake's own runtime answer `not_supported`."""
+cancel-request, tail-logs, reset-prefix-cache, bootstrap-router-replay and router-replay-discard; the
+operations of Snowflake's own runtime answer `not_supported`."""
 
 from __future__ import annotations
 
@@ -20,10 +21,16 @@ WEIGHT_FORMATS = {"lora": "lora", "hf": "full", "vllm": "full", "full": "full"}
 UNSUPPORTED = {
     "zmd-events": "zone scheduling events do not exist here; watch a job's state changes with"
     " cortex_nb.Client.list_events() or GET /v1/events",
-    "bootstrap-router-replay": "router replay is a feature of Snowflake's MoE runtime; cortex-nb has no router to replay",
-    "router-replay-discard": "router replay is a feature of Snowflake's MoE runtime; cortex-nb has no router to replay",
-    "reset-prefix-cache": "the cortex-nb sampler keeps no prefix cache between requests, so there is nothing to reset",
 }
+OPERATIONS = (
+    "forward",
+    "weight-sync",
+    "cancel-request",
+    "tail-logs",
+    "reset-prefix-cache",
+    "bootstrap-router-replay",
+    "router-replay-discard",
+)
 SUB_JOB_TYPES = {
     "training": states.TRAINING,
     "sampling": states.SAMPLING,
@@ -43,15 +50,22 @@ class OperationHandler(CortexHandler):
             "weight-sync": self._weight_sync,
             "cancel-request": self._cancel,
             "tail-logs": self._tail_logs,
+            "reset-prefix-cache": self._reset_prefix_cache,
+            "bootstrap-router-replay": self._bootstrap_router_replay,
+            "router-replay-discard": self._router_replay_discard,
         }.get(kind)
         if handler is None:
             raise ApiError(
                 "invalid_field",
-                f"operation_type: {kind!r} is not one of"
-                f" {sorted(['forward', 'weight-sync', 'cancel-request', 'tail-logs'])}",
+                f"operation_type: {kind!r} is not one of {sorted(OPERATIONS)}",
                 {"field": "operation_type"},
             )
         job = self.service.jobs.visible_job(self.principal, job_id)
+        if kind == "reset-prefix-cache" and not any(
+            sub["type"] == SUB_JOB_TYPES.get(str(body.get("sub_job_type"))) for sub in job["sub_jobs"]
+        ):
+            # The SDK names `sampling` by default; a job without a sampler resets its trainer's engine.
+            body = {key: value for key, value in body.items() if key != "sub_job_type"}
         self.write_json(handler(job, self._target(job, body), body.get("payload") or {}))
 
     def _target(self, job: dict[str, Any], body: dict[str, Any]) -> str | None:
@@ -77,7 +91,11 @@ class OperationHandler(CortexHandler):
         return by_id or by_type
 
     def _forward(self, job: dict[str, Any], target: str | None, payload: Any) -> dict[str, Any]:
-        """Scoring without gradients (what fwd and fwd_no_grad send): the service's `forward` op."""
+        """Scoring without gradients (what fwd and fwd_no_grad send): the service's `forward` op. Without a
+        routing hint it scores the trainer's live weights (what the SDK's users mean), not a log-probability
+        sub-job's, which stay stale until a weight sync."""
+        if target is None:
+            target = next((sub["id"] for sub in job["sub_jobs"] if sub["type"] == states.TRAINING), None)
         frame = batches.forward_frame(payload)
         request = self.service.requests.submit(self.principal, job["id"], "forward", frame, None, target)
         return submitted(job["id"], [request["id"]])
@@ -106,6 +124,57 @@ class OperationHandler(CortexHandler):
             ours["targets"] = [our_sub_job_id(job, t, "payload.target_sub_job_ids") for t in targets]
         request = self.service.requests.submit(self.principal, job["id"], "weight_sync", b"", ours, None)
         return submitted(job["id"], [request["id"]])
+
+    def _reset_prefix_cache(self, job: dict[str, Any], target: str | None, payload: Any) -> dict[str, Any]:
+        """The service's `reset_prefix_cache` op: queued behind the sub-job's earlier requests, which is
+        what the SDK's `drain` asks for; its result says what the engine dropped."""
+        request = self.service.requests.submit(
+            self.principal, job["id"], "reset_prefix_cache", b"", {}, target
+        )
+        return submitted(job["id"], [request["id"]])
+
+    def _bootstrap_router_replay(
+        self, job: dict[str, Any], target: str | None, payload: Any
+    ) -> dict[str, Any]:
+        """From now on every generate on the source sub-job keeps its samples' routes (each sample's
+        `sample_id` names them) for the target trainer to replay, within `max_cache_bytes`."""
+        if not isinstance(payload, dict):
+            raise ApiError("invalid_field", "payload: must be an object", {"field": "payload"})
+        for field in ("source_sub_job_id", "target_sub_job_id"):
+            if not payload.get(field):
+                raise ApiError("invalid_field", f"payload.{field}: required", {"field": f"payload.{field}"})
+        cap = payload.get("max_cache_bytes")
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool)):
+            raise ApiError(
+                "invalid_field", "payload.max_cache_bytes: an integer", {"field": "payload.max_cache_bytes"}
+            )
+        pairing = self.service.requests.router_replay_bootstrap(
+            self.principal,
+            job["id"],
+            our_sub_job_id(job, payload["source_sub_job_id"], "payload.source_sub_job_id"),
+            our_sub_job_id(job, payload["target_sub_job_id"], "payload.target_sub_job_id"),
+            cap,
+        )
+        return {
+            **pairing,
+            "job_id": job["id"],
+            "source_sub_job_id": sdk_sub_job_id(job["id"], pairing["source_sub_job_id"]),
+            "target_sub_job_id": sdk_sub_job_id(job["id"], pairing["target_sub_job_id"]),
+        }
+
+    def _router_replay_discard(self, job: dict[str, Any], target: str | None, payload: Any) -> dict[str, Any]:
+        """Free the named samples' routes (all of the job's when none are named)."""
+        sample_ids = payload.get("sample_ids") if isinstance(payload, dict) else None
+        if sample_ids is not None and (
+            not isinstance(sample_ids, list) or not all(isinstance(s, str) for s in sample_ids)
+        ):
+            raise ApiError(
+                "invalid_field", "payload.sample_ids: a list of sample ids", {"field": "payload.sample_ids"}
+            )
+        return {
+            "job_id": job["id"],
+            **self.service.requests.router_replay_discard(self.principal, job["id"], sample_ids),
+        }
 
     def _cancel(self, job: dict[str, Any], target: str | None, payload: Any) -> dict[str, Any]:
         request_id = payload.get("request_id") if isinstance(payload, dict) else None

@@ -18,6 +18,7 @@ from . import batches, dssst1
 from .base import CortexHandler
 from .data_plane import PART_SEPARATOR
 from .jobs import iso
+from .streaming import stream_events
 
 HOLD_S = 10.0
 # Results up to this size travel inline (base64); larger ones as result_chunk events of this size.
@@ -47,6 +48,11 @@ class RequestHandler(CortexHandler):
             raise ApiError(
                 "invalid_field", "request_id: not a request id this surface gave out", {"field": "request_id"}
             )
+        streamed = await stream_events(self, job_id, request_id, HOLD_S)
+        if streamed is not None:
+            views, events = streamed
+            self.write_json({**self._render(job_id, request_id, views), "events": events})
+            return
         deadline = time.monotonic() + HOLD_S
         views = [
             await self.service.requests.get(self.principal, job_id, part, 0, 1000, 0.0) for part in parts

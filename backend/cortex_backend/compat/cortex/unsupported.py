@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from cortex_nb.protocol.routes import READ, WRITE
+
+from ...auth import authenticate
 from .base import CortexHandler
 from .errors import not_supported
 
@@ -12,8 +15,6 @@ EQUIVALENTS = {
     "experiment-run": "experiment runs and their artifact stage are Snowflake's; on cortex-nb read a job's logs with"
     " cortex_nb.Client.download_stdout_logs(job_id, dir) or tail_logs/stream_logs here, and its"
     " device metrics with Client.download_metrics(job_id, dir)",
-    "generate-stream": "streamed generation is not served here; call generate and poll_request (the poll returns"
-    " as soon as the samples exist)",
     "statements": "Snowflake SQL statements do not exist on cortex-nb; fetch logs with"
     " cortex_nb.Client.download_stdout_logs(job_id, dir) and metrics with Client.download_metrics",
     "sessions": "Snowflake sessions (used for the SDK's OTLP telemetry) do not exist on cortex-nb; client telemetry"
@@ -27,9 +28,17 @@ EQUIVALENTS = {
 class NotSupportedHandler(CortexHandler):
     """Every method of a path that cannot exist here; `what` picks the explanation."""
 
+    unmatched_name = "cortex:not_supported"
+
     def initialize(self, service, face, what: str) -> None:  # type: ignore[override]
         super().initialize(service, face)
         self.what = what
+
+    def prepare(self) -> None:
+        """No route of the table serves these paths: authenticate as its routes do, then refuse."""
+        self.principal = authenticate(self.service.store, self.request.headers.get("Authorization"))
+        self.principal.require(READ if self.request.method in ("GET", "HEAD") else WRITE)
+        self._refuse()
 
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
         if self.what in EQUIVALENTS:

@@ -11,29 +11,36 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from cortex_nb.protocol import states
+from cortex_nb.protocol.custom_loss import CUSTOM_LOSS, validate_custom_loss
 from cortex_nb.protocol.errors import ApiError
 from cortex_nb.protocol.schemas.base import parse
 from cortex_nb.protocol.schemas.jobs import CreateJob
 
 from ...auth import Principal
+from ...checkpoint_copies import copy_checkpoint
 from ...checkpoints import RESUMABLE, WEIGHTS_ONLY
 from ...service import Service
 from . import names, translate
+from .decoding import Decoder
 from .futures import Future, Futures
 from .messages import ForwardBackwardRequest
 from .samplers import SamplerHosts
-from .sessions import SamplingSession, Session, Sessions
+from .sessions import SamplingSession, Session, Sessions, project_id
 
 log = logging.getLogger("cortex_backend.tinker")
 
 # The stream name of a training client's numbered requests (RequestManager sequences).
 STREAM = "tinker"
 SWEEP_S = 1.0
+COPIES_REMEMBERED = 1024
+MAX_CUSTOM_LOSSES = 64  # per session
 # What a new model's optimizer starts as (Tinker's AdamParams defaults); every optim_step sends its own.
 ADAM_DEFAULTS = {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-12, "weight_decay": 0.0}
 
@@ -57,7 +64,12 @@ class TinkerFace:
         self.sessions = Sessions(session_timeout_s, self.expire_session)
         self.futures = Futures()
         self.hosts = SamplerHosts(service)
+        self.decoder = Decoder(service.settings.max_body_bytes)
         self._sweeper: asyncio.Task | None = None
+        # (owner, X-Idempotency-Key) -> the tinker path a copy_weights made: a retried copy makes no second one.
+        self._copies: OrderedDict[tuple[str, str], str] = OrderedDict()
+        # A live sampling client's checkpoint is in use: expiry waits until its session ends.
+        service.checkpoint_expiry.holders.append(self.sessions.sampled_checkpoints)
 
     # lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -111,6 +123,50 @@ class TinkerFace:
                 else "success"
             )
             self.end_session(session, f"finished: {reason}")
+
+    def assign_project(self, principal: Principal, session_id: str, body: dict[str, Any]) -> None:
+        """`assign_session_project`: the session's project becomes the one named (a label of its owner's)."""
+        session = self.sessions.find(principal, session_id)
+        session.project_id = project_id(body.get("project_id"))
+
+    # custom losses --------------------------------------------------------------------------------
+    def create_custom_loss(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        """Check a traced loss against the allow-list (cortex_nb/protocol/custom_loss.py) and keep it with its
+        session; a retried custom_loss_seq_id answers with the same loss."""
+        session = self.sessions.live(principal, body.get("session_id"))
+        seq = integer_field(body, "custom_loss_seq_id")
+        if seq not in session.custom_loss_ids:
+            loss = validate_custom_loss(body.get("name"), body.get("inputs"), body.get("graph"))
+            if len(session.custom_losses) >= MAX_CUSTOM_LOSSES:
+                raise ApiError(
+                    "invalid_field",
+                    f"custom_loss_seq_id: a session keeps at most {MAX_CUSTOM_LOSSES} custom losses",
+                    {"field": "custom_loss_seq_id"},
+                )
+            loss_id = f"{session.id}:loss:{seq}"
+            session.custom_loss_ids[seq] = loss_id
+            session.custom_losses[loss_id] = loss
+        loss_id = session.custom_loss_ids[seq]
+        future = self.futures.known(f"loss.{loss_id}") or self.futures.add(
+            Future(f"loss.{loss_id}", principal.owner, "create_custom_loss", "", render={"loss_id": loss_id})
+        )
+        return untyped_future(future)
+
+    def custom_loss_of(self, job_id: str, config: dict[str, Any]) -> dict[str, Any]:
+        """The validated loss a forward_backward names by `loss_fn_config.loss_id`: one of its model's session."""
+        loss_id = config.get("loss_id")
+        session = self.sessions.of_model(job_id)
+        loss = (
+            session.custom_losses.get(loss_id) if session is not None and isinstance(loss_id, str) else None
+        )
+        if loss is None:
+            raise ApiError(
+                "invalid_field",
+                f"loss_fn_config.loss_id: {str(loss_id)[:80]!r} names no custom loss of this model's session;"
+                " create it with ServiceClient.create_custom_loss in the same session",
+                {"field": "loss_fn_config.loss_id"},
+            )
+        return loss
 
     # models -------------------------------------------------------------------------------------
     def model_job(self, principal: Principal, model_id: Any) -> dict[str, Any]:
@@ -170,6 +226,7 @@ class TinkerFace:
                 f"optimizer {optimizer.get('type')!r} is not supported; this backend trains with Adam(W)",
                 {"field": "optimizer_config"},
             )
+        self.sessions.check_room(session)
         info = self.service.catalog.get(body.get("base_model"))
         lora = translate.lora_spec(body.get("lora_config"), str(info.config.get("model_type", "")))
         job_id = self._create_job(
@@ -199,6 +256,19 @@ class TinkerFace:
         }
 
     # training -----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def numbered_refusals(self, principal: Principal, model_id: Any, seq: Any) -> Iterator[None]:
+        """Any refusal of a numbered request (`model_id` + `seq_id`), wherever in its handling it happens, uses
+        up its number: otherwise every later request of that training client waits for it forever."""
+        try:
+            yield
+        except ApiError as exc:
+            if isinstance(model_id, str) and isinstance(seq, int) and not isinstance(seq, bool):
+                with contextlib.suppress(ApiError):
+                    job = self.service.jobs.visible_job(principal, names.job_id_for(model_id))
+                    self.service.requests.refuse(principal, job["id"], (STREAM, seq), exc)
+            raise
+
     def _numbered(
         self, principal: Principal, job: dict[str, Any], seq: Any, op: str, translate_request
     ) -> dict[str, Any]:
@@ -244,7 +314,14 @@ class TinkerFace:
         lengths: list[int] = []
 
         def frame() -> tuple[bytes, None]:
-            body, found = translate.datums_to_frame(request.data, request.loss_fn, request.loss_fn_config, {})
+            custom = (
+                self.custom_loss_of(job["id"], request.loss_fn_config)
+                if request.loss_fn == CUSTOM_LOSS
+                else None
+            )
+            body, found = translate.datums_to_frame(
+                request.data, request.loss_fn, request.loss_fn_config, {}, custom
+            )
             lengths.extend(found)
             return body, None
 
@@ -279,14 +356,76 @@ class TinkerFace:
                 if body.get("path") is not None
                 else f"state-{body.get('seq_id')}"
             )
+            ttl = self.service.checkpoints.validate_ttl(body.get("ttl_seconds"))
             if body.get("overwrite") and self.service.store.get_checkpoint(job["id"], name) is not None:
                 self.service.checkpoints.delete(principal, job, name)
-            return b"", {"checkpoint_id": name, "type": RESUMABLE}
+            return b"", {"checkpoint_id": name, "type": RESUMABLE, "ttl_seconds": ttl}
 
         submitted = self._numbered(principal, job, body.get("seq_id"), "save", save)
         return untyped_future(
             self.future_for(principal, "save_state", job["id"], submitted), model_id=body["model_id"]
         )
+
+    def save_external(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        """`save_weights_external`: a weights-only checkpoint `external.<name>`, whose files
+        `get_external_weights_urls` hands out as signed download URLs (downloads.py)."""
+        job = self.model_job(principal, body.get("model_id"))
+
+        def save() -> tuple[bytes, dict[str, Any]]:
+            if body.get("age_encryption_recipients"):
+                raise ApiError(
+                    "unsupported_operation",
+                    "age_encryption_recipients: exported files are not encrypted by this backend; download them"
+                    " over TLS and encrypt them yourself",
+                    {"field": "age_encryption_recipients"},
+                )
+            return b"", {
+                "checkpoint_id": names.EXTERNAL_PREFIX + names.checkpoint_name(body.get("path")),
+                "type": WEIGHTS_ONLY,
+                "ttl_seconds": self.service.checkpoints.validate_ttl(body.get("ttl_seconds")),
+            }
+
+        submitted = self._numbered(principal, job, body.get("seq_id"), "save", save)
+        return untyped_future(
+            self.future_for(principal, "save_external", job["id"], submitted), model_id=body["model_id"]
+        )
+
+    def copy_weights(
+        self, principal: Principal, body: dict[str, Any], idempotency_key: str | None
+    ) -> dict[str, Any]:
+        """A copy of a checkpoint this key may read (its own or a published one) in a new training run of this key
+        that cannot be trained on (checkpoint_copies.py); with session_id + model_seq_id, that session's run.
+        There are no projects here: `destination_project_id` names none and is not kept."""
+        remembered = (principal.owner, idempotency_key)
+        if idempotency_key and remembered in self._copies:
+            return {"tinker_path": self._copies[remembered]}
+        source_job, checkpoint_id, _ = names.parse_path(body.get("source_path"))
+        source = self.service.checkpoints.find(
+            principal, principal.owner, source_job, checkpoint_id, reading=True
+        )
+        session, seq, job_id = None, None, None
+        if body.get("session_id") is not None:
+            session = self.sessions.live(principal, body["session_id"])
+            seq = integer_field(body, "model_seq_id")
+            if seq in session.models:
+                raise ApiError(
+                    "invalid_field",
+                    f"model_seq_id: session {session.id} has a training run {seq} already",
+                    {"field": "model_seq_id"},
+                )
+            self.sessions.check_room(session)
+            job_id = names.job_id_for(names.model_id(session.id, seq))
+        copied = copy_checkpoint(
+            self.service.store, self.service.checkpoints, principal, source, body.get("ttl_seconds"), job_id
+        )
+        if session is not None:
+            session.models[seq] = copied["job_id"]
+        path = names.tinker_path(copied["job_id"], copied["checkpoint_id"])
+        if idempotency_key:
+            self._copies[remembered] = path
+            while len(self._copies) > COPIES_REMEMBERED:
+                self._copies.popitem(last=False)
+        return {"tinker_path": path}
 
     def save_for_sampler(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
         """A named sampler checkpoint (`save_weights_for_sampler`), or a new sampling session on the weights of
@@ -299,6 +438,7 @@ class TinkerFace:
                 return b"", {
                     "checkpoint_id": names.SAMPLER_PREFIX + names.checkpoint_name(body["path"]),
                     "type": WEIGHTS_ONLY,
+                    "ttl_seconds": self.service.checkpoints.validate_ttl(body.get("ttl_seconds")),
                 }
 
             submitted = self._numbered(principal, job, seq, "save", named)
@@ -316,6 +456,8 @@ class TinkerFace:
         base_model = job["sub_jobs"][0]["spec"]["base_model"]
         inflight = body.get("kind", "snapshot") == "inflight"
         checkpoint = f"{names.SAMPLER_PREFIX}ephemeral-{seq}"
+        if sampler_id not in self.sessions.sampling:
+            self.sessions.check_room(session)
 
         def snapshot() -> tuple[bytes, dict[str, Any]]:
             if body.get("kind", "snapshot") not in ("snapshot", "inflight"):
@@ -346,7 +488,9 @@ class TinkerFace:
         """Onto a new model (`create_training_client_from_state*`: session_id + model_seq_id), or onto an existing
         one in its request order (model_id + seq_id)."""
         source_job, checkpoint_id, _ = names.parse_path(body.get("path"))
-        row = self.service.checkpoints.find(principal, principal.owner, source_job, checkpoint_id)
+        row = self.service.checkpoints.find(
+            principal, principal.owner, source_job, checkpoint_id, reading=True
+        )
         restore = bool(body.get("optimizer"))
         if restore and row["type"] != RESUMABLE:
             raise ApiError(
@@ -376,6 +520,7 @@ class TinkerFace:
                 f"base_model: {body['path']} was trained on {row['base_model']}, not {body['base_model']}",
                 {"field": "base_model"},
             )
+        self.sessions.check_room(session)
         adapter = row["manifest"].get("adapter") or {}
         lora = {
             "r": adapter.get("r"),

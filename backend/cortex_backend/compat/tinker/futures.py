@@ -12,7 +12,8 @@ from cortex_nb.protocol.errors import ApiError
 
 from ...auth import Principal
 
-# Futures remembered (oldest forgotten first); the SDK retrieves each within moments of submitting it.
+# Futures one owner's cache remembers (its oldest forgotten first); the SDK retrieves each within moments of
+# submitting it. Per owner, so one owner's flood of calls never forgets another's pending results.
 FUTURES_KEPT = 20_000
 
 
@@ -30,14 +31,19 @@ class Future:
 
 
 class Futures:
-    def __init__(self) -> None:
-        self._futures: OrderedDict[str, Future] = OrderedDict()
+    def __init__(self, kept_per_owner: int = FUTURES_KEPT) -> None:
+        self.kept_per_owner = kept_per_owner
+        self._by_owner: dict[str, OrderedDict[str, Future]] = {}
+        self._owner_of: dict[str, str] = {}  # future id -> owner
 
     def add(self, future: Future) -> Future:
-        self._futures[future.id] = future
-        self._futures.move_to_end(future.id)
-        while len(self._futures) > FUTURES_KEPT:
-            self._futures.popitem(last=False)
+        cache = self._by_owner.setdefault(future.owner, OrderedDict())
+        cache[future.id] = future
+        cache.move_to_end(future.id)
+        self._owner_of[future.id] = future.owner
+        while len(cache) > self.kept_per_owner:
+            forgotten, _ = cache.popitem(last=False)
+            del self._owner_of[forgotten]
         return future
 
     def get(self, principal: Principal, future_id: Any) -> Future:
@@ -47,10 +53,14 @@ class Futures:
                 f"request_id: must be the string a call returned, got {str(future_id)[:80]}",
                 {"field": "request_id"},
             )
-        future = self._futures.get(future_id)
+        future = self.known(future_id)
         if future is None or not principal.can_see(future.owner):
             raise ApiError("request_not_found", f"no future {str(future_id)[:80]!r} is visible to this key")
         return future
 
     def known(self, future_id: str) -> Future | None:
-        return self._futures.get(future_id)
+        owner = self._owner_of.get(future_id)
+        return None if owner is None else self._by_owner[owner].get(future_id)
+
+    def held(self, owner: str) -> int:
+        return len(self._by_owner.get(owner, ()))

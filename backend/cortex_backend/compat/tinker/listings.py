@@ -10,7 +10,7 @@ from cortex_nb.protocol import states
 from cortex_nb.protocol.errors import ApiError
 
 from ...auth import Principal
-from . import names
+from . import names, translate
 from .face import TinkerFace
 
 MAX_LISTED = 1000
@@ -41,8 +41,8 @@ def checkpoint(row: dict[str, Any]) -> dict[str, Any]:
         "time": _time(row["created_at"]),
         "tinker_path": names.tinker_path(row["job_id"], row["id"]),
         "size_bytes": row["size_bytes"],
-        "public": False,
-        "expires_at": None,
+        "public": bool(row.get("public")),
+        "expires_at": None if row.get("expires_at") is None else _time(row["expires_at"]),
     }
 
 
@@ -66,15 +66,36 @@ def user_checkpoints(face: TinkerFace, principal: Principal, limit: int, offset:
     }
 
 
-def delete_checkpoint(
+def _owned(
     face: TinkerFace, principal: Principal, training_run_id: str, kind: str, name: str
-) -> None:
+) -> tuple[dict[str, Any], str]:
+    """(job, checkpoint id) of a checkpoint this key owns (or, as admin, may see): what may be changed."""
     if kind not in names.KINDS:
         raise ApiError(
             "checkpoint_not_found", f"{kind}/{name}: checkpoints are weights/<name> or sampler_weights/<name>"
         )
-    job = _job(face, principal, training_run_id)
-    face.service.checkpoints.delete(principal, job, names.checkpoint_id(kind, name))
+    return _job(face, principal, training_run_id), names.checkpoint_id(kind, name)
+
+
+def delete_checkpoint(
+    face: TinkerFace, principal: Principal, training_run_id: str, kind: str, name: str
+) -> None:
+    job, checkpoint_id = _owned(face, principal, training_run_id, kind, name)
+    face.service.checkpoints.delete(principal, job, checkpoint_id)
+
+
+def set_public(
+    face: TinkerFace, principal: Principal, training_run_id: str, kind: str, name: str, public: bool
+) -> None:
+    job, checkpoint_id = _owned(face, principal, training_run_id, kind, name)
+    face.service.checkpoints.set_public(principal, job, checkpoint_id, public)
+
+
+def set_ttl(
+    face: TinkerFace, principal: Principal, training_run_id: str, kind: str, name: str, ttl_seconds: Any
+) -> None:
+    job, checkpoint_id = _owned(face, principal, training_run_id, kind, name)
+    face.service.checkpoints.set_ttl(principal, job, checkpoint_id, ttl_seconds)
 
 
 def _job(face: TinkerFace, principal: Principal, training_run_id: str) -> dict[str, Any]:
@@ -120,16 +141,17 @@ def training_runs(face: TinkerFace, principal: Principal, limit: int, offset: in
 
 def weights_info(face: TinkerFace, principal: Principal, path: Any) -> dict[str, Any]:
     job_id, checkpoint_id, _ = names.parse_path(path)
-    row = face.service.checkpoints.find(principal, principal.owner, job_id, checkpoint_id)
+    row = face.service.checkpoints.find(principal, principal.owner, job_id, checkpoint_id, reading=True)
     adapter = row["manifest"].get("adapter") or {}
-    modules = adapter.get("target_modules") or []
+    try:
+        model_type = str(face.service.catalog.get(row["base_model"]).config.get("model_type", ""))
+    except ApiError:  # a checkpoint outlives its model's registration
+        model_type = ""
     return {
         "base_model": row["base_model"],
         "is_lora": True,
         "lora_rank": adapter.get("r"),
-        "train_unembed": "lm_head" in modules,
-        "train_mlp": None,
-        "train_attn": None,
+        **translate.lora_flags(adapter.get("target_modules"), model_type),
     }
 
 
@@ -155,3 +177,25 @@ def sampler(face: TinkerFace, principal: Principal, sampler_id: str) -> dict[str
     if path is None and found.checkpoint is not None:
         path = names.tinker_path(*found.checkpoint)
     return {"sampler_id": found.id, "base_model": found.base_model, "model_path": path}
+
+
+def storage_usage(face: TinkerFace, principal: Principal) -> dict[str, Any]:
+    """The checkpoints' bytes on disk (what each row's size_bytes records), per owner this key may see; no rate, as
+    there is no billing."""
+    store = face.service.store
+    counts: dict[str, int] = {}
+    for row in store.all_checkpoints():
+        if principal.can_see(row["owner"]):
+            counts[row["owner"]] = counts.get(row["owner"], 0) + 1
+    data = []
+    for owner, count in sorted(counts.items()):
+        size = store.checkpoint_bytes(owner)
+        data.append(
+            {
+                "org_user_urn": owner,
+                "checkpoint_count": count,
+                "size_bytes": size,
+                "size_gigabytes": size / 1e9,
+            }
+        )
+    return {"effective_rate_usd_per_gigabyte_month": None, "data": data}

@@ -5,19 +5,26 @@ only as protobuf and reads those two results only as protobuf; everything else i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from cortex_nb.protocol.errors import ApiError
 
-from .protobuf_wire import Writer, as_double, as_signed, packed_varints, parse
+from .protobuf_wire import Writer, as_double, as_signed, field_budget, packed_varints, parse
 
 CONTENT_TYPE = "application/x-protobuf"
 # tinker_public.DType and StopReason
 DTYPE_FLOAT32, DTYPE_INT64, DTYPE_INT32 = 1, 2, 3
 NUMPY_DTYPES = {DTYPE_FLOAT32: np.float32, DTYPE_INT64: np.int64, DTYPE_INT32: np.int32}
 STOP_REASONS = {"stop": 0, "length": 1}
+# The most values one tensor may hold once dense (a sparse tensor names its shape: a few bytes could ask for
+# terabytes). Far above what a body of the largest size could fill with tokens.
+MAX_TENSOR_VALUES = 64 * 1024 * 1024
+# Fields one ForwardBackwardRequest may hold, all levels together: the SDK sends at most 1,024 datums a
+# request, each a few dozen fields.
+MAX_FIELDS = 256 * 1024
 
 
 @dataclass
@@ -75,6 +82,10 @@ def decode_tensor(data: bytes, what: str) -> np.ndarray:
     if dtype is None:
         raise ApiError("invalid_batch", f"{what}: dtype {_one(fields, 3, 0)} is not float32, int64 or int32")
     shape = _ints(fields, 4)
+    if any(d < 0 for d in shape) or math.prod(shape) > MAX_TENSOR_VALUES:
+        raise ApiError(
+            "invalid_batch", f"{what}: shape {shape[:8]} is negative or holds over {MAX_TENSOR_VALUES} values"
+        )
     if _one(fields, 2) is not None:
         csr = parse(_one(fields, 2))
         values = _array(_one(csr, 1, b""), dtype, what)
@@ -128,6 +139,11 @@ def _decode_datum(data: bytes, index: int) -> Datum:
 
 
 def decode_forward_backward(body: bytes) -> ForwardBackwardRequest:
+    with field_budget(MAX_FIELDS):
+        return _decode_forward_backward(body)
+
+
+def _decode_forward_backward(body: bytes) -> ForwardBackwardRequest:
     fields = parse(body)
     config: dict[str, float | str] = {}
     for entry in fields.get(5, []):
@@ -175,16 +191,66 @@ def encode_forward_backward_output(
     return message.bytes()
 
 
-def encode_sample_response(sequences: list[dict], prompt_logprobs: list[float | None] | None) -> bytes:
+DTYPE_FLOAT32, DTYPE_INT64 = 1, 2
+
+
+def tensor_message(
+    values: np.ndarray, shape: list[int] | None = None, csr: tuple[list[int], list[int]] | None = None
+) -> Writer:
+    """Tensor: a float32 or int64 array, dense (row-major, shape its own), or sparse CSR with the given (crow, col)
+    indices, `values` then being the listed cells only and `shape` the dense one's."""
+    dtype = DTYPE_INT64 if values.dtype.kind in "iu" else DTYPE_FLOAT32
+    raw = values.astype(np.int64 if dtype == DTYPE_INT64 else np.float32)
+    tensor = Writer()
+    if csr is None:
+        tensor.bytes_field(1, raw.tobytes())
+    else:
+        crow, col = csr
+        sparse = Writer().bytes_field(1, raw.ravel().tobytes())
+        sparse.bytes_field(2, np.asarray(crow, dtype=np.int64).tobytes())
+        sparse.bytes_field(3, np.asarray(col, dtype=np.int64).tobytes())
+        tensor.message(2, sparse)
+    tensor.varint(3, dtype)
+    for size in shape if shape is not None else raw.shape:
+        tensor.varint(4, size)
+    return tensor
+
+
+def encode_sample_response(
+    sequences: list[dict],
+    prompt_logprobs: list[float | None] | None,
+    prompt_topk: tuple[np.ndarray, np.ndarray] | None = None,
+    target_logprobs: Writer | None = None,
+    alt_tokens: tuple[np.ndarray, np.ndarray] | None = None,
+) -> bytes:
     """SampleResponse: each sequence's tokens (int32), logprobs (float32) and stop reason; prompt logprobs with
-    NaN where none was computed."""
+    NaN where none was computed; the prompt's top-k as TopkLogprobs (dense [n, k] token ids and logprobs)."""
     message = Writer()
     for sequence in sequences:
         item = Writer().varint(1, STOP_REASONS[sequence["finish_reason"]])
         item.bytes_field(2, np.asarray(sequence["tokens"], dtype=np.int32).tobytes())
         item.bytes_field(3, np.asarray(sequence["logprobs"], dtype=np.float32).tobytes())
+        if sequence.get("topk_logprobs") is not None:
+            ids = np.asarray(sequence["topk_logprobs"]["token_ids"], dtype=np.int32)
+            values = np.asarray(sequence["topk_logprobs"]["logprobs"], dtype=np.float32)
+            item.message(4, topk_message(ids, values))
         message.message(1, item)
     if prompt_logprobs is not None:
         values = np.array([np.nan if v is None else v for v in prompt_logprobs], dtype=np.float32)
         message.bytes_field(2, values.tobytes())
+    if prompt_topk is not None:
+        message.message(3, topk_message(*prompt_topk))
+    if target_logprobs is not None:
+        message.message(5, target_logprobs)
+    if alt_tokens is not None:
+        ids, values = alt_tokens
+        message.message(6, Writer().message(1, tensor_message(ids)).message(2, tensor_message(values)))
     return message.bytes()
+
+
+def topk_message(ids: np.ndarray, logprobs: np.ndarray) -> Writer:
+    """TopkLogprobs: dense [length, k] token ids (int32) and logprobs (float32), row-major."""
+    length, k = ids.shape if ids.ndim == 2 else (0, 0)
+    topk = Writer().bytes_field(1, ids.astype(np.int32).tobytes())
+    topk.bytes_field(2, logprobs.astype(np.float32).tobytes())
+    return topk.varint(3, k).varint(4, length)

@@ -5,7 +5,9 @@ valid after its session (or the backend) is gone.
   cannot hold ':', so that job is `<session>.train.<n>`. Any other job's id is its own training-run id, so
   checkpoints made with our own API are reachable from the Tinker SDK too.
 - `tinker://<run>/weights/<name>` is checkpoint `<name>` of that job (what `save_state` writes, resumable);
-  `tinker://<run>/sampler_weights/<name>` is checkpoint `sampler.<name>` (weights only).
+  `tinker://<run>/sampler_weights/<name>` is checkpoint `sampler.<name>` (weights only), and
+  `tinker://<run>/external_weights/<name>` is checkpoint `external.<name>` (`save_weights_external`: weights only,
+  downloaded as files by signed URLs).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from cortex_nb.protocol.errors import ApiError
 
 SCHEME = "tinker://"
 SAMPLER_PREFIX = "sampler."
-KINDS = {"weights": "training", "sampler_weights": "sampler"}
+EXTERNAL_PREFIX = "external."
+KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
+_PREFIXES = {"sampler_weights": SAMPLER_PREFIX, "external_weights": EXTERNAL_PREFIX}
 _SESSION = re.compile(r"tk-[0-9a-f]{16}")
 _MODEL_JOB = re.compile(r"(tk-[0-9a-f]{16})\.train\.(\d{1,9})")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,55}")
@@ -50,24 +54,34 @@ def sampling_session_id(session_id: str, seq: int) -> str:
 
 def checkpoint_name(name: object, field: str = "path") -> str:
     """A user's checkpoint name: it becomes a checkpoint id, so it must be one (and not look like a sampler's)."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or name.startswith(SAMPLER_PREFIX):
+    if (
+        not isinstance(name, str)
+        or not _NAME.fullmatch(name)
+        or name.startswith((SAMPLER_PREFIX, EXTERNAL_PREFIX))
+    ):
         raise ApiError(
             "invalid_checkpoint_id",
             f"{field}: checkpoint name {str(name)[:80]!r} is not allowed; use 1-56 letters, digits, '_', '.' or '-',"
-            f" starting with a letter or digit (and not '{SAMPLER_PREFIX}')",
+            f" starting with a letter or digit (and not '{SAMPLER_PREFIX}' or '{EXTERNAL_PREFIX}')",
             {"field": field},
         )
     return name
 
 
 def checkpoint_id(kind: str, name: str) -> str:
-    return SAMPLER_PREFIX + name if kind == "sampler_weights" else name
+    return _PREFIXES.get(kind, "") + name
+
+
+def _kind_and_name(checkpoint: str) -> tuple[str, str]:
+    for kind, prefix in _PREFIXES.items():
+        if checkpoint.startswith(prefix):
+            return kind, checkpoint[len(prefix) :]
+    return "weights", checkpoint
 
 
 def tinker_path(job_id: str, checkpoint: str) -> str:
-    if checkpoint.startswith(SAMPLER_PREFIX):
-        return f"{SCHEME}{training_run_id_for(job_id)}/sampler_weights/{checkpoint[len(SAMPLER_PREFIX) :]}"
-    return f"{SCHEME}{training_run_id_for(job_id)}/weights/{checkpoint}"
+    kind, name = _kind_and_name(checkpoint)
+    return f"{SCHEME}{training_run_id_for(job_id)}/{kind}/{name}"
 
 
 def parse_path(path: object) -> tuple[str, str, str]:
@@ -80,7 +94,8 @@ def parse_path(path: object) -> tuple[str, str, str]:
     if len(parts) != 3 or parts[1] not in KINDS or not parts[0] or not parts[2]:
         raise ApiError(
             "invalid_field",
-            f"path: {path[:120]!r} is not tinker://<training run>/weights/<name> or .../sampler_weights/<name>",
+            f"path: {path[:120]!r} is not tinker://<training run>/weights/<name> (or sampler_weights,"
+            " external_weights)",
             {"field": "path"},
         )
     return job_id_for(parts[0]), checkpoint_id(parts[1], parts[2]), parts[1]
@@ -88,7 +103,7 @@ def parse_path(path: object) -> tuple[str, str, str]:
 
 def checkpoint_kind(checkpoint: str) -> str:
     """Tinker's checkpoint_type for one of our checkpoint ids."""
-    return "sampler" if checkpoint.startswith(SAMPLER_PREFIX) else "training"
+    return KINDS[_kind_and_name(checkpoint)[0]]
 
 
 def tinker_checkpoint_id(checkpoint: str) -> str:

@@ -5,12 +5,34 @@ needs neither `protobuf` nor generated code; `messages.py` names the fields.
 
 from __future__ import annotations
 
+import contextlib
 import struct
+import threading
 from collections import defaultdict
+from collections.abc import Iterator
 
 from cortex_nb.protocol.errors import ApiError
 
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
+NO_BUDGET = 1 << 62
+
+# Fields (and packed values) left to read in the message being decoded by this thread (`field_budget`).
+_budget = threading.local()
+
+
+@contextlib.contextmanager
+def field_budget(fields: int) -> Iterator[None]:
+    """Read at most `fields` fields and packed values in all the `parse` calls of this block: a small body
+    of tiny fields would otherwise take seconds of Python to read."""
+    _budget.left = fields
+    try:
+        yield
+    finally:
+        del _budget.left
+
+
+def _spent() -> ApiError:
+    return _malformed("it holds more fields than a message of this API can (split the batch)")
 
 
 def _malformed(what: str) -> ApiError:
@@ -36,8 +58,11 @@ def parse(data: bytes | memoryview) -> dict[int, list[int | bytes]]:
     """A message's fields by number; each value is an int (varint/fixed) or the bytes of a length-delimited field."""
     view = memoryview(data)
     fields: dict[int, list[int | bytes]] = defaultdict(list)
-    position = 0
+    position, left = 0, getattr(_budget, "left", NO_BUDGET)
     while position < len(view):
+        left -= 1
+        if left < 0:
+            raise _spent()
         key, position = _read_varint(view, position)
         number, wire_type = key >> 3, key & 7
         if number == 0:
@@ -63,6 +88,8 @@ def parse(data: bytes | memoryview) -> dict[int, list[int | bytes]]:
         else:
             raise _malformed(f"wire type {wire_type} (groups are not used)")
         fields[number].append(value)
+    if left < NO_BUDGET // 2:
+        _budget.left = left
     return fields
 
 
@@ -77,9 +104,15 @@ def as_signed(value: int) -> int:
 
 def packed_varints(value: bytes) -> list[int]:
     view, position, values = memoryview(value), 0, []
+    left = getattr(_budget, "left", NO_BUDGET)
     while position < len(view):
+        left -= 1
+        if left < 0:
+            raise _spent()
         number, position = _read_varint(view, position)
         values.append(number)
+    if left < NO_BUDGET // 2:
+        _budget.left = left
     return values
 
 

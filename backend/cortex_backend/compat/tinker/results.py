@@ -7,13 +7,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from cortex_nb.protocol import states
 
 from ...auth import Principal
+from ..face_errors import tinker_category
 from . import messages, names, translate
 from .face import TinkerFace
 from .futures import Future
 
+# What the backend's own optim_step metrics are prefixed with (never a caller's column, such as the cookbook's `step`).
+METRIC_PREFIX = "cortex/"
 # The SDK waits 45 s for each retrieve_future answer and asks again at once after `try_again`.
 LONG_POLL_S = 25.0
 
@@ -54,25 +59,36 @@ async def retrieve(
                 job = face.service.store.get_job(future.job_id)
                 await face.service.jobs.wait_for_change(principal, future.job_id, job["status"], remaining)
         except Failed as failed:
-            return "json", {"error": failed.message, "category": translate.error_category(failed.code)}
+            return "json", {"error": failed.message, "category": tinker_category(failed.code)}
 
 
-def _job_pending(face: TinkerFace, job: dict[str, Any]) -> Pending:
+def _job_pending(face: TinkerFace, principal: Principal, job: dict[str, Any]) -> Pending:
+    """A waiting job's queue state: `paused_capacity` with the scheduler's own queue reason (what the SDK's warning
+    prints), while the job waits for a device. No per-owner rate limit holds jobs here, so never
+    `paused_rate_limit`."""
     if job["status"] == states.JOB_PENDING:
+        queue = face.service.job_views.queue.for_job(job["id"], principal)
+        reason = queue["reason"] if queue is not None else "waiting for a device"
         return Pending(
             "paused_capacity",
-            f"job {job['id']} is waiting for a device (GET /v1/capacity shows what holds them)",
+            f"job {job['id']}: {reason} (GET /v1/capacity shows what holds them)",
         )
     return Pending("active")
 
 
 def _outcome(face: TinkerFace, principal: Principal, future: Future) -> tuple[str, bytes | dict[str, Any]]:
+    if future.kind == "create_custom_loss":  # checked and kept when it was created: nothing to wait for
+        return "json", {"type": "create_custom_loss", "loss_id": future.render["loss_id"]}
     job = face.service.jobs.visible_job(principal, future.job_id)
     if future.request_id is None:
-        return "json", _job_outcome(face, job, future)
+        return "json", _job_outcome(face, principal, job, future)
     request = face.service.store.get_request(future.request_id)
     if request["status"] in (states.REQUEST_QUEUED, states.REQUEST_RUNNING):
-        raise _job_pending(face, job) if request["status"] == states.REQUEST_QUEUED else Pending("active")
+        raise (
+            _job_pending(face, principal, job)
+            if request["status"] == states.REQUEST_QUEUED
+            else Pending("active")
+        )
     if request["status"] != states.REQUEST_SUCCEEDED:
         code = request["error_code"] or request["status"]
         raise Failed(
@@ -82,7 +98,9 @@ def _outcome(face: TinkerFace, principal: Principal, future: Future) -> tuple[st
     return _render(face, principal, future, result)
 
 
-def _job_outcome(face: TinkerFace, job: dict[str, Any], future: Future) -> dict[str, Any]:
+def _job_outcome(
+    face: TinkerFace, principal: Principal, job: dict[str, Any], future: Future
+) -> dict[str, Any]:
     if job["status"] == states.JOB_RUNNING:
         return {"type": "create_model", "model_id": future.render["model_id"]}
     if job["status"] in states.JOB_TERMINAL:
@@ -90,7 +108,7 @@ def _job_outcome(face: TinkerFace, job: dict[str, Any], future: Future) -> dict[
             f"the model's job {job['id']} is {job['status']} ({job['failure_code']}): {job['failure_message'] or ''}".strip(),
             job["failure_code"] if job["failure_code"] != "cancelled" else "cancelled",
         )
-    raise _job_pending(face, job)
+    raise _job_pending(face, principal, job)
 
 
 def _render(
@@ -115,19 +133,49 @@ def _render(
             last_n = future.render.get("last_n")
             if last_n:
                 prompt_logprobs[: len(prompt_logprobs) - last_n] = [None] * (len(prompt_logprobs) - last_n)
-        return "proto", messages.encode_sample_response(samples, prompt_logprobs)
+        topk = None
+        if future.render.get("topk"):
+            topk = translate.dense_prompt_topk(
+                result["prompt_topk_logprobs"][0], future.render["topk"], future.render.get("last_n")
+            )
+        target = None
+        if future.render.get("targets") is not None:
+            asked = future.render["targets"]
+            values = np.asarray(result["prompt_target_logprobs"][0], dtype=np.float32)
+            if asked.csr is None:
+                target = messages.tensor_message(values)
+            else:
+                crow, col = asked.csr
+                rows = np.repeat(np.arange(len(crow) - 1), np.diff(crow))
+                listed = values[rows, np.asarray(col, dtype=np.int64)]  # the cells asked, in the order asked
+                target = messages.tensor_message(listed, list(asked.ids.shape), asked.csr)
+        alt = None
+        if future.render.get("alt_k"):
+            drawn = result["prompt_alt_tokens"][0]
+            alt = (
+                np.asarray(drawn["token_ids"], dtype=np.int64),
+                np.asarray(drawn["logprobs"], dtype=np.float32),
+            )
+        return "proto", messages.encode_sample_response(samples, prompt_logprobs, topk, target, alt)
     if kind == "optim_step":
+        # Prefixed: callers merge these into their own metrics rows, whose `step` and `learning_rate` are theirs.
         return "json", {
             "metrics": {
-                "grad_norm": result["grad_norm"],
-                "learning_rate": result["learning_rate"],
-                "step": float(result["step"]),
+                f"{METRIC_PREFIX}grad_norm": result["grad_norm"],
+                f"{METRIC_PREFIX}learning_rate": result["learning_rate"],
+                f"{METRIC_PREFIX}step": float(result["step"]),
             }
         }
     if kind == "save_state":
         return "json", {
             "type": "save_weights",
             "path": names.tinker_path(future.job_id, result["checkpoint_id"]),
+        }
+    if kind == "save_external":
+        return "json", {
+            "type": "save_weights_external",
+            "path": names.tinker_path(future.job_id, result["checkpoint_id"]),
+            "size_bytes": result.get("size_bytes"),
         }
     if kind == "save_for_sampler":
         if "sampling_session_id" in future.render:

@@ -1,7 +1,9 @@
 """Where a sampling session's requests run. Sampling a checkpoint needs a sub-job of the same base model and
 LoRA shape (engine/saved_adapters.py swaps the checkpoint in per request): the trainer that saved it while it
 runs, which costs nothing, and otherwise one sampler job per owner, base model and LoRA shape, shared by all
-of that owner's sampling sessions. Those are ordinary jobs; they finish when idle like any other.
+of that owner's sampling sessions. Those are ordinary jobs; they finish when idle like any other, and with parking
+on (`--park-idle-s`) after that many idle seconds: a sampler holds no state to save, so its next sample starts one
+again instead of a device slot staying held by a client that has stopped sampling.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class SamplerHosts:
             and any(s["type"] == states.TRAINING for s in source["sub_jobs"])
         ):
             return job_id, adapter
-        row = self.service.checkpoints.find(principal, principal.owner, job_id, checkpoint_id)
+        row = self.service.checkpoints.find(principal, principal.owner, job_id, checkpoint_id, reading=True)
         shape = row["manifest"].get("adapter") or {}
         lora = {
             "r": shape.get("r"),
@@ -70,6 +72,8 @@ class SamplerHosts:
                 "labels": {"api": "tinker"},
                 "sub_jobs": [{"type": states.SAMPLING, "base_model": base_model, "lora": lora}],
             }
+            if self.service.settings.park_idle_s is not None:
+                spec["idle_timeout_s"] = self.service.settings.park_idle_s
             job = self.service.jobs.create(principal, parse(CreateJob, spec))
             self._jobs[key] = job["id"]
         return job["id"]

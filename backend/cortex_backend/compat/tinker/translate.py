@@ -45,32 +45,25 @@ UNEMBED = ["lm_head"]
 # Tinker's LoRA scale: alpha 32 whatever the rank (peft scales by alpha / r).
 LORA_ALPHA = 32
 
-# Failure codes that are the caller's doing (RequestErrorCategory.User: the SDK does not retry them).
-USER_FAILURES = {
-    "invalid_batch",
-    "invalid_field",
-    "invalid_request",
-    "unknown_loss",
-    "no_gradients",
-    "non_finite_gradients",
-    "checkpoint_not_found",
-    "checkpoint_exists",
-    "invalid_checkpoint_id",
-    "incompatible_adapter",
-    "quota_exceeded",
-    "cancelled",
-    "unsupported_operation",
-    "job_finished",
-    "session_expired",
-    "unknown_model",
-}
-
 
 def _bad(message: str, field: str | None = None, code: str = "invalid_batch") -> ApiError:
     return ApiError(code, message, {"field": field} if field else {})
 
 
+# Losses of the SDK's LossFnType this backend does not compute, and why (refused at once, never retried).
+UNSERVED_LOSSES = {
+    "stable_reinforce": "its objective is not published (Tinker lists it as alpha) and it needs the sampler's"
+    " recorded stability info, which this backend does not record; train with ppo, cispo or gspo instead",
+}
+
+
 def check_loss(loss_fn: str) -> tuple[str, ...]:
+    if loss_fn in UNSERVED_LOSSES:
+        raise ApiError(
+            "unsupported_operation",
+            f"loss_fn {loss_fn!r} is not served by this backend: {UNSERVED_LOSSES[loss_fn]}",
+            {"field": "loss_fn"},
+        )
     if loss_fn not in LOSS_INPUTS:
         raise ApiError(
             "unknown_loss",
@@ -82,11 +75,22 @@ def check_loss(loss_fn: str) -> tuple[str, ...]:
 
 
 def datums_to_frame(
-    data: list[Datum], loss_fn: str, loss_fn_config: dict[str, Any], metadata: dict[str, Any]
+    data: list[Datum],
+    loss_fn: str,
+    loss_fn_config: dict[str, Any],
+    metadata: dict[str, Any],
+    custom: dict[str, Any] | None = None,
 ) -> tuple[bytes, list[int]]:
     """Right-pad the datums into one [B, T] batch (attention 0 and every loss input 0 past each datum's end)
-    and encode it as our frame; return the frame and each datum's length."""
-    required = check_loss(loss_fn)
+    and encode it as our frame; return the frame and each datum's length. With `custom` (a validated custom
+    loss), the inputs are its own: a rank-0 input travels repeated along its datum's row."""
+    scalars: set[str] = set()
+    if custom is None:
+        required = check_loss(loss_fn)
+    else:
+        inputs = custom["inputs"][1:]
+        required = ("target_tokens", *(i["name"] for i in inputs if i["name"] != "target_tokens"))
+        scalars = {i["name"] for i in inputs if i["rank"] == 0}
     if not data:
         raise _bad("data: no datums were sent; forward_backward needs at least one", "data")
     lengths = []
@@ -100,6 +104,14 @@ def datums_to_frame(
                     f"data[{i}].loss_fn_inputs.{name}: {loss_fn} takes {list(required)}",
                     f"data[{i}].loss_fn_inputs.{name}",
                 )
+            if name in scalars:
+                if values.size != 1:
+                    raise _bad(
+                        f"data[{i}].loss_fn_inputs.{name} has shape {list(values.shape)}; the custom loss takes it"
+                        " as a scalar (rank 0)",
+                        f"data[{i}].loss_fn_inputs.{name}",
+                    )
+                continue
             if values.ndim != 1:
                 raise _bad(
                     f"data[{i}].loss_fn_inputs.{name} has shape {list(values.shape)}; this backend takes one value per"
@@ -139,7 +151,12 @@ def datums_to_frame(
         tensors["input_ids"][i, :length] = datum.tokens
         tensors["attention_mask"][i, :length] = 1
         for name in required:
-            tensors[name][i, :length] = datum.loss_fn_inputs.get(name, DEFAULTS.get((loss_fn, name)))
+            value = datum.loss_fn_inputs.get(name, DEFAULTS.get((loss_fn, name)))
+            tensors[name][i, :length] = np.reshape(value, ()) if name in scalars else value
+    if custom is not None:
+        return wire.encode_frame(
+            tensors, {"loss_fn": loss_fn, "custom_loss": {**custom, "format": 1}}
+        ), lengths
     config = {key: value for key, value in loss_fn_config.items()}
     return wire.encode_frame(tensors, {"loss_fn": loss_fn, "loss_fn_config": config, **metadata}), lengths
 
@@ -207,7 +224,13 @@ def lora_spec(config: Any, model_type: str) -> dict[str, Any]:
 
 
 def sampling_params(
-    params: Any, num_samples: Any, prompt_length: int, max_seq_len: int, prompt_logprobs: bool
+    params: Any,
+    num_samples: Any,
+    prompt_length: int,
+    max_seq_len: int,
+    prompt_logprobs: bool,
+    prompt_topk: int = 0,
+    sample_topk: int = 0,
 ) -> dict[str, Any]:
     """Tinker's SamplingParams -> ours. No max_tokens samples up to the end of the context; `stop=None` stops at
     EOS, `stop=[]` never stops early."""
@@ -228,6 +251,8 @@ def sampling_params(
         "n": num_samples,
         "logprobs": True,
         "prompt_logprobs": prompt_logprobs,
+        "prompt_logprobs_topk": prompt_topk,
+        "logprobs_topk": sample_topk,
     }
     if params.get("seed") is not None:
         ours["seed"] = params["seed"]
@@ -246,5 +271,33 @@ def outputs_from_frame(frame: bytes, lengths: list[int]) -> dict[str, list[np.nd
     return {"logprobs": [logprobs[i, :length] for i, length in enumerate(lengths)]}
 
 
-def error_category(code: str | None) -> str:
-    return "user" if code in USER_FAILURES else "server"
+def lora_flags(target_modules: Any, model_type: str) -> dict[str, bool | None]:
+    """Our LoRA target modules -> Tinker's train_attn / train_mlp / train_unembed (the inverse of `lora_spec`);
+    None where the model family's module names are not known here."""
+    if target_modules == "all-linear":
+        return {"train_attn": True, "train_mlp": True, "train_unembed": False}
+    modules = set(target_modules or [])
+    family = LORA_TARGETS.get(model_type)
+    return {
+        "train_attn": bool(modules & set(family["attn"])) if family else None,
+        "train_mlp": bool(modules & set(family["mlp"])) if family else None,
+        "train_unembed": bool(modules & set(UNEMBED)),
+    }
+
+
+# What the SDK's TopkLogprobs holds where a position has no entry (tinker.types.topk_logprobs.MASK_LOGPROB).
+TOPK_MASK_LOGPROB = -99999.0
+
+
+def dense_prompt_topk(found: dict[str, list], k: int, last_n: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Our per-position top-k (positions 1..n-1) as the SDK's dense [n, k] matrices: token ids (int32) and
+    logprobs (float32), the first position (no context) and those before the last `last_n` masked."""
+    ids = np.zeros((len(found["token_ids"]) + 1, k), np.int32)
+    logprobs = np.full(ids.shape, TOPK_MASK_LOGPROB, np.float32)
+    if found["token_ids"]:
+        ids[1:] = found["token_ids"]
+        logprobs[1:] = found["logprobs"]
+    if last_n:
+        ids[: len(ids) - last_n] = 0
+        logprobs[: len(ids) - last_n] = TOPK_MASK_LOGPROB
+    return ids, logprobs

@@ -1,0 +1,332 @@
+"""The adapter host: one worker process per (device, base model) serving many training sub-jobs as slots.
+
+The base model is built once; each slot gets its own module tree whose base parameters and buffers are
+the very tensors of that one base (so the weights are held once), wrapped in its own peft LoRA adapter
+(its own rank, alpha, targets), its own optimizer, its own RNG state and weight version. A slot is the
+ordinary worker (worker.py) of its sub-job, on its own thread; the host only routes messages to it by
+the header's `slot`, gives the compute to one slot at a time, and tags each slot's log lines.
+
+Why separate module trees over shared tensors rather than peft's several adapters on one model: a slot's
+forward then runs exactly the code of a job alone (no active-adapter switching to get wrong, no other
+adapter's parameters in its graph), so its numerics equal the job alone bitwise, and a slot's checkpoint,
+weight sync and sampler code are the single-job code unchanged.
+
+Fairness: slots take turns in the order they asked (a FIFO ticket lock), one operation per turn; a
+managed training loop hands its turn on after each step. Whichever slot holds the turn has its own RNG
+state swapped into torch (LoRA dropout draws from the process RNG), so a neighbour's draws never shift it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+import itertools
+import os
+import random
+import sys
+import threading
+import traceback
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+from . import worker_messages as messages
+from .ipc import ChannelClosed
+from .models import ModelInfo
+from .slot_logs import tag_line
+from .worker import Channel, Worker
+
+
+class BaseModels:
+    """The base models this host has built, each once, and module trees that share their weights."""
+
+    def __init__(self) -> None:
+        self._bases: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def share(self, info: ModelInfo) -> Any:
+        """A module tree of `info`'s base whose parameters and buffers are the host's single copy."""
+        with self._lock:
+            base = self._bases.get(info.name)
+            if base is None:
+                from .engine.loading import load_base_model, pick_device, pick_dtype
+
+                device = pick_device()
+                base = self._bases[info.name] = load_base_model(info, device, pick_dtype(device))
+        shared = {id(tensor): tensor for tensor in itertools.chain(base.parameters(), base.buffers())}
+        return copy.deepcopy(base, memo=shared)
+
+    def base_bytes(self) -> int:
+        with self._lock:
+            return sum(
+                tensor.numel() * tensor.element_size()
+                for base in self._bases.values()
+                for tensor in itertools.chain(base.parameters(), base.buffers())
+            )
+
+
+class Turns:
+    """Who computes now: slots wait in the order they asked (a FIFO ticket lock), one holder at a time."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._waiting: collections.deque[object] = collections.deque()
+        self._holder: object | None = None
+
+    def acquire(self, who: object) -> None:
+        with self._condition:
+            self._waiting.append(who)
+            while self._holder is not None or self._waiting[0] is not who:
+                self._condition.wait()
+            self._waiting.popleft()
+            self._holder = who
+
+    def release(self) -> None:
+        with self._condition:
+            self._holder = None
+            self._condition.notify_all()
+
+    def others_waiting(self) -> bool:
+        with self._condition:
+            return bool(self._waiting)
+
+
+class RandomState:
+    """One slot's random number generators (torch's, and Python's and numpy's global ones)."""
+
+    def __init__(self) -> None:
+        self._saved: tuple[Any, ...] | None = None
+
+    def swap_in(self) -> None:
+        if self._saved is None:
+            return
+        import numpy as np
+        import torch
+
+        cpu, cuda, python, numpy_state = self._saved
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        random.setstate(python)
+        np.random.set_state(numpy_state)
+
+    def save(self) -> None:
+        import numpy as np
+        import torch
+
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self._saved = (torch.get_rng_state(), cuda, random.getstate(), np.random.get_state())
+
+
+class SlotChannel:
+    """A slot's end of the host's channel: what the slot sends is addressed from it."""
+
+    def __init__(self, channel: Channel, slot: str) -> None:
+        self._channel = channel
+        self.slot = slot
+
+    def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
+        self._channel.send({**header, messages.SLOT_KEY: self.slot}, blob)
+
+    def receive(self) -> tuple[dict[str, Any], bytes]:
+        raise RuntimeError("a slot receives through its host")
+
+
+class SlotWorker(Worker):
+    """One sub-job of an adapter host: the ordinary worker, computing only while it holds the host's turn."""
+
+    def __init__(self, host: AdapterHost, channel: SlotChannel) -> None:
+        super().__init__(channel)
+        self.host = host
+        self.slot = channel.slot
+        self.random_state = RandomState()
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        self.host.turns.acquire(self)
+        try:
+            self.random_state.swap_in()
+            yield
+        finally:
+            self.random_state.save()
+            self.host.turns.release()
+
+    def serve(self) -> None:
+        while True:
+            item = self.requests.get()
+            if item is None:
+                return
+            with self.turn():
+                self._serve_one(*item)
+
+    def _serve_waiting(self) -> None:
+        """Between a managed loop's steps: let the other slots have a turn, then serve this slot's queue."""
+        if self.host.turns.others_waiting():
+            self.random_state.save()
+            self.host.turns.release()
+            self.host.turns.acquire(self)
+            self.random_state.swap_in()
+        super()._serve_waiting()
+
+    def stop(self) -> None:
+        self._shutting_down = True
+        self.requests.put(None)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this slot adds to the host: its adapter, and for a trainer its gradients and the optimizer's
+        two moments (AdamW), each as large as the adapter once the first step has run."""
+        from .engine.model_state import adapter_bytes
+
+        adapter = adapter_bytes(self.state.model)
+        training = self.trainer is not None
+        return {
+            "adapter_bytes": adapter,
+            "gradient_bytes": adapter if training else 0,
+            "optimizer_bytes": 2 * adapter if training else 0,
+            "slot_bytes": adapter * (4 if training else 1),
+        }
+
+
+class SlotTaggedStream:
+    """sys.stdout / sys.stderr of the host: each line a slot's thread prints is tagged with that slot."""
+
+    def __init__(self, stream: TextIO, host: AdapterHost) -> None:
+        self._stream = stream
+        self._host = host
+        self._pending = threading.local()
+
+    def write(self, text: str) -> int:
+        slot = self._host.current_slot()
+        if slot is None:
+            return self._stream.write(text)
+        pending = getattr(self._pending, "text", "") + text
+        *lines, rest = pending.split("\n")
+        self._pending.text = rest
+        for line in lines:
+            self._stream.write(tag_line(slot, line) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class AdapterHost:
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.bases = BaseModels()
+        self.turns = Turns()
+        self.slots: dict[str, SlotWorker] = {}
+        self._slots_lock = threading.Lock()
+        self._local = threading.local()
+
+    def current_slot(self) -> str | None:
+        return getattr(self._local, "slot", None)
+
+    def serve(self) -> None:
+        """Read messages and route them to their slots until the service closes the channel or says stop."""
+        try:
+            while True:
+                header, blob = self.channel.receive()
+                try:
+                    message = messages.decode(header)
+                except messages.UnknownMessage:  # refused, loudly: the sender has a bug
+                    traceback.print_exc()
+                    continue
+                slot = messages.slot_of(header)
+                if slot is None:
+                    if isinstance(message, messages.Shutdown):
+                        break
+                    continue
+                if isinstance(message, messages.Init):
+                    self._open(slot, message)
+                    continue
+                with self._slots_lock:
+                    worker = self.slots.get(slot)
+                if worker is None:
+                    continue
+                if isinstance(message, messages.Shutdown):
+                    worker.stop()
+                else:
+                    worker.take(header, message, blob)
+        except (EOFError, OSError):
+            pass
+        with self._slots_lock:
+            slots = list(self.slots.values())
+        for worker in slots:
+            worker.stop()
+
+    def _open(self, slot: str, message: messages.Init) -> None:
+        worker = SlotWorker(self, SlotChannel(self.channel, slot))
+        with self._slots_lock:
+            self.slots[slot] = worker
+        threading.Thread(
+            target=self._run_slot, args=(worker, message), name=f"cortex-slot-{slot}", daemon=True
+        ).start()
+
+    def _run_slot(self, worker: SlotWorker, message: messages.Init) -> None:
+        self._local.slot = worker.slot
+        try:
+            try:
+                with worker.turn():
+                    described = worker.initialise(message, self.bases)
+                    worker.channel.send(
+                        messages.encode(messages.Ready({**described, **self._ready_info(worker)}))
+                    )
+            except ChannelClosed:
+                return
+            except Exception as exc:
+                traceback.print_exc()
+                worker.channel.send(
+                    messages.encode(
+                        messages.InitFailed("worker_start_failed", f"{type(exc).__name__}: {exc}")
+                    )
+                )
+                return
+            worker.serve()
+        except ChannelClosed:
+            return
+        finally:
+            with self._slots_lock:
+                self.slots.pop(worker.slot, None)
+            sys.stdout.flush()
+            with contextlib.suppress(ChannelClosed):
+                worker.channel.send(messages.encode(messages.Released()))
+
+    def _ready_info(self, worker: SlotWorker) -> dict[str, Any]:
+        """What the slot's sub-job shows users: the worker's own description, and the host's share."""
+        with self._slots_lock:
+            slots = len(self.slots)
+        return {
+            "adapter_host": {"pid": os.getpid(), "slots": slots, "base_bytes": self.bases.base_bytes()},
+            **worker.memory(),
+        }
+
+
+def one_malloc_arena() -> None:
+    """glibc gives each thread that allocates its own malloc arena and keeps what it frees there: with a
+    thread per slot, every slot would hold a few MiB of freed activations apart. One arena for the
+    process lets slots reuse each other's freed memory (they compute one at a time anyway)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        return
+
+
+def serve_adapter_host(channel: Channel, message: messages.HostAdapters) -> None:
+    """Serve as an adapter host until the service closes the channel (worker.serve_channel's other mode)."""
+    one_malloc_arena()
+    os.environ.update(message.env or {})
+    import torch
+
+    if message.threads:
+        torch.set_num_threads(int(message.threads))
+    host = AdapterHost(channel)
+    sys.stdout = SlotTaggedStream(sys.stdout, host)
+    sys.stderr = SlotTaggedStream(sys.stderr, host)
+    host.serve()
+    sys.stdout.flush()

@@ -1,0 +1,197 @@
+"""Executors run sub-jobs. The service talks only to the `Executor` interface (here); `LocalExecutor`
+(local.py) runs worker processes on this host, `ray_cluster.executor.RayExecutor` one Ray actor per sub-job on
+the hosts of a Ray cluster; choice.py picks one, environment.py says what a worker's environment holds. Both run the same worker code (worker.py), speak the same
+messages (worker_messages.py), start a sub-job with the same `init_message` and report through
+`report_message`.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .. import worker_messages as messages
+from ..config import BackendSettings
+from ..devices import Device
+from ..models import ModelInfo
+
+
+class ExecutorStartRefused(Exception):
+    """The executor will not start as configured (an unsafe cluster, a missing credential); the message
+    says why and what to do."""
+
+
+class ExecutorListener(Protocol):
+    """What the executor reports back to the service (always on the IO loop)."""
+
+    def sub_job_ready(self, job_id: str, sub_job_id: str, info: dict[str, Any]) -> None: ...
+
+    def sub_job_failed(self, job_id: str, sub_job_id: str, code: str, message: str) -> None: ...
+
+    def request_started(self, job_id: str, request_id: str) -> None: ...
+
+    def request_finished(
+        self, job_id: str, request_id: str, message: dict[str, Any], blob: bytes
+    ) -> None: ...
+
+    def log_lines(
+        self, job_id: str, sub_job_id: str, stream: str, lines: list[tuple[float, str]]
+    ) -> None: ...
+
+    def sync_message(self, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes) -> None:
+        """A weight-sync message from a sub-job's worker, for another sub-job of the same job."""
+
+    def loop_message(self, job_id: str, sub_job_id: str, header: dict[str, Any]) -> None:
+        """A managed training loop's report (`type: loop`: started, step, eval, samples, checkpoint, ended)."""
+
+    def request_tokens(self, job_id: str, request_id: str, samples: list[dict[str, Any]]) -> None:
+        """A streamed generate's newly decoded tokens (`type: tokens`), before its `finished`."""
+
+    def devices_changed(self, devices: list[Device], host_models: dict[str, ModelInfo]) -> None:
+        """Hosts joined or left (executors whose devices change): the devices now served, and the models
+        registered on those hosts."""
+
+
+@dataclass
+class SubJobAssignment:
+    job_id: str
+    sub_job_id: str
+    sub_job_type: str
+    spec: dict[str, Any]
+    model: ModelInfo
+    device: Device
+    # A sub-job across devices (`n_gpus` > 1): every rank's device, rank 0's first; empty for one device.
+    rank_devices: tuple[Device, ...] = ()
+
+
+class Executor(abc.ABC):
+    def __init__(self, listener: ExecutorListener) -> None:
+        self.listener = listener
+
+    async def start(self) -> None:
+        """Prepare (e.g. warm workers). Called once when the service starts."""
+
+    @abc.abstractmethod
+    async def start_sub_job(self, assignment: SubJobAssignment) -> None:
+        """Start serving a sub-job; report `sub_job_ready` or `sub_job_failed`."""
+
+    @abc.abstractmethod
+    def submit(
+        self, job_id: str, sub_job_id: str, request_id: str, op: str, params: dict[str, Any], blob: bytes
+    ) -> None:
+        """Queue a request behind the sub-job's earlier ones (held until the sub-job is ready)."""
+
+    @abc.abstractmethod
+    def cancel_request(self, job_id: str, sub_job_id: str, request_id: str) -> None:
+        """Ask the sub-job to drop or interrupt a request."""
+
+    @abc.abstractmethod
+    async def stop_sub_job(self, job_id: str, sub_job_id: str) -> None:
+        """Stop a sub-job and free its device. Stopping is expected: it is not reported as a crash."""
+
+    async def shutdown(self) -> None:
+        """Stop everything (service exit)."""
+
+    def drain(self, job_id: str, sub_job_id: str) -> None:
+        """Tell a sub-job's worker the backend is draining: its managed loop stops after the step in hand
+        and saves a resumable checkpoint (drain.py)."""
+        self.deliver(job_id, sub_job_id, messages.encode(messages.Drain()), b"")
+
+    def deliver(self, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes) -> None:
+        """Hand a message to a running sub-job at once, outside its request queue (weight-sync messages)."""
+        raise NotImplementedError(f"{type(self).__name__} does not relay weight-sync messages")
+
+    def worker_pid(self, job_id: str, sub_job_id: str) -> int | None:
+        """The OS process serving a sub-job, where there is one on this host."""
+        return None
+
+    # devices ----------------------------------------------------------------------------------
+    def current_devices(self) -> list[Device]:
+        """The devices sub-jobs may be placed on now (they may change later: `devices_changed`)."""
+        return []
+
+    def device_sampler(self) -> DeviceSampler | None:
+        """Where device samples come from when the devices are not this host's (None: the monitor reads
+        this host's devices itself)."""
+        return None
+
+    # Source runs execute in a sandbox on the backend's own host, so only on an executor whose devices
+    # are this host's.
+    runs_on_this_host: bool = True
+
+    def describe(self) -> dict[str, Any]:
+        """What users are shown about the executor (GET /v1/capacity, backend.json)."""
+        return {"name": "local"}
+
+
+class DeviceSampler(Protocol):
+    """Device readings taken elsewhere (on each host of a cluster), one sample dict per device."""
+
+    def sample(self) -> list[dict[str, Any]]: ...
+
+    def gpu_unavailable_reason(self) -> str | None: ...
+
+
+def report_message(
+    listener: ExecutorListener, assignment: SubJobAssignment, header: dict[str, Any], blob: bytes
+) -> bool:
+    """Hand a worker's message about its sub-job to the service; False for a kind the executor handles
+    itself (warm, ready). One place, so every executor reports the same messages the same way.
+    Raises `worker_messages.UnknownMessage` for a header that is no message."""
+    message = messages.decode(header)
+    job_id, sub_job_id = assignment.job_id, assignment.sub_job_id
+    if isinstance(message, messages.InitFailed):
+        listener.sub_job_failed(job_id, sub_job_id, message.code, message.message)
+    elif isinstance(message, messages.Started):
+        listener.request_started(job_id, message.request_id)
+    elif isinstance(message, messages.Finished):
+        listener.request_finished(job_id, message.request_id, messages.encode(message), blob)
+    elif isinstance(message, messages.Sync):
+        listener.sync_message(job_id, sub_job_id, messages.encode(message), blob)
+    elif isinstance(message, messages.Loop):
+        listener.loop_message(job_id, sub_job_id, messages.encode(message))
+    elif isinstance(message, messages.Tokens):
+        listener.request_tokens(job_id, message.request_id, message.samples)
+    else:
+        return False
+    return True
+
+
+def init_message(
+    assignment: SubJobAssignment,
+    settings: WorkerSettings,
+    model: ModelInfo | None = None,
+) -> messages.Init:
+    """The `init` that assigns a worker (or an adapter host's slot) its sub-job, for every executor.
+    `model`: the model as the worker's host sees it, where that differs (a cluster host's own directory)."""
+    return messages.Init(
+        job_id=assignment.job_id,
+        sub_job_id=assignment.sub_job_id,
+        sub_job_type=assignment.sub_job_type,
+        spec=assignment.spec,
+        model=(model or assignment.model).to_wire(),
+        # The GPU the scheduler chose; a CPU sub-job sees none.
+        env=assignment.device.worker_env(),
+        threads=settings.threads,
+        faults=list(settings.faults),
+        sampler=assignment.device.sampler,
+        sampler_options=dict(settings.sampler_options),
+    )
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What every worker of a backend is started with (BackendSettings' worker options)."""
+
+    threads: int | None = None
+    # Test-only fault injection (faults.py), passed to every worker.
+    faults: tuple[str, ...] = ()
+    # How a worker's sampling engine is set up; the engine itself is the device's (Device.sampler).
+    sampler_options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_backend(cls, settings: BackendSettings) -> WorkerSettings:
+        return cls(
+            settings.worker_threads, tuple(settings.fault_injection), dict(settings.sampler_options or {})
+        )

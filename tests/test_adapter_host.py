@@ -1,0 +1,224 @@
+"""The adapter host: training sub-jobs on one device and base are slots of one process holding the base once.
+
+Each slot's numerics equal the same job alone (on the session backend, a process per sub-job) bitwise on
+CPU fp32, whatever its neighbours do; a NaN in one slot fails that slot's step, not its neighbours'; and the
+backend's process tree with 8 slots holds little more memory than with one (PSS, so shared pages count once).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from cortex_nb import Client
+from cortex_nb.errors import CortexError
+from cortex_nb.views import adapter_host_lines
+
+from .backend_process import start_backend
+from .reference import ReferenceTrainer, random_batch, reference_base, reference_lora
+
+VOCAB = 259
+STEPS = 3
+NAN_JOB = "job-nan-slot"
+# (rank, alpha, learning rate, target modules, LoRA dropout): slots that differ in every setting a slot
+# owns; dropout draws from the process RNG, so two slots with dropout show that each keeps its own RNG.
+SLOTS = [
+    (4, 8, 1e-2, "all-linear", 0.1),
+    (8, 16, 5e-3, "all-linear", 0.0),
+    (16, 32, 2e-2, ["q_proj", "v_proj"], 0.0),
+    (2, 4, 1e-3, "all-linear", 0.2),
+]
+
+
+@pytest.fixture(scope="module")
+def host_backend(tmp_path_factory):
+    """Adapter-host mode, no warm spare (so the process tree is the backend and its hosts alone)."""
+    process = start_backend(
+        tmp_path_factory.mktemp("adapter-host"),
+        "--adapter-host",
+        "--devices",
+        "cpu:8",
+        "--worker-threads",
+        "1",
+        "--warm-workers",
+        "0",
+        "--fault-injection",
+        f"nan_loss={NAN_JOB}",
+    )
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def host_client(host_backend) -> Client:
+    with Client(host_backend.url, host_backend.token) as client:
+        yield client
+
+
+def batches(seed: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [random_batch(rng, VOCAB, batch=2, length=12) for _ in range(STEPS)]
+
+
+def create(client: Client, slot: tuple, seed: int, job_id: str | None = None):
+    r, alpha, lr, targets, dropout = slot
+    return client.create_training_job(
+        "tiny",
+        lora={"r": r, "alpha": alpha, "target_modules": targets, "dropout": dropout},
+        optimizer={"lr": lr},
+        seed=seed,
+        job_id=job_id,
+    )
+
+
+def train_alone(client: Client, slot: tuple, seed: int) -> list[tuple]:
+    job = create(client, slot, seed)
+    try:
+        out = []
+        for batch in batches(seed):
+            result = job.forward_backward(batch).result()
+            step = job.step().result()
+            out.append((result["loss"], result["tensors"]["logprobs"], step["grad_norm"]))
+        return out
+    finally:
+        job.cancel()
+
+
+def tree_pss_bytes(pid: int) -> int:
+    """PSS of a process and its descendants: each shared page counted once, split among its sharers."""
+    total = 0
+    root = psutil.Process(pid)
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            text = Path(f"/proc/{process.pid}/smaps_rollup").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += next(int(line.split()[1]) * 1024 for line in text.splitlines() if line.startswith("Pss:"))
+    return total
+
+
+def test_slots_equal_the_same_jobs_alone_bitwise(host_client: Client, client: Client):
+    jobs = [create(host_client, slot, seed=10 + index) for index, slot in enumerate(SLOTS)]
+    try:
+        results: list[list[tuple]] = [[] for _ in SLOTS]
+        for step in range(STEPS):
+            # Interleaved: every slot's forward_backward queued before any slot's step.
+            pending = [job.forward_backward(batches(10 + index)[step]) for index, job in enumerate(jobs)]
+            steps = [job.step() for job in jobs]
+            for index, (fb, st) in enumerate(zip(pending, steps, strict=True)):
+                result = fb.result()
+                results[index].append(
+                    (result["loss"], result["tensors"]["logprobs"], st.result()["grad_norm"])
+                )
+        # One process served them all, and says what the base and each slot hold.
+        infos = [host_client.get_job(job.job_id)["sub_jobs"][0]["info"] for job in jobs]
+        assert len({info["pid"] for info in infos}) == 1
+        assert all(info["adapter_host"]["base_bytes"] > 0 for info in infos)
+        for info in infos:
+            assert info["slot_bytes"] == 4 * info["adapter_bytes"] > 0
+        assert len({info["adapter_bytes"] for info in infos}) == len(SLOTS)  # ranks and targets differ
+        capacity = host_client.get_capacity()["executor"]
+        assert capacity["hosting"] == "adapter_host"
+        [host] = capacity["adapter_hosts"]
+        assert host["slots"] == len(SLOTS) and host["base_model"] == "tiny"
+        assert host["slots_bytes"] == sum(info["slot_bytes"] for info in infos)
+        # `%cortex capacity` (and the sidebar) say it in words.
+        [line] = adapter_host_lines(host_client.get_capacity())
+        assert line.startswith(
+            f"adapter host {host['device']} · tiny: {len(SLOTS)} training slot(s) on one base"
+        )
+    finally:
+        for job in jobs:
+            job.cancel()
+    for index, slot in enumerate(SLOTS):
+        alone = train_alone(client, slot, seed=10 + index)
+        for (loss, logprobs, grad_norm), (loss_alone, logprobs_alone, grad_norm_alone) in zip(
+            results[index], alone, strict=True
+        ):
+            assert loss == loss_alone and grad_norm == grad_norm_alone, f"slot {index}"
+            assert np.array_equal(logprobs, logprobs_alone), f"slot {index}"
+        # And each without dropout equals in-process peft (an independent implementation, so to rounding).
+        r, alpha, lr, targets, dropout = slot
+        if dropout:
+            continue
+        reference = ReferenceTrainer(
+            reference_lora(reference_base("tiny"), r=r, alpha=alpha, seed=10 + index, target_modules=targets),
+            lr=lr,
+        )
+        for step, batch in enumerate(batches(10 + index)):
+            expected, _ = reference.train_step(batch)
+            assert results[index][step][0] == pytest.approx(expected, rel=1e-5, abs=1e-5), f"slot {index}"
+
+
+def test_a_nan_in_one_slot_leaves_its_neighbour_unchanged(host_client: Client, client: Client):
+    slot = SLOTS[1]
+    poisoned = create(host_client, slot, seed=7, job_id=NAN_JOB)
+    neighbour = create(host_client, slot, seed=8)
+    try:
+        neighbour_results = []
+        for batch, poison in zip(batches(8), batches(7), strict=True):
+            poisoned.forward_backward(poison)
+            fb = neighbour.forward_backward(batch)
+            bad_step = poisoned.step()
+            step = neighbour.step()
+            with pytest.raises(CortexError) as refused:
+                bad_step.result()
+            assert refused.value.code == "non_finite_gradients"
+            result = fb.result()
+            neighbour_results.append(
+                (result["loss"], result["tensors"]["logprobs"], step.result()["grad_norm"])
+            )
+        # The poisoned slot still serves (its failures were per request): a forward answers.
+        assert poisoned.forward(batches(7)[0]).result()["tensors"]["logprobs"].shape == (2, 12)
+    finally:
+        poisoned.cancel()
+        neighbour.cancel()
+    alone = train_alone(client, slot, seed=8)
+    for (loss, logprobs, grad_norm), (loss_alone, logprobs_alone, grad_norm_alone) in zip(
+        neighbour_results, alone, strict=True
+    ):
+        assert loss == loss_alone and grad_norm == grad_norm_alone
+        assert np.array_equal(logprobs, logprobs_alone)
+
+
+def test_eight_slots_hold_little_more_memory_than_one(host_client: Client, host_backend):
+    batch = batches(1)[0]
+    jobs = []
+    try:
+        jobs.append(create(host_client, SLOTS[0], seed=1))
+        jobs[0].forward_backward(batch).result()
+        jobs[0].step().result()  # the optimizer's moments exist now
+        one = tree_pss_bytes(host_backend.pid)
+        for seed in range(2, 9):
+            jobs.append(create(host_client, SLOTS[seed % len(SLOTS)], seed=seed))
+        for job in jobs[1:]:
+            job.forward_backward(batch)
+            job.step().result()
+        eight = tree_pss_bytes(host_backend.pid)
+        assert len(host_client.get_capacity()["executor"]["adapter_hosts"]) == 1
+        print(f"backend tree PSS: 1 slot {one / 2**20:.0f} MiB, 8 slots {eight / 2**20:.0f} MiB")
+        assert eight <= 1.3 * one, f"8 slots {eight / 2**20:.0f} MiB vs 1 slot {one / 2**20:.0f} MiB"
+    finally:
+        for job in jobs:
+            job.cancel()
+
+
+def test_a_backend_with_slots_stops_cleanly_on_sigterm(tmp_path):
+    """The drain stops every slot and then its host (one process, stopped once), and the backend exits 0."""
+    import signal
+
+    backend = start_backend(tmp_path / "data", "--adapter-host", "--devices", "cpu:2", "--warm-workers", "0")
+    try:
+        with Client(backend.url, backend.token) as client:
+            jobs = [create(client, SLOTS[index], seed=index) for index in range(2)]
+            for job in jobs:
+                job.forward_backward(batches(1)[0]).result()
+            [host_pid] = {client.get_job(job.job_id)["sub_jobs"][0]["info"]["pid"] for job in jobs}
+        backend.process.send_signal(signal.SIGTERM)
+        assert backend.process.wait(60) == 0
+        assert not psutil.pid_exists(host_pid)
+    finally:
+        backend.stop()

@@ -1,0 +1,230 @@
+"""A training sub-job across devices (`n_gpus: 2`): two ranks with FSDP2 over gloo on CPU slots train as
+one process does, save one adapter, and fail together when one rank dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cortex_nb import BadRequestError, Client
+from cortex_nb.demo_data import addition_problems
+
+from .backend_process import start_backend
+from .reference import ReferenceTrainer, reference_base, reference_lora
+from .training_data import random_batches
+
+TINY_VOCAB = 259
+LORA = {"r": 8, "alpha": 16}
+SEED = 3
+LR = 1e-2
+
+
+@pytest.fixture(scope="module")
+def ranks_backend(tmp_path_factory):
+    """Four CPU slots: a two-rank sub-job and a one-rank twin fit at once."""
+    process = start_backend(
+        tmp_path_factory.mktemp("ranks-backend"), "--devices", "cpu:4", "--worker-threads", "1"
+    )
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def client(ranks_backend) -> Client:
+    with Client(ranks_backend.url, ranks_backend.token) as client:
+        yield client
+
+
+def _slots_in_use(client: Client) -> int:
+    return client.get_capacity()["slots_in_use"]
+
+
+def _slots_in_use_once_settled(client: Client, wait_s: float = 30.0) -> int:
+    """Slots in use once an ended job's workers have exited (its slots free only then)."""
+    deadline = time.monotonic() + wait_s
+    while _slots_in_use(client) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _slots_in_use(client)
+
+
+def test_two_ranks_train_as_one_process_does(client: Client, tmp_path):
+    batches = random_batches(5, TINY_VOCAB, rows=2, length=24, seed=5)
+    spec = {"lora": LORA, "optimizer": {"lr": LR}, "seed": SEED}
+    reference = ReferenceTrainer(reference_lora(reference_base("tiny"), 8, 16, SEED), LR)
+    with (
+        client.create_training_job("tiny", **spec) as single,
+        client.create_training_job("tiny", n_gpus=2, **spec) as ranked,
+    ):
+        info = ranked.info["sub_jobs"][0]["info"]
+        assert info["sharding"] == {"strategy": "fsdp2", "world_size": 2, "rank": 0}
+        assert [rank["rank"] for rank in info["ranks"]] == [0, 1]
+        assert _slots_in_use(client) == 3
+        for batch in batches:
+            expected_loss, _ = reference.train_step(batch)
+            one = single.forward_backward(batch).result()["loss"]
+            two = ranked.forward_backward(batch).result()
+            single.step().result()
+            ranked.step().result()
+            assert two["loss"] == pytest.approx(one, abs=1e-5)
+            assert two["loss"] == pytest.approx(expected_loss, rel=1e-5)
+        one_dir = single.export(tmp_path / "single")
+        two_dir = ranked.export(tmp_path / "ranked")
+        one_weights = load_file(one_dir / "adapter_model.safetensors")
+        two_weights = load_file(two_dir / "adapter_model.safetensors")
+        assert set(two_weights) == set(one_weights)
+        for name, value in one_weights.items():
+            torch.testing.assert_close(two_weights[name], value, atol=1e-5, rtol=0)
+        # The exported adapter is one whole peft adapter: plain peft loads it onto the base.
+        from peft import PeftModel
+
+        loaded = PeftModel.from_pretrained(reference_base("tiny"), str(two_dir))
+        live = {name: p for name, p in reference.model.named_parameters() if "lora_" in name}
+        for name, parameter in loaded.named_parameters():
+            if "lora_" in name:
+                torch.testing.assert_close(parameter, live[name], atol=1e-4, rtol=0)
+        logs = "\n".join(line["line"] for line in ranked.logs()["lines"])
+        assert "[rank 0]" in logs and "[rank 1]" in logs
+
+
+def test_a_training_run_across_two_ranks_trains_as_one_process_does(client: Client):
+    """`n_gpus: 2` in a `%%cortex train` spec: the backend's loop runs on both ranks, to the same curve."""
+    spec = {
+        "base_model": "tiny",
+        "data": addition_problems()[:40],
+        "steps": 6,
+        "batch_size": 4,
+        "max_seq_len": 16,
+        "optimizer": {"lr": 0.003},
+        "lora": {"r": 4, "alpha": 8},
+        "seed": 3,
+    }
+    one = client.train(spec, name="run-one-rank")
+    two = client.train({**spec, "n_gpus": 2}, name="run-two-ranks")
+    alone, ranked = one.wait(timeout_s=300), two.wait(timeout_s=300)
+    assert alone["status"] == ranked["status"] == "done"
+    assert ranked["sub_jobs"][0]["info"]["sharding"]["world_size"] == 2
+    curve = [point["loss_per_token"] for point in ranked["progress"]["history"]]
+    assert len(curve) == 6
+    assert curve == pytest.approx([p["loss_per_token"] for p in alone["progress"]["history"]], rel=1e-5)
+    assert ranked["progress"]["last_checkpoint"] == "final"
+
+
+def test_a_resumable_checkpoint_of_two_ranks_resumes_on_two_ranks_and_on_one(client: Client):
+    """Saved as one adapter with whole AdamW moments: two new ranks (each taking its shard) and one process
+    continue from it alike, and as the job that saved it does."""
+    batches = random_batches(4, TINY_VOCAB, rows=2, length=16, seed=8)
+    spec = {"lora": LORA, "optimizer": {"lr": LR}, "seed": SEED}
+    with client.create_training_job("tiny", n_gpus=2, **spec) as saver:
+        for batch in batches[:2]:
+            saver.forward_backward(batch).result()
+            saver.step().result()
+        checkpoint = saver.save("two-ranks").result()["checkpoint_id"]
+        continued = []
+        for batch in batches[2:]:
+            continued.append(saver.forward_backward(batch).result()["loss"])
+            saver.step().result()
+    for n_gpus in (2, 1):
+        assert _slots_in_use_once_settled(client) == 0
+        with client.create_training_job("tiny", n_gpus=n_gpus, **spec) as resumed:
+            loaded = resumed.load(checkpoint, source_job_id=saver.job_id).result()
+            assert loaded["restored_optimizer"] is True and loaded["step"] == 2
+            for batch, expected in zip(batches[2:], continued, strict=True):
+                assert resumed.forward_backward(batch).result()["loss"] == pytest.approx(expected, abs=1e-5)
+                resumed.step().result()
+
+
+def test_weights_of_two_ranks_sync_to_a_one_device_sampler(client: Client):
+    """The trainer's ranks gather the whole adapter; the sampler ends up holding exactly what one process
+    trained (its state hash is the single-process trainer's)."""
+    spec = {"lora": LORA, "optimizer": {"lr": LR}, "seed": SEED}
+    batch = random_batches(1, TINY_VOCAB, rows=2, length=16, seed=4)[0]
+    assert _slots_in_use_once_settled(client) == 0
+    with client.create_training_job("tiny", **spec) as single:
+        single.forward_backward(batch).result()
+        single.step().result()
+        single.save("one", checkpoint_type="weights-only").result()
+        expected_hash = client.get_checkpoint(single.job_id, "one")["state_hash"]
+    assert _slots_in_use_once_settled(client) == 0
+    with client.create_training_job("tiny", n_gpus=2, samplers=1, **spec) as job:
+        job.forward_backward(batch).result()
+        job.step().result()
+        result = job.sync_sampler().result()
+        assert result["weight_version"] == 1
+        assert result["source_hash"] == expected_hash
+        assert [target["sub_job_id"] for target in result["targets"]] == ["sampling-0"]
+
+
+def test_a_dead_rank_fails_the_sub_job_and_frees_every_slot(client: Client):
+    assert _slots_in_use_once_settled(client) == 0
+    ranked = client.create_training_job("tiny", n_gpus=2, lora=LORA, seed=SEED)
+    ranks = ranked.info["sub_jobs"][0]["info"]["ranks"]
+    pids = [rank["pid"] for rank in ranks]
+    assert _slots_in_use(client) == 2
+    ranked.forward_backward(random_batches(1, TINY_VOCAB, seed=1)[0]).result()
+    os.kill(pids[1], signal.SIGKILL)
+    job = client.wait_for_job(ranked.job_id, until=("failed",), timeout_s=60)
+    assert job["failure_code"] == "worker_crashed"
+    assert "rank 1 of 2" in job["failure_message"]
+    assert _slots_in_use_once_settled(client) == 0
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_sampling_across_devices_is_refused_with_the_reason(client: Client):
+    with pytest.raises(BadRequestError) as refused:
+        client.api.create_job([{"type": "sampling", "base_model": "tiny", "n_gpus": 2}])
+    assert refused.value.code == "multi_gpu_sampling_unsupported"
+    assert "tensor-parallel sampling" in str(refused.value)
+
+
+def test_more_ranks_than_slots_is_refused(client: Client):
+    with pytest.raises(BadRequestError) as refused:
+        client.api.create_job([{"type": "training", "base_model": "tiny", "n_gpus": 5}])
+    assert refused.value.code == "exceeds_capacity"
+    assert "n_gpus=5" in str(refused.value)
+
+
+@pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
+def test_the_cortex_sdk_trains_across_two_ranks(tls_backend, monkeypatch):
+    """The cortex-training SDK's `n_gpus=2` training sub-job is served: two ranks, one forward_backward whose
+    loss is the in-process reference's."""
+    from cortex_training import CortexTrainingClient, SubJobConfig
+
+    from .test_cortex_sdk import LORA as SDK_LORA
+    from .test_cortex_sdk import frame, our_batch, sdk_batch
+
+    # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override verify=False; keep them out of the way.
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    sdk = CortexTrainingClient.from_pat(
+        tls_backend.url.removeprefix("https://"), tls_backend.token, "TRAINING_DB", "PUBLIC", verify_ssl=False
+    )
+    try:
+        config = SubJobConfig.training_job(
+            "tiny",
+            optimizer={"name": "AdamW", "lr": LR},
+            max_seq_len=128,
+            train_batch_size=4,
+            n_gpus=2,
+            seed=SEED,
+            extra_training={"peft_config": SDK_LORA},
+        )
+        job_id = sdk.create_job([config], idle_timeout_seconds=0)
+        job = sdk.wait_for_job(job_id)
+        assert job["status"] == "running"
+        assert job["sub_jobs"][0]["training_config"]["n_gpus"] == 2
+        kwargs = sdk_batch(np.random.default_rng(11))
+        result = sdk.poll_request(job_id, sdk.forward_backward(job_id, frame(kwargs)))
+        reference = ReferenceTrainer(reference_lora(reference_base("tiny"), 8, 16, SEED), LR)
+        expected, _ = reference.train_step(our_batch(kwargs))
+        assert result["loss"] == pytest.approx(expected, rel=1e-5, abs=1e-5)
+        sdk.cancel_job(job_id)
+    finally:
+        sdk.close()
