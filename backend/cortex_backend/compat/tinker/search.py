@@ -86,10 +86,7 @@ def search_sessions(face: TinkerFace, principal: Principal, body: dict[str, Any]
     after = None
     if cursor is not None:
         try:
-            after = (
-                datetime.fromisoformat(cursor["last_created_at"]).timestamp(),
-                str(cursor["last_session_id"]),
-            )
+            after = (datetime.fromisoformat(cursor["last_created_at"]), str(cursor["last_session_id"]))
         except (KeyError, TypeError, ValueError):
             raise _bad("cursor", "pass a response's next_cursor back unchanged") from None
 
@@ -108,10 +105,10 @@ def search_sessions(face: TinkerFace, principal: Principal, body: dict[str, Any]
             continue
         if statuses is not None and not _matches_status(status(session), statuses):
             continue
-        if after is not None and (session.created_at, session.id) >= after:
+        if after is not None and _order(session) >= after:
             continue
         found.append(session)
-    found.sort(key=lambda session: (session.created_at, session.id), reverse=True)
+    found.sort(key=_order, reverse=True)
     page = found[:limit]
     next_cursor = None
     if len(found) > limit:
@@ -120,8 +117,18 @@ def search_sessions(face: TinkerFace, principal: Principal, body: dict[str, Any]
     return {"sessions": [_summary(face, session) for session in page], "next_cursor": next_cursor}
 
 
+def _instant(at: float) -> datetime:
+    return datetime.fromtimestamp(at, tz=timezone.utc)
+
+
 def _time(at: float) -> str:
-    return datetime.fromtimestamp(at, tz=timezone.utc).isoformat()
+    return _instant(at).isoformat()
+
+
+def _order(session: Session) -> tuple[datetime, str]:
+    """A session's place in the listing, at the cursor's precision (whole microseconds): compared as the raw
+    float, a page's last session whose time rounds up in its cursor would be listed again on the next page."""
+    return _instant(session.created_at), session.id
 
 
 def _summary(face: TinkerFace, session: Session) -> dict[str, Any]:
