@@ -86,7 +86,11 @@ def test_sigterm_drains_a_run_and_the_next_start_resumes_it_losing_no_step(tmp_p
         )
         follower.start()
 
-        started = time.monotonic()
+        # A primitive job's queued request runs to its end while the backend drains: a long one holds the
+        # drain open while the new work below is refused (else a quick drain could exit before it is sent).
+        held = client.generate(primitive.job_id, ["12+34="], {"max_tokens": 300, "temperature": 0.0})
+        wait_until(lambda: client.get_request_status(primitive.job_id, held)["status"] == "running", 60)
+        started, signalled_at = time.monotonic(), time.time()
         first.process.send_signal(signal.SIGTERM)
         # While it drains, new work is refused with a retryable code (the client would retry it).
         refused = httpx.post(
@@ -112,6 +116,9 @@ def test_sigterm_drains_a_run_and_the_next_start_resumes_it_losing_no_step(tmp_p
         assert [step for step, _ in curve(finished)] == list(range(1, steps + 1))
         resumed = progress["resumed"]
         assert resumed["lost_steps"] == 0 and resumed["restarts"] == 1
+        # The record's clock is the run's, not the second backend's: it started before the SIGTERM.
+        assert progress["started_at"] is not None and progress["started_at"] < signalled_at
+        assert progress["elapsed_s"] > signalled_at - progress["started_at"]
         assert resumed["checkpoint_id"].startswith("drained-step-") and 3 <= resumed["step"] < steps
         checkpoints = {c["checkpoint_id"]: c for c in client.list_checkpoints(job.job_id)}
         assert checkpoints[resumed["checkpoint_id"]]["type"] == "resumable"
@@ -137,6 +144,7 @@ def test_sigterm_drains_a_run_and_the_next_start_resumes_it_losing_no_step(tmp_p
         assert any(line.startswith("[engine] managed training finished at step") for line in followed)
 
         # A client-driven job cannot continue by itself: it failed with a retryable code, naming its checkpoint.
+        assert client.get_request_status(primitive.job_id, held)["status"] == "succeeded"  # ran to its end
         lost = client.get_job(primitive.job_id)
         assert lost["status"] == "failed" and lost["failure_code"] == "backend_restarted"
         assert "checkpoint 'mine'" in lost["failure_message"]

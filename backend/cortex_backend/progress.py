@@ -194,6 +194,7 @@ class ProgressRecord:
             "tokens": self.tokens,
             "tokens_per_s": tokens_per_s,
             "steps_per_s": steps_per_s,
+            "started_at": self.started_at,
             "elapsed_s": (end - self.started_at) if self.started_at else None,
             "eta_s": eta,
             "last_checkpoint": self.last_checkpoint,

@@ -155,6 +155,9 @@ export interface IProgress {
   tokens: number;
   tokens_per_s: number | null;
   steps_per_s: number | null;
+  /** when training first started (unix seconds); a run resumed after a restart keeps it */
+  started_at?: number | null;
+  /** seconds since started_at (to the end, once finished) */
   elapsed_s: number | null;
   eta_s: number | null;
   last_checkpoint: string | null;

@@ -336,7 +336,11 @@ class Progress(Reply):
     tokens: int = Field(description="tokens trained on so far (attention-mask sum)")
     tokens_per_s: float | None
     steps_per_s: float | None
-    elapsed_s: float | None
+    started_at: float | None = Field(
+        default=None,
+        description="when training first started (unix seconds); a run resumed after a restart keeps it",
+    )
+    elapsed_s: float | None = Field(description="seconds since started_at (to the end, once finished)")
     eta_s: float | None
     last_checkpoint: str | None
     last_checkpoint_step: int | None = None
