@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from . import worker_messages as messages
+from .host_budget import Refusal, check_slot
 from .ipc import ChannelClosed
 from .models import ModelInfo
 from .slot_logs import tag_line
@@ -214,8 +215,9 @@ class SlotTaggedStream:
 
 
 class AdapterHost:
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: Channel, memory_budget_bytes: int | None = None) -> None:
         self.channel = channel
+        self.memory_budget_bytes = memory_budget_bytes
         self.bases = BaseModels()
         self.turns = Turns()
         self.slots: dict[str, SlotWorker] = {}
@@ -272,6 +274,13 @@ class AdapterHost:
             try:
                 with worker.turn():
                     described = worker.initialise(message, self.bases)
+                    refusal = self._refusal(worker)
+                    if refusal is not None:
+                        print(f"[host] slot refused: {refusal.message}", flush=True)
+                        worker.channel.send(
+                            messages.encode(messages.InitFailed(refusal.code, refusal.message))
+                        )
+                        return
                     worker.channel.send(
                         messages.encode(messages.Ready({**described, **self._ready_info(worker)}))
                     )
@@ -294,6 +303,26 @@ class AdapterHost:
             sys.stdout.flush()
             with contextlib.suppress(ChannelClosed):
                 worker.channel.send(messages.encode(messages.Released()))
+
+    def _refusal(self, worker: SlotWorker) -> Refusal | None:
+        """Admission by bytes (host_budget.py): whether this new slot fits beside the base and the others."""
+        import torch
+
+        with self._slots_lock:
+            others = [
+                other for other in self.slots.values() if other is not worker and other.state is not None
+            ]
+        memory = worker.memory()
+        free = torch.cuda.mem_get_info() if torch.cuda.is_available() else None
+        return check_slot(
+            memory["slot_bytes"],
+            memory["adapter_bytes"],
+            self.bases.base_bytes(),
+            sum(other.memory()["slot_bytes"] for other in others),
+            len(others),
+            self.memory_budget_bytes,
+            free,
+        )
 
     def _ready_info(self, worker: SlotWorker) -> dict[str, Any]:
         """What the slot's sub-job shows users: the worker's own description, and the host's share."""
@@ -325,7 +354,7 @@ def serve_adapter_host(channel: Channel, message: messages.HostAdapters) -> None
 
     if message.threads:
         torch.set_num_threads(int(message.threads))
-    host = AdapterHost(channel)
+    host = AdapterHost(channel, message.memory_budget_bytes)
     sys.stdout = SlotTaggedStream(sys.stdout, host)
     sys.stderr = SlotTaggedStream(sys.stderr, host)
     host.serve()

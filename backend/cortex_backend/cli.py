@@ -253,6 +253,15 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         help="every sub-job in a worker process of its own (the default)",
     )
     serve.add_argument(
+        "--adapter-host-memory",
+        dest="adapter_host_memory_bytes",
+        type=_byte_count,
+        default=None,
+        metavar="BYTES",
+        help="with --adapter-host: the bytes one host's base and slots may hold (e.g. 40GiB); a slot that"
+        " would pass it fails with adapter_host_full (default: a GPU's free memory, unbounded on a CPU)",
+    )
+    serve.add_argument(
         "--sampler",
         choices=SAMPLER_SETTINGS,
         default="auto",
@@ -632,6 +641,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
             warm_workers=args.warm_workers,
             worker_threads=args.worker_threads,
             adapter_host=args.adapter_host,
+            adapter_host_memory_bytes=args.adapter_host_memory_bytes,
             idle_timeout_s=args.idle_timeout,
             idle_exit_s=args.idle_exit,
             drain_grace_s=args.drain_grace,

@@ -36,6 +36,9 @@ class BackendSettings:
     # Training sub-jobs on one device and base model as adapter slots of one shared worker process
     # (adapter_host.py), instead of one process per sub-job (the default: `--isolation-per-job`).
     adapter_host: bool = False
+    # The bytes one adapter host's base and slots may hold; a slot past it is refused (host_budget.py).
+    # None: on a GPU the device's free memory bounds it, on a CPU nothing does.
+    adapter_host_memory_bytes: int | None = None
     # Torch threads per CPU worker; None lets torch choose.
     worker_threads: int | None = None
     # The engine sampling sub-jobs run: "transformers" (built in), "vllm" (the extra cortex-nb[vllm]), or

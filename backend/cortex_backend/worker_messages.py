@@ -185,6 +185,8 @@ class HostAdapters(Message):
     kind: ClassVar[str] = "host_adapters"
     env: dict[str, str]
     threads: int | None
+    # --adapter-host-memory: the bytes the base and its slots may hold (None: no budget; host_budget.py)
+    memory_budget_bytes: int | None = None
 
 
 @dataclass(frozen=True)

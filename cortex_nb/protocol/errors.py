@@ -348,6 +348,14 @@ ERROR_CODES: dict[str, ErrorCode] = {
             (JOB,),
             category=INTERNAL,
         ),
+        ErrorCode(
+            "adapter_host_full",
+            None,
+            "the adapter host has no room for the slot's adapter, gradients and optimizer state (its"
+            " --adapter-host-memory budget, or the device's free memory); the message gives the bytes",
+            (JOB,),
+            category=RETRYABLE,
+        ),
         ErrorCode("out_of_memory", None, "the device ran out of memory", (JOB, REQUEST), category=USER_ERROR),
         ErrorCode(
             "host_lost",

@@ -189,9 +189,14 @@ class WorkerSettings:
     faults: tuple[str, ...] = ()
     # How a worker's sampling engine is set up; the engine itself is the device's (Device.sampler).
     sampler_options: dict[str, Any] = field(default_factory=dict)
+    # Adapter hosts only: the bytes a host's base and slots may hold (host_budget.py).
+    adapter_host_memory_bytes: int | None = None
 
     @classmethod
     def from_backend(cls, settings: BackendSettings) -> WorkerSettings:
         return cls(
-            settings.worker_threads, tuple(settings.fault_injection), dict(settings.sampler_options or {})
+            settings.worker_threads,
+            tuple(settings.fault_injection),
+            dict(settings.sampler_options or {}),
+            settings.adapter_host_memory_bytes,
         )

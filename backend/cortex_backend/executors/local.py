@@ -269,7 +269,11 @@ class LocalExecutor(Executor):
         host.host_key = key
         host.send(
             messages.encode(
-                messages.HostAdapters(assignment.device.worker_env(), self.worker_settings.threads)
+                messages.HostAdapters(
+                    assignment.device.worker_env(),
+                    self.worker_settings.threads,
+                    self.worker_settings.adapter_host_memory_bytes,
+                )
             )
         )
         self._hosts[key] = host
