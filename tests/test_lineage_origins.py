@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from cortex_nb import Client
+from cortex_nb.views import lineage_frame
 
 from .tokens import create_token
 from .training_data import random_batches, train
@@ -64,6 +65,9 @@ def test_lineage_follows_loads_and_copies_back_to_the_job_that_trained_an_export
     assert [export["contents"] for export in root["exports"]] == ["adapter"]
     assert root["request_id"] is None and lineage["origins"][0]["request_id"] is not None
     assert lineage["origins"][0]["sub_job_id"] == "sampling-0"
+    assert lineage_frame(lineage).attrs["origins"] == (
+        f"{second.job_id}/tuned (load) ← {copy_job}/trained (load) ← {first.job_id}/trained (copy)"
+    )
     # A job that started from nothing has no origins; the source job's own lineage still lists the load.
     assert owner.api.job_lineage(first.job_id)["origins"] == []
     uses = {row["checkpoint_id"]: row["uses"] for row in owner.api.job_lineage(second.job_id)["checkpoints"]}
