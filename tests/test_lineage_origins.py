@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from cortex_nb import Client
+from cortex_nb.demo_data import addition_problems
 from cortex_nb.views import lineage_frame
 
 from .tokens import create_token
@@ -93,3 +94,34 @@ def test_a_deleted_source_checkpoint_stays_in_the_chain_without_a_step(owner):
     assert (origin["source_job_id"], origin["checkpoint_id"]) == (source.job_id, "once")
     assert origin["step"] is None and origin["checkpoint_exists"] is False
     source.cancel()
+
+
+def test_a_run_started_from_a_checkpoint_names_it_and_what_that_job_loaded(owner):
+    """A managed run's `init_from` is an origin; the source job's own load follows it."""
+    rows = addition_problems()
+    spec = {
+        "base_model": "tiny",
+        "batch_size": 8,
+        "max_seq_len": 16,
+        "lora": {"r": 8, "alpha": 16},
+        "seed": 3,
+    }
+    root = owner.train({**spec, "data": rows, "steps": 1, "save": {"every": 1}}, name="origins-root")
+    root.wait(timeout_s=300)
+    middle = owner.create_training_job("tiny", lora=spec["lora"], seed=3)
+    middle.load("step-1", source_job_id=root.job_id).result()
+    middle.save("picked").result()
+    middle.cancel()
+    run = owner.train(
+        {**spec, "data": rows, "steps": 1, "init_from": {"job": middle.job_id, "checkpoint": "picked"}},
+        name="origins-run",
+    )
+    assert run.wait(timeout_s=300)["status"] == "done"
+    chain = [
+        (o["via"], o["job_id"], o["source_job_id"], o["checkpoint_id"])
+        for o in owner.api.job_lineage(run.job_id)["origins"]
+    ]
+    assert chain == [
+        ("init_from", run.job_id, middle.job_id, "picked"),
+        ("load", middle.job_id, root.job_id, "step-1"),
+    ]
