@@ -108,8 +108,9 @@ def test_a_run_started_from_a_checkpoint_names_it_and_what_that_job_loaded(owner
     }
     root = owner.train({**spec, "data": rows, "steps": 1, "save": {"every": 1}}, name="origins-root")
     root.wait(timeout_s=300)
+    saved = owner.list_checkpoints(root.job_id)[-1]["checkpoint_id"]
     middle = owner.create_training_job("tiny", lora=spec["lora"], seed=3)
-    middle.load("step-1", source_job_id=root.job_id).result()
+    middle.load(saved, source_job_id=root.job_id).result()
     middle.save("picked").result()
     middle.cancel()
     run = owner.train(
@@ -123,5 +124,5 @@ def test_a_run_started_from_a_checkpoint_names_it_and_what_that_job_loaded(owner
     ]
     assert chain == [
         ("init_from", run.job_id, middle.job_id, "picked"),
-        ("load", middle.job_id, root.job_id, "step-1"),
+        ("load", middle.job_id, root.job_id, saved),
     ]
