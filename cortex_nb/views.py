@@ -338,8 +338,8 @@ def checkpoints_frame(checkpoints: Sequence[dict[str, Any]]) -> pd.DataFrame:
 def lineage_frame(lineage: dict[str, Any]) -> pd.DataFrame:
     """A job's lineage (`GET /v1/jobs/{id}/lineage`) as one row per checkpoint, oldest first: its step,
     bytes (as `format_bytes` writes them, and raw), keep mark, and where its weights went: exports, loads
-    into other sub-jobs, samplings of it as a saved adapter. `attrs` carry the job, its step and its weight
-    syncs."""
+    into other sub-jobs, samplings of it as a saved adapter. `attrs` carry the job, its step, its weight
+    syncs and where its weights came from (`origins`)."""
     import pandas as pd
 
     from .protocol.states import format_bytes
@@ -380,6 +380,11 @@ def lineage_frame(lineage: dict[str, Any]) -> pd.DataFrame:
         step=lineage["step"],
         size=format_bytes(lineage["size_bytes"]),
         weight_syncs=len(lineage["weight_syncs"]),
+        # Where its weights came from, nearest first: "job/checkpoint (via)" joined by " ← ".
+        origins=" ← ".join(
+            f"{origin['source_job_id']}/{origin['checkpoint_id']} ({origin['via']})"
+            for origin in lineage.get("origins", [])
+        ),
     )
     return frame
 

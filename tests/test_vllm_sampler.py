@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from cortex_nb import Client
+from cortex_nb import Client, errors
+from cortex_nb.polling import poll_request
+from cortex_nb.protocol import states
 from cortex_nb.training import TrainingJob
 
 from .backend_process import start_backend
@@ -163,14 +165,16 @@ def test_weight_sync_loads_a_new_lora_version_into_the_running_engine(pair):
     print(f"sync to a sampler answering with the new weights: {answered_s:.2f} s")
 
 
-def _engine_lines(pair, until: str, timeout_s: float = 60.0) -> list[str]:
-    """The sampler's "vllm serves weights" log lines, once one holding `until` arrived (logs trail results)."""
+def _engine_lines(
+    pair, until: str, timeout_s: float = 60.0, marker: str = "vllm serves weights"
+) -> list[str]:
+    """The sampler's log lines holding `marker`, once one holding `until` arrived (logs trail results)."""
     deadline = time.monotonic() + timeout_s
     while True:
         lines, cursor = [], 0
         while True:
             page = pair.client.tail_logs(pair.job.job_id, cursor=cursor, sub_job=pair.sampler_id)
-            lines += [line["line"] for line in page["lines"] if "vllm serves weights" in line["line"]]
+            lines += [line["line"] for line in page["lines"] if marker in line["line"]]
             if not page["lines"]:
                 break
             cursor = page["cursor"]
@@ -262,11 +266,61 @@ def test_reset_prefix_cache_empties_vllms_cache_and_sampling_goes_on(pair):
     assert [s["tokens"] for s in after.samples] == [s["tokens"] for s in before.samples]
 
 
-def test_a_streamed_generate_on_vllm_sends_each_sample_whole_once_all_are_done(pair):
-    """vLLM does not stream token by token here (docs/sampling.md): one piece per sample, the same result."""
-    stream = pair.job.generate_stream(pair.prompts, sub_job=pair.sampler_id, max_tokens=8, temperature=0.0)
-    pieces = list(stream)
-    plain = pair.sample(pair.sampler_id, max_tokens=8, temperature=0.0)
+def test_a_streamed_generate_on_vllm_sends_tokens_as_they_are_decoded(pair):
+    """Each sample comes in many pieces, the first while the request still runs; joined, the pieces are the
+    result (tokens, logprobs, text), and that result is the unstreamed call's."""
+    params = {"max_tokens": 48, "temperature": 0.0, "ignore_eos": True, "logprobs": True}
+    stream = pair.job.generate_stream(pair.prompts, sub_job=pair.sampler_id, **params)
+    pieces, status_at_first = [], None
+    for piece in stream:
+        if status_at_first is None:
+            status_at_first = pair.job.api.get_request(pair.job.job_id, stream.request_id)["status"]
+        pieces.append(piece)
+    plain = pair.sample(pair.sampler_id, **params)
     assert stream.result.sampler == "vllm"
+    assert status_at_first not in states.REQUEST_TERMINAL, status_at_first
     assert stream.result.tokens == plain.tokens
-    assert [(piece["prompt_index"], piece["tokens"]) for piece in pieces] == list(enumerate(plain.tokens))
+    for sample, unstreamed in zip(stream.result.samples, plain.samples, strict=True):
+        own = [p for p in pieces if (p["prompt_index"], p["sample_index"]) == (sample["prompt_index"], 0)]
+        assert len(own) > 1, len(own)
+        assert len(own[0]["tokens"]) < len(sample["tokens"]) == 48
+        assert [token for piece in own for token in piece["tokens"]] == sample["tokens"]
+        np.testing.assert_allclose(
+            [value for piece in own for value in piece["logprobs"]], sample["logprobs"], rtol=0, atol=1e-6
+        )
+        assert "".join(piece["text"] for piece in own) == sample["text"] == unstreamed["text"]
+
+
+def test_a_streamed_generate_on_vllm_stops_at_a_stop_string_as_unstreamed(pair):
+    free = pair.sample(pair.sampler_id, max_tokens=20, temperature=0.0, ignore_eos=True)
+    stop = [free.samples[0]["text"][4:7]]
+    params = {"max_tokens": 20, "temperature": 0.0, "ignore_eos": True, "stop": stop, "n": 2}
+    stream = pair.job.generate_stream(pair.prompts, sub_job=pair.sampler_id, **params)
+    pieces = list(stream)
+    plain = pair.sample(pair.sampler_id, **params)
+    shape = lambda result: [(s["tokens"], s["text"], s["finish_reason"]) for s in result.samples]  # noqa: E731
+    assert shape(stream.result) == shape(plain)
+    assert stream.result.samples[0]["finish_reason"] == "stop"
+    for sample in stream.result.samples:
+        key = (sample["prompt_index"], sample["sample_index"])
+        assert [t for p in pieces if (p["prompt_index"], p["sample_index"]) == key for t in p["tokens"]] == (
+            sample["tokens"]
+        )
+
+
+def test_a_streamed_client_that_leaves_has_its_request_aborted_in_vllm(pair):
+    stream = pair.job.generate_stream(
+        [pair.prompts[0]], sub_job=pair.sampler_id, max_tokens=400, temperature=0.0, ignore_eos=True
+    )
+    for _ in stream:
+        break
+    stream.close()
+    with pytest.raises(errors.RequestFailed) as failed:
+        poll_request(pair.job.api, pair.job.job_id, stream.request_id, timeout_s=60)
+    assert failed.value.code == "cancelled"
+    aborted = "vllm aborted 1 unfinished request(s)"
+    assert any(aborted in line for line in _engine_lines(pair, until=aborted, marker="vllm aborted"))
+    # vLLM holds no leftover request: the next calls answer, the same greedy tokens each time.
+    first = pair.sample(pair.sampler_id, max_tokens=8, temperature=0.0)
+    assert pair.sample(pair.sampler_id, max_tokens=8, temperature=0.0).tokens == first.tokens
+    assert all(len(tokens) == 8 for tokens in first.tokens)

@@ -65,6 +65,8 @@ def copy_checkpoint(
         "job_id": job_id,
         "name": f"copy of {copied_from}",
         "labels": {"copied_from": copied_from},
+        # The origin as lineage reads it (lineage.py): labels are the owner's to change, this is not.
+        "copied_from": {"job": source["job_id"], "checkpoint": source["id"]},
         "sub_jobs": [sub_spec],
     }
     store.insert_job(

@@ -846,6 +846,17 @@ class Store:
             row["params"] = json.loads(row["params"])
         return rows
 
+    def job_loads(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's succeeded loads (into any of its sub-jobs), oldest first, with their params."""
+        rows = self._rows(
+            "SELECT id, sub_job_id, params, created_at FROM requests WHERE job_id = ? AND op = 'load'"
+            " AND status = 'succeeded' ORDER BY created_at",
+            (job_id,),
+        )
+        for row in rows:
+            row["params"] = json.loads(row["params"])
+        return rows
+
     def job_weight_syncs(self, job_id: str) -> list[dict[str, Any]]:
         rows = self._rows(
             "SELECT id, status, params, result, created_at FROM requests WHERE job_id = ? AND op = 'weight_sync'"

@@ -80,4 +80,6 @@ def checkpoints_command(self: CortexMagics, args: Any, cell: str | None):
         f"{attrs['name'] or attrs['job_id']}: step {attrs['step'] if attrs['step'] is not None else '–'},"
         f" {len(frame)} checkpoint(s), {attrs['size']}, {attrs['weight_syncs']} weight sync(s)"
     )
+    if attrs["origins"]:
+        print(f"weights came from: {attrs['origins']}")
     return frame

@@ -341,6 +341,8 @@ export interface IJobLineage {
   /** oldest first */
   checkpoints: ICheckpointLineage[];
   weight_syncs: IWeightSyncRecord[];
+  /** where its weights came from, nearest first, then where those came from (at most 64) */
+  origins: ILineageOrigin[];
 }
 
 export interface ICheckpointLineage {
@@ -379,6 +381,28 @@ export interface IWeightSyncRecord {
   format: string | null;
   /** path (delta or full), weight_version (the trainer's step sent), bytes, source_hash */
   result: Record<string, unknown> | null;
+}
+
+/** A checkpoint of another job that a job's weights came from. */
+export interface ILineageOrigin {
+  /** a load into one of its sub-jobs, its training run's init_from, or a checkpoint copy */
+  via: 'load' | 'init_from' | 'copy';
+  /** the job that took the weights (this one, or an origin's job) */
+  job_id: string;
+  source_job_id: string;
+  /** the source job's name; null if this token may not see it */
+  source_name: string | null;
+  checkpoint_id: string;
+  /** the checkpoint's step; null once it was deleted */
+  step: number | null;
+  checkpoint_exists: boolean;
+  /** the load request (null for init_from and copy) */
+  request_id: string | null;
+  /** the sub-job loaded into (null for init_from and copy) */
+  sub_job_id: string | null;
+  at: number;
+  /** each export of the source checkpoint */
+  exports: ICheckpointExport[];
 }
 
 /** 202: the request is queued; poll it by its id. */

@@ -83,19 +83,42 @@ class TokenStreamer:
             return
         block = tokens[:, start:taken].tolist()
         block_logprobs = logprobs[:, start:taken].tolist()
+        self._send(
+            ends,
+            lambda row, sent, end: (
+                block[row][sent - start : end - start],
+                block_logprobs[row][sent - start : end - start],
+            ),
+            final,
+        )
+
+    def look_lists(self, tokens: list[list[int]], logprobs: list[list[float]], final: bool = False) -> None:
+        """`look` for an engine that keeps each row's tokens as a list, already cut at its stop (vLLM)."""
+        self._send(
+            [len(row) for row in tokens],
+            lambda row, sent, end: (tokens[row][sent:end], logprobs[row][sent:end]),
+            final,
+        )
+
+    def _send(
+        self,
+        ends: list[int],
+        pick: Callable[[int, int, int], tuple[list[int], list[float]]],
+        final: bool,
+    ) -> None:
         news = []
         for row, end in enumerate(ends):
             sent = self.sent[row]
             if end <= sent and not (final and self.text[row].read < len(self.text[row].tokens)):
                 continue
-            new_tokens = block[row][sent - start : end - start]
+            new_tokens, new_logprobs = pick(row, sent, end) if end > sent else ([], [])
             prompt_index, sample_index = divmod(row, self.n)
             news.append(
                 {
                     "prompt_index": self.first_prompt + prompt_index,
                     "sample_index": sample_index,
                     "tokens": new_tokens,
-                    "logprobs": block_logprobs[row][sent - start : end - start],
+                    "logprobs": new_logprobs,
                     "text": self.text[row].add(new_tokens, self.tokenizer, self.stop_ids, final),
                 }
             )

@@ -12,6 +12,10 @@ project's tokenizer (engine/stopping.py), exactly as for the built-in engine. Sa
 are vLLM's raw logprobs (`logprobs_mode="raw_logprobs"`: before temperature, top-k and top-p), the
 model's own distribution, as the API promises for every engine. Prompt logprobs come from the
 sub-job's own model, as `forward` computes them (vLLM 0.32's CPU build fails prompt logprobs with LoRA on).
+
+`sample` drives vLLM's engine one step at a time (`LLMEngine.step`, in this process), so a streamed generate
+hands on each step's new tokens as the built-in engine does (token_stream.py), and a cancelled request
+(a streaming client that left) is aborted in vLLM at the next step.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from .model_state import ModelState
 from .prompt_scores import prompt_logprobs
 from .sampling_interface import Cancelled, SamplingEngine
 from .stopping import TextStop, finish_sample, stop_token_ids
+from .token_stream import TokensCallback, TokenStreamer
 
 # LoRA ranks vLLM can serve (its LoRAConfig.max_lora_rank); an adapter's rank is rounded up to one.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -135,9 +140,8 @@ class AdapterVersions:
 
 class VllmSampler(SamplingEngine):
     name = "vllm"
-    # A streamed generate gets its samples whole, in one piece once all are done (docs/sampling.md):
-    # `sample` steps vLLM's engine for all samples together and has no per-token hook.
-    streams_tokens = False
+    # `sample` steps vLLM's engine itself, so a streamed generate hands on each step's new tokens.
+    streams_tokens = True
 
     def __init__(self, state: ModelState, options: dict[str, Any]) -> None:
         super().__init__(state)
@@ -208,7 +212,7 @@ class VllmSampler(SamplingEngine):
             "lora_id": self.adapters.current.lora_int_id if self.adapters.current else None,
         }
 
-    def _request_params(self, params: SamplingParams, seed: int | None, stop_ids: set[int], streamed: bool):
+    def _request_params(self, params: SamplingParams, seed: int | None, stop_ids: set[int], deltas: bool):
         from vllm import SamplingParams as VllmParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -223,11 +227,16 @@ class VllmSampler(SamplingEngine):
             ignore_eos=True,  # our stop ids already hold the end-of-sequence token when it counts
             logprobs=0,  # the sampled token's logprob only
             detokenize=False,
-            output_kind=RequestOutputKind.DELTA if streamed else RequestOutputKind.FINAL_ONLY,
+            output_kind=RequestOutputKind.DELTA if deltas else RequestOutputKind.FINAL_ONLY,
         )
 
     def sample(
-        self, prompts: list[list[int]], params: SamplingParams, seed: int | None, should_cancel: Cancelled
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        seed: int | None,
+        should_cancel: Cancelled,
+        on_tokens: TokensCallback | None = None,
     ) -> tuple[list[dict[str, Any]], list[list[float]] | None]:
         from vllm.inputs import TokensPrompt
 
@@ -239,7 +248,14 @@ class VllmSampler(SamplingEngine):
             )
         tokenizer = self.state.tokenizer
         stop_ids = stop_token_ids(params, tokenizer, self.state.model.config.eos_token_id)
-        streamed = bool(params.stop_strings) and tokenizer is not None
+        text_stopped = bool(params.stop_strings) and tokenizer is not None
+        # Each step's new tokens (not only finished requests) when stop strings are searched or tokens streamed.
+        deltas = text_stopped or on_tokens is not None
+        streamer = (
+            TokenStreamer(on_tokens, len(prompts) * params.n, params.n, 0, tokenizer, stop_ids)
+            if on_tokens is not None
+            else None
+        )
         call = next(self.calls)
         rows: dict[str, tuple[int, int]] = {}
         tokens: dict[str, list[int]] = {}
@@ -253,13 +269,13 @@ class VllmSampler(SamplingEngine):
                     request_id = f"c{call}-p{prompt_index}-s{sample_index}"
                     rows[request_id] = (prompt_index, sample_index)
                     tokens[request_id], logprobs[request_id] = [], []
-                    if streamed:
+                    if text_stopped:
                         text_stops[request_id] = TextStop(params.stop_strings, tokenizer)
                     request_seed = sample_seed(seed, prompt_index, sample_index) if seed is not None else None
                     self.engine.add_request(
                         request_id,
                         TokensPrompt(prompt_token_ids=list(prompt)),
-                        self._request_params(params, request_seed, stop_ids, streamed),
+                        self._request_params(params, request_seed, stop_ids, deltas),
                         lora_request=lora,
                     )
                     unfinished.add(request_id)
@@ -286,9 +302,15 @@ class VllmSampler(SamplingEngine):
                         unfinished.discard(request_id)
                         if not output.finished:
                             self.engine.abort_request([request_id])
+                if streamer is not None:
+                    # Request ids are numbered prompt-major, as the streamer's rows are.
+                    streamer.look_lists(list(tokens.values()), list(logprobs.values()))
+            if streamer is not None:
+                streamer.look_lists(list(tokens.values()), list(logprobs.values()), final=True)
         finally:
-            if unfinished:
+            if unfinished:  # cancelled (a streaming client that left, too) or failed: vLLM drops them
                 self.engine.abort_request(sorted(unfinished))
+                print(f"[engine] vllm aborted {len(unfinished)} unfinished request(s)", flush=True)
             self.adapters.release(lora)
         samples = []
         for request_id, (prompt_index, sample_index) in rows.items():

@@ -175,6 +175,24 @@ class WeightSyncRecord(Reply):
     )
 
 
+class LineageOrigin(Reply):
+    """A checkpoint of another job that a job's weights came from."""
+
+    via: Literal["load", "init_from", "copy"] = Field(
+        description="a load into one of its sub-jobs, its training run's init_from, or a checkpoint copy"
+    )
+    job_id: str = Field(description="the job that took the weights (this one, or an origin's job)")
+    source_job_id: str
+    source_name: str | None = Field(description="the source job's name; null if this token may not see it")
+    checkpoint_id: str
+    step: int | None = Field(description="the checkpoint's step; null once it was deleted")
+    checkpoint_exists: bool
+    request_id: str | None = Field(description="the load request (null for init_from and copy)")
+    sub_job_id: str | None = Field(description="the sub-job loaded into (null for init_from and copy)")
+    at: float
+    exports: list[CheckpointExport] = Field(description="each export of the source checkpoint")
+
+
 class JobLineage(Reply):
     """`GET /v1/jobs/{job_id}/lineage`: job → step → checkpoint → exports, loads and samplings; weight syncs."""
 
@@ -185,6 +203,9 @@ class JobLineage(Reply):
     size_bytes: int = Field(description="bytes of all its checkpoints")
     checkpoints: list[CheckpointLineage] = Field(description="oldest first")
     weight_syncs: list[WeightSyncRecord]
+    origins: list[LineageOrigin] = Field(
+        description="where its weights came from, nearest first, then where those came from (at most 64)"
+    )
 
 
 class ExportQuery(Query):
