@@ -1,5 +1,6 @@
-"""A training sub-job across devices (`n_gpus: 2`): two ranks with FSDP2 over gloo on CPU slots train as
-one process does, save one adapter, and fail together when one rank dies."""
+"""A training sub-job across devices (`n_gpus: 2`): two ranks with FSDP2 over gloo on CPU slots, each computing
+its slice of every batch, train as one process does, save one adapter, report each rank's share and memory,
+and fail together when one rank dies."""
 
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ def test_two_ranks_train_as_one_process_does(client: Client, tmp_path):
             ranked.step().result()
             assert two["loss"] == pytest.approx(one, abs=1e-5)
             assert two["loss"] == pytest.approx(expected_loss, rel=1e-5)
+            # Each rank computed one of the two datums, not the whole batch.
+            assert [(r["rank"], r["datums"], r["tokens"]) for r in two["ranks"]] == [(0, 1, 24), (1, 1, 24)]
         one_dir = single.export(tmp_path / "single")
         two_dir = ranked.export(tmp_path / "ranked")
         one_weights = load_file(one_dir / "adapter_model.safetensors")
@@ -90,6 +93,89 @@ def test_two_ranks_train_as_one_process_does(client: Client, tmp_path):
                 torch.testing.assert_close(parameter, live[name], atol=1e-4, rtol=0)
         logs = "\n".join(line["line"] for line in ranked.logs()["lines"])
         assert "[rank 0]" in logs and "[rank 1]" in logs
+
+
+def _padded_batch(lengths: list[int], length: int, seed: int) -> dict[str, np.ndarray]:
+    """Datums of different lengths, right-padded: the attention mask says which positions are tokens."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, TINY_VOCAB, (len(lengths), length))
+    mask = (np.arange(length)[None, :] < np.asarray(lengths)[:, None]).astype(np.int64)
+    return {
+        "input_ids": ids * mask,
+        "target_tokens": np.roll(ids, -1, axis=1) * mask,
+        "weights": mask.astype(np.float32),
+        "attention_mask": mask,
+    }
+
+
+def _policy_batch(batch: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
+    """The batch as a PPO batch: sampler logprobs near the model's and advantages on the tokens."""
+    rng = np.random.default_rng(seed)
+    mask = batch["attention_mask"].astype(np.float32)
+    return {
+        "input_ids": batch["input_ids"],
+        "target_tokens": batch["target_tokens"],
+        "attention_mask": batch["attention_mask"],
+        "logprobs": (-5.6 + 0.3 * rng.standard_normal(mask.shape)).astype(np.float32) * mask,
+        "advantages": rng.standard_normal(mask.shape).astype(np.float32) * mask,
+    }
+
+
+def test_odd_batches_split_across_two_ranks_equal_one_process(client: Client, tmp_path):
+    """3 datums and 1 datum on 2 ranks: each rank computes its slice (cut by tokens; a rank with no datum runs
+    a zero-weight pass), and losses, metrics, logprobs, gradients and the adapter are one process's."""
+    spec = {"lora": LORA, "optimizer": {"lr": LR}, "seed": SEED}
+    three = _padded_batch([20, 4, 5], 24, seed=21)
+    one_datum = _padded_batch([17], 24, seed=22)
+    assert _slots_in_use_once_settled(client) == 0
+    with (
+        client.create_training_job("tiny", **spec) as single,
+        client.create_training_job("tiny", n_gpus=2, **spec) as ranked,
+    ):
+        ranks = ranked.info["sub_jobs"][0]["info"]["ranks"]
+        assert [rank["rank"] for rank in ranks] == [0, 1]
+        for rank in ranks:  # each rank's own memory and shard, not rank 0's twice
+            assert rank["peak_memory_bytes"] > 0 and rank["peak_memory_kind"] == "cpu_rss"
+            assert rank["base_bytes"] > 0
+        cases = [
+            (three, "cross_entropy", None, [(1, 24), (2, 48)]),  # cut by tokens: 20 | 4 + 5
+            (one_datum, "cross_entropy", None, [(1, 24), (0, 0)]),
+            (_policy_batch(three, 5), "ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}, None),
+            (_policy_batch(one_datum, 6), "importance_sampling", None, None),
+        ]
+        for batch, loss_fn, config, shares in cases:
+            one = single.forward_backward(batch, loss_fn, config).result()
+            two = ranked.forward_backward(batch, loss_fn, config).result()
+            assert "ranks" not in one
+            assert two["loss"] == pytest.approx(one["loss"], abs=1e-4)
+            assert set(two["metrics"]) == set(one["metrics"])
+            for name, value in one["metrics"].items():
+                assert two["metrics"][name] == pytest.approx(value, rel=1e-5, abs=1e-5), name
+            np.testing.assert_allclose(two["tensors"]["logprobs"], one["tensors"]["logprobs"], atol=1e-5)
+            assert (
+                sum(r["tokens"] for r in two["ranks"])
+                == two["metrics"]["tokens:sum"]
+                == batch["input_ids"].size
+            )
+            assert sum(r["datums"] for r in two["ranks"]) == len(batch["input_ids"])
+            if shares is not None:
+                assert [(r["datums"], r["tokens"]) for r in two["ranks"]] == shares
+            stepped_one, stepped_two = single.step().result(), ranked.step().result()
+            assert stepped_two["grad_norm"] == pytest.approx(stepped_one["grad_norm"], rel=1e-5)
+            assert [r["rank"] for r in stepped_two["ranks"]] == [0, 1]
+            assert all(r["peak_memory_bytes"] > 0 for r in stepped_two["ranks"])
+        # Scoring splits too: the whole batch's logprobs and weighted sum, in order.
+        for batch in (three, one_datum):
+            scored_one, scored_two = single.forward(batch).result(), ranked.forward(batch).result()
+            np.testing.assert_allclose(
+                scored_two["tensors"]["logprobs"], scored_one["tensors"]["logprobs"], atol=1e-5
+            )
+            assert scored_two["loss:sum"] == pytest.approx(scored_one["loss:sum"], abs=1e-4)
+            assert sum(r["datums"] for r in scored_two["ranks"]) == len(batch["input_ids"])
+        one_weights = load_file(single.export(tmp_path / "single") / "adapter_model.safetensors")
+        two_weights = load_file(ranked.export(tmp_path / "ranked") / "adapter_model.safetensors")
+        for name, value in one_weights.items():
+            torch.testing.assert_close(two_weights[name], value, atol=1e-5, rtol=0)
 
 
 def test_a_training_run_across_two_ranks_trains_as_one_process_does(client: Client):
