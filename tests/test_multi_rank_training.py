@@ -176,6 +176,19 @@ def test_odd_batches_split_across_two_ranks_equal_one_process(client: Client, tm
         two_weights = load_file(ranked.export(tmp_path / "ranked") / "adapter_model.safetensors")
         for name, value in one_weights.items():
             torch.testing.assert_close(two_weights[name], value, atol=1e-5, rtol=0)
+        # The job's device metrics read every rank's worker, each on its own.
+        samples = client.get_job_metrics(ranked.job_id)["samples"]
+        per_rank = [sample for sample in samples if "job_ranks" in sample]
+        assert per_rank
+        for sample in per_rank:
+            assert [(r["sub_job_id"], r["rank"]) for r in sample["job_ranks"]] == [
+                ("training-0", 0),
+                ("training-0", 1),
+            ]
+            assert sample["job_ram_bytes"] == sum(r["ram_bytes"] for r in sample["job_ranks"])
+        # Once both have loaded (a rank is read while it still starts too), each holds torch and the model.
+        assert all(r["ram_bytes"] > 64 << 20 for r in per_rank[-1]["job_ranks"])
+        assert not any("job_ranks" in sample for sample in client.get_job_metrics(single.job_id)["samples"])
 
 
 def test_a_training_run_across_two_ranks_trains_as_one_process_does(client: Client):

@@ -392,6 +392,12 @@ class LocalExecutor(Executor):
         worker = self._workers.get((job_id, sub_job_id))
         return worker.process.pid if worker else None
 
+    def rank_pids(self, job_id: str, sub_job_id: str) -> list[tuple[int, str, int]]:
+        worker = self._workers.get((job_id, sub_job_id))
+        if worker is None or worker.group is None:
+            return []
+        return [(rank, each.device_id, each.process.pid) for rank, each in enumerate(worker.group.workers)]
+
     def deliver(self, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes) -> None:
         worker = self._workers.get((job_id, sub_job_id))
         if worker is not None:
