@@ -191,6 +191,80 @@ def test_odd_batches_split_across_two_ranks_equal_one_process(client: Client, tm
         assert not any("job_ranks" in sample for sample in client.get_job_metrics(single.job_id)["samples"])
 
 
+def _custom_loss_frame(batch: dict[str, np.ndarray], seed: int) -> bytes:
+    """A forward_backward frame with a custom loss (a graph as the Tinker SDK traces one): per datum
+    -scale * sum(logprobs * advantages), with a `:mean` metric over datums."""
+    from cortex_nb.protocol import wire
+
+    inputs = [
+        {"name": "logprobs", "rank": 1},
+        {"name": "advantages", "rank": 1},
+        {"name": "scale", "rank": 0},
+    ]
+    nodes = [
+        {"op": "placeholder", "name": i["name"], "target": i["name"], "args": [], "kwargs": {}}
+        for i in inputs
+    ]
+    for name, op, target, args in (
+        ("product", "call_function", "operator.mul", [{"ref": "logprobs"}, {"ref": "advantages"}]),
+        ("total", "call_function", "torch.sum", [{"ref": "product"}]),
+        ("scaled", "call_function", "operator.mul", [{"ref": "total"}, {"ref": "scale"}]),
+        ("loss", "call_function", "operator.neg", [{"ref": "scaled"}]),
+        ("average", "call_method", "mean", [{"ref": "logprobs"}]),
+    ):
+        nodes.append({"op": op, "name": name, "target": target, "args": args, "kwargs": {}})
+    output = {"tuple": [{"ref": "loss"}, {"dict": {"custom/logprob:mean": {"ref": "average"}}}]}
+    nodes.append({"op": "output", "name": "output", "target": "output", "args": [output], "kwargs": {}})
+    rng = np.random.default_rng(seed)
+    rows = len(batch["input_ids"])
+    tensors = {
+        "input_ids": batch["input_ids"],
+        "target_tokens": batch["target_tokens"],
+        "attention_mask": batch["attention_mask"],
+        "advantages": rng.standard_normal(batch["input_ids"].shape).astype(np.float32)
+        * batch["attention_mask"],
+        # a per-datum scalar travels as one value per position; the loss reads the first
+        "scale": np.repeat(rng.uniform(0.5, 2.0, (rows, 1)), batch["input_ids"].shape[1], axis=1).astype(
+            np.float32
+        ),
+    }
+    custom = {"name": "policy", "inputs": inputs, "format": 1, "nodes": nodes}
+    return wire.encode_frame(tensors, {"loss_fn": "custom", "custom_loss": custom})
+
+
+def test_a_custom_loss_splits_across_two_ranks_as_one_process_computes_it(client: Client):
+    """A custom loss sums over datums as the built-in ones do: split 20 | 4 + 5 tokens, its loss, its `:mean`
+    metric over datums and its gradients are one process's."""
+    from cortex_nb.futures import APIFuture
+    from cortex_nb.protocol import wire
+
+    spec = {"lora": LORA, "optimizer": {"lr": LR}, "seed": SEED}
+    frame = _custom_loss_frame(_padded_batch([20, 4, 5], 24, seed=23), seed=7)
+    headers = {"Content-Type": wire.FRAME_CONTENT_TYPE}
+    assert _slots_in_use_once_settled(client) == 0
+    with (
+        client.create_training_job("tiny", **spec) as single,
+        client.create_training_job("tiny", n_gpus=2, **spec) as ranked,
+    ):
+        results = []
+        for job in (single, ranked):
+            submitted = client.api.call(
+                "forward_backward", {"job_id": job.job_id}, content=frame, headers=headers
+            )
+            results.append(
+                APIFuture(client.api, job.job_id, submitted["request_id"], "forward_backward").result()
+            )
+        one, two = results
+        assert [(r["datums"], r["tokens"]) for r in two["ranks"]] == [(1, 24), (2, 48)]
+        assert two["loss"] == pytest.approx(one["loss"], abs=1e-4)
+        assert set(two["metrics"]) == set(one["metrics"]) >= {"loss:sum", "custom/logprob:mean"}
+        for name, value in one["metrics"].items():
+            assert two["metrics"][name] == pytest.approx(value, rel=1e-5, abs=1e-5), name
+        assert ranked.step().result()["grad_norm"] == pytest.approx(
+            single.step().result()["grad_norm"], rel=1e-5
+        )
+
+
 def test_a_training_run_across_two_ranks_trains_as_one_process_does(client: Client):
     """`n_gpus: 2` in a `%%cortex train` spec: the backend's loop runs on both ranks, to the same curve."""
     spec = {
@@ -238,25 +312,42 @@ def test_a_resumable_checkpoint_of_two_ranks_resumes_on_two_ranks_and_on_one(cli
                 resumed.step().result()
 
 
-def test_weights_of_two_ranks_sync_to_a_one_device_sampler(client: Client):
-    """The trainer's ranks gather the whole adapter; the sampler ends up holding exactly what one process
-    trained (its state hash is the single-process trainer's)."""
+def test_weights_of_two_ranks_sync_to_a_one_device_sampler(client: Client, tmp_path):
+    """The trainer's ranks gather the whole adapter; the sampler ends up holding exactly what the ranks
+    trained. With one datum (rank 1 runs the zero-weight pass) that is bit for bit what one process trained
+    (its state hash is the single-process trainer's); with two datums split across the ranks, the gradient is
+    a sum in another order, so the adapter equals one process's to 1e-5, not bit for bit."""
     spec = {"lora": LORA, "optimizer": {"lr": LR}, "seed": SEED}
     batch = random_batches(1, TINY_VOCAB, rows=2, length=16, seed=4)[0]
+    one_datum = {name: value[:1] for name, value in batch.items()}
     assert _slots_in_use_once_settled(client) == 0
     with client.create_training_job("tiny", **spec) as single:
-        single.forward_backward(batch).result()
+        single.forward_backward(one_datum).result()
         single.step().result()
         single.save("one", checkpoint_type="weights-only").result()
         expected_hash = client.get_checkpoint(single.job_id, "one")["state_hash"]
+        single.forward_backward(batch).result()
+        single.step().result()
+        one_weights = load_file(single.export(tmp_path / "single") / "adapter_model.safetensors")
     assert _slots_in_use_once_settled(client) == 0
     with client.create_training_job("tiny", n_gpus=2, samplers=1, **spec) as job:
-        job.forward_backward(batch).result()
+        job.forward_backward(one_datum).result()
         job.step().result()
         result = job.sync_sampler().result()
         assert result["weight_version"] == 1
         assert result["source_hash"] == expected_hash
         assert [target["sub_job_id"] for target in result["targets"]] == ["sampling-0"]
+        split = job.forward_backward(batch).result()
+        assert [r["datums"] for r in split["ranks"]] == [1, 1]
+        job.step().result()
+        job.save("two", checkpoint_type="weights-only").result()
+        result = job.sync_sampler().result()
+        assert result["weight_version"] == 2
+        assert result["source_hash"] == client.get_checkpoint(job.job_id, "two")["state_hash"]
+        two_weights = load_file(job.export(tmp_path / "ranked") / "adapter_model.safetensors")
+    assert set(two_weights) == set(one_weights)
+    for name, value in one_weights.items():
+        torch.testing.assert_close(two_weights[name], value, atol=1e-5, rtol=0)
 
 
 def test_a_dead_rank_fails_the_sub_job_and_frees_every_slot(client: Client):
