@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from cortex_nb import BadRequestError, Client
 from cortex_nb.demo_data import addition_problems
+from cortex_nb.errors import RequestFailed
 
 from .backend_process import start_backend
 from .reference import ReferenceTrainer, reference_base, reference_lora
@@ -191,9 +192,10 @@ def test_odd_batches_split_across_two_ranks_equal_one_process(client: Client, tm
         assert not any("job_ranks" in sample for sample in client.get_job_metrics(single.job_id)["samples"])
 
 
-def _custom_loss_frame(batch: dict[str, np.ndarray], seed: int) -> bytes:
+def _custom_loss_frame(batch: dict[str, np.ndarray], seed: int, only_length: int | None = None) -> bytes:
     """A forward_backward frame with a custom loss (a graph as the Tinker SDK traces one): per datum
-    -scale * sum(logprobs * advantages), with a `:mean` metric over datums."""
+    -scale * sum(logprobs * advantages), with a `:mean` metric over datums. `only_length`: the loss first
+    reshapes a datum's logprobs to that many tokens, so it fails on a datum of any other length."""
     from cortex_nb.protocol import wire
 
     inputs = [
@@ -205,8 +207,20 @@ def _custom_loss_frame(batch: dict[str, np.ndarray], seed: int) -> bytes:
         {"op": "placeholder", "name": i["name"], "target": i["name"], "args": [], "kwargs": {}}
         for i in inputs
     ]
+    logprobs = {"ref": "logprobs"}
+    if only_length is not None:
+        nodes.append(
+            {
+                "op": "call_function",
+                "name": "exact",
+                "target": "torch.reshape",
+                "args": [logprobs, [only_length]],
+                "kwargs": {},
+            }
+        )
+        logprobs = {"ref": "exact"}
     for name, op, target, args in (
-        ("product", "call_function", "operator.mul", [{"ref": "logprobs"}, {"ref": "advantages"}]),
+        ("product", "call_function", "operator.mul", [logprobs, {"ref": "advantages"}]),
         ("total", "call_function", "torch.sum", [{"ref": "product"}]),
         ("scaled", "call_function", "operator.mul", [{"ref": "total"}, {"ref": "scale"}]),
         ("loss", "call_function", "operator.neg", [{"ref": "scaled"}]),
@@ -263,6 +277,31 @@ def test_a_custom_loss_splits_across_two_ranks_as_one_process_computes_it(client
         assert ranked.step().result()["grad_norm"] == pytest.approx(
             single.step().result()["grad_norm"], rel=1e-5
         )
+
+
+def test_a_loss_failing_on_one_ranks_slice_fails_the_request_on_every_rank(client: Client):
+    """A custom loss that fails only on rank 1's datums (lengths 4 and 5, where rank 0's is 20) fails the
+    request with rank 1's code and message instead of leaving rank 0 in a collective; the job then trains on."""
+    from cortex_nb.futures import APIFuture
+    from cortex_nb.protocol import wire
+
+    batch = _padded_batch([20, 4, 5], 24, seed=24)
+    frame = _custom_loss_frame(batch, seed=8, only_length=20)
+    headers = {"Content-Type": wire.FRAME_CONTENT_TYPE}
+    assert _slots_in_use_once_settled(client) == 0
+    with client.create_training_job("tiny", n_gpus=2, lora=LORA, seed=SEED) as ranked:
+        submitted = client.api.call(
+            "forward_backward", {"job_id": ranked.job_id}, content=frame, headers=headers
+        )
+        with pytest.raises(RequestFailed) as failed:
+            APIFuture(client.api, ranked.job_id, submitted["request_id"], "forward_backward").result(
+                timeout_s=120
+            )
+        assert failed.value.code == "custom_loss_failed"
+        assert "rank 1 of 2" in str(failed.value)
+        after = ranked.forward_backward(batch).result(timeout_s=120)
+        assert [r["datums"] for r in after["ranks"]] == [1, 2]
+        ranked.step().result(timeout_s=120)
 
 
 def test_a_training_run_across_two_ranks_trains_as_one_process_does(client: Client):
