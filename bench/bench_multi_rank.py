@@ -7,9 +7,10 @@ A Llama-shaped model with random weights (default ~80M parameters) gets LoRA r=1
 is trained the way a worker trains it (engine/trainer.py: forward_backward on a 4 x 128 batch, then an
 AdamW step), once as one process and once as two ranks (engine/sharding.py: fully_shard per block, then the
 root), each rank a process of its own with `--threads` threads. Per rank: the base's bytes it holds, its
-resident memory after loading and sharding (RSS), its peak RSS while training, and the median step time
-after a warm-up. Every rank runs the whole batch (no data parallelism), so two ranks do the same compute
-each plus the all-gathers and reduce-scatters: the figure to read is memory per rank.
+resident memory after loading and sharding (RSS), its peak RSS while training, the datums of the batch it
+computed, and the median step time after a warm-up. Each rank computes its slice of the batch
+(engine/data_parallel.py: 2 of the 4 datums), so two ranks do half the compute each plus the all-gathers and
+reduce-scatters; with `--threads` per rank, two ranks use twice the cores one process does.
 """
 
 from __future__ import annotations
@@ -65,10 +66,12 @@ def measure_rank(model_dir: str, steps: int, threads: int) -> dict:
         "target_tokens": ids[:, 1:],
         "weights": np.ones((4, 128), np.float32),
     }
-    times, losses = [], []
+    times, losses, datums = [], [], len(ids)
     for step in range(steps + 1):
         started = time.perf_counter()
         result, _ = trainer.forward_backward(batch, "cross_entropy", {})
+        if "ranks" in result:
+            datums = result["ranks"][sharding.rank()]["datums"]
         trainer.step()
         losses.append(result["loss"])
         if step:
@@ -80,6 +83,7 @@ def measure_rank(model_dir: str, steps: int, threads: int) -> dict:
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "step_s": statistics.median(times),
         "losses": losses,
+        "datums": datums,
     }
 
 
@@ -154,7 +158,7 @@ def main() -> None:
             f"2 ranks, rank {row['rank']}: base bytes {row['base_bytes'] / one['base_bytes']:.3f}x,"
             f" RSS {row['rss_bytes'] / one['rss_bytes']:.3f}x,"
             f" peak RSS {row['peak_rss_bytes'] / one['peak_rss_bytes']:.3f}x,"
-            f" step time {row['step_s'] / one['step_s']:.3f}x"
+            f" step time {row['step_s'] / one['step_s']:.3f}x, computed {row['datums']} of {one['datums']} datums"
         )
     gap = max(abs(a - b) for a, b in zip(one["losses"], two[0]["losses"], strict=True))
     print(f"largest loss difference, 2 ranks vs 1, over {len(one['losses'])} steps: {gap:.2e}")

@@ -7,7 +7,7 @@ from typing import Any
 
 from .auth import Principal
 from .jobs import JobManager
-from .monitor import Monitor
+from .monitor import RANK_MARK, Monitor
 from .store import Store
 
 MAX_PAGE = 10_000
@@ -20,16 +20,27 @@ PRIVATE_FIELDS = ("sub_jobs", "workers")
 def _job_view(sample: dict[str, Any], job_id: str) -> dict[str, Any]:
     """A stored sample as the job's owner sees it: the host's CPU/RAM, attributed to this job's
     sub-jobs only, plus the CPU and RAM of this job's own worker processes where they were measured
-    (`job_cpu_percent` on the host's scale, `job_ram_bytes`); absent, not zero, where they were not."""
+    (`job_cpu_percent` on the host's scale, `job_ram_bytes`, all ranks of a sub-job across devices together,
+    and each rank's own in `job_ranks`); absent, not zero, where they were not."""
     view = {key: value for key, value in sample.items() if key not in PRIVATE_FIELDS}
     prefix = job_id + "/"
     view["sub_job_ids"] = [
         entry[len(prefix) :] for entry in sample.get("sub_jobs", []) if entry.startswith(prefix)
     ]
-    own = [reading for name, reading in (sample.get("workers") or {}).items() if name.startswith(prefix)]
+    own = {
+        name: reading for name, reading in (sample.get("workers") or {}).items() if name.startswith(prefix)
+    }
     if own:
-        view["job_cpu_percent"] = round(sum(reading["cpu_percent"] for reading in own), 2)
-        view["job_ram_bytes"] = sum(reading["ram_bytes"] for reading in own)
+        view["job_cpu_percent"] = round(sum(reading["cpu_percent"] for reading in own.values()), 2)
+        view["job_ram_bytes"] = sum(reading["ram_bytes"] for reading in own.values())
+    ranks = [
+        {"sub_job_id": sub_job_id, "rank": int(rank), **reading}
+        for name, reading in own.items()
+        if RANK_MARK in name
+        for sub_job_id, rank in [name[len(prefix) :].split(RANK_MARK)]
+    ]
+    if ranks:  # a sub-job across devices: each of its ranks on this device, read on its own
+        view["job_ranks"] = sorted(ranks, key=lambda entry: (entry["sub_job_id"], entry["rank"]))
     return view
 
 
@@ -47,7 +58,11 @@ class DeviceMetrics:
         """
         job = self.jobs.visible_job(principal, job_id)
         limit = max(1, min(limit, MAX_PAGE))
-        devices = sorted({sub["device"] for sub in job["sub_jobs"] if sub["device"]})
+        devices = sorted(
+            {sub["device"] for sub in job["sub_jobs"] if sub["device"]}
+            # every rank's device of a sub-job across devices, not rank 0's only
+            | {rank["device"] for sub in job["sub_jobs"] for rank in (sub.get("info") or {}).get("ranks", [])}
+        )
         samples: list[dict[str, Any]] = []
         if job["started_at"] is not None and devices:
             after = max(since, job["started_at"])

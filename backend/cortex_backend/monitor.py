@@ -132,6 +132,10 @@ def gpu_metrics_note(devices: list[Device], reason: str | None) -> str | None:
     return f"no GPU metrics: {reason}"
 
 
+# How a rank's worker reading is named in a sample's `workers`: "job/sub_job#rank1".
+RANK_MARK = "#rank"
+
+
 class Monitor:
     def __init__(
         self,
@@ -140,6 +144,7 @@ class Monitor:
         interval_s: float = 1.0,
         retention_s: float = 86400.0,
         worker_pid: Callable[[str, str], int | None] | None = None,
+        rank_pids: Callable[[str, str], list[tuple[int, str, int]]] | None = None,
         sampler: DeviceSampler | None = None,
     ) -> None:
         self.store = store
@@ -154,6 +159,8 @@ class Monitor:
         self.gpu_metrics_note = gpu_metrics_note(devices, self.gpu_unavailable_reason)
         # The OS process serving a sub-job on this host (the executor's), for per-worker CPU/RAM.
         self.worker_pid = worker_pid
+        # Each rank's (rank, device, pid) of a sub-job across devices: every rank is read, on its own device.
+        self.rank_pids = rank_pids
         self._workers = WorkerReader()
         self.samples_taken = 0
         self.errors = 0
@@ -235,10 +242,19 @@ class Monitor:
             rows = self.store.active_sub_jobs()
             for row in rows:
                 placed.setdefault(row["device"], []).append(f"{row['job_id']}/{row['sub_job_id']}")
-            workers = self._read_workers(rows)
+            pids = self._worker_pids(rows)
+            for device, name in pids:
+                name = name.split(RANK_MARK)[0]
+                if name not in placed.setdefault(device, []):  # a rank on a device other than rank 0's
+                    placed[device].append(name)
+            readings = self._workers.read(set(pids.values()))
             for sample in samples:
                 sample["sub_jobs"] = placed.get(sample["device"], [])
-                measured = {name: workers[name] for name in sample["sub_jobs"] if name in workers}
+                measured = {
+                    name: readings[pid]
+                    for (device, name), pid in pids.items()
+                    if device == sample["device"] and pid in readings
+                }
                 if measured:
                     sample["workers"] = measured
         with self._lock:
@@ -255,17 +271,20 @@ class Monitor:
                 self.store.trim_device_samples(time.time() - self.retention_s)
         return samples
 
-    def _read_workers(self, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """ "job/sub_job" -> its worker's CPU and RAM, for the workers this host runs and could read."""
-        if self.worker_pid is None:
-            return {}
-        pids: dict[str, int] = {}
+    def _worker_pids(self, rows: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
+        """(device, "job/sub_job") -> the pid of its worker there, for the workers this host runs; each rank
+        of a sub-job across devices as (its device, "job/sub_job#rankN")."""
+        pids: dict[tuple[str, str], int] = {}
         for row in rows:
-            pid = self.worker_pid(row["job_id"], row["sub_job_id"])
-            if pid is not None:
-                pids[f"{row['job_id']}/{row['sub_job_id']}"] = pid
-        readings = self._workers.read(set(pids.values()))
-        return {name: readings[pid] for name, pid in pids.items() if pid in readings}
+            name = f"{row['job_id']}/{row['sub_job_id']}"
+            ranks = self.rank_pids(row["job_id"], row["sub_job_id"]) if self.rank_pids else []
+            for rank, device, pid in ranks:
+                pids[(device, f"{name}{RANK_MARK}{rank}")] = pid
+            if not ranks and self.worker_pid is not None:
+                pid = self.worker_pid(row["job_id"], row["sub_job_id"])
+                if pid is not None:
+                    pids[(row["device"], name)] = pid
+        return pids
 
     def latest(self) -> list[dict[str, Any]]:
         """The newest sample of each device, in device order."""

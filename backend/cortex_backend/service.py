@@ -183,6 +183,7 @@ class Service:
             settings.monitor_interval_s,
             settings.metrics_retention_s,
             worker_pid=self.executor.worker_pid,
+            rank_pids=self.executor.rank_pids,
             sampler=self.executor.device_sampler(),
         )
         self.device_metrics = DeviceMetrics(self.store, self.jobs, self.monitor)

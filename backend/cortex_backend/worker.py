@@ -112,7 +112,11 @@ class Worker:
         if self.trainer is not None:
             described["gradient_checkpointing"] = bool(spec.get("gradient_checkpointing"))
         if sharding.is_sharded():
+            from .engine.memory import peak_memory
+
+            # Each rank's own: the executor lists every rank's in the sub-job's `ranks`.
             described["sharding"] = {"strategy": "fsdp2", **sharding.describe()}
+            described.update(peak_memory(self.state.device))
         if self.sub_job_type in ("training", "sampling"):
             from .engine.sampling_engine import open_engine
 

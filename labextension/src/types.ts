@@ -846,6 +846,18 @@ export interface IMetricSample {
   job_cpu_percent?: number | null;
   /** this job's worker processes' resident memory */
   job_ram_bytes?: number | null;
+  /** each rank on this device of this job's sub-jobs across devices (in the job_ figures too) */
+  job_ranks?: IRankReading[] | null;
+}
+
+/** One rank's worker of a sub-job across devices (`n_gpus` > 1), read on its own. */
+export interface IRankReading {
+  sub_job_id: string;
+  rank: number;
+  /** this rank's worker process, on the host's scale */
+  cpu_percent: number;
+  /** this rank's worker process's resident memory */
+  ram_bytes: number;
 }
 
 export interface IHostMetrics {

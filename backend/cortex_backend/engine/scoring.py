@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .data_parallel import rank_shares, share_of
 from .losses import compute_loss, target_logprobs
 from .model_state import ModelState
 from .router_replay import recording_experts, replaying_experts, routed_experts
@@ -28,13 +29,23 @@ def forward(
     replay: np.ndarray | None = None,
     record_routes: bool = False,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """`replay` and `record_routes` as for forward_backward (engine/trainer.py)."""
+    """`replay` and `record_routes` as for forward_backward (engine/trainer.py). Across ranks each scores its
+    slice of the datums (engine/data_parallel.py)."""
     result: dict[str, Any] = {"weight_version": state.weight_version}
-    with state.inference(), replaying_experts(state.model, replay):
+    share = share_of(tensors)
+    local = share.local(tensors)
+    with state.inference(), replaying_experts(state.model, share.local_replay(replay)):
         with recording_experts(state.model, record_routes) as calls:
-            logits = model_logits(state, tensors)
+            logits = model_logits(state, local)
         routed = routed_experts(calls)
-        logprobs = target_logprobs(logits, state.as_tensor(tensors["target_tokens"], torch.long))
+        logprobs = target_logprobs(logits, state.as_tensor(local["target_tokens"], torch.long))
+        if share.split:  # each rank scored its rows: the whole batch's, in order, on every rank
+            logprobs = share.assemble(logprobs)
+            routed = {
+                name: share.assemble(torch.from_numpy(value).to(state.device), axis=1).cpu().numpy()
+                for name, value in routed.items()
+            }
+            result["ranks"] = rank_shares(share, tensors, state.device)
         if loss_fn is not None:
             loss_inputs = {name: state.as_tensor(value) for name, value in tensors.items()}
             loss, metrics = compute_loss(loss_fn, logprobs, loss_inputs, loss_fn_config or {})

@@ -1,7 +1,8 @@
 """A training sub-job over several ranks: torch FSDP2 (`fully_shard`) over the base and the adapter.
 
-Every rank of a sub-job receives the same requests (executors/local.py sends each to all of them), runs the
-same batch, and takes part in the same collectives; only rank 0's replies reach the service. FSDP2 keeps
+Every rank of a sub-job receives the same requests (executors/local.py sends each to all of them), computes
+its slice of each batch (engine/data_parallel.py), and takes part in the same collectives; only rank 0's
+replies reach the service. FSDP2 keeps
 each parameter, its gradient and its optimizer moments as a shard (a DTensor) on each rank and gathers a
 layer's weights only while that layer runs. Code that reads or writes whole tensors (checkpoints, weight
 sync) goes through `full` and `like`, which are plain pass-throughs in a sub-job of one rank.

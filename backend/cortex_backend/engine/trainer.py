@@ -9,13 +9,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from .data_parallel import Share, rank_memory, rank_shares, share_of
 from .errors import OperationError
 from .losses import compute_loss, target_logprobs
 from .memory import peak_memory, reset_peak
 from .model_state import ModelState
 from .router_replay import recording_experts, replaying_experts, routed_experts
 from .scoring import model_logits
-from .sharding import full
+from .sharding import full, is_sharded
 
 
 def set_training_mode(model: torch.nn.Module) -> None:
@@ -79,16 +80,31 @@ class Trainer:
         started = time.perf_counter()
         reset_peak(self.state.device)
         model = self.state.model
-        with replaying_experts(model, replay):
+        share = share_of(tensors)
+        local = share.local(tensors)
+        with replaying_experts(model, share.local_replay(replay)):
             with recording_experts(model, record_routes) as calls:
-                logits = model_logits(self.state, tensors)
-            targets = self.state.as_tensor(tensors["target_tokens"], torch.long)
+                logits = model_logits(self.state, local)
+            targets = self.state.as_tensor(local["target_tokens"], torch.long)
             logprobs = target_logprobs(logits, targets)
-            loss_inputs = {name: self.state.as_tensor(value) for name, value in tensors.items()}
-            loss, metrics = compute_loss(loss_fn, logprobs, loss_inputs, loss_fn_config)
+            loss_inputs = {name: self.state.as_tensor(value) for name, value in local.items()}
+            failure = None
+            if share.empty:  # a stand-in pass: it joins every collective and adds no gradient
+                loss, metrics = logits.float().sum() * 0.0, {}
+            else:
+                try:
+                    loss, metrics = compute_loss(loss_fn, logprobs, loss_inputs, loss_fn_config)
+                except Exception as exc:  # a custom loss can fail on one rank's datums only
+                    failure = exc
+            share.agree(failure, self.state.device)
             if self.nan_loss:
                 loss = loss * float("nan")
-            loss.backward()
+            (loss * share.gradient_scale if share.split else loss).backward()
+        routed = routed_experts(calls)
+        if share.split:
+            logprobs, routed, loss, metrics = self._whole_batch(
+                share, tensors, logprobs, routed, loss_fn, loss_fn_config
+            )
         elapsed = time.perf_counter() - started
         tokens = int(np.prod(tensors["input_ids"].shape))
         self.pending_batches += 1
@@ -109,9 +125,34 @@ class Trainer:
             "accumulated_batches": self.pending_batches,
             **peak_memory(self.state.device),
         }
+        if share.split:
+            result["ranks"] = rank_shares(share, tensors, self.state.device)
         if replay is not None:
             result["router_replay"] = {"layers": int(replay.shape[0]), "rows": int(replay.shape[1])}
-        return result, {"logprobs": logprobs.detach().float().cpu().numpy(), **routed_experts(calls)}
+        return result, {"logprobs": logprobs.detach().float().cpu().numpy(), **routed}
+
+    def _whole_batch(
+        self,
+        share: Share,
+        tensors: dict[str, np.ndarray],
+        logprobs: torch.Tensor,
+        routed: dict[str, np.ndarray],
+        loss_fn: str,
+        loss_fn_config: dict[str, Any],
+    ) -> tuple[torch.Tensor, dict[str, np.ndarray], torch.Tensor, dict[str, float]]:
+        """The whole batch's logprobs (and routed experts) from every rank's rows, and its loss and metrics
+        computed from them as one process computes them (no gradient: each rank's slice already gave its own)."""
+        whole = share.assemble(logprobs.detach())
+        routed = {
+            name: share.assemble(torch.from_numpy(value).to(self.state.device), axis=1).cpu().numpy()
+            for name, value in routed.items()
+        }
+        with torch.no_grad():
+            inputs = {name: self.state.as_tensor(value) for name, value in tensors.items()}
+            loss, metrics = compute_loss(loss_fn, whole, inputs, loss_fn_config)
+            if self.nan_loss:
+                loss = loss * float("nan")
+        return whole, routed, loss, metrics
 
     def step(
         self,
@@ -165,6 +206,8 @@ class Trainer:
             "tokens": self.pending_tokens,
             **peak_memory(self.state.device),
         }
+        if is_sharded():
+            result["ranks"] = rank_memory(self.state.device)
         total, largest, seen = self.pending_mismatch
         if seen:
             # Over every sampled token of the step's batches (a loss on the sampler's logprobs only).

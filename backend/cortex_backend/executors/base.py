@@ -106,6 +106,10 @@ class Executor(abc.ABC):
         """The OS process serving a sub-job, where there is one on this host."""
         return None
 
+    def rank_pids(self, job_id: str, sub_job_id: str) -> list[tuple[int, str, int]]:
+        """(rank, device, pid) of each rank of a sub-job across devices on this host; empty for any other."""
+        return []
+
     # devices ----------------------------------------------------------------------------------
     def current_devices(self) -> list[Device]:
         """The devices sub-jobs may be placed on now (they may change later: `devices_changed`)."""

@@ -66,6 +66,10 @@ class Slot:
     slot_bytes: int = 0
 
 
+# Of each rank's own ready info, what the sub-job's `ranks` shows per rank.
+RANK_INFO_FIELDS = ("device_name", "base_bytes", "peak_memory_bytes", "peak_memory_kind")
+
+
 @dataclass
 class RankGroup:
     """The worker processes of one sub-job across devices (engine/sharding.py), rank 0 first."""
@@ -74,14 +78,20 @@ class RankGroup:
     workers: list[WorkerProcess]
     ready_ranks: set[int] = field(default_factory=set)
     rank0_info: dict[str, Any] = field(default_factory=dict)
+    # What each rank reported about itself when ready (its shard's bytes, its memory after loading).
+    rank_infos: dict[int, dict[str, Any]] = field(default_factory=dict)
     # Set once the sub-job's end is reported (a crash or a failed start): later exits say nothing more.
     ended: bool = False
 
     def describe(self) -> list[dict[str, Any]]:
-        return [
-            {"rank": rank, "pid": worker.process.pid, "device": worker.device_id}
-            for rank, worker in enumerate(self.workers)
-        ]
+        described = []
+        for rank, worker in enumerate(self.workers):
+            own = self.rank_infos.get(rank, {})
+            described.append(
+                {"rank": rank, "pid": worker.process.pid, "device": worker.device_id}
+                | {key: own[key] for key in RANK_INFO_FIELDS if key in own}
+            )
+        return described
 
 
 def free_port() -> int:
@@ -386,6 +396,12 @@ class LocalExecutor(Executor):
         worker = self._workers.get((job_id, sub_job_id))
         return worker.process.pid if worker else None
 
+    def rank_pids(self, job_id: str, sub_job_id: str) -> list[tuple[int, str, int]]:
+        worker = self._workers.get((job_id, sub_job_id))
+        if worker is None or worker.group is None:
+            return []
+        return [(rank, each.device_id, each.process.pid) for rank, each in enumerate(worker.group.workers)]
+
     def deliver(self, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes) -> None:
         worker = self._workers.get((job_id, sub_job_id))
         if worker is not None:
@@ -504,6 +520,7 @@ class LocalExecutor(Executor):
             return
         if kind == messages.Ready.kind:
             group.ready_ranks.add(worker.rank)
+            group.rank_infos[worker.rank] = header.get("info") or {}
             if worker.rank == 0:
                 group.rank0_info = header.get("info") or {}
             if len(group.ready_ranks) < len(group.workers) or group.ended:

@@ -10,6 +10,15 @@ from .base import WAIT_BOUND_TEXT, Cursor, Query, Reply, Seconds, WaitSeconds
 from .meta import DeviceView
 
 
+class RankReading(Reply):
+    """One rank's worker of a sub-job across devices (`n_gpus` > 1), read on its own."""
+
+    sub_job_id: str
+    rank: int
+    cpu_percent: float = Field(description="this rank's worker process, on the host's scale")
+    ram_bytes: int = Field(description="this rank's worker process's resident memory")
+
+
 class MetricSample(Reply):
     """One monitor sample of one device. Fields a host cannot measure are absent, never zero."""
 
@@ -30,6 +39,10 @@ class MetricSample(Reply):
     )
     job_ram_bytes: int | None = Field(
         default=None, description="this job's worker processes' resident memory"
+    )
+    job_ranks: list[RankReading] | None = Field(
+        default=None,
+        description="each rank on this device of this job's sub-jobs across devices (in the job_ figures too)",
     )
 
 
