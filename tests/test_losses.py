@@ -228,6 +228,10 @@ def test_the_backend_takes_k_targets_per_position_for_cross_entropy_only():
         narrow = dict(wide, weights=np.ones((1, 3, 2), np.float32))
         validate_token_batch(narrow, spec.tensors, Info, 8, spec.multi_target, spec.wide, spec.name)
     assert info.value.code == "invalid_batch" and info.value.detail["field"] == "weights"
+    with pytest.raises(ApiError) as info:
+        long = dict(wide, target_tokens=np.ones((1, 4, 4), np.int64), weights=np.ones((1, 4, 4), np.float32))
+        validate_token_batch(long, spec.tensors, Info, 8, spec.multi_target, spec.wide, spec.name)
+    assert info.value.code == "invalid_batch" and info.value.detail["field"] == "target_tokens"
     ppo = LOSSES["ppo"]
     batch = {**wide, "logprobs": np.zeros((1, 3), np.float32), "advantages": np.ones((1, 3), np.float32)}
     with pytest.raises(ApiError) as info:

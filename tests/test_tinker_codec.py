@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 from cortex_backend.compat.tinker import messages, translate
 
+from cortex_nb.protocol import wire
+from cortex_nb.protocol.errors import ApiError
+
 from .tinker_fixtures import NEEDS_SDK
 
 pytestmark = NEEDS_SDK
@@ -89,8 +92,6 @@ def test_what_we_write_the_sdk_reads():
 def test_datums_of_different_k_travel_as_one_padded_frame_and_come_back_in_their_own_shapes():
     from tinker.proto.response_conv import deserialize_forward_backward_output
 
-    from cortex_nb.protocol import wire
-
     data = [
         messages.Datum(np.array([1, 2, 3]), {"target_tokens": np.array([[2, 5], [3, 6], [4, 7]])}),
         messages.Datum(
@@ -119,6 +120,28 @@ def test_datums_of_different_k_travel_as_one_padded_frame_and_come_back_in_their
     np.testing.assert_array_equal(got[0], logprobs[0, :, :2])
     np.testing.assert_array_equal(got[1], logprobs[1, :2, 0])
     np.testing.assert_array_equal(got[2], logprobs[2, :2])
+
+
+def test_a_custom_loss_takes_its_inputs_at_their_declared_ranks_with_one_k_a_request():
+    custom = {"name": "distill", "inputs": [{"name": "logprobs", "rank": 2}, {"name": "teacher", "rank": 2}]}
+
+    def datum(k: int, teacher_shape: tuple[int, ...]) -> messages.Datum:
+        targets = np.arange(3 * k).reshape(3, k) % 50
+        return messages.Datum(
+            np.array([1, 2, 3]), {"target_tokens": targets, "teacher": np.zeros(teacher_shape, np.float32)}
+        )
+
+    frame, _, widths = translate.datums_to_frame([datum(2, (3, 5))], "custom", {}, {}, custom)
+    tensors, _ = wire.decode_frame(frame)
+    assert tensors["target_tokens"].shape == (1, 3, 2) and tensors["teacher"].shape == (1, 3, 5)
+    assert widths == [2]
+    with pytest.raises(ApiError) as refused:
+        translate.datums_to_frame([datum(2, (3, 5)), datum(2, (3, 4))], "custom", {}, {}, custom)
+    assert refused.value.code == "invalid_batch" and "teacher" in refused.value.detail["field"]
+    with pytest.raises(ApiError) as refused:
+        translate.datums_to_frame([datum(2, (3,))], "custom", {}, {}, custom)
+    assert refused.value.detail["field"] == "data[0].loss_fn_inputs.teacher"
+    assert "declares it rank 2" in refused.value.message
 
 
 def test_a_zstd_body_is_bounded_before_it_is_decompressed():

@@ -226,6 +226,13 @@ def _check_shape(
         )
     if name in multi_target and targets_wide:
         expected = list(tensors["target_tokens"].shape)
+        if expected[:2] != batch:
+            raise ApiError(
+                "invalid_batch",
+                f"tensor 'target_tokens' has shape {expected}; with K targets per position it must be"
+                f" [batch, length, K] with [batch, length] = {batch}",
+                {"field": "target_tokens"},
+            )
         if shape != expected:
             raise ApiError(
                 "invalid_batch",
