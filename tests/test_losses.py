@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from cortex_backend.engine.losses import REGISTRY, compute_loss
+from cortex_backend.engine.losses import REGISTRY, compute_loss, target_logprobs
 from cortex_backend.validation import validate_loss, validate_token_batch
 
 from cortex_nb.client import as_batch
@@ -195,3 +195,46 @@ def test_the_client_casts_with_the_tensor_specs_and_the_backend_checks_them():
             {k: v for k, v in batch.items() if k != "weights"}, LOSSES["cross_entropy"].tensors, Info, 8
         )
     assert info.value.detail["missing"] == ["weights"]
+
+
+def test_k_targets_per_position_score_as_the_log_softmax_and_one_target_stays_as_before():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11, dtype=torch.float64).float()
+    targets = torch.randint(0, 11, (2, 5, 3))
+    wide = target_logprobs(logits, targets)
+    expected = torch.log_softmax(logits, dim=-1).gather(-1, targets)
+    torch.testing.assert_close(wide, expected, rtol=0, atol=1e-6)
+    # the [B, T] path gives the same numbers as column 0 of the [B, T, K] one
+    torch.testing.assert_close(target_logprobs(logits, targets[..., 0]), wide[..., 0], rtol=0, atol=1e-6)
+    weights = torch.rand(2, 5, 3)
+    loss, metrics = compute_loss("cross_entropy", wide, {"weights": weights}, {})
+    assert loss.item() == pytest.approx(-(weights * expected).sum().item(), rel=1e-6)
+    assert metrics["weights:sum"] == pytest.approx(weights.sum().item(), rel=1e-6)
+
+
+def test_the_backend_takes_k_targets_per_position_for_cross_entropy_only():
+    class Info:
+        name, vocab_size = "tiny", 259
+
+    ids = np.array([[1, 2, 3]], np.int64)
+    wide = {
+        "input_ids": ids,
+        "target_tokens": np.ones((1, 3, 4), np.int64),
+        "weights": np.ones((1, 3, 4), np.float32),
+    }
+    spec = LOSSES["cross_entropy"]
+    validate_token_batch(wide, spec.tensors, Info, 8, spec.multi_target, spec.wide, spec.name)
+    with pytest.raises(ApiError) as info:
+        narrow = dict(wide, weights=np.ones((1, 3, 2), np.float32))
+        validate_token_batch(narrow, spec.tensors, Info, 8, spec.multi_target, spec.wide, spec.name)
+    assert info.value.code == "invalid_batch" and info.value.detail["field"] == "weights"
+    with pytest.raises(ApiError) as info:
+        long = dict(wide, target_tokens=np.ones((1, 4, 4), np.int64), weights=np.ones((1, 4, 4), np.float32))
+        validate_token_batch(long, spec.tensors, Info, 8, spec.multi_target, spec.wide, spec.name)
+    assert info.value.code == "invalid_batch" and info.value.detail["field"] == "target_tokens"
+    ppo = LOSSES["ppo"]
+    batch = {**wide, "logprobs": np.zeros((1, 3), np.float32), "advantages": np.ones((1, 3), np.float32)}
+    with pytest.raises(ApiError) as info:
+        validate_token_batch(batch, ppo.tensors, Info, 8, ppo.multi_target, ppo.wide, ppo.name)
+    assert info.value.code == "unsupported_operation" and info.value.detail["field"] == "target_tokens"
+    assert "ppo takes one value per position" in info.value.message

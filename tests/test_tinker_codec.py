@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cortex_backend.compat.tinker import messages
+from cortex_backend.compat.tinker import messages, translate
+
+from cortex_nb.protocol import wire
+from cortex_nb.protocol.errors import ApiError
 
 from .tinker_fixtures import NEEDS_SDK
 
@@ -84,6 +87,61 @@ def test_what_we_write_the_sdk_reads():
         ([7], [-1.0], "length"),
     ]
     assert sample.prompt_logprobs == [None, -2.0, -0.5]
+
+
+def test_datums_of_different_k_travel_as_one_padded_frame_and_come_back_in_their_own_shapes():
+    from tinker.proto.response_conv import deserialize_forward_backward_output
+
+    data = [
+        messages.Datum(np.array([1, 2, 3]), {"target_tokens": np.array([[2, 5], [3, 6], [4, 7]])}),
+        messages.Datum(
+            np.array([1, 2]), {"target_tokens": np.array([2, 3]), "weights": np.array([0.5, 1.0])}
+        ),
+        messages.Datum(np.array([4, 5]), {"target_tokens": np.array([[5, 6, 7], [8, 9, 1]])}),
+    ]
+    frame, lengths, widths = translate.datums_to_frame(data, "cross_entropy", {}, {})
+    tensors, _ = wire.decode_frame(frame)
+    assert tensors["target_tokens"].shape == tensors["weights"].shape == (3, 3, 3)
+    # defaults (weight 1) only where a datum has a target; a [T] datum's targets in column 0; the rest weight 0
+    np.testing.assert_array_equal(tensors["weights"][0], [[1, 1, 0], [1, 1, 0], [1, 1, 0]])
+    np.testing.assert_array_equal(tensors["weights"][1], [[0.5, 0, 0], [1, 0, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(tensors["target_tokens"][1, :, 0], [2, 3, 0])
+    assert (lengths, widths) == ([3, 2, 2], [2, 0, 3])
+
+    logprobs = -np.arange(27, dtype=np.float32).reshape(3, 3, 3)
+    rows = translate.outputs_from_frame(wire.encode_frame({"logprobs": logprobs}), lengths, widths)[
+        "logprobs"
+    ]
+    output = deserialize_forward_backward_output(
+        messages.encode_forward_backward_output({"logprobs": rows}, 3, {})
+    )
+    got = [out["logprobs"].to_numpy() for out in output.loss_fn_outputs]
+    assert [g.shape for g in got] == [(3, 2), (2,), (2, 3)]
+    np.testing.assert_array_equal(got[0], logprobs[0, :, :2])
+    np.testing.assert_array_equal(got[1], logprobs[1, :2, 0])
+    np.testing.assert_array_equal(got[2], logprobs[2, :2])
+
+
+def test_a_custom_loss_takes_its_inputs_at_their_declared_ranks_with_one_k_a_request():
+    custom = {"name": "distill", "inputs": [{"name": "logprobs", "rank": 2}, {"name": "teacher", "rank": 2}]}
+
+    def datum(k: int, teacher_shape: tuple[int, ...]) -> messages.Datum:
+        targets = np.arange(3 * k).reshape(3, k) % 50
+        return messages.Datum(
+            np.array([1, 2, 3]), {"target_tokens": targets, "teacher": np.zeros(teacher_shape, np.float32)}
+        )
+
+    frame, _, widths = translate.datums_to_frame([datum(2, (3, 5))], "custom", {}, {}, custom)
+    tensors, _ = wire.decode_frame(frame)
+    assert tensors["target_tokens"].shape == (1, 3, 2) and tensors["teacher"].shape == (1, 3, 5)
+    assert widths == [2]
+    with pytest.raises(ApiError) as refused:
+        translate.datums_to_frame([datum(2, (3, 5)), datum(2, (3, 4))], "custom", {}, {}, custom)
+    assert refused.value.code == "invalid_batch" and "teacher" in refused.value.detail["field"]
+    with pytest.raises(ApiError) as refused:
+        translate.datums_to_frame([datum(2, (3,))], "custom", {}, {}, custom)
+    assert refused.value.detail["field"] == "data[0].loss_fn_inputs.teacher"
+    assert "declares it rank 2" in refused.value.message
 
 
 def test_a_zstd_body_is_bounded_before_it_is_decompressed():

@@ -172,7 +172,7 @@ def test_graphs_outside_the_allow_list_are_refused_with_the_node(backend, tinker
     assert error["detail"]["node"] == nodes[1]["name"]
 
 
-def test_a_huge_graph_and_unserved_ranks_are_refused(backend, tinker_key, service_client):
+def test_a_huge_graph_and_an_unserved_rank_are_refused(backend, tinker_key, service_client):
     session_id = service_client.holder.get_session_id()
     chain = [placeholder()] + [
         call(f"n{i}", "torch.exp", {"ref": "logprobs" if i == 0 else f"n{i - 1}"}) for i in range(5000)
@@ -180,7 +180,7 @@ def test_a_huge_graph_and_unserved_ranks_are_refused(backend, tinker_key, servic
     answer = upload(backend, tinker_key, session_id, 101, [*chain, output("n4999")])
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "custom_loss_refused"
     assert "512" in answer.json()["error"]["message"]
-    ranked = [{"name": "logprobs", "rank": 1}, {"name": "ranks", "rank": 2}]
+    ranked = [{"name": "logprobs", "rank": 1}, {"name": "ranks", "rank": 3}]
     answer = upload(backend, tinker_key, session_id, 102, [placeholder(), output("logprobs")], ranked)
     assert answer.status_code == 400 and answer.json()["error"]["detail"]["field"] == "inputs[1].rank"
     # a reference to a node that comes later (or never) is refused before anything runs

@@ -16,6 +16,7 @@ from typing import Any
 
 from cortex_nb.protocol import routes, states, wire
 from cortex_nb.protocol.errors import ApiError
+from cortex_nb.protocol.losses import LOSSES
 from cortex_nb.protocol.schemas.base import parse
 from cortex_nb.protocol.schemas.data_plane import LoadBody, SaveBody
 
@@ -163,7 +164,15 @@ class RequestManager:
         info = self.catalog.get(call.sub["spec"]["base_model"])
         tensors, metadata = wire.decode_frame(call.body, copy=False)
         loss, config = validate_loss(metadata)
-        validate_token_batch(tensors, loss.tensors, info, max_seq_len(call.sub, self.catalog))
+        validate_token_batch(
+            tensors,
+            loss.tensors,
+            info,
+            max_seq_len(call.sub, self.catalog),
+            loss.multi_target,
+            loss.wide,
+            loss.name,
+        )
         # Tokens trained on (the attention-mask sum): what the job's progress record counts.
         mask = tensors.get("attention_mask")
         tokens = int(mask.sum()) if mask is not None else int(tensors["input_ids"].size)
@@ -206,12 +215,17 @@ class RequestManager:
         info = self.catalog.get(call.sub["spec"]["base_model"])
         tensors, metadata = wire.decode_frame(call.body, copy=False)
         params: dict[str, Any] = {}
-        required: tuple[str, ...] = ("target_tokens",)
+        # Scoring alone takes K targets per position as cross_entropy does (weights, if sent, of their shape).
+        scoring = LOSSES["cross_entropy"]
+        required, multi_target, wide, name = ("target_tokens",), scoring.multi_target, (), "forward"
         if metadata.get("loss_fn") is not None:
             # a Tinker `forward` with a loss: the loss's value and logprobs, no gradients
             loss, params["loss_fn_config"] = validate_loss(metadata)
             params["loss_fn"], required = loss.name, loss.tensors
-        validate_token_batch(tensors, required, info, max_seq_len(call.sub, self.catalog))
+            multi_target, wide, name = loss.multi_target, loss.wide, loss.name
+        validate_token_batch(
+            tensors, required, info, max_seq_len(call.sub, self.catalog), multi_target, wide, name
+        )
         if metadata.get("adapter") is not None:
             params["adapter"] = self.checkpoints.prepare_adapter(
                 call.request_id, call.principal, call.job, call.sub, metadata["adapter"]

@@ -155,10 +155,17 @@ def _int_tensor(tensors: dict[str, np.ndarray], name: str) -> np.ndarray:
 
 
 def validate_token_batch(
-    tensors: dict[str, np.ndarray], required: tuple[str, ...], info: ModelInfo, max_seq_len: int
+    tensors: dict[str, np.ndarray],
+    required: tuple[str, ...],
+    info: ModelInfo,
+    max_seq_len: int,
+    multi_target: tuple[str, ...] = (),
+    wide: tuple[str, ...] = (),
+    loss_name: str = "this loss",
 ) -> None:
     """The tensors a loss needs (its `LossSpec`) are there with their dtypes, every one has input_ids'
-    [batch, length] shape, token ids exist in the vocabulary, and the length fits the sub-job."""
+    [batch, length] shape (or [batch, length, K]: `multi_target` ones may, all of one shape; `wide` ones must),
+    token ids exist in the vocabulary, and the length fits the sub-job."""
     names = ("input_ids", *required)
     missing = [name for name in names if name not in tensors]
     if missing:
@@ -173,15 +180,12 @@ def validate_token_batch(
             "invalid_batch",
             f"input_ids must be a non-empty [batch, length] matrix, got shape {list(input_ids.shape)}",
         )
-    for name in (*required, "attention_mask"):
+    targets = tensors.get("target_tokens")
+    targets_wide = targets is not None and targets.ndim == 3
+    for name in (*required, "attention_mask", "weights"):
         if name not in tensors:
             continue
-        if tensors[name].shape != input_ids.shape:
-            raise ApiError(
-                "invalid_batch",
-                f"tensor '{name}' has shape {list(tensors[name].shape)} but input_ids has {list(input_ids.shape)}; they must match",
-                {"field": name},
-            )
+        _check_shape(tensors, name, multi_target, wide, targets_wide, loss_name)
         spec = TENSORS.get(name)  # a custom loss's own inputs are float32
         if spec is not None and spec.integer:
             _int_tensor(tensors, name)
@@ -202,6 +206,58 @@ def validate_token_batch(
     for name, array in tensors.items():
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             raise ApiError("invalid_batch", f"tensor '{name}' holds NaN or infinite values", {"field": name})
+
+
+def _check_shape(
+    tensors: dict[str, np.ndarray],
+    name: str,
+    multi_target: tuple[str, ...],
+    wide: tuple[str, ...],
+    targets_wide: bool,
+    loss_name: str,
+) -> None:
+    shape, batch = list(tensors[name].shape), list(tensors["input_ids"].shape)
+    if len(shape) == 3 and name not in multi_target and name not in wide:
+        raise ApiError(
+            "unsupported_operation",
+            f"tensor '{name}' has shape {shape}: {loss_name} takes one value per position ({batch}); several"
+            " targets per position ([batch, length, K]) are served by cross_entropy and by custom losses",
+            {"field": name},
+        )
+    if name in multi_target and targets_wide:
+        expected = list(tensors["target_tokens"].shape)
+        if expected[:2] != batch:
+            raise ApiError(
+                "invalid_batch",
+                f"tensor 'target_tokens' has shape {expected}; with K targets per position it must be"
+                f" [batch, length, K] with [batch, length] = {batch}",
+                {"field": "target_tokens"},
+            )
+        if shape != expected:
+            raise ApiError(
+                "invalid_batch",
+                f"tensor '{name}' has shape {shape} but target_tokens has {expected}; with K targets per"
+                " position they must match",
+                {"field": name},
+            )
+        if expected[2] == 0:
+            raise ApiError("invalid_batch", "target_tokens has K = 0 targets per position", {"field": name})
+        return
+    if name in wide:
+        if len(shape) != 3 or shape[:2] != batch or shape[2] == 0:
+            raise ApiError(
+                "invalid_batch",
+                f"tensor '{name}' has shape {shape}; it must be [batch, length, K] with [batch, length] = {batch}"
+                " (a rank-2 input of the custom loss)",
+                {"field": name},
+            )
+        return
+    if shape != batch:
+        raise ApiError(
+            "invalid_batch",
+            f"tensor '{name}' has shape {shape} but input_ids has {batch}; they must match",
+            {"field": name},
+        )
 
 
 def validate_loss(metadata: dict[str, Any]) -> tuple[LossSpec, dict[str, Any]]:

@@ -18,7 +18,7 @@ from .losses import LossSpec
 CUSTOM_LOSS = "custom"
 MAX_NODES = 512
 MAX_INPUTS = 16  # logprobs included, as the SDK allows
-SERVED_RANKS = (0, 1)  # a scalar or one value per token; [T, K] inputs need multi-target logprobs, not served
+SERVED_RANKS = (0, 1, 2)  # a scalar, one value per token ([T]) or K values per token ([T, K])
 MAX_ARGUMENT_DEPTH = 6
 MAX_ARGUMENT_ITEMS = 64
 MAX_STRING = 64
@@ -152,12 +152,16 @@ def validate_custom_loss(name: Any, inputs: Any, graph: Any) -> dict[str, Any]:
 
 
 def custom_loss_spec(loss: dict[str, Any]) -> LossSpec:
-    """The LossSpec of one validated custom loss: the tensors its frame carries and the metrics it reports."""
+    """The LossSpec of one validated custom loss: the tensors its frame carries (rank-2 ones, and target_tokens
+    under rank-2 logprobs, as [batch, length, K]) and the metrics it reports."""
+    logprobs, *inputs = loss["inputs"]
+    wide = ("target_tokens",) if logprobs["rank"] == 2 else ()
     return LossSpec(
         CUSTOM_LOSS,
         f"loss = sum over datums of {loss['name']}(logprobs, ...)",
-        ("target_tokens", *(i["name"] for i in loss["inputs"][1:] if i["name"] != "target_tokens")),
+        ("target_tokens", *(i["name"] for i in inputs if i["name"] != "target_tokens")),
         metrics=("loss:sum", *loss["metrics"]),
+        wide=(*wide, *(i["name"] for i in inputs if i["rank"] == 2 and i["name"] != "target_tokens")),
     )
 
 
@@ -178,10 +182,15 @@ def _inputs(inputs: Any) -> list[dict[str, Any]]:
             )
         if (i == 0) != (name == "logprobs"):
             raise refused("inputs: logprobs comes first, and only first", field=f"inputs[{i}]")
-        if rank not in SERVED_RANKS or (i == 0 and rank != 1):
+        if rank not in SERVED_RANKS or isinstance(rank, bool) or (i == 0 and rank == 0):
             raise refused(
-                f"inputs[{i}].rank: {rank!r} is not served; inputs here are rank 0 (a scalar) or 1 (one value"
-                " per token), logprobs rank 1",
+                f"inputs[{i}].rank: {rank!r} is not served; inputs here are rank 0 (a scalar), 1 (one value"
+                " per token) or 2 (K values per token), logprobs rank 1 or 2 (as its target_tokens)",
+                field=f"inputs[{i}].rank",
+            )
+        if name == "target_tokens" and rank != checked[0]["rank"]:
+            raise refused(
+                f"inputs[{i}].rank: target_tokens has the rank of logprobs ({checked[0]['rank']}), got {rank!r}",
                 field=f"inputs[{i}].rank",
             )
         names.add(name)

@@ -13,8 +13,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-# Every tensor of a batch is a [batch, length] matrix, like input_ids.
+# Every tensor of a batch is a [batch, length] matrix, like input_ids ...
 BATCH_SHAPE = ("batch", "length")
+# ... except where a loss takes several targets per position (top-k distillation): then its `multi_target`
+# tensors are [batch, length, K] arrays, all of one shape; position t, column k scores target_tokens[b, t, k].
+MULTI_TARGET_SHAPE = ("batch", "length", "targets")
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,11 @@ class LossSpec:
     tensors: tuple[str, ...]  # needed besides input_ids (and the optional attention_mask), named in TENSORS
     config: tuple[ConfigKey, ...] = ()
     metrics: tuple[str, ...] = ("loss:sum",)  # named with their reduction
+    # Tensors that may travel as [batch, length, K] (MULTI_TARGET_SHAPE), all of one shape, target_tokens among
+    # them; a loss without any takes one target per position.
+    multi_target: tuple[str, ...] = ()
+    # Tensors that always travel as [batch, length, K] (a custom loss's rank-2 inputs), each with its own K.
+    wide: tuple[str, ...] = ()
 
     @property
     def config_keys(self) -> dict[str, ConfigKey]:
@@ -105,9 +113,11 @@ LOSSES: dict[str, LossSpec] = {
     for spec in (
         LossSpec(
             "cross_entropy",
-            "loss = sum(weights * -logprob(target))",
+            "loss = sum(weights * -logprob(target)), over every position and, with [batch, length, K] targets,"
+            " every target of a position",
             ("target_tokens", "weights"),
             metrics=("loss:sum", "weights:sum"),
+            multi_target=("target_tokens", "weights"),
         ),
         LossSpec(
             "importance_sampling",

@@ -2,7 +2,8 @@
 by node, each name looked up in this module's own table (built from the allow-list, checked at import), so
 nothing the client sent is ever imported, evaluated or unpickled.
 
-Per datum, as the SDK runs it client-side: the loss takes the datum's logprobs and inputs, cut to its length;
+Per datum, as the SDK runs it client-side: the loss takes the datum's logprobs and inputs, cut to its length
+([T], or [T, K] for rank-2 ones: logprobs are [T, K] when target_tokens is);
 losses sum over datums; a `:sum` metric sums and a `:mean` metric averages over datums. A dry run on the
 `meta` device first checks every intermediate's size, so a graph cannot allocate more than a bound.
 """
@@ -117,6 +118,8 @@ def run_graph(
 def _datum_values(
     loss: dict[str, Any], logprobs: torch.Tensor, tensors: Tensors, row: int, length: int
 ) -> list[torch.Tensor]:
+    """One datum's logprobs and inputs as the SDK hands them to the loss: rank 1 cut to [length], rank 2 (a
+    [B, T, K] tensor, K values per position) to [length, K], rank 0 its scalar."""
     values = [logprobs[row, :length]]
     for spec in loss["inputs"][1:]:
         tensor = tensors[spec["name"]][row]

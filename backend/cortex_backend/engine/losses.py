@@ -21,8 +21,13 @@ LossResult = tuple[torch.Tensor, dict[str, float]]
 
 
 def target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(target) per position, in fp32, without materialising a [B, T, V] log-softmax copy."""
+    """log p(target) per position ([B, T] targets) or per position and target ([B, T, K] targets: K targets
+    per position, as top-k distillation sends), in fp32, without materialising a [B, T, V] log-softmax copy."""
     batch, length, vocab = logits.shape
+    if targets.ndim == 3:
+        # log_softmax(x)[k] = x[k] - logsumexp(x): one [B, T] normaliser, and only the K chosen logits.
+        logits = logits.float()
+        return logits.gather(-1, targets) - torch.logsumexp(logits, dim=-1, keepdim=True)
     return -torch.nn.functional.cross_entropy(
         logits.reshape(-1, vocab).float(), targets.reshape(-1), reduction="none"
     ).view(batch, length)

@@ -312,6 +312,7 @@ class TinkerFace:
     async def forward_backward(self, principal: Principal, request: ForwardBackwardRequest) -> dict[str, Any]:
         job = self.model_job(principal, request.model_id)
         lengths: list[int] = []
+        widths: list[int] = []
 
         def frame() -> tuple[bytes, None]:
             custom = (
@@ -319,15 +320,23 @@ class TinkerFace:
                 if request.loss_fn == CUSTOM_LOSS
                 else None
             )
-            body, found = translate.datums_to_frame(
+            body, found, found_widths = translate.datums_to_frame(
                 request.data, request.loss_fn, request.loss_fn_config, {}, custom
             )
             lengths.extend(found)
+            widths.extend(found_widths)
             return body, None
 
         op = "forward" if request.forward_only else "forward_backward"
         submitted = await self._numbered_async(principal, job, request.seq_id, op, frame)
-        future = self.future_for(principal, op, job["id"], submitted, lengths=np.asarray(lengths, np.int32))
+        future = self.future_for(
+            principal,
+            op,
+            job["id"],
+            submitted,
+            lengths=np.asarray(lengths, np.int32),
+            widths=np.asarray(widths, np.int32),
+        )
         return untyped_future(future, model_id=request.model_id)
 
     def optim_step(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:

@@ -166,26 +166,40 @@ def _decode_forward_backward(body: bytes) -> ForwardBackwardRequest:
 
 
 def _batched_float32(rows: list[np.ndarray]) -> Writer:
-    """A BatchedTensor: the rows' float32 values back to back, with byte offsets per row."""
+    """A BatchedTensor: the rows' float32 values back to back, with byte offsets per row, and the rows' shape
+    past their first dimension (K for [T, K] rows; the rows of one BatchedTensor share it)."""
     arrays = [np.ascontiguousarray(row, dtype=np.float32) for row in rows]
     offsets = np.concatenate([[0], np.cumsum([a.nbytes for a in arrays])]).astype(np.int64)
-    return (
+    tensor = (
         Writer()
         .bytes_field(1, b"".join(a.tobytes() for a in arrays))
         .bytes_field(2, offsets.tobytes())
         .varint(3, DTYPE_FLOAT32)
     )
+    for size in arrays[0].shape[1:] if arrays else ():
+        tensor.varint(4, size)
+    return tensor
 
 
 def encode_forward_backward_output(
     outputs: dict[str, list[np.ndarray]], num_datums: int, metrics: dict[str, float]
 ) -> bytes:
-    """ForwardBackwardOutput: one ArrayRecord with a per-datum float32 field per output name, and the metrics."""
-    record = Writer().string(1, "ArrayRecord")
-    for name, rows in outputs.items():
-        record.message(2, Writer().string(1, name).message(2, _batched_float32(rows)))
-    record.varint(3, num_datums)
-    message = Writer().string(1, "ArrayRecord").message(2, record)
+    """ForwardBackwardOutput: ArrayRecords with a per-datum float32 field per output name, and the metrics. One
+    record per run of consecutive datums whose outputs share a trailing shape ([T] rows, or [T, K] rows of one
+    K), as the SDK reads ragged outputs; a batch of one shape is one record."""
+    runs: list[list[int]] = []  # [first, past the last] datum of each record
+    for i in range(num_datums):
+        if runs and all(rows[i].shape[1:] == rows[runs[-1][0]].shape[1:] for rows in outputs.values()):
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    message = Writer().string(1, "ArrayRecord")
+    for start, end in runs or [[0, 0]]:
+        record = Writer().string(1, "ArrayRecord")
+        for name, rows in outputs.items():
+            record.message(2, Writer().string(1, name).message(2, _batched_float32(rows[start:end])))
+        record.varint(3, end - start)
+        message.message(2, record)
     for key, value in metrics.items():
         message.message(3, Writer().string(1, key).double(2, value))
     return message.bytes()

@@ -117,7 +117,11 @@ def _render(
     kind = future.kind
     if kind in ("forward_backward", "forward"):
         frame = face.service.requests.tensors(principal, future.job_id, future.request_id)
-        outputs = translate.outputs_from_frame(frame, future.render["lengths"].tolist())
+        outputs = translate.outputs_from_frame(
+            frame,
+            future.render["lengths"].tolist(),
+            future.render.get("widths", np.zeros(0)).tolist() or None,
+        )
         metrics = {
             key: float(value) for key, value in (result.get("metrics") or {}).items() if key.count(":") == 1
         }

@@ -9,7 +9,7 @@ import numpy as np
 
 from cortex_nb.protocol import wire
 from cortex_nb.protocol.errors import ApiError
-from cortex_nb.protocol.losses import LOSS_INPUTS, TENSORS
+from cortex_nb.protocol.losses import LOSS_INPUTS, LOSSES, TENSORS
 
 from .messages import Datum
 
@@ -80,56 +80,54 @@ def datums_to_frame(
     loss_fn_config: dict[str, Any],
     metadata: dict[str, Any],
     custom: dict[str, Any] | None = None,
-) -> tuple[bytes, list[int]]:
+) -> tuple[bytes, list[int], list[int]]:
     """Right-pad the datums into one [B, T] batch (attention 0 and every loss input 0 past each datum's end)
-    and encode it as our frame; return the frame and each datum's length. With `custom` (a validated custom
-    loss), the inputs are its own: a rank-0 input travels repeated along its datum's row."""
-    scalars: set[str] = set()
+    and encode it as our frame; return the frame, each datum's length, and each datum's K (0 where its
+    target_tokens is 1-D). [T, K] inputs (K targets per position) travel as [B, T, K], padded with weight 0 up
+    to the widest datum's K; a batch of cross_entropy datums may mix [T] and [T, K] targets. With `custom` (a
+    validated custom loss), the inputs are its own at their declared ranks: a rank-0 input travels repeated
+    along its datum's row, and each rank-2 input has one K across the request (the loss sees it unpadded)."""
+    ranks: dict[str, int] = {}
     if custom is None:
         required = check_loss(loss_fn)
+        multi_target = set(LOSSES[loss_fn].multi_target)
     else:
-        inputs = custom["inputs"][1:]
+        logprobs, *inputs = custom["inputs"]
         required = ("target_tokens", *(i["name"] for i in inputs if i["name"] != "target_tokens"))
-        scalars = {i["name"] for i in inputs if i["rank"] == 0}
+        ranks = {"target_tokens": logprobs["rank"], **{i["name"]: i["rank"] for i in inputs}}
+        multi_target = set()
     if not data:
         raise _bad("data: no datums were sent; forward_backward needs at least one", "data")
-    lengths = []
+    lengths, widths = [], []
+    columns: dict[str, set[int]] = {}  # the K each [T, K] input takes across the datums
     for i, datum in enumerate(data):
         length = len(datum.tokens)
         if length == 0:
             raise _bad(f"data[{i}].model_input has no tokens", f"data[{i}].model_input")
         for name, values in datum.loss_fn_inputs.items():
+            where = f"data[{i}].loss_fn_inputs.{name}"
             if name not in required:
-                raise _bad(
-                    f"data[{i}].loss_fn_inputs.{name}: {loss_fn} takes {list(required)}",
-                    f"data[{i}].loss_fn_inputs.{name}",
-                )
-            if name in scalars:
+                raise _bad(f"{where}: {loss_fn} takes {list(required)}", where)
+            if ranks.get(name) == 0:
                 if values.size != 1:
                     raise _bad(
-                        f"data[{i}].loss_fn_inputs.{name} has shape {list(values.shape)}; the custom loss takes it"
-                        " as a scalar (rank 0)",
-                        f"data[{i}].loss_fn_inputs.{name}",
+                        f"{where} has shape {list(values.shape)}; the custom loss takes it as a scalar (rank 0)",
+                        where,
                     )
                 continue
-            if values.ndim != 1:
-                raise _bad(
-                    f"data[{i}].loss_fn_inputs.{name} has shape {list(values.shape)}; this backend takes one value per"
-                    " token (1-D)",
-                    f"data[{i}].loss_fn_inputs.{name}",
-                    "unsupported_operation",
-                )
+            _check_rank(values, name, where, loss_fn, ranks.get(name), name in multi_target)
             if len(values) != length:
                 raise _bad(
-                    f"data[{i}].loss_fn_inputs.{name} has {len(values)} values but data[{i}].model_input has {length}"
-                    " tokens; every loss input needs one value per input token",
-                    f"data[{i}].loss_fn_inputs.{name}",
+                    f"{where} has {len(values)} values but data[{i}].model_input has {length}"
+                    " tokens; every loss input needs one value (or one row of K) per input token",
+                    where,
                 )
+            if values.ndim == 2:
+                if values.shape[1] == 0:
+                    raise _bad(f"{where} has shape {list(values.shape)}: K = 0 targets per position", where)
+                columns.setdefault(name, set()).add(values.shape[1])
             if name in INTEGER_INPUTS and values.dtype.kind not in "iu":
-                raise _bad(
-                    f"data[{i}].loss_fn_inputs.{name} must hold int64 token ids, got {values.dtype}",
-                    f"data[{i}].loss_fn_inputs.{name}",
-                )
+                raise _bad(f"{where} must hold int64 token ids, got {values.dtype}", where)
         missing = [
             name for name in required if name not in datum.loss_fn_inputs and (loss_fn, name) not in DEFAULTS
         ]
@@ -138,27 +136,94 @@ def datums_to_frame(
                 f"data[{i}].loss_fn_inputs lacks {missing}; {loss_fn} needs {list(required)}",
                 f"data[{i}].loss_fn_inputs",
             )
+        targets = datum.loss_fn_inputs["target_tokens"]
+        width = targets.shape[1] if targets.ndim == 2 else 0
+        for name in multi_target - {"target_tokens"}:
+            values = datum.loss_fn_inputs.get(name)
+            if values is not None and values.shape != targets.shape:
+                raise _bad(
+                    f"data[{i}].loss_fn_inputs.{name} has shape {list(values.shape)} but its target_tokens has"
+                    f" {list(targets.shape)}; with K targets per position they must match",
+                    f"data[{i}].loss_fn_inputs.{name}",
+                )
         lengths.append(length)
-    width, rows = max(lengths), len(data)
+        widths.append(width)
+    if custom is not None:
+        for name, found in columns.items():
+            if len(found) > 1:
+                raise _bad(
+                    f"data[*].loss_fn_inputs.{name}: the datums' K differ ({sorted(found)}); a custom loss takes"
+                    " one K per rank-2 input in a request, so send datums of other K in another request",
+                    f"data.loss_fn_inputs.{name}",
+                )
+    longest, rows = max(lengths), len(data)
     tensors = {
-        "input_ids": np.zeros((rows, width), np.int64),
-        "attention_mask": np.zeros((rows, width), np.int64),
+        "input_ids": np.zeros((rows, longest), np.int64),
+        "attention_mask": np.zeros((rows, longest), np.int64),
     }
+    wide = set(columns) | (multi_target if columns else set())
     for name in required:
-        tensors[name] = np.zeros((rows, width), np.int64 if name in INTEGER_INPUTS else np.float32)
+        # cross_entropy's target_tokens and weights share one K, the widest datum's (weights may be defaulted)
+        k = max(columns.get("target_tokens" if name in multi_target else name, {1}))
+        shape = (rows, longest, k) if name in wide else (rows, longest)
+        tensors[name] = np.zeros(shape, np.int64 if name in INTEGER_INPUTS else np.float32)
     for i, datum in enumerate(data):
         length = lengths[i]
         tensors["input_ids"][i, :length] = datum.tokens
         tensors["attention_mask"][i, :length] = 1
         for name in required:
-            value = datum.loss_fn_inputs.get(name, DEFAULTS.get((loss_fn, name)))
-            tensors[name][i, :length] = np.reshape(value, ()) if name in scalars else value
+            value = datum.loss_fn_inputs.get(name)
+            if value is None:  # a default: the target_tokens' shape
+                value = np.full(datum.loss_fn_inputs["target_tokens"].shape, DEFAULTS[(loss_fn, name)])
+            if ranks.get(name) == 0:
+                tensors[name][i, :length] = np.reshape(value, ())
+            elif name in wide:
+                value = (
+                    value if value.ndim == 2 else value[:, None]
+                )  # a [T] datum among [T, K] ones: column 0
+                tensors[name][i, :length, : value.shape[1]] = value
+            else:
+                tensors[name][i, :length] = value
     if custom is not None:
-        return wire.encode_frame(
-            tensors, {"loss_fn": loss_fn, "custom_loss": {**custom, "format": 1}}
-        ), lengths
+        return (
+            wire.encode_frame(tensors, {"loss_fn": loss_fn, "custom_loss": {**custom, "format": 1}}),
+            lengths,
+            widths,
+        )
     config = {key: value for key, value in loss_fn_config.items()}
-    return wire.encode_frame(tensors, {"loss_fn": loss_fn, "loss_fn_config": config, **metadata}), lengths
+    return (
+        wire.encode_frame(tensors, {"loss_fn": loss_fn, "loss_fn_config": config, **metadata}),
+        lengths,
+        widths,
+    )
+
+
+def _check_rank(
+    values: np.ndarray, name: str, where: str, loss_fn: str, declared: int | None, multi_target: bool
+) -> None:
+    """A loss input is [T] or [T, K]: [T, K] where a custom loss declares rank 2, and for cross_entropy's
+    target_tokens and weights (K targets per position); [T] everywhere else."""
+    if declared is not None:
+        if values.ndim != declared:
+            raise _bad(
+                f"{where} has shape {list(values.shape)}; the custom loss declares it rank {declared}"
+                + (" (target_tokens has the rank of logprobs)" if name == "target_tokens" else ""),
+                where,
+            )
+        return
+    if values.ndim == 2 and multi_target:
+        return
+    if values.ndim != 1:
+        raise _bad(
+            f"{where} has shape {list(values.shape)}; {loss_fn} takes one value per token (1-D)"
+            + (
+                "; several targets per position ([T, K]) are served by cross_entropy and custom losses"
+                if values.ndim == 2
+                else ""
+            ),
+            where,
+            "unsupported_operation",
+        )
 
 
 def step_body(params: Any) -> dict[str, Any]:
@@ -264,11 +329,21 @@ def sampling_params(
     return ours
 
 
-def outputs_from_frame(frame: bytes, lengths: list[int]) -> dict[str, list[np.ndarray]]:
-    """Our [B, T] logprobs back into one row per datum, each cut to the datum's own length."""
+def outputs_from_frame(
+    frame: bytes, lengths: list[int], widths: list[int] | None = None
+) -> dict[str, list[np.ndarray]]:
+    """Our [B, T] (or [B, T, K]) logprobs back into one row per datum, each cut to the datum's own length and
+    K: [T] where its target_tokens was 1-D (width 0), [T, K] where it was [T, K]."""
     tensors, _ = wire.decode_frame(frame)
     logprobs = tensors["logprobs"]
-    return {"logprobs": [logprobs[i, :length] for i, length in enumerate(lengths)]}
+    rows = []
+    for i, length in enumerate(lengths):
+        width = widths[i] if widths is not None else 0
+        if logprobs.ndim == 3:
+            rows.append(logprobs[i, :length, :width] if width else logprobs[i, :length, 0])
+        else:
+            rows.append(logprobs[i, :length])
+    return {"logprobs": rows}
 
 
 def lora_flags(target_modules: Any, model_type: str) -> dict[str, bool | None]:
