@@ -5,9 +5,9 @@ device, in a process group of their own (MASTER_ADDR=127.0.0.1, a free port, RAN
 rank receives the same requests; only rank 0's replies reach the service; each rank's log lines are
 tagged `[rank N]`; one rank's exit fails the sub-job (`worker_crashed`) and stops the others.
 
-By default a training sub-job becomes a slot of the adapter host of its (device, base model): one
-process holding the base weights once (adapter_host.py). With `isolation_per_job` every sub-job gets a
-process of its own, as do sampling and log-probability sub-jobs, and training sub-jobs whose base or
+With `adapter_host` a sub-job (training, sampling or log-probability) becomes a slot of the adapter host
+of its (device, base model): one process holding the base weights once (adapter_host.py). With
+`isolation_per_job` (the default) every sub-job gets a process of its own, as do sub-jobs whose base or
 engine a host cannot share.
 """
 
@@ -27,6 +27,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from cortex_nb.protocol import states
+
 from .. import ipc
 from .. import worker_messages as messages
 from ..devices import Device
@@ -44,6 +46,8 @@ from .environment import worker_environment
 log = logging.getLogger("cortex_backend.executors.base")
 
 
+# The sub-jobs an adapter host serves as slots: every type (a sampler's LoRA runs unmerged there).
+HOSTED_TYPES = states.SUB_JOB_TYPES
 # A blob larger than this is written to its worker a slice at a time (WorkerProcess.send).
 STREAMED_BLOB_BYTES = 1 << 20
 STREAM_SLICE_BYTES = 1 << 20
@@ -148,7 +152,7 @@ class WorkerProcess:
 
 class LocalExecutor(Executor):
     """Worker processes on this host, plus warm spares per device; with `adapter_host`, one shared process
-    per (device, base model) for training sub-jobs (adapter_host.py)."""
+    per (device, base model) for its sub-jobs (adapter_host.py)."""
 
     def __init__(
         self,
@@ -201,13 +205,13 @@ class LocalExecutor(Executor):
         return described
 
     def hosted(self, assignment: SubJobAssignment) -> bool:
-        """Whether a sub-job becomes an adapter host's slot: training, on the built-in sampling engine, on a
-        base in the device's own precision (a quantized base keeps a process of its own; a sub-job across devices
-        has its own ranks)."""
+        """Whether a sub-job becomes an adapter host's slot: any type, on the built-in sampling engine (a
+        hosted sampler runs its adapter unmerged over the shared base), on a base in the device's own
+        precision (a quantized base keeps a process of its own; a sub-job across devices has its own ranks)."""
         return (
             self.adapter_host
             and not assignment.rank_devices
-            and assignment.sub_job_type == "training"
+            and assignment.sub_job_type in HOSTED_TYPES
             and assignment.device.sampler in ("", "transformers", None)
             and not assignment.model.quantization
         )
