@@ -29,7 +29,9 @@ def base_digest(model: torch.nn.Module) -> str:
     named = dict(model.named_buffers())
     named.update((name, p) for name, p in model.named_parameters() if "lora_" not in name)
     for name in sorted(named):
-        digest.update(name.encode() + named[name].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(
+            name.encode() + named[name].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+        )
     return digest.hexdigest()
 
 

@@ -133,7 +133,7 @@ export function adapterHostLines(capacity: ICapacity | null): string[] {
   const hosts = capacity?.executor?.adapter_hosts ?? [];
   return hosts.map(
     host =>
-      `adapter host ${host.device} · ${host.base_model}: ${host.slots} training slot(s) on one base` +
+      `adapter host ${host.device} · ${host.base_model}: ${host.slots} slot(s) on one base` +
       ` (${formatBytes(host.base_bytes)} held once; slots add ${formatBytes(host.slots_bytes)})`
   );
 }
