@@ -240,7 +240,7 @@ def greedy_matches(reference, samples: list[dict]) -> None:
 
 
 def test_a_jobs_samplers_are_slots_that_sample_its_adapter_unmerged_and_leave_the_base(
-    host_client: Client, client: Client
+    host_client: Client, client: Client, host_backend
 ):
     """Training, sampling and log-probability sub-jobs of one job, and a neighbour's training job, in one host
     process. The sampler samples the trainer's adapter after a weight sync, as transformers' generate on the
@@ -302,7 +302,12 @@ def test_a_jobs_samplers_are_slots_that_sample_its_adapter_unmerged_and_leave_th
         infos = {sub["sub_job_id"]: sub["info"] for sub in host_client.get_job(job.job_id)["sub_jobs"]}
         infos["neighbour"] = host_client.get_job(neighbour.job_id)["sub_jobs"][0]["info"]
         infos["fresh"] = host_client.get_job(fresh.job_id)["sub_jobs"][0]["info"]
-        assert len({info["pid"] for info in infos.values()}) == 1
+        [host_pid] = {info["pid"] for info in infos.values()}
+        # ... and no other worker process: the job's sub-jobs, started together, started one host, not a
+        # host and a spare (a former test's host may still be exiting).
+        others = [child for child in psutil.Process(host_backend.pid).children() if child.pid != host_pid]
+        _, alive = psutil.wait_procs(others, timeout=30)
+        assert not alive, [process.cmdline() for process in alive]
         assert infos[sampler]["sampler"] == {"engine": "transformers", "lora": "unmerged"}
         [trainer] = job.sub_jobs("training")
         assert infos[trainer]["slot_bytes"] == 4 * infos[trainer]["adapter_bytes"]

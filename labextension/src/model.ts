@@ -126,7 +126,7 @@ export function hostLines(capacity: ICapacity | null): string[] {
 }
 
 /**
- * One line per adapter host (a worker holding a base once for the training slots on a device); the
+ * One line per adapter host (a worker holding a base once for the slots on a device); the
  * same words as `%cortex capacity` (cortex_nb/views.py `adapter_host_lines`).
  */
 export function adapterHostLines(capacity: ICapacity | null): string[] {

@@ -172,6 +172,7 @@ class LocalExecutor(Executor):
         self._workers: dict[tuple[str, str], WorkerProcess] = {}
         # (device id, base model) -> its adapter host
         self._hosts: dict[tuple[str, str], WorkerProcess] = {}
+        self._host_starts: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._backlog: dict[tuple[str, str], list[tuple[dict[str, Any], bytes]]] = defaultdict(list)
         # Sub-jobs whose worker is being taken or spawned (set once it is assigned).
         self._starting: dict[tuple[str, str], asyncio.Event] = {}
@@ -260,24 +261,23 @@ class LocalExecutor(Executor):
             self._spares[device.id].append(await self._spawn(device))
 
     async def _take_host(self, assignment: SubJobAssignment) -> WorkerProcess:
-        """The adapter host of the sub-job's device and base, started from a warm worker if there is none."""
+        """The adapter host of the sub-job's device and base, started from a warm worker if there is none.
+        One start at a time per (device, base): a job's sub-jobs start together, and each would otherwise
+        start a host of its own."""
         key = (assignment.device.id, assignment.model.name)
-        host = self._hosts.get(key)
-        if host is not None and host.process.returncode is None and not host.stopping:
-            return host
-        host = await self._take_worker(assignment.device)
-        if key in self._hosts and self._hosts[key].process.returncode is None:
-            # another sub-job started this host meanwhile: use it, keep the worker taken as a spare
-            self._spares[assignment.device.id].append(host)
-            return self._hosts[key]
-        host.host_key = key
-        host.send(
-            messages.encode(
-                messages.HostAdapters(assignment.device.worker_env(), self.worker_settings.threads)
+        async with self._host_starts[key]:
+            host = self._hosts.get(key)
+            if host is not None and host.process.returncode is None and not host.stopping:
+                return host
+            host = await self._take_worker(assignment.device)
+            host.host_key = key
+            host.send(
+                messages.encode(
+                    messages.HostAdapters(assignment.device.worker_env(), self.worker_settings.threads)
+                )
             )
-        )
-        self._hosts[key] = host
-        return host
+            self._hosts[key] = host
+            return host
 
     async def start_sub_job(self, assignment: SubJobAssignment) -> None:
         if assignment.rank_devices:
