@@ -14,10 +14,10 @@ each tree is the backend and what serves its jobs). For N = 1, 2, 4, 8 training 
 
 `--part sampler`: one job with a training and a sampling sub-job (the trainer one step in, synced to the
 sampler), hosted (one process; the sampler's LoRA unmerged over the shared base) and unhosted (two
-processes; the sampler's LoRA merged into its own base):
-- PSS of each backend's tree, hosted over unhosted;
+processes; the sampler's LoRA merged into its own base), both backends up at once:
+- USS (pages only the tree holds) and PSS of each backend's tree, hosted over unhosted;
 - greedy generate time on the sampling sub-job (the engine's own time, and the request's wall time, the
-  median of `--generate-rounds`), hosted-unmerged over unhosted-merged.
+  median of `--generate-rounds`, the two backends' calls interleaved), hosted-unmerged over unhosted-merged.
 
 Figures of one run (shared 2-core machine, one torch thread per worker), in docs/api.md ("Adapter host").
 """
