@@ -230,7 +230,8 @@ GREEDY = {"max_tokens": 12, "temperature": 0.0, "ignore_eos": True, "logprobs": 
 
 
 def greedy_matches(reference, samples: list[dict]) -> None:
-    """Each greedy sample is transformers' generate on the reference peft model, its logprobs a forward pass's."""
+    """Each greedy sample is transformers' generate on the reference peft model, its logprobs a forward
+    pass's."""
     for sample in samples:
         prompt = PROMPTS[sample["prompt_index"]]
         assert sample["tokens"] == hf_greedy(reference, prompt, GREEDY["max_tokens"])
@@ -321,7 +322,8 @@ def test_a_jobs_samplers_are_slots_that_sample_its_adapter_unmerged_and_leave_th
         assert host["slots"] == 5
         assert host["slots_bytes"] == sum(info["slot_bytes"] for info in infos.values())
         print(
-            f"base {base_bytes / 2**20:.1f} MiB held once; sampler slot {infos[sampler]['slot_bytes'] / 2**10:.0f} KiB,"
+            f"base {base_bytes / 2**20:.1f} MiB held once;"
+            f" sampler slot {infos[sampler]['slot_bytes'] / 2**10:.0f} KiB,"
             f" training slot {infos[trainer]['slot_bytes'] / 2**10:.0f} KiB"
         )
     finally:

@@ -208,7 +208,8 @@ class LocalExecutor(Executor):
     def hosted(self, assignment: SubJobAssignment) -> bool:
         """Whether a sub-job becomes an adapter host's slot: any type, on the built-in sampling engine (a
         hosted sampler runs its adapter unmerged over the shared base), on a base in the device's own
-        precision (a quantized base keeps a process of its own; a sub-job across devices has its own ranks)."""
+        precision (a quantized base keeps a process of its own; a sub-job across devices has its own
+        ranks)."""
         return (
             self.adapter_host
             and not assignment.rank_devices
