@@ -1,6 +1,8 @@
-"""Adapter host vs a process per sub-job: memory and aggregate training speed, as ratios within one run.
+"""Adapter host vs a process per sub-job: memory, aggregate training speed and sampling speed, as ratios
+within one run.
 
-    python bench/bench_adapter_host.py [--slots 1,2,4,8] [--rounds N]
+    python bench/bench_adapter_host.py [--slots 1,2,4,8] [--rounds N] [--part slots,sampler]
+        [--model tiny] [--devices cpu:8] [--generate-rounds N]
 
 Two backends on this machine, one with `--adapter-host`, one with `--isolation-per-job` (no warm spares, so
 each tree is the backend and what serves its jobs). For N = 1, 2, 4, 8 training jobs of the tiny model
@@ -10,12 +12,21 @@ each tree is the backend and what serves its jobs). For N = 1, 2, 4, 8 training 
 - aggregate steps/s of N jobs stepping at once (each round: every job's forward_backward then step,
   pipelined), adapter host over N separate processes.
 
+`--part sampler`: one job with a training and a sampling sub-job (the trainer one step in, synced to the
+sampler), hosted (one process; the sampler's LoRA unmerged over the shared base) and unhosted (two
+processes; the sampler's LoRA merged into its own base), both backends up at once:
+- USS (pages only the tree holds) and PSS of each backend's tree, hosted over unhosted;
+- greedy generate time on the sampling sub-job (the engine's own time, and the request's wall time, the
+  median of `--generate-rounds`, the two backends' calls interleaved), hosted-unmerged over unhosted-merged.
+
 Figures of one run (shared 2-core machine, one torch thread per worker), in docs/api.md ("Adapter host").
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import statistics
 import sys
 import tempfile
 import time
@@ -84,12 +95,111 @@ def measure(client: Client, pid: int, counts: list[int], rounds: int) -> dict[in
     return figures
 
 
+def tree_private_bytes(pid: int) -> int:
+    """USS of a process and its descendants: the pages only they hold (heap, tensors), so processes outside
+    the tree that map the same libraries do not shift it, as they shift PSS."""
+    total = 0
+    root = psutil.Process(pid)
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            text = Path(f"/proc/{process.pid}/smaps_rollup").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += sum(int(line.split()[1]) * 1024 for line in text.splitlines() if line.startswith("Private_"))
+    return total
+
+
+GREEDY = {"max_tokens": 64, "temperature": 0.0, "ignore_eos": True}
+PROMPTS = [list(range(3 + index, 19 + index)) for index in range(8)]
+
+
+def sampler_job(client: Client, model: str):
+    """A trainer one step in, synced to its sampler, which has generated once (warm)."""
+    from cortex_nb.training import TrainingJob
+
+    job = TrainingJob.create(client, model, lora={"r": 16, "alpha": 32}, samplers=1, seed=0)
+    [sampler] = job.sub_jobs("sampling")
+    vocab = next(m for m in client.list_models() if m["name"] == model)["vocab_size"]
+    tokens = np.random.default_rng(0).integers(0, min(vocab, 256), size=(4, 65))
+    job.forward_backward(
+        {"input_ids": tokens[:, :-1], "target_tokens": tokens[:, 1:], "weights": np.ones((4, 64), np.float32)}
+    ).result()
+    job.step().result()
+    job.sync_sampler().result()
+    job.generate(PROMPTS, sub_job=sampler, **GREEDY).result()
+    return job, sampler
+
+
+def timed_generate(job, sampler: str) -> tuple[float, float, list[list[int]]]:
+    """(engine seconds, request wall seconds, tokens) of one greedy generate on the sampler."""
+    started = time.perf_counter()
+    result = job.generate(PROMPTS, sub_job=sampler, **GREEDY).result()
+    wall = time.perf_counter() - started
+    return result.raw["generated_tokens"] / result.raw["tokens_per_second"], wall, result.tokens
+
+
+def bench_sampler(model: str, devices: str, rounds: int) -> None:
+    """Both backends up at once, their generates interleaved (so load on the machine hits both alike)."""
+    common = ("--devices", devices, "--warm-workers", "0")
+    if devices.startswith("cpu"):
+        common += ("--worker-threads", "1")
+    modes = ("--adapter-host", "--isolation-per-job")
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        backends, jobs, memory, described = {}, {}, {}, {}
+        for mode in modes:
+            backend = start_backend(Path(tmp) / mode.strip("-"), *common, mode)
+            stack.callback(backend.stop)
+            client = stack.enter_context(Client(backend.url, backend.token))
+            job, sampler = sampler_job(client, model)
+            stack.callback(job.cancel)
+            backends[mode], jobs[mode] = backend, (job, sampler)
+            info = next(sub for sub in job.refresh()["sub_jobs"] if sub["sub_job_id"] == sampler)["info"]
+            described[mode] = info["sampler"]["lora"]
+        for mode in modes:
+            memory[mode] = (tree_private_bytes(backends[mode].pid), tree_pss_bytes(backends[mode].pid))
+        engine: dict[str, list[float]] = {mode: [] for mode in modes}
+        wall: dict[str, list[float]] = {mode: [] for mode in modes}
+        tokens = {}
+        for _ in range(rounds):
+            for mode in modes:
+                seconds, request_seconds, tokens[mode] = timed_generate(*jobs[mode])
+                engine[mode].append(seconds)
+                wall[mode].append(request_seconds)
+    host, alone = modes
+    (uss, pss), (uss_alone, pss_alone) = memory[host], memory[alone]
+    print(f"1 training + 1 sampling sub-job of {model} on {devices}, {rounds} interleaved generates each:")
+    print(f"  sampler LoRA: hosted {described[host]}, unhosted {described[alone]}")
+    print(f"  same greedy tokens hosted and unhosted: {tokens[host] == tokens[alone]}")
+    print(
+        f"  backend tree USS: hosted {uss / 2**20:.0f} MiB, unhosted {uss_alone / 2**20:.0f} MiB,"
+        f" hosted/unhosted {uss / uss_alone:.2f}; PSS {pss / 2**20:.0f} vs {pss_alone / 2**20:.0f} MiB,"
+        f" {pss / pss_alone:.2f}"
+    )
+    for label, figures in (("engine", engine), ("request wall", wall)):
+        mine, theirs = statistics.median(figures[host]), statistics.median(figures[alone])
+        print(
+            f"  greedy generate (8 prompts x 64 tokens), {label} median: hosted {mine * 1000:.0f} ms,"
+            f" unhosted {theirs * 1000:.0f} ms, hosted/unhosted {mine / theirs:.2f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--slots", default="1,2,4,8")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--part", default="slots,sampler")
+    parser.add_argument("--model", default="tiny", help="the sampler part's base model")
+    parser.add_argument("--devices", default=None, help="the sampler part's devices (default cpu:2)")
+    parser.add_argument("--generate-rounds", type=int, default=7)
     args = parser.parse_args()
-    counts = [int(n) for n in args.slots.split(",")]
+    parts = set(args.part.split(","))
+    if "slots" in parts:
+        bench_slots([int(n) for n in args.slots.split(",")], args.rounds)
+    if "sampler" in parts:
+        bench_sampler(args.model, args.devices or "cpu:2", args.generate_rounds)
+
+
+def bench_slots(counts: list[int], rounds: int) -> None:
     common = ("--devices", f"cpu:{max(counts)}", "--worker-threads", "1", "--warm-workers", "0")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,7 +207,7 @@ def main() -> None:
             backend = start_backend(Path(tmp) / mode.strip("-"), *common, mode)
             try:
                 with Client(backend.url, backend.token) as client:
-                    results[mode] = measure(client, backend.pid, counts, args.rounds)
+                    results[mode] = measure(client, backend.pid, counts, rounds)
             finally:
                 backend.stop()
     host, alone = results["--adapter-host"], results["--isolation-per-job"]

@@ -174,13 +174,14 @@ def capacity_frame(capacity: dict[str, Any]) -> pd.DataFrame:
 
 
 def adapter_host_lines(capacity: dict[str, Any]) -> list[str]:
-    """One line per adapter host: how many training slots share its one copy of a base, and what they add
-    (the sidebar's Devices section says the same, labextension/src/model.ts `adapterHostLines`)."""
+    """One line per adapter host: how many slots (training, sampling, log-probability) share its one copy
+    of a base, and what they add (the sidebar's Devices section says the same, labextension/src/model.ts
+    `adapterHostLines`)."""
     from .protocol.states import format_bytes
 
     hosts = (capacity.get("executor") or {}).get("adapter_hosts") or []
     return [
-        f"adapter host {host['device']} · {host['base_model']}: {host['slots']} training slot(s) on one base"
+        f"adapter host {host['device']} · {host['base_model']}: {host['slots']} slot(s) on one base"
         f" ({format_bytes(host['base_bytes'])} held once; slots add {format_bytes(host['slots_bytes'])})"
         for host in hosts
     ]

@@ -15,8 +15,8 @@ from .model_factory import build_char_llama_dir, build_gpt2_dir
 os.environ.setdefault("CORTEX_DISABLE_TELEMETRY", "1")
 # Backends started by tests refuse to render a reply field their schema does not declare (config.py).
 os.environ.setdefault("CORTEX_STRICT_REPLIES", "1")
-# CORTEX_TEST_ADAPTER_HOST=1 runs the session backend's training sub-jobs as adapter-host slots
-# (docs/scale.md), so the suites that use it check that mode against the same expectations.
+# CORTEX_TEST_ADAPTER_HOST=1 runs the session backend's sub-jobs as adapter-host slots
+# (docs/api.md), so the suites that use it check that mode against the same expectations.
 HOSTING_ARGS = ("--adapter-host",) if os.environ.get("CORTEX_TEST_ADAPTER_HOST") == "1" else ()
 
 

@@ -1,8 +1,9 @@
-"""The adapter host: training sub-jobs on one device and base are slots of one process holding the base once.
+"""The adapter host: sub-jobs on one device and base are slots of one process holding the base once.
 
 Each slot's numerics equal the same job alone (on the session backend, a process per sub-job) bitwise on
-CPU fp32, whatever its neighbours do; a NaN in one slot fails that slot's step, not its neighbours'; and the
-backend's process tree with 8 slots holds little more memory than with one (PSS, so shared pages count once).
+CPU fp32, whatever its neighbours do; a NaN in one slot fails that slot's step, not its neighbours'; the
+backend's process tree with 8 slots holds little more memory than with one (PSS, so shared pages count once);
+and a job's samplers are slots too, sampling its trained adapter unmerged, never writing to the shared base.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ import psutil
 import pytest
 
 from cortex_nb import Client
+from cortex_nb.api import api_of
 from cortex_nb.errors import CortexError
+from cortex_nb.training import TrainingJob
 from cortex_nb.views import adapter_host_lines
 
 from .backend_process import start_backend
 from .reference import ReferenceTrainer, random_batch, reference_base, reference_lora
+from .test_sampler_paths import PROMPTS, forward_logprobs, hf_greedy
 
 VOCAB = 259
 STEPS = 3
@@ -127,9 +131,7 @@ def test_slots_equal_the_same_jobs_alone_bitwise(host_client: Client, client: Cl
         assert host["slots_bytes"] == sum(info["slot_bytes"] for info in infos)
         # `%cortex capacity` (and the sidebar) say it in words.
         [line] = adapter_host_lines(host_client.get_capacity())
-        assert line.startswith(
-            f"adapter host {host['device']} · tiny: {len(SLOTS)} training slot(s) on one base"
-        )
+        assert line.startswith(f"adapter host {host['device']} · tiny: {len(SLOTS)} slot(s) on one base")
     finally:
         for job in jobs:
             job.cancel()
@@ -222,3 +224,115 @@ def test_a_backend_with_slots_stops_cleanly_on_sigterm(tmp_path):
         assert not psutil.pid_exists(host_pid)
     finally:
         backend.stop()
+
+
+GREEDY = {"max_tokens": 12, "temperature": 0.0, "ignore_eos": True, "logprobs": True}
+
+
+def greedy_matches(reference, samples: list[dict]) -> None:
+    """Each greedy sample is transformers' generate on the reference peft model, its logprobs a forward
+    pass's."""
+    for sample in samples:
+        prompt = PROMPTS[sample["prompt_index"]]
+        assert sample["tokens"] == hf_greedy(reference, prompt, GREEDY["max_tokens"])
+        assert sample["logprobs"] == pytest.approx(
+            forward_logprobs(reference, prompt, sample["tokens"]), abs=1e-4
+        )
+
+
+def test_a_jobs_samplers_are_slots_that_sample_its_adapter_unmerged_and_leave_the_base(
+    host_client: Client, client: Client, host_backend
+):
+    """Training, sampling and log-probability sub-jobs of one job, and a neighbour's training job, in one host
+    process. The sampler samples the trainer's adapter after a weight sync, as transformers' generate on the
+    same peft model does; the neighbour's results equal its job alone bitwise; a new sampler of the bare base
+    samples what the pristine base does: nothing wrote to the shared base."""
+    lora = {"r": 4, "alpha": 8}
+    sub_jobs = [
+        {"type": "training", "base_model": "tiny", "lora": lora, "optimizer": {"lr": 5e-2}, "seed": 3},
+        {"type": "sampling", "base_model": "tiny", "lora": lora, "seed": 3},
+        {"type": "log_probability", "base_model": "tiny", "lora": lora, "seed": 3},
+    ]
+    job = TrainingJob(host_client, api_of(host_client).create_job(sub_jobs))
+    job.wait_ready()
+    [sampler], [scorer] = job.sub_jobs("sampling"), job.sub_jobs("log_probability")
+    neighbour = create(host_client, SLOTS[1], seed=8)
+    reference = ReferenceTrainer(reference_lora(reference_base("tiny"), r=4, alpha=8, seed=3), lr=5e-2)
+    fresh = None
+    try:
+        # The sampler's adapter is fresh (the identity) until a sync.
+        greedy_matches(reference.model, job.generate(PROMPTS, sub_job=sampler, **GREEDY).result().samples)
+        neighbour_results = []
+        for batch, neighbour_batch in zip(batches(3), batches(8), strict=True):
+            pending = (job.forward_backward(batch), job.step())
+            neighbour_pending = (neighbour.forward_backward(neighbour_batch), neighbour.step())
+            between = job.generate(PROMPTS, sub_job=sampler, **GREEDY)  # sampled among the others' steps
+            for future in pending:
+                future.result()
+            result = neighbour_pending[0].result()
+            neighbour_results.append(
+                (result["loss"], result["tensors"]["logprobs"], neighbour_pending[1].result()["grad_norm"])
+            )
+            between.result()
+            reference.train_step(batch)
+        # A sync as deltas (fp16, so the adapter to fp16's precision): greedy tokens as the reference's.
+        sync = job.sync_sampler(targets=[sampler, scorer]).result()
+        assert sync["weight_version"] == STEPS
+        delta = job.generate(PROMPTS, sub_job=sampler, **GREEDY).result()
+        assert delta.weight_version == STEPS
+        for sample in delta.samples:
+            assert sample["tokens"] == hf_greedy(reference.model, PROMPTS[sample["prompt_index"]], 12)
+        # The exact tensors: tokens and logprobs as the reference's.
+        job.sync_sampler(targets=[sampler, scorer], weight_format="full").result()
+        after = job.generate(PROMPTS, sub_job=sampler, **GREEDY).result()
+        greedy_matches(reference.model, after.samples)
+        # The log-probability slot scores with the synced adapter too.
+        sequences = [PROMPTS[sample["prompt_index"]] + sample["tokens"] for sample in after.samples]
+        scored = job.compute_logprobs(sequences, sub_job=scorer).result()
+        for sequence, values in zip(sequences, scored, strict=True):
+            expected = forward_logprobs(reference.model, sequence[:1], sequence[1:])
+            np.testing.assert_allclose(values, expected, rtol=0, atol=1e-5)
+
+        # A new sampler of the bare base (a fresh adapter adds nothing) on the same host samples the
+        # pristine base's greedy tokens.
+        fresh = host_client.create_sampler("tiny", lora=lora, seed=5)
+        bare = reference_lora(reference_base("tiny"), r=4, alpha=8, seed=5).eval()
+        greedy_matches(bare, fresh.generate(PROMPTS, **GREEDY).result().samples)
+
+        # One process for the base; a sampler's slot costs its adapter's bytes, not a base.
+        infos = {sub["sub_job_id"]: sub["info"] for sub in host_client.get_job(job.job_id)["sub_jobs"]}
+        infos["neighbour"] = host_client.get_job(neighbour.job_id)["sub_jobs"][0]["info"]
+        infos["fresh"] = host_client.get_job(fresh.job_id)["sub_jobs"][0]["info"]
+        [host_pid] = {info["pid"] for info in infos.values()}
+        # ... and no other worker process: the job's sub-jobs, started together, started one host, not a
+        # host and a spare (a former test's host may still be exiting).
+        others = [child for child in psutil.Process(host_backend.pid).children() if child.pid != host_pid]
+        _, alive = psutil.wait_procs(others, timeout=30)
+        assert not alive, [process.cmdline() for process in alive]
+        assert infos[sampler]["sampler"] == {"engine": "transformers", "lora": "unmerged"}
+        [trainer] = job.sub_jobs("training")
+        assert infos[trainer]["slot_bytes"] == 4 * infos[trainer]["adapter_bytes"]
+        base_bytes = infos[sampler]["adapter_host"]["base_bytes"]
+        for name in (sampler, scorer, "fresh"):
+            info = infos[name]
+            assert info["gradient_bytes"] == info["optimizer_bytes"] == 0
+            assert info["slot_bytes"] == info["adapter_bytes"] == infos[trainer]["adapter_bytes"]
+            assert info["slot_bytes"] * 10 < base_bytes
+        [host] = host_client.get_capacity()["executor"]["adapter_hosts"]
+        assert host["slots"] == 5
+        assert host["slots_bytes"] == sum(info["slot_bytes"] for info in infos.values())
+        print(
+            f"base {base_bytes / 2**20:.1f} MiB held once;"
+            f" sampler slot {infos[sampler]['slot_bytes'] / 2**10:.0f} KiB,"
+            f" training slot {infos[trainer]['slot_bytes'] / 2**10:.0f} KiB"
+        )
+    finally:
+        for handle in (job, neighbour, fresh):
+            if handle is not None:
+                handle.cancel()
+    alone = train_alone(client, SLOTS[1], seed=8)
+    for (loss, logprobs, grad_norm), (loss_alone, logprobs_alone, grad_norm_alone) in zip(
+        neighbour_results, alone, strict=True
+    ):
+        assert loss == loss_alone and grad_norm == grad_norm_alone
+        assert np.array_equal(logprobs, logprobs_alone)

@@ -11,7 +11,7 @@ def test_an_adapter_host_is_one_line_of_slots_on_one_base():
     host |= {"base_bytes": 12 * 2**20, "slots_bytes": 640 * 2**10}
     capacity = {"executor": {"name": "local", "hosting": "adapter_host", "adapter_hosts": [host]}}
     assert adapter_host_lines(capacity) == [
-        "adapter host cpu:0 · tiny: 3 training slot(s) on one base (12.0 MiB held once; slots add 640 KiB)"
+        "adapter host cpu:0 · tiny: 3 slot(s) on one base (12.0 MiB held once; slots add 640 KiB)"
     ]
     assert adapter_host_lines({"executor": {"name": "local", "hosting": "isolation_per_job"}}) == []
     assert adapter_host_lines({}) == []

@@ -1,4 +1,4 @@
-"""The adapter host: one worker process per (device, base model) serving many training sub-jobs as slots.
+"""The adapter host: one worker process per (device, base model) serving many sub-jobs as slots.
 
 The base model is built once; each slot gets its own module tree whose base parameters and buffers are
 the very tensors of that one base (so the weights are held once), wrapped in its own peft LoRA adapter
@@ -11,8 +11,14 @@ forward then runs exactly the code of a job alone (no active-adapter switching t
 adapter's parameters in its graph), so its numerics equal the job alone bitwise, and a slot's checkpoint,
 weight sync and sampler code are the single-job code unchanged.
 
+Sampling and log-probability sub-jobs are slots too. No slot may write to the shared base: the base's
+tensors are marked (engine/shared_base.py), so a hosted sampler runs its LoRA unmerged (as a trainer's
+does) instead of merging it into the base weights, and anything that would merge refuses. A weight sync
+into a hosted sampler writes its adapter tensors only.
+
 Fairness: slots take turns in the order they asked (a FIFO ticket lock), one operation per turn; a
-managed training loop hands its turn on after each step. Whichever slot holds the turn has its own RNG
+managed training loop hands its turn on after each step. Either side of a weight sync waits for the other
+(which may be a slot of the same host) without holding the turn. Whichever slot holds the turn has its own RNG
 state swapped into torch (LoRA dropout draws from the process RNG), so a neighbour's draws never shift it.
 """
 
@@ -34,6 +40,7 @@ from . import worker_messages as messages
 from .host_budget import Refusal, check_slot
 from .ipc import ChannelClosed
 from .models import ModelInfo
+from .operations import waits_on_peers
 from .slot_logs import tag_line
 from .worker import Channel, Worker
 
@@ -51,9 +58,11 @@ class BaseModels:
             base = self._bases.get(info.name)
             if base is None:
                 from .engine.loading import load_base_model, pick_device, pick_dtype
+                from .engine.shared_base import mark_shared
 
                 device = pick_device()
                 base = self._bases[info.name] = load_base_model(info, device, pick_dtype(device))
+                mark_shared(base)  # no slot may write to it: its sampler runs the adapter unmerged
         shared = {id(tensor): tensor for tensor in itertools.chain(base.parameters(), base.buffers())}
         return copy.deepcopy(base, memo=shared)
 
@@ -141,32 +150,53 @@ class SlotWorker(Worker):
         self.host = host
         self.slot = channel.slot
         self.random_state = RandomState()
+        self.holding_turn = False  # read and written only by this slot's own thread
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
         self.host.turns.acquire(self)
+        self.holding_turn = True
         try:
             self.random_state.swap_in()
             yield
         finally:
             self.random_state.save()
+            self.holding_turn = False
             self.host.turns.release()
 
-    def serve(self) -> None:
-        while True:
-            item = self.requests.get()
-            if item is None:
-                return
+    @contextlib.contextmanager
+    def turn_handed_on(self) -> Iterator[None]:
+        """The body runs without the turn (given back if this slot held it, taken again afterwards)."""
+        if not self.holding_turn:
+            yield
+            return
+        self.random_state.save()
+        self.holding_turn = False
+        self.host.turns.release()
+        try:
+            yield
+        finally:
+            self.host.turns.acquire(self)
+            self.holding_turn = True
+            self.random_state.swap_in()
+
+    def _serve_one(self, request: messages.Request, blob: bytes) -> None:
+        """A request computes holding the host's turn. One that waits on another sub-job (either side of a
+        weight sync) runs without it: the other side may be a slot of this host, waiting for the turn."""
+        if waits_on_peers(request.op):
+            with self.turn_handed_on():
+                super()._serve_one(request, blob)
+        elif self.holding_turn:  # served between a managed loop's steps, in the loop's turn
+            super()._serve_one(request, blob)
+        else:
             with self.turn():
-                self._serve_one(*item)
+                super()._serve_one(request, blob)
 
     def _serve_waiting(self) -> None:
         """Between a managed loop's steps: let the other slots have a turn, then serve this slot's queue."""
         if self.host.turns.others_waiting():
-            self.random_state.save()
-            self.host.turns.release()
-            self.host.turns.acquire(self)
-            self.random_state.swap_in()
+            with self.turn_handed_on():
+                pass
         super()._serve_waiting()
 
     def stop(self) -> None:

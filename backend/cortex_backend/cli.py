@@ -243,8 +243,8 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         dest="adapter_host",
         action="store_true",
         default=False,
-        help="training sub-jobs on one device and base model share one worker process that holds the base"
-        " weights once, each an adapter slot (docs/scale.md)",
+        help="sub-jobs on one device and base model share one worker process that holds the base weights"
+        " once, each an adapter slot; samplers there run their LoRA unmerged (docs/api.md)",
     )
     hosting.add_argument(
         "--isolation-per-job",

@@ -33,8 +33,8 @@ class BackendSettings:
     sub_jobs_per_device: int = 4
     # Idle worker processes kept with torch already imported, so a new sub-job starts in about a second.
     warm_workers: int = 1
-    # Training sub-jobs on one device and base model as adapter slots of one shared worker process
-    # (adapter_host.py), instead of one process per sub-job (the default: `--isolation-per-job`).
+    # Sub-jobs (training, sampling, log-probability) on one device and base model as adapter slots of one
+    # shared worker process (adapter_host.py), instead of one process per sub-job (the default: `--isolation-per-job`).
     adapter_host: bool = False
     # The bytes one adapter host's base and slots may hold; a slot past it is refused (host_budget.py).
     # None: on a GPU the device's free memory bounds it, on a CPU nothing does.

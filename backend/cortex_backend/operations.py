@@ -25,6 +25,9 @@ class Operation:
     frame: bool = False
     # The worker brings its sampling engine up to the adapter's current weights first.
     reads_merged_weights: bool = False
+    # It waits for another sub-job's messages (a weight sync's two sides wait for each other), so on an
+    # adapter host it runs without the compute turn: both sides may be slots of one host.
+    waits_on_peers: bool = False
 
 
 CATALOG: dict[str, Operation] = {
@@ -44,8 +47,8 @@ CATALOG: dict[str, Operation] = {
         Operation("save", (states.TRAINING,)),
         Operation("load", _ALL),
         # weight_sync's source is chosen by WeightSyncCoordinator.source; the targets name its default
-        Operation("weight_sync", (states.TRAINING,)),
-        Operation("weight_sync_apply"),
+        Operation("weight_sync", (states.TRAINING,), waits_on_peers=True),
+        Operation("weight_sync_apply", waits_on_peers=True),
         Operation("train_loop"),
     )
 }
@@ -64,3 +67,8 @@ SERVED_BY_TYPE: dict[str, frozenset[str]] = {
 def reads_merged_weights(name: str) -> bool:
     operation = CATALOG.get(name)
     return operation is not None and operation.reads_merged_weights
+
+
+def waits_on_peers(name: str) -> bool:
+    operation = CATALOG.get(name)
+    return operation is not None and operation.waits_on_peers

@@ -126,14 +126,14 @@ export function hostLines(capacity: ICapacity | null): string[] {
 }
 
 /**
- * One line per adapter host (a worker holding a base once for the training slots on a device); the
+ * One line per adapter host (a worker holding a base once for the slots on a device); the
  * same words as `%cortex capacity` (cortex_nb/views.py `adapter_host_lines`).
  */
 export function adapterHostLines(capacity: ICapacity | null): string[] {
   const hosts = capacity?.executor?.adapter_hosts ?? [];
   return hosts.map(
     host =>
-      `adapter host ${host.device} · ${host.base_model}: ${host.slots} training slot(s) on one base` +
+      `adapter host ${host.device} · ${host.base_model}: ${host.slots} slot(s) on one base` +
       ` (${formatBytes(host.base_bytes)} held once; slots add ${formatBytes(host.slots_bytes)})`
   );
 }

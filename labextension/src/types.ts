@@ -627,7 +627,7 @@ export interface IHostCapacity {
 /** What runs sub-jobs: `local` worker processes, or `ray` actors on the hosts of a cluster. */
 export interface IExecutorView {
   name: string;
-  /** local: `adapter_host` (training sub-jobs on one device and base share a process, the base held once) or `isolation_per_job` (a process per sub-job) */
+  /** local: `adapter_host` (sub-jobs on one device and base share a process, the base held once) or `isolation_per_job` (a process per sub-job) */
   hosting?: string | null;
   adapter_hosts?: IAdapterHostView[] | null;
   ray_address?: string | null;
@@ -636,16 +636,19 @@ export interface IExecutorView {
   ray_insecure?: boolean | null;
 }
 
-/** One adapter host: a worker process holding a base model once for the training slots on a device. */
+/**
+ * One adapter host: a worker process holding a base model once for the slots (training, sampling,
+ * log-probability sub-jobs) on a device.
+ */
 export interface IAdapterHostView {
   device: string;
   base_model: string;
   pid: number;
-  /** training sub-jobs served by this process now */
+  /** sub-jobs (of any type) served by this process now */
   slots: number;
   /** the base model's weights, held once for every slot */
   base_bytes: number;
-  /** what the slots add: each its adapter, gradients and AdamW moments (4x the adapter) */
+  /** what the slots add: a trainer its adapter, gradients and AdamW moments (4x the adapter); a sampler or scorer its adapter alone */
   slots_bytes: number;
 }
 

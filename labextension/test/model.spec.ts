@@ -177,7 +177,7 @@ describe('devices', () => {
       adapter_hosts: [{ device: 'cpu:0', base_model: 'tiny', pid: 7, slots: 3, base_bytes: 12 * 2 ** 20, slots_bytes: 640 * 2 ** 10 }]
     };
     expect(adapterHostLines({ ...CPU_CAPACITY, executor })).toEqual([
-      'adapter host cpu:0 · tiny: 3 training slot(s) on one base (12.0 MiB held once; slots add 640 KiB)'
+      'adapter host cpu:0 · tiny: 3 slot(s) on one base (12.0 MiB held once; slots add 640 KiB)'
     ]);
   });
 

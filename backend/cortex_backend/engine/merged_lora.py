@@ -18,6 +18,7 @@ import torch
 
 from .adapter import adapter_parameters
 from .lora import ADAPTER_NAME
+from .shared_base import SharedBaseError, is_shared
 
 
 def _lora_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
@@ -43,6 +44,11 @@ class MergedLoRA:
         self.model = model
         self.places = _lora_layers(model)
         self.layers = [layer for _, _, layer in self.places]
+        if any(is_shared(_base_parameter(layer)) for layer in self.layers):
+            # An adapter host's slots all hold these very tensors: merging here would change every neighbour.
+            raise SharedBaseError(
+                "this model's base weights are shared by an adapter host's slots; its sampler runs unmerged"
+            )
         if any(layer.merged_adapters for layer in self.layers):
             # Its base weights already hold W + BA: taken as the originals, every merge would add BA again.
             raise ValueError(

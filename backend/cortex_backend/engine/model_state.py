@@ -13,6 +13,7 @@ from ..tokenizer import ByteTokenizer, FileTokenizer, Tokenizer
 from .loading import load_base_model, pick_device, pick_dtype
 from .lora import apply_lora
 from .quantize import quantized_bytes
+from .shared_base import forbid_merges, shares_base
 
 
 class ModelState:
@@ -34,6 +35,10 @@ class ModelState:
         if base is None:
             base = load_base_model(info, self.device, self.dtype)
         self.model = apply_lora(base, spec.get("lora") or {}, self.seed)
+        # An adapter host's base (shared_base.py): nothing may write to it, so its LoRA layers never merge.
+        self.base_shared = shares_base(base)
+        if self.base_shared:
+            forbid_merges(self.model)
         self.model.to(self.device)
         # The process RNG drives LoRA dropout: seed it from the sub-job so a run is repeatable (and a
         # resumable checkpoint's saved RNG state continues exactly that sequence).

@@ -23,6 +23,7 @@ def open_engine(
         return VllmSampler(state, options or {})
     # A sampling sub-job only runs inference: its LoRA is merged into its own base weights.
     # A quantized base cannot hold W + BA without re-quantizing it (and losing the adapter's precision):
-    # its samplers run the adapter unmerged.
-    merge = sub_job_type == "sampling" and not state.info.quantization
+    # its samplers run the adapter unmerged. So does a slot of an adapter host: its base weights are every
+    # slot's (shared_base.py).
+    merge = sub_job_type == "sampling" and not state.info.quantization and not state.base_shared
     return TransformersSampler(state, merge_lora=merge)

@@ -5,9 +5,9 @@ device, in a process group of their own (MASTER_ADDR=127.0.0.1, a free port, RAN
 rank receives the same requests; only rank 0's replies reach the service; each rank's log lines are
 tagged `[rank N]`; one rank's exit fails the sub-job (`worker_crashed`) and stops the others.
 
-By default a training sub-job becomes a slot of the adapter host of its (device, base model): one
-process holding the base weights once (adapter_host.py). With `isolation_per_job` every sub-job gets a
-process of its own, as do sampling and log-probability sub-jobs, and training sub-jobs whose base or
+With `adapter_host` a sub-job (training, sampling or log-probability) becomes a slot of the adapter host
+of its (device, base model): one process holding the base weights once (adapter_host.py). With
+`isolation_per_job` (the default) every sub-job gets a process of its own, as do sub-jobs whose base or
 engine a host cannot share.
 """
 
@@ -27,6 +27,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from cortex_nb.protocol import states
+
 from .. import ipc
 from .. import worker_messages as messages
 from ..devices import Device
@@ -44,6 +46,8 @@ from .environment import worker_environment
 log = logging.getLogger("cortex_backend.executors.base")
 
 
+# The sub-jobs an adapter host serves as slots: every type (a sampler's LoRA runs unmerged there).
+HOSTED_TYPES = states.SUB_JOB_TYPES
 # A blob larger than this is written to its worker a slice at a time (WorkerProcess.send).
 STREAMED_BLOB_BYTES = 1 << 20
 STREAM_SLICE_BYTES = 1 << 20
@@ -158,7 +162,7 @@ class WorkerProcess:
 
 class LocalExecutor(Executor):
     """Worker processes on this host, plus warm spares per device; with `adapter_host`, one shared process
-    per (device, base model) for training sub-jobs (adapter_host.py)."""
+    per (device, base model) for its sub-jobs (adapter_host.py)."""
 
     def __init__(
         self,
@@ -178,6 +182,7 @@ class LocalExecutor(Executor):
         self._workers: dict[tuple[str, str], WorkerProcess] = {}
         # (device id, base model) -> its adapter host
         self._hosts: dict[tuple[str, str], WorkerProcess] = {}
+        self._host_starts: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._backlog: dict[tuple[str, str], list[tuple[dict[str, Any], bytes]]] = defaultdict(list)
         # Sub-jobs whose worker is being taken or spawned (set once it is assigned).
         self._starting: dict[tuple[str, str], asyncio.Event] = {}
@@ -211,13 +216,14 @@ class LocalExecutor(Executor):
         return described
 
     def hosted(self, assignment: SubJobAssignment) -> bool:
-        """Whether a sub-job becomes an adapter host's slot: training, on the built-in sampling engine, on a
-        base in the device's own precision (a quantized base keeps a process of its own; a sub-job across devices
-        has its own ranks)."""
+        """Whether a sub-job becomes an adapter host's slot: any type, on the built-in sampling engine (a
+        hosted sampler runs its adapter unmerged over the shared base), on a base in the device's own
+        precision (a quantized base keeps a process of its own; a sub-job across devices has its own
+        ranks)."""
         return (
             self.adapter_host
             and not assignment.rank_devices
-            and assignment.sub_job_type == "training"
+            and assignment.sub_job_type in HOSTED_TYPES
             and assignment.device.sampler in ("", "transformers", None)
             and not assignment.model.quantization
         )
@@ -266,28 +272,27 @@ class LocalExecutor(Executor):
             self._spares[device.id].append(await self._spawn(device))
 
     async def _take_host(self, assignment: SubJobAssignment) -> WorkerProcess:
-        """The adapter host of the sub-job's device and base, started from a warm worker if there is none."""
+        """The adapter host of the sub-job's device and base, started from a warm worker if there is none.
+        One start at a time per (device, base): a job's sub-jobs start together, and each would otherwise
+        start a host of its own."""
         key = (assignment.device.id, assignment.model.name)
-        host = self._hosts.get(key)
-        if host is not None and host.process.returncode is None and not host.stopping:
-            return host
-        host = await self._take_worker(assignment.device)
-        if key in self._hosts and self._hosts[key].process.returncode is None:
-            # another sub-job started this host meanwhile: use it, keep the worker taken as a spare
-            self._spares[assignment.device.id].append(host)
-            return self._hosts[key]
-        host.host_key = key
-        host.send(
-            messages.encode(
-                messages.HostAdapters(
-                    assignment.device.worker_env(),
-                    self.worker_settings.threads,
-                    self.worker_settings.adapter_host_memory_bytes,
+        async with self._host_starts[key]:
+            host = self._hosts.get(key)
+            if host is not None and host.process.returncode is None and not host.stopping:
+                return host
+            host = await self._take_worker(assignment.device)
+            host.host_key = key
+            host.send(
+                messages.encode(
+                    messages.HostAdapters(
+                        assignment.device.worker_env(),
+                        self.worker_settings.threads,
+                        self.worker_settings.adapter_host_memory_bytes,
+                    )
                 )
             )
-        )
-        self._hosts[key] = host
-        return host
+            self._hosts[key] = host
+            return host
 
     async def start_sub_job(self, assignment: SubJobAssignment) -> None:
         if assignment.rank_devices:

@@ -82,15 +82,17 @@ class HostCapacity(Reply):
 
 
 class AdapterHostView(Reply):
-    """One adapter host: a worker process holding a base model once for the training slots on a device."""
+    """One adapter host: a worker process holding a base model once for the slots (training, sampling,
+    log-probability sub-jobs) on a device."""
 
     device: str
     base_model: str
     pid: int
-    slots: int = Field(description="training sub-jobs served by this process now")
+    slots: int = Field(description="sub-jobs (of any type) served by this process now")
     base_bytes: int = Field(description="the base model's weights, held once for every slot")
     slots_bytes: int = Field(
-        description="what the slots add: each its adapter, gradients and AdamW moments (4x the adapter)"
+        description="what the slots add: a trainer its adapter, gradients and AdamW moments (4x the adapter);"
+        " a sampler or scorer its adapter alone"
     )
 
 
@@ -100,7 +102,7 @@ class ExecutorView(Reply):
     name: str
     hosting: str | None = Field(
         None,
-        description="local: `adapter_host` (training sub-jobs on one device and base share a process, the"
+        description="local: `adapter_host` (sub-jobs on one device and base share a process, the"
         " base held once) or `isolation_per_job` (a process per sub-job)",
     )
     adapter_hosts: list[AdapterHostView] | None = None
