@@ -87,11 +87,13 @@ export function checkpointRows(lineage: IJobLineage | null): ICheckpointRow[] {
   });
 }
 
-/** "step 3 · 3 checkpoints · 1.2 MiB · 1 weight sync (last: step 3)" */
+/** "from base sft final · step 3 · 3 checkpoints · 1.2 MiB · 1 weight sync (last: step 3)": origin first, where known. */
 export function lineageSummary(lineage: IJobLineage): string {
   const synced = lineage.weight_syncs.filter(sync => sync.status === 'succeeded');
   const last = synced.length ? synced[synced.length - 1].result?.weight_version : undefined;
+  const origin = lineage.origins.length ? lineage.origins[0] : null;
   return [
+    origin ? `from ${origin.source_name ?? origin.source_job_id} ${origin.checkpoint_id}${origin.checkpoint_exists ? '' : ' (deleted)'}` : '',
     lineage.step !== null ? `step ${lineage.step}` : '',
     plural(lineage.checkpoints.length, 'checkpoint'),
     formatBytes(lineage.size_bytes),

@@ -31,7 +31,8 @@ const lineage: IJobLineage = {
   weight_syncs: [
     { request_id: 'w1', at: 20, status: 'succeeded', targets: ['sampling-0'], format: 'lora', result: { weight_version: 2 } },
     { request_id: 'w2', at: 35, status: 'failed', targets: ['sampling-0'], format: 'lora', result: null }
-  ]
+  ],
+  origins: []
 };
 
 describe('the storage meter', () => {
@@ -66,6 +67,19 @@ describe('a job\'s lineage', () => {
   it('sums up the job: its step, checkpoints, bytes and the weight syncs that succeeded', () => {
     expect(lineageSummary(lineage)).toBe('step 3 · 2 checkpoints · 2.5 MiB · 1 weight sync (last: step 2)');
     expect(lineageSummary({ ...lineage, step: null, weight_syncs: [], checkpoints: [] })).toBe('0 checkpoints · 2.5 MiB');
+  });
+
+  it('says where the job\'s weights came from, nearest origin first, and when that checkpoint is gone', () => {
+    const origin = {
+      via: 'init_from' as const, job_id: 'job-a', source_job_id: 'job-base', source_name: 'base sft', checkpoint_id: 'final',
+      step: 9, checkpoint_exists: true, request_id: null, sub_job_id: null, at: 5, exports: []
+    };
+    const farther = { ...origin, job_id: 'job-base', source_job_id: 'job-root', source_name: null };
+    expect(lineageSummary({ ...lineage, origins: [origin, farther] })).toBe(
+      'from base sft final · step 3 · 2 checkpoints · 2.5 MiB · 1 weight sync (last: step 2)'
+    );
+    expect(lineageSummary({ ...lineage, weight_syncs: [], origins: [{ ...origin, source_name: null, checkpoint_exists: false }] }))
+      .toBe('from job-base final (deleted) · step 3 · 2 checkpoints · 2.5 MiB');
   });
 
   it('shows only the open job\'s checkpoints in the model', () => {
