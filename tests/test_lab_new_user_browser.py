@@ -360,6 +360,25 @@ def test_a_kernel_restart_leaves_the_run_going_and_job_reattaches_to_it(page, la
         f"at {ended['progress']['step']}/3000 (checkpoint final)"
     )
     screenshot(view, "sidebar-stop-and-save.png")
+
+    # The first cell's record: its kernel is gone, and the new one cannot reach it (JupyterLab forgot the
+    # display id at the restart), so the panel rewrites it with the final picture and where the run went.
+    activate_tab(page, "long-run.ipynb")
+    prompt = page.locator(".jp-NotebookPanel:visible .jp-Cell").filter(
+        has=page.locator(".jp-InputArea", has_text=f"%cortex job {job_id}")
+    )
+    cell_number = re.search(r"\d+", prompt.locator(".jp-InputPrompt").inner_text()).group(0)
+    expect(widget).to_contain_text(f"continued in cell {cell_number}:", timeout=60_000)
+    expect(widget).to_contain_text(f"stopped at {ended['progress']['step']}/3000")
+    expect(widget.locator(".cortex-picture-note")).to_have_count(0)
+    screenshot(widget, "old-cell-continued-with-final-picture.png")
+    widget.click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("Control+s")
+    saved = home / "root" / "long-run.ipynb"
+    wait_until(lambda: "continued in cell" in saved.read_text(), 60)
+    first_record = "".join(json.loads(saved.read_text())["cells"][1]["outputs"][0]["data"]["text/html"])
+    assert f"continued in cell {cell_number}:" in first_record and "cortex-picture-note" not in first_record
     client.close()
 
 

@@ -8,7 +8,8 @@ import { ICommandPalette, MainAreaWidget, Notification, Sanitizer, WidgetTracker
 import { Widget } from '@lumino/widgets';
 
 import { CortexApi } from './api';
-import { installCellRecords } from './cellrecord';
+import { IDrawnRecord, installCellRecords } from './cellrecord';
+import { JOB_TERMINAL } from './contract';
 import { CommandIDs, registerCommands } from './commands';
 import { cortexIcon } from './icon';
 import { jobLabel, sortJobs } from './jobrows';
@@ -125,7 +126,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     installOpenJobListener(document, jobId => {
       void app.commands.execute(CommandIDs.openJob, { jobId });
     });
-    // A cortex widget whose kernel or model is gone shows the picture its output carries (cellrecord.ts).
+    // A cortex widget whose kernel or model is gone shows the picture its output carries; once its run has
+    // ended, the output is rewritten with the final picture (cellrecord.ts).
     const sanitizer = new Sanitizer();
     installCellRecords(
       document.body,
@@ -133,11 +135,25 @@ const plugin: JupyterFrontEndPlugin<void> = {
         for (const widget of app.shell.widgets('main')) {
           const cells = (widget as unknown as { content?: { widgets?: unknown } }).content?.widgets;
           if (Array.isArray(cells)) {
-            yield* cells;
+            yield cells;
           }
         }
       },
-      html => sanitizer.sanitize(html)
+      html => sanitizer.sanitize(html),
+      {
+        source: {
+          ended: jobId => {
+            const job = model.state.jobs.find(row => row.job_id === jobId);
+            return job !== undefined && JOB_TERMINAL.includes(job.status);
+          },
+          draw: (jobId, continuedIn) =>
+            api.request<IDrawnRecord>(
+              'GET',
+              `record/${encodeURIComponent(jobId)}${continuedIn !== null ? `?continued_in=${continuedIn}` : ''}`
+            )
+        },
+        onJobs: listener => model.onChange(listener)
+      }
     );
   }
 };

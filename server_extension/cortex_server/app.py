@@ -13,7 +13,7 @@ from cortex_nb.local import default_local_dir
 
 from .backend import BackendConnection, default_token_file
 from .discovery import locate
-from .handlers import LocalBackendStartHandler, ProxyHandler, StatusHandler
+from .handlers import LocalBackendStartHandler, ProxyHandler, RecordHandler, StatusHandler
 from .local_start import LocalBackendStarter
 
 API_PATH = "cortex/api"
@@ -86,6 +86,7 @@ class CortexServerApp(ExtensionApp):
             [
                 (url_path_join("/", API_PATH, "status"), StatusHandler, arguments),
                 (url_path_join("/", API_PATH, "local", "start"), LocalBackendStartHandler, arguments),
+                (url_path_join("/", API_PATH, "record", r"([A-Za-z0-9_.-]+)"), RecordHandler, arguments),
                 # Every other path under cortex/api goes through the allowlist, which names what it refuses.
                 (url_path_join("/", API_PATH, r"(.+)"), ProxyHandler, arguments),
             ]

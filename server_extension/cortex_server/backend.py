@@ -108,6 +108,11 @@ class BackendConnection:
     def close(self) -> None:
         self.http.close()
 
+    @property
+    def verify(self) -> tls.Verify | None:
+        """How an https backend's certificate is checked (None: the system's CAs)."""
+        return self._verify
+
     def target(self) -> BackendTarget:
         """Where calls go now: the configured backend, or the local one running now (or none)."""
         return self.locator.current()

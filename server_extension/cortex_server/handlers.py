@@ -4,6 +4,7 @@ Jupyter's own check), then the status report, starting the local backend, or one
 
 from __future__ import annotations
 
+import asyncio
 import json
 from http.client import responses
 from typing import Any
@@ -21,6 +22,7 @@ from . import allowlist
 from .backend import BackendConnection, request_headers_to_forward, response_headers_to_forward
 from .discovery import SOURCE_LOCAL
 from .local_start import LocalBackendStarter
+from .record import draw_record
 from .status import status_report
 
 AUTH_RESOURCE = "cortex"
@@ -97,6 +99,26 @@ class LocalBackendStartHandler(CortexAPIHandler):
             )
         await self.starter.start()
         self.finish((await status_report(self.connection)).model_dump_json())
+
+
+class RecordHandler(CortexAPIHandler):
+    """GET {base_url}cortex/api/record/{job_id}[?continued_in=N]: the job's cell record (record.py), for
+    the panel to rewrite a cell output whose kernel can no longer reach it."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, job_id: str) -> None:
+        raw = self.get_query_argument("continued_in", "")
+        if raw and not raw.isdigit():
+            raise ApiError("invalid_request", f"continued_in must be a cell number, not {raw!r}")
+        target = self.connection.target()
+        if target.url is None:
+            raise ApiError("backend_unavailable", f"{target.description}: no backend to draw the record from")
+        token = self.connection.token(target)
+        record = await asyncio.to_thread(
+            draw_record, target.url, token, self.connection.verify, job_id, int(raw) if raw else None
+        )
+        self.finish(json.dumps(record))
 
 
 class _Relay:
