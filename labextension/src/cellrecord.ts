@@ -98,8 +98,8 @@ function htmlOf(data: Record<string, unknown>): string | null {
 }
 
 /**
- * The outputs of one notebook's cells whose run has ended (`ended`) while they still show it going,
- * and which no kernel can rewrite: a widget whose view was replaced by its record (see showRecords), or
+ * The trusted outputs of one notebook's cells whose run has ended (`ended`) while they still show it
+ * going, and which no kernel can rewrite: a widget whose view was replaced by its record (see showRecords), or
  * a bare picture. Each names the cell that took the run over, when another cell shows it and is not
  * itself stale (the widget `%cortex job ID` reattached after a kernel restart).
  */
@@ -112,7 +112,8 @@ export function staleRecords(cells: ICellLike[], ended: (jobId: string) => boole
       continue;
     }
     for (let index = 0; index < area.model.length; index++) {
-      const data = area.model.get(index).data;
+      const output = area.model.get(index);
+      const data = output.data;
       const html = htmlOf(data);
       const jobId = html ? pictureJob(html) : null;
       if (!html || !jobId) {
@@ -121,7 +122,9 @@ export function staleRecords(cells: ICellLike[], ended: (jobId: string) => boole
       const widget = WIDGET_VIEW_MIME in data;
       const node = area.widgets[index]?.node;
       const cutOff = !widget || (node?.querySelector(`.${RECORD_CLASS}`) ?? null) !== null;
-      if (cutOff && pictureIsLive(html) && ended(jobId)) {
+      // Only trusted outputs (this user's own, run here or signed): a notebook from elsewhere must not get
+      // this user's runs drawn into it by naming their ids.
+      if (cutOff && pictureIsLive(html) && ended(jobId) && output.trusted) {
         stale.push({ cell, index, jobId, continuedIn: null });
       } else if (!cutOff || !pictureIsLive(html)) {
         holders.set(jobId, [...(holders.get(jobId) ?? []), cell]);

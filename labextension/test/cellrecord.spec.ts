@@ -46,8 +46,11 @@ describe('stale records', () => {
     `<div class="cortex-job-static" data-cortex-job="${jobId}">done step 3000/3000</div>`;
 
   /** A cell whose outputs are these; `cutOff` marks the outputs whose widget showRecords replaced. */
-  function cell(executionCount: number, outputs: Array<{ data: Record<string, unknown>; cutOff?: boolean }>) {
-    const models = outputs.map(output => ({ data: output.data, trusted: true }));
+  function cell(
+    executionCount: number,
+    outputs: Array<{ data: Record<string, unknown>; cutOff?: boolean; trusted?: boolean }>
+  ) {
+    const models = outputs.map(output => ({ data: output.data, trusted: output.trusted ?? true }));
     const written: Array<[number, unknown]> = [];
     return {
       written,
@@ -91,6 +94,8 @@ describe('stale records', () => {
     // A live widget its kernel still reaches, a final picture, or a run still going: left alone.
     expect(staleRecords([reattached, cell(5, [{ data: { 'text/html': final('job-1') } }])], ended)).toEqual([]);
     expect(staleRecords([cell(6, [{ data: widget(live('job-3')), cutOff: true }])], ended)).toEqual([]);
+    // An untrusted output (a notebook from elsewhere naming this user's run): never drawn into.
+    expect(staleRecords([cell(8, [{ data: { 'text/html': live('job-1') }, trusted: false }])], ended)).toEqual([]);
   });
 
   it('rewrites each stale output once with the final drawing, and never with a live one', async () => {
