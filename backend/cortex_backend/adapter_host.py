@@ -306,9 +306,12 @@ class AdapterHost:
                     described = worker.initialise(message, self.bases)
                     refusal = self._refusal(worker)
                     if refusal is not None:
-                        print(f"[host] slot refused: {refusal.message}", flush=True)
+                        verdict = "waits" if refusal.fits_later else "refused"
+                        print(f"[host] slot {verdict}: {refusal.message}", flush=True)
                         worker.channel.send(
-                            messages.encode(messages.InitFailed(refusal.code, refusal.message))
+                            messages.encode(
+                                messages.InitFailed(refusal.code, refusal.message, refusal.fits_later)
+                            )
                         )
                         return
                     worker.channel.send(
@@ -343,15 +346,22 @@ class AdapterHost:
                 other for other in self.slots.values() if other is not worker and other.state is not None
             ]
         memory = worker.memory()
-        free = torch.cuda.mem_get_info() if torch.cuda.is_available() else None
+        others_bytes = {other.slot: other.memory()["slot_bytes"] for other in others}
+        job = job_of_slot(worker.slot)
+        free = None
+        if torch.cuda.is_available():
+            # What this process's allocator holds but no tensor uses (a freed slot's) is free to it too.
+            device_free, total = torch.cuda.mem_get_info()
+            free = (device_free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated(), total)
         return check_slot(
             memory["slot_bytes"],
             memory["adapter_bytes"],
             self.bases.base_bytes(),
-            sum(other.memory()["slot_bytes"] for other in others),
+            sum(others_bytes.values()),
             len(others),
             self.memory_budget_bytes,
             free,
+            same_job_bytes=sum(count for slot, count in others_bytes.items() if job_of_slot(slot) == job),
         )
 
     def _ready_info(self, worker: SlotWorker) -> dict[str, Any]:
@@ -362,6 +372,11 @@ class AdapterHost:
             "adapter_host": {"pid": os.getpid(), "slots": slots, "base_bytes": self.bases.base_bytes()},
             **worker.memory(),
         }
+
+
+def job_of_slot(slot: str) -> str:
+    """The job a slot serves: slots are named `job_id/sub_job_id` (executors/local.py's slot_key)."""
+    return slot.rpartition("/")[0]
 
 
 def one_malloc_arena() -> None:

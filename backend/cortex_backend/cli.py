@@ -259,7 +259,8 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="BYTES",
         help="with --adapter-host: the bytes one host's base and slots may hold (e.g. 40GiB); a slot that"
-        " would pass it fails with adapter_host_full (default: a GPU's free memory, unbounded on a CPU)",
+        " would pass it waits in the queue until a slot of that host ends, one that could never fit fails with"
+        " adapter_host_full (default: a GPU's free memory, unbounded on a CPU)",
     )
     serve.add_argument(
         "--sampler",

@@ -36,7 +36,8 @@ class BackendSettings:
     # Sub-jobs (training, sampling, log-probability) on one device and base model as adapter slots of one
     # shared worker process (adapter_host.py), instead of one process per sub-job (the default: `--isolation-per-job`).
     adapter_host: bool = False
-    # The bytes one adapter host's base and slots may hold; a slot past it is refused (host_budget.py).
+    # The bytes one adapter host's base and slots may hold; a slot past it waits in the queue, one that could
+    # never fit is refused (host_budget.py, room_waits.py).
     # None: on a GPU the device's free memory bounds it, on a CPU nothing does.
     adapter_host_memory_bytes: int | None = None
     # Torch threads per CPU worker; None lets torch choose.

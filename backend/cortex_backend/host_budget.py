@@ -5,6 +5,9 @@ and what it will add later (gradients and the optimizer's two moments, each the 
 With `--adapter-host-memory BYTES` the host keeps its base and slots within that many bytes; without it,
 on a GPU, the slot must fit in the device's free memory (which counts every process on the device) less
 a reserve for activations; on a CPU without the option nothing is checked.
+
+A slot that would fit on an emptier host waits: its job goes back to the queue until a slot of that device
+frees (room_waits in scheduler.py). One that could not fit even beside the base alone fails at once.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ GPU_RESERVE_FRACTION = 0.05
 class Refusal:
     code: str
     message: str
+    # True when the slot would fit once other slots end (its job waits in the queue); False when it could
+    # never fit, not even beside the base alone (its job fails).
+    fits_later: bool = False
 
 
 def _mib(count: int) -> str:
@@ -33,30 +39,54 @@ def check_slot(
     other_slots: int,
     budget_bytes: int | None,
     device_free: tuple[int, int] | None,
+    same_job_bytes: int = 0,
 ) -> Refusal | None:
     """None when the slot fits. `slot_bytes`: all it will hold; `allocated_bytes`: what of that is already
-    allocated (its adapter); `device_free`: (free, total) bytes of the device, or None off a GPU."""
+    allocated (its adapter); `device_free`: (free, total) bytes of the device, or None off a GPU;
+    `same_job_bytes`: what of `other_slots_bytes` is its own job's other sub-jobs (they always come along,
+    so they count towards whether it could ever fit)."""
     if budget_bytes is not None:
         used = base_bytes + other_slots_bytes
         if used + slot_bytes <= budget_bytes:
             return None
+        if base_bytes + same_job_bytes + slot_bytes > budget_bytes:
+            return Refusal(
+                code="adapter_host_full",
+                message=f"this slot needs {_mib(slot_bytes)} (adapter, gradients, optimizer moments); beside the"
+                f" base ({_mib(base_bytes)})"
+                + (f" and its own job's other sub-jobs ({_mib(same_job_bytes)})" if same_job_bytes else "")
+                + f" it can never fit in its adapter host's {_mib(budget_bytes)} budget"
+                " (--adapter-host-memory), not even on an otherwise empty host. Use a smaller rank or fewer"
+                " target modules, or ask the operator for a larger budget",
+            )
         return Refusal(
             code="adapter_host_full",
-            message=f"this slot needs {_mib(slot_bytes)} (adapter, gradients, optimizer moments); its adapter host"
-            f" holds the base ({_mib(base_bytes)}) and {other_slots} other slot(s) ({_mib(other_slots_bytes)})"
-            f" of its {_mib(budget_bytes)} budget (--adapter-host-memory). Wait for a slot to end, use a"
-            " smaller rank or fewer target modules, or ask the operator for a larger budget",
+            message=f"waiting for adapter-host memory: this slot needs {_mib(slot_bytes)} (adapter, gradients,"
+            f" optimizer moments); its adapter host holds the base ({_mib(base_bytes)}) and {other_slots}"
+            f" other slot(s) ({_mib(other_slots_bytes)}) of its {_mib(budget_bytes)} budget"
+            " (--adapter-host-memory). It starts once a slot on that host ends",
+            fits_later=True,
         )
     if device_free is None:
         return None
     free, total = device_free
     still_to_allocate = max(0, slot_bytes - allocated_bytes)
-    available = free - int(total * GPU_RESERVE_FRACTION)
+    reserve = int(total * GPU_RESERVE_FRACTION)
+    available = free - reserve
     if still_to_allocate <= available:
         return None
+    if base_bytes + same_job_bytes + slot_bytes > total - reserve:
+        return Refusal(
+            code="adapter_host_full",
+            message=f"this slot needs {_mib(slot_bytes)} (adapter, gradients, optimizer moments) beside its base"
+            f" ({_mib(base_bytes)}) but its device holds {_mib(total)} less a {GPU_RESERVE_FRACTION:.0%}"
+            " reserve: it can never fit there. Use a smaller rank or fewer target modules",
+        )
     return Refusal(
         code="adapter_host_full",
-        message=f"this slot still needs {_mib(still_to_allocate)} (gradients, optimizer moments) but its device has"
-        f" {_mib(max(available, 0))} free beyond a {GPU_RESERVE_FRACTION:.0%} reserve; wait for a slot to"
-        " end or use a smaller rank",
+        message=f"waiting for device memory: this slot still needs {_mib(still_to_allocate)} (gradients,"
+        f" optimizer moments) but its device has {_mib(max(available, 0))} free beyond a"
+        f" {GPU_RESERVE_FRACTION:.0%} reserve (its adapter host holds the base, {_mib(base_bytes)}, and"
+        f" {other_slots} other slot(s), {_mib(other_slots_bytes)}). It starts once a slot on that device ends",
+        fits_later=True,
     )

@@ -2,7 +2,8 @@
 
 pending (waiting for a device) -> starting (workers loading the model) -> running -> terminal.
 Ending a job stops its workers, fails or cancels its unfinished requests, frees its devices and
-admits whoever waits next.
+admits whoever waits next. A job whose adapter-host slot does not fit in memory yet goes from starting
+back to pending, and waits there for a slot of its device to free (room_waits.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .executors.base import Executor, SubJobAssignment
 from .models import ModelCatalog
 from .pagination import ListingFilter, parse_cursor, split_page
 from .scheduler import Scheduler
+from .stats import span_closed
 from .store import Store
 from .validation import validate_job
 from .waiters import Waiters
@@ -104,6 +106,8 @@ class JobManager:
         # Checks beyond the job spec's own (e.g. a training loop's datasets): each returns the spec to keep.
         self.validators: list[Callable[[Principal, dict[str, Any]], dict[str, Any]]] = []
         self._completing: set[str] = set()
+        # Jobs being set aside to wait for adapter-host memory (their workers stopping).
+        self._setting_aside_for_room: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
 
     # queries ----------------------------------------------------------------------------------
@@ -284,6 +288,7 @@ class JobManager:
                 self.scheduler.release(job_id)
                 continue
             self._set_job_status(job_id, states.JOB_STARTING, started_at=time.time())
+            self.scheduler.room_waits.admitted(job_id, {device.id for device in placement})
             for sub, devices in zip(job["sub_jobs"], _per_sub_job(job["sub_jobs"], placement), strict=True):
                 device = devices[0]
                 self.store.update_sub_job(job_id, sub["id"], status=states.JOB_STARTING, device=device.id)
@@ -310,7 +315,12 @@ class JobManager:
         if job is None or job["status"] in states.JOB_TERMINAL:
             return
         self.store.update_sub_job(job_id, sub_job_id, status=states.JOB_RUNNING, info=info)
-        if all(sub["status"] == states.JOB_RUNNING for sub in self.store.sub_jobs(job_id)):
+        sub_jobs = self.store.sub_jobs(job_id)
+        device = next((sub["device"] for sub in sub_jobs if sub["id"] == sub_job_id), None)
+        if device is not None:
+            self.scheduler.room_waits.slot_ready(job_id, device)
+        if all(sub["status"] == states.JOB_RUNNING for sub in sub_jobs):
+            self.scheduler.room_waits.ran(job_id)
             self._set_job_status(job_id, states.JOB_RUNNING)
             self.store.touch_job(job_id)
             for callback in self.on_job_running:
@@ -324,6 +334,41 @@ class JobManager:
             job_id, sub_job_id, status=states.JOB_FAILED, failure_code=code, failure_message=message
         )
         self.end(job_id, states.JOB_FAILED, code, f"{sub_job_id}: {message}")
+
+    def sub_job_waits_for_room(self, job_id: str, sub_job_id: str, reason: str) -> None:
+        """A sub-job's adapter-host slot does not fit in memory now but would once another slot of its device
+        frees: stop the job's workers and queue it again, waiting with `reason` (room_waits.py)."""
+        job = self.store.get_job(job_id)
+        if job is None or job["status"] in states.JOB_TERMINAL or job_id in self._setting_aside_for_room:
+            return
+        device = next((sub["device"] for sub in job["sub_jobs"] if sub["id"] == sub_job_id), None)
+        if device is None:
+            return
+        self._setting_aside_for_room.add(job_id)
+        # Waiting from now: a slot that frees while its workers stop wakes it.
+        self.scheduler.room_waits.refused(job_id, device, f"{sub_job_id}: {reason}")
+        self._spawn(self._queue_again_for_room(job_id))
+
+    async def _queue_again_for_room(self, job_id: str) -> None:
+        try:
+            await self.set_aside(job_id)
+        finally:
+            self._setting_aside_for_room.discard(job_id)
+        job = self.store.get_job(job_id)
+        if job is None or job["status"] in states.JOB_TERMINAL:
+            self.scheduler.room_waits.forget(job_id)
+            return
+        with self.store.transaction():
+            for sub in job["sub_jobs"]:
+                self.store.update_sub_job(job_id, sub["id"], status=states.JOB_PENDING, device=None)
+            self.store.update_job(job_id, status=states.JOB_PENDING, **span_closed(job))
+        self.waiters.notify(job_id)
+        self.requeue(job)
+        retry_in = self.scheduler.room_waits.retry_in(job_id)  # a slot freed while it was starting
+        if retry_in:
+            asyncio.get_running_loop().call_later(retry_in, self._admit_and_tell)
+        self.admit()
+        self.queue_moved()
 
     # ending -----------------------------------------------------------------------------------
     def update(self, principal: Principal, job_id: str, body: UpdateJob) -> dict[str, Any]:
@@ -373,6 +418,7 @@ class JobManager:
             handler(job_id, code, message) for handler in self.failure_handlers
         ):
             return
+        self.scheduler.room_waits.forget(job_id)
         # The job's end is one write: refused (disk full, lock held), nothing changed and the caller may retry.
         with self.store.transaction():
             for sub in job["sub_jobs"]:
@@ -435,9 +481,17 @@ class JobManager:
                 return_exceptions=True,
             )
         finally:
+            # A job that held a slot there may have made room for jobs waiting for adapter-host memory.
+            for delay in self.scheduler.room_waits.released(job_id):
+                asyncio.get_running_loop().call_later(delay, self._admit_and_tell)
             self.scheduler.release(job_id)
             self.admit()
             self.queue_moved()
+
+    def _admit_and_tell(self) -> None:
+        """Admit whoever may start now (a job whose backoff after a refusal for memory has passed)."""
+        self.admit()
+        self.queue_moved()
 
     def _set_job_status(self, job_id: str, status: str, **fields: Any) -> None:
         self.store.update_job(job_id, status=status, **fields)

@@ -85,6 +85,8 @@ class Preemption:
             del self._pausing[job_id]
         if self._pausing or self._requeueing:
             return
+        if self.scheduler.room_waits.holds(holder_id):  # it waits for adapter-host memory, not a device slot
+            return
         asked = self.scheduler.priority_of(holder_id)
         request = self.scheduler.request_of(holder_id)
         if asked is None or request is None:

@@ -3,6 +3,7 @@
 An estimate comes from what the backend knows of each holder: a training run's ETA, an idle job's
 `frees_at`, a keep-alive's end. A holder busy with a client's own requests could end at any time, so
 when the slots a job waits for depend on such holders there is no estimate (null), never a guess.
+A job waiting for memory on an adapter host (room_waits.py) gives the host's own reason, with the bytes.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ class QueueReasons:
         slots, min_memory, exclusive = self.scheduler.request_of(job_id)
         models = self.scheduler.models_of(job_id)
         devices = self.scheduler.eligible_devices(min_memory, exclusive, models)
+        room_reason = self.scheduler.room_waits.reason(job_id)
+        if room_reason is not None:  # the holders whose slots on its device would make room
+            device_id = self.scheduler.room_waits.device_of(job_id)
+            devices = [device for device in devices if device.id == device_id] or devices
         holders = self.scheduler.holders_on(devices)
         total = sum(device.slots for device in devices)
         used = sum(self.scheduler.slots_in_use(device) for device in devices)
@@ -92,6 +97,8 @@ class QueueReasons:
             if holders
             else f"waiting for {what}"
         )
+        if room_reason is not None:
+            reason = room_reason
         if index:
             reason = f"{index} ahead in the queue; {reason}"
         priority, effective, submitted_at = self.scheduler.priority_of(job_id)
@@ -99,9 +106,10 @@ class QueueReasons:
             "position": position,
             "reason": reason,
             "blocked_by": visible,
-            "estimate_s": self._estimate(
-                snapshot, snapshot.slots_ahead[index], slots, total - used, holders, devices
-            ),
+            # Which holder's end makes room for a slot's bytes is not known: no estimate.
+            "estimate_s": None
+            if room_reason is not None
+            else self._estimate(snapshot, snapshot.slots_ahead[index], slots, total - used, holders, devices),
             "priority": priority,
             "effective_priority": effective,
             "submitted_at": submitted_at,

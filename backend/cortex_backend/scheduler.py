@@ -9,6 +9,9 @@ sub-jobs are kept on one device when they fit there (trainer and sampler share w
 On a cluster (the Ray executor) devices come and go with their hosts (`set_devices`), and a device
 serves only the models registered on its host: a job is placed only where every model it names is.
 
+A job whose adapter-host slot did not fit in memory waits in the queue too (room_waits.py): it stops the
+queue like a holder that does not fit, until a slot of its device frees.
+
 Source runs wait in the same queue. A run that asks for N GPUs is `exclusive`: it takes N distinct
 GPUs whole (every slot on each), since a user's script may use all of a device's memory. Holders of
 a kind other than "job" are handed to that kind's admission listener instead of being returned.
@@ -23,6 +26,7 @@ from collections.abc import Callable
 from cortex_nb.protocol.priority import DEFAULT_AGING_S, DEFAULT_PRIORITY, effective_priority
 
 from .devices import Device
+from .room_waits import RoomWaits
 
 
 class Scheduler:
@@ -47,6 +51,8 @@ class Scheduler:
         self._exclusive: set[str] = set()
         # Holders that ended and whose workers are still stopping (their slots are not free yet).
         self._freeing: set[str] = set()
+        # Jobs waiting for memory on an adapter host (not admitted until a slot of their device frees).
+        self.room_waits = RoomWaits(clock)
         # Bumped by every change of the queue or the placements (what a cached view of them is keyed on).
         self.version = 0
         # kind -> called with (holder_id, placement) when a holder of that kind is admitted.
@@ -141,8 +147,12 @@ class Scheduler:
         admitted = []
         others: list[tuple[str, str, list[Device]]] = []
         blocked: str | None = None
+        waits_for_room = False
         for holder_id in self.queue_order():
             slots, min_memory_bytes = self._pending[holder_id]
+            if self.room_waits.holds(holder_id):
+                blocked, waits_for_room = holder_id, True
+                break
             if holder_id in self._exclusive:
                 placement = self._place_exclusive(slots, min_memory_bytes)
             else:
@@ -165,7 +175,8 @@ class Scheduler:
         # Listeners run after the queue is settled: they may release or admit in turn.
         for kind, holder_id, placement in others:
             self.admission_listeners[kind](holder_id, placement)
-        if blocked is not None and self.on_blocked is not None:
+        # Preemption frees device slots; a job waiting for memory needs a slot of its host freed instead.
+        if blocked is not None and not waits_for_room and self.on_blocked is not None:
             self.on_blocked(blocked)
         return admitted
 

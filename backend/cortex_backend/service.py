@@ -346,6 +346,9 @@ class Service:
     def sub_job_failed(self, job_id: str, sub_job_id: str, code: str, message: str) -> None:
         self.held_reports.deliver(job_id, self.jobs.sub_job_failed, job_id, sub_job_id, code, message)
 
+    def sub_job_waits_for_room(self, job_id: str, sub_job_id: str, reason: str) -> None:
+        self.held_reports.deliver(job_id, self.jobs.sub_job_waits_for_room, job_id, sub_job_id, reason)
+
     def request_started(self, job_id: str, request_id: str) -> None:
         self.held_reports.deliver(job_id, self.requests.started, job_id, request_id)
 

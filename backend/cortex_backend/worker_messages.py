@@ -62,6 +62,9 @@ class InitFailed(Message):
     kind: ClassVar[str] = "init_failed"
     code: str
     message: str
+    # An adapter host's slot that did not fit in memory now but would once another slot ends: its job
+    # goes back to the queue instead of failing (host_budget.py).
+    waits_for_room: bool = False
 
 
 # worker → service: requests ----------------------------------------------------------------------------

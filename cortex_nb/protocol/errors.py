@@ -351,10 +351,11 @@ ERROR_CODES: dict[str, ErrorCode] = {
         ErrorCode(
             "adapter_host_full",
             None,
-            "the adapter host has no room for the slot's adapter, gradients and optimizer state (its"
-            " --adapter-host-memory budget, or the device's free memory); the message gives the bytes",
+            "the slot's adapter, gradients and optimizer state could never fit on its adapter host, not even"
+            " beside the base alone (its --adapter-host-memory budget, or the device's memory); the message"
+            " gives the bytes. A slot that fits once other slots end waits in the queue instead",
             (JOB,),
-            category=RETRYABLE,
+            category=USER_ERROR,
         ),
         ErrorCode("out_of_memory", None, "the device ran out of memory", (JOB, REQUEST), category=USER_ERROR),
         ErrorCode(

@@ -98,7 +98,7 @@ export const FAILURE_CODES: Readonly<Record<string, string>> = {
   "backend_restarted": "the backend restarted while this was in flight",
   "worker_crashed": "the worker process serving the sub-job died",
   "worker_start_failed": "the worker could not load the model or start",
-  "adapter_host_full": "the adapter host has no room for the slot's adapter, gradients and optimizer state (its --adapter-host-memory budget, or the device's free memory); the message gives the bytes",
+  "adapter_host_full": "the slot's adapter, gradients and optimizer state could never fit on its adapter host, not even beside the base alone (its --adapter-host-memory budget, or the device's memory); the message gives the bytes. A slot that fits once other slots end waits in the queue instead",
   "out_of_memory": "the device ran out of memory",
   "host_lost": "the host running the sub-job left the cluster (its node died or was removed)",
   "operation_failed": "the operation raised an error; see the message",

@@ -29,6 +29,10 @@ class ExecutorListener(Protocol):
 
     def sub_job_failed(self, job_id: str, sub_job_id: str, code: str, message: str) -> None: ...
 
+    def sub_job_waits_for_room(self, job_id: str, sub_job_id: str, reason: str) -> None:
+        """An adapter host's slot did not fit in memory now but would once another slot of its device ends:
+        the job goes back to the queue with `reason` (the bytes) instead of failing."""
+
     def request_started(self, job_id: str, request_id: str) -> None: ...
 
     def request_finished(
@@ -145,7 +149,9 @@ def report_message(
     Raises `worker_messages.UnknownMessage` for a header that is no message."""
     message = messages.decode(header)
     job_id, sub_job_id = assignment.job_id, assignment.sub_job_id
-    if isinstance(message, messages.InitFailed):
+    if isinstance(message, messages.InitFailed) and message.waits_for_room:
+        listener.sub_job_waits_for_room(job_id, sub_job_id, message.message)
+    elif isinstance(message, messages.InitFailed):
         listener.sub_job_failed(job_id, sub_job_id, message.code, message.message)
     elif isinstance(message, messages.Started):
         listener.request_started(job_id, message.request_id)
