@@ -315,6 +315,7 @@ class TrainingJob(_JobHandle):
         idle_timeout_s: float | None = None,
         gradient_checkpointing: bool = False,
         n_gpus: int = 1,
+        sampler_gpus: int = 1,
         wait: bool = True,
     ) -> TrainingJob:
         trainer = {
@@ -336,6 +337,8 @@ class TrainingJob(_JobHandle):
                 "base_model": base_model,
                 "seed": seed,
                 **({"max_seq_len": max_seq_len} if max_seq_len else {}),
+                # one vLLM engine across this many devices (tensor parallelism; vLLM backends only)
+                **({"n_gpus": sampler_gpus} if sampler_gpus != 1 else {}),
             }
             for _ in range(samplers)
         ]
@@ -472,12 +475,16 @@ class Sampler(_JobHandle):
         name: str | None = None,
         wait: bool = True,
         labels: Mapping[str, str] | None = None,
+        n_gpus: int = 1,
     ) -> Sampler:
+        """`n_gpus` > 1: one vLLM engine across that many devices (tensor parallelism; vLLM backends only)."""
         if kind not in (SAMPLING, LOG_PROBABILITY):
             raise ValueError(f"kind must be {SAMPLING!r} or {LOG_PROBABILITY!r}")
         sub = {"type": kind, "base_model": base_model, "lora": lora or {}, "seed": seed}
         if max_seq_len:
             sub["max_seq_len"] = max_seq_len
+        if n_gpus != 1:
+            sub["n_gpus"] = n_gpus
         sampler = cls(client, api_of(client).create_job([sub], name=name, labels=labels))
         if wait:
             sampler.wait_ready()

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -324,3 +325,38 @@ def test_a_streamed_client_that_leaves_has_its_request_aborted_in_vllm(pair):
     first = pair.sample(pair.sampler_id, max_tokens=8, temperature=0.0)
     assert pair.sample(pair.sampler_id, max_tokens=8, temperature=0.0).tokens == first.tokens
     assert all(len(tokens) == 8 for tokens in first.tokens)
+
+
+def test_a_sampler_across_two_devices_is_one_tensor_parallel_vllm_engine(vllm_client, pair):
+    """`n_gpus: 2` on a sampling sub-job: one worker whose vLLM engine shards the model over two devices
+    (two CPU slots here, gloo between vLLM's own shard processes). It samples what the one-device engine
+    and transformers do, the base alone and after loading a trained checkpoint, and holds both slots."""
+    from cortex_nb.training import Sampler
+
+    pair.train(1)
+    saved = pair.job.save("for-tp", checkpoint_type="weights-only").result()
+    sampler = Sampler.create(vllm_client, MODEL, lora=LORA, seed=2, n_gpus=2, name="tp-sampler")
+    try:
+        sub = sampler.refresh()["sub_jobs"][0]
+        assert sub["info"]["sampler"]["engine"] == "vllm"
+        assert sub["info"]["sampler"]["tensor_parallel_size"] == 2
+        used = sum(device["slots_in_use"] for device in vllm_client.get_capacity()["devices"])
+        assert used == 4  # the pair's trainer and sampler, and this sampler's two devices
+        base = sampler.generate(pair.prompts, max_tokens=16, temperature=0.0).result()
+        _assert_greedy_equal(base.samples, pair.base_greedy(16))
+        sampler.load(saved["checkpoint_id"], source_job_id=pair.job.job_id).result()
+        tuned = sampler.generate(pair.prompts, max_tokens=16, temperature=0.0).result()
+        from_trainer = pair.sample(pair.trainer_id, max_tokens=16, temperature=0.0)
+        assert tuned.sampler == "vllm"
+        assert [s["tokens"] for s in tuned.samples] == [s["tokens"] for s in from_trainer.samples]
+        assert [s["tokens"] for s in tuned.samples] != [s["tokens"] for s in base.samples]
+        # vLLM's two shard processes run under the sub-job's worker.
+        shards = [p for p in psutil.Process(sub["info"]["pid"]).children(recursive=True) if p.is_running()]
+        assert len(shards) >= 2, [p.cmdline() for p in shards]
+    finally:
+        sampler.cancel()
+    # Both devices are free again once it ends.
+    deadline = time.monotonic() + 60
+    while sum(device["slots_in_use"] for device in vllm_client.get_capacity()["devices"]) != 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)

@@ -48,6 +48,14 @@ class Device:
         return {"CUDA_VISIBLE_DEVICES": ""}
 
 
+def devices_env(devices: tuple[Device, ...] | list[Device]) -> dict[str, str]:
+    """Environment that gives one worker process several devices (a tensor-parallel engine's), in order."""
+    gpus = [str(device.index) for device in devices if device.kind == "cuda"]
+    if not gpus:
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
 def visible_nvml_indices(
     visible: str | None, total: int, index_of_uuid: Callable[[str], int | None]
 ) -> list[int]:

@@ -223,11 +223,22 @@ class JobManager:
         return self.store.get_job(job_id)
 
     def _check_ranks(self, spec: dict[str, Any]) -> None:
-        """A sub-job across devices needs that many devices of one kind: distinct GPUs, or CPU slots."""
+        """A sub-job across devices needs that many devices of one kind: distinct GPUs, or CPU slots; a
+        sampling one, devices that sample with vLLM (its tensor parallelism)."""
         gpus = [device for device in self.scheduler.devices if device.kind == "cuda"]
         most = len(gpus) if gpus else sum(device.slots for device in self.scheduler.devices)
         for index, sub in enumerate(spec["sub_jobs"]):
             n_gpus = int(sub.get("n_gpus") or 1)
+            engines = sorted({device.sampler or "transformers" for device in self.scheduler.devices})
+            if n_gpus > 1 and sub["type"] == states.SAMPLING and engines != ["vllm"]:
+                raise ApiError(
+                    "multi_gpu_sampling_unsupported",
+                    f"sub_jobs[{index}].n_gpus={n_gpus}: a sampling sub-job spans devices with vLLM's tensor"
+                    f" parallelism, and this backend's devices sample with {', '.join(engines) or 'nothing'}"
+                    " (start it with --sampler vllm, or --sampler auto on GPUs with vLLM installed). Use"
+                    " n_gpus: 1, or several sampling sub-jobs",
+                    {"field": f"sub_jobs[{index}].n_gpus"},
+                )
             if n_gpus > 1 and n_gpus > most:
                 raise ApiError(
                     "exceeds_capacity",

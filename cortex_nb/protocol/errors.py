@@ -139,8 +139,8 @@ ERROR_CODES: dict[str, ErrorCode] = {
         ErrorCode(
             "multi_gpu_sampling_unsupported",
             400,
-            "a sampling or log-probability sub-job asked for n_gpus > 1: only training sub-jobs run across"
-            " devices (tensor-parallel sampling is not built)",
+            "a log-probability sub-job asked for n_gpus > 1, or a sampling one on a backend whose devices"
+            " do not sample with vLLM: sampling across devices is vLLM's tensor parallelism",
         ),
         ErrorCode("hash_mismatch", 400, "a dataset's bytes do not have the SHA-256 its id says"),
         ErrorCode(

@@ -1,7 +1,8 @@
 """The `vllm` sampling engine: a vLLM engine inside a sampling sub-job's worker.
 
-The engine runs in the worker's own process (no engine-core subprocess) on the worker's device, on the
-sub-job's registered model (the built-in `tiny` is written to a directory first), in the sub-job's
+The engine runs in the worker's own process (no engine-core subprocess) on the worker's device (a
+sampling sub-job with `n_gpus: N` gets N devices and an engine with tensor-parallel size N, whose N
+shard workers vLLM starts itself), on the sub-job's registered model (the built-in `tiny` is written to a directory first), in the sub-job's
 dtype, with LoRA on. The sub-job's `ModelState` keeps the peft model: weight sync, checkpoint loads and
 `forward` act on it as for any sub-job. Whenever its adapter changed, `refresh` writes the adapter as a
 peft directory and loads it as a new `LoRARequest` id (vLLM caches adapters by id, so reusing one would
@@ -169,6 +170,12 @@ class VllmSampler(SamplingEngine):
             arguments["quantization"] = "bitsandbytes"
         if state.device.type == "cuda":
             arguments["gpu_memory_utilization"] = float(options.get("gpu_memory_fraction", 0.45))
+        # A sampling sub-job with n_gpus: N sees N devices (CUDA_VISIBLE_DEVICES, or N CPU slots): vLLM
+        # shards the base and the adapter over N worker processes of its own.
+        self.tensor_parallel_size = int(options.get("tensor_parallel_size", 1))
+        if self.tensor_parallel_size > 1:
+            arguments["tensor_parallel_size"] = self.tensor_parallel_size
+            arguments["distributed_executor_backend"] = "mp"
         started = time.perf_counter()
         self.llm = LLM(**arguments)
         self.engine = self.llm.llm_engine
@@ -210,6 +217,8 @@ class VllmSampler(SamplingEngine):
             "version": self.version,
             "start_s": round(self.start_s, 2),
             "lora_id": self.adapters.current.lora_int_id if self.adapters.current else None,
+            # as vLLM itself took it, not as asked
+            "tensor_parallel_size": self.engine.vllm_config.parallel_config.tensor_parallel_size,
         }
 
     def _request_params(self, params: SamplingParams, seed: int | None, stop_ids: set[int], deltas: bool):

@@ -11,9 +11,11 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from cortex_nb.protocol.states import SAMPLING
+
 from .. import worker_messages as messages
 from ..config import BackendSettings
-from ..devices import Device
+from ..devices import Device, devices_env
 from ..models import ModelInfo
 
 
@@ -67,6 +69,16 @@ class SubJobAssignment:
     device: Device
     # A sub-job across devices (`n_gpus` > 1): every rank's device, rank 0's first; empty for one device.
     rank_devices: tuple[Device, ...] = ()
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """A sampling sub-job across devices: one worker whose vLLM engine spans them (not a rank group)."""
+        return bool(self.rank_devices) and self.sub_job_type == SAMPLING
+
+    @property
+    def rank_group(self) -> bool:
+        """A training sub-job across devices: one worker per rank (engine/sharding.py)."""
+        return bool(self.rank_devices) and not self.tensor_parallel
 
 
 class Executor(abc.ABC):
@@ -174,19 +186,25 @@ def init_message(
     model: ModelInfo | None = None,
 ) -> messages.Init:
     """The `init` that assigns a worker (or an adapter host's slot) its sub-job, for every executor.
-    `model`: the model as the worker's host sees it, where that differs (a cluster host's own directory)."""
+    `model`: the model as the worker's host sees it, where that differs (a cluster host's own directory).
+    A tensor-parallel sampler's worker sees all its devices and sizes its engine to them."""
+    sampler_options = dict(settings.sampler_options)
+    env = assignment.device.worker_env()
+    if assignment.tensor_parallel:
+        sampler_options["tensor_parallel_size"] = len(assignment.rank_devices)
+        env = devices_env(assignment.rank_devices)
     return messages.Init(
         job_id=assignment.job_id,
         sub_job_id=assignment.sub_job_id,
         sub_job_type=assignment.sub_job_type,
         spec=assignment.spec,
         model=(model or assignment.model).to_wire(),
-        # The GPU the scheduler chose; a CPU sub-job sees none.
-        env=assignment.device.worker_env(),
+        # The GPU the scheduler chose (every GPU of a tensor-parallel sampler); a CPU sub-job sees none.
+        env=env,
         threads=settings.threads,
         faults=list(settings.faults),
         sampler=assignment.device.sampler,
-        sampler_options=dict(settings.sampler_options),
+        sampler_options=sampler_options,
     )
 
 

@@ -295,8 +295,10 @@ class LocalExecutor(Executor):
             return host
 
     async def start_sub_job(self, assignment: SubJobAssignment) -> None:
-        if assignment.rank_devices:
+        if assignment.rank_group:
             await self._start_rank_group(assignment)
+            return
+        if assignment.tensor_parallel and not self._distinct_gpus(assignment):
             return
         key = (assignment.job_id, assignment.sub_job_id)
         starting = self._starting[key] = asyncio.Event()
@@ -324,15 +326,7 @@ class LocalExecutor(Executor):
         """One worker per rank (warm ones where there are), each told its rank and the group's rendezvous."""
         key = (assignment.job_id, assignment.sub_job_id)
         devices = assignment.rank_devices
-        gpus = [device.id for device in devices if device.kind == "cuda"]
-        if len(set(gpus)) < len(gpus):
-            self.listener.sub_job_failed(
-                assignment.job_id,
-                assignment.sub_job_id,
-                "worker_start_failed",
-                f"its {len(devices)} ranks were placed on {sorted(set(gpus))}: two ranks cannot share a GPU."
-                " Start the backend with one slot per GPU to run sub-jobs across GPUs",
-            )
+        if not self._distinct_gpus(assignment):
             return
         starting = self._starting[key] = asyncio.Event()
         try:
@@ -359,6 +353,20 @@ class LocalExecutor(Executor):
                 "WORLD_SIZE": str(len(devices)),
             }
             worker.send(messages.encode(dataclasses.replace(base, env=env)))
+
+    def _distinct_gpus(self, assignment: SubJobAssignment) -> bool:
+        """A sub-job across GPUs needs each on a GPU of its own; otherwise it fails here, saying so."""
+        gpus = [device.id for device in assignment.rank_devices if device.kind == "cuda"]
+        if len(set(gpus)) == len(gpus):
+            return True
+        self.listener.sub_job_failed(
+            assignment.job_id,
+            assignment.sub_job_id,
+            "worker_start_failed",
+            f"its {len(gpus)} devices were placed on {sorted(set(gpus))}: one sub-job cannot use a GPU twice."
+            " Start the backend with one slot per GPU to run sub-jobs across GPUs",
+        )
+        return False
 
     def _send_to(
         self, worker: WorkerProcess, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes = b""

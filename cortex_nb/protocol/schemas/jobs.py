@@ -19,6 +19,7 @@ from ..states import (
     PROGRESS_MANAGED,
     PROGRESS_PHASES,
     PROGRESS_PRIMITIVE,
+    SAMPLING,
     SUB_JOB_TYPES,
     TRAINING,
 )
@@ -105,8 +106,9 @@ class SubJobSpec(Body):
         default=1,
         ge=1,
         le=MAX_RANKS,
-        description="training only: run as this many ranks with FSDP2 (parameters, gradients and optimizer"
-        " state sharded across them), one device each (CPU slots with gloo on a CPU backend)",
+        description="a training sub-job runs as this many ranks with FSDP2 (parameters, gradients and"
+        " optimizer state sharded across them), one device each (CPU slots with gloo on a CPU backend); a"
+        " sampling sub-job on vLLM devices runs one engine with this tensor-parallel size",
     )
 
     @model_validator(mode="after")
@@ -117,11 +119,11 @@ class SubJobSpec(Body):
             raise PydanticCustomError(
                 "invalid_field", "gradient_checkpointing: only a training sub-job runs a backward pass"
             )
-        if self.n_gpus > 1 and self.type != TRAINING:
+        if self.n_gpus > 1 and self.type not in (TRAINING, SAMPLING):
             raise PydanticCustomError(
                 "multi_gpu_sampling_unsupported",
-                "n_gpus: a {kind} sub-job runs on one device; tensor-parallel sampling (vLLM's) is not"
-                " built in cortex-nb. Use n_gpus: 1, or several sampling sub-jobs",
+                "n_gpus: a {kind} sub-job runs on one device (tensor parallelism serves sampling sub-jobs on"
+                " vLLM). Use n_gpus: 1, or several {kind} sub-jobs",
                 {"kind": self.type},
             )
         return self

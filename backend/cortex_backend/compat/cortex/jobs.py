@@ -122,8 +122,8 @@ def _dict(value: Any, field: str, allowed: set[str]) -> dict[str, Any]:
 
 
 def _n_gpus(config: dict[str, Any], field: str) -> int:
-    """The sub-job's `n_gpus`: a training sub-job runs as that many ranks (FSDP2); the service refuses a
-    sampling one above 1 (`multi_gpu_sampling_unsupported`)."""
+    """The sub-job's `n_gpus`: a training sub-job runs as that many ranks (FSDP2), a sampling one as one vLLM
+    engine of that tensor-parallel size where the devices sample with vLLM (else `multi_gpu_sampling_unsupported`)."""
     n_gpus = config.get("n_gpus", 1)
     if not isinstance(n_gpus, int) or isinstance(n_gpus, bool) or n_gpus < 1:
         raise _field("must be a positive integer", f"{field}.n_gpus")
