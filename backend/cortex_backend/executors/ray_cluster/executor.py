@@ -472,6 +472,10 @@ class RayExecutor(Executor):
                     " Create it again with fewer ranks, or when the host is free",
                 )
             return
+        except Exception:
+            if sub.stopping:  # stopped meanwhile: its placement group was removed under the wait
+                return
+            raise
         if sub.stopping:
             return
         found = await asyncio.gather(*(actor.placement.remote() for actor in actors), return_exceptions=True)
