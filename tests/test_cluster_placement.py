@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 from cortex_backend.devices import Device
+from cortex_backend.executors.base import SubJobAssignment
+from cortex_backend.executors.ray_cluster.executor import RayExecutor
 from cortex_backend.executors.ray_cluster.hosts import devices_of
 from cortex_backend.executors.ray_cluster.versions import mismatches
 from cortex_backend.scheduler import Scheduler
@@ -35,6 +37,24 @@ def test_a_job_spans_hosts_when_no_one_host_holds_it():
     scheduler = Scheduler([cpu("a", TINY), cpu("b", TINY)])
     scheduler.enqueue("pair", 2, models=TINY)
     assert sorted(device.host for device in dict(scheduler.admit())["pair"]) == ["a", "b"]
+
+
+def test_ranks_placed_across_hosts_are_refused_on_ray_and_ranks_on_one_host_start():
+    """A rank group's actors share one node (a placement group): ranks the scheduler had to spread over
+    hosts fail `exceeds_capacity` at once instead of waiting on Ray."""
+    from cortex_backend.models import ModelInfo
+
+    model = ModelInfo("tiny", "builtin", None, {})
+    scheduler = Scheduler([cpu("a", TINY), cpu("b", TINY), cpu("c", TINY, slots=2)])
+    scheduler.enqueue("fits-c", 2, models=TINY)
+    scheduler.enqueue("spread", 2, models=TINY)
+    admitted = dict(scheduler.admit())
+    for holder, expected in (("fits-c", None), ("spread", "exceeds_capacity")):
+        devices = tuple(admitted[holder])
+        assignment = SubJobAssignment(holder, "training-0", "training", {}, model, devices[0], devices)
+        refusal = RayExecutor._rank_group_refusal(assignment)
+        assert (refusal[0] if refusal else None) == expected, holder
+    assert "placed on hosts a, b" in RayExecutor._rank_group_refusal(assignment)[1]
 
 
 def test_a_host_leaving_keeps_its_holders_counted_until_released_and_fails_what_can_never_fit():

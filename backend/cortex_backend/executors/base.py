@@ -1,8 +1,9 @@
 """Executors run sub-jobs. The service talks only to the `Executor` interface (here); `LocalExecutor`
 (local.py) runs worker processes on this host, `ray_cluster.executor.RayExecutor` one Ray actor per sub-job on
-the hosts of a Ray cluster; choice.py picks one, environment.py says what a worker's environment holds. Both run the same worker code (worker.py), speak the same
-messages (worker_messages.py), start a sub-job with the same `init_message` and report through
-`report_message`.
+the hosts of a Ray cluster; choice.py picks one, environment.py says what a worker's environment holds,
+rank_groups.py keeps the books of a sub-job across devices for both. Both run the same worker code
+(worker.py), speak the same messages (worker_messages.py), start a sub-job with the same `init_message`
+and report through `report_message`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -42,6 +41,7 @@ from .base import (
     report_message,
 )
 from .environment import worker_environment
+from .rank_groups import RankGroupState, free_port, rank_inits, shared_gpu_refusal
 
 log = logging.getLogger("cortex_backend.executors.base")
 
@@ -70,39 +70,14 @@ class Slot:
     slot_bytes: int = 0
 
 
-# Of each rank's own ready info, what the sub-job's `ranks` shows per rank.
-RANK_INFO_FIELDS = ("device_name", "base_bytes", "peak_memory_bytes", "peak_memory_kind")
-
-
 @dataclass
-class RankGroup:
+class RankGroup(RankGroupState):
     """The worker processes of one sub-job across devices (engine/sharding.py), rank 0 first."""
 
-    assignment: SubJobAssignment
-    workers: list[WorkerProcess]
-    ready_ranks: set[int] = field(default_factory=set)
-    rank0_info: dict[str, Any] = field(default_factory=dict)
-    # What each rank reported about itself when ready (its shard's bytes, its memory after loading).
-    rank_infos: dict[int, dict[str, Any]] = field(default_factory=dict)
-    # Set once the sub-job's end is reported (a crash or a failed start): later exits say nothing more.
-    ended: bool = False
+    workers: list[WorkerProcess] = field(default_factory=list)
 
-    def describe(self) -> list[dict[str, Any]]:
-        described = []
-        for rank, worker in enumerate(self.workers):
-            own = self.rank_infos.get(rank, {})
-            described.append(
-                {"rank": rank, "pid": worker.process.pid, "device": worker.device_id}
-                | {key: own[key] for key in RANK_INFO_FIELDS if key in own}
-            )
-        return described
-
-
-def free_port() -> int:
-    """A port for a rank group's rendezvous (rank 0 listens on it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    def describe(self) -> dict[str, Any]:
+        return self.ready_info([(worker.process.pid, worker.device_id) for worker in self.workers])
 
 
 @dataclass
@@ -334,39 +309,26 @@ class LocalExecutor(Executor):
         finally:
             del self._starting[key]
             starting.set()
-        group = RankGroup(assignment, workers)
+        group = RankGroup(assignment, workers=workers)
         self._workers[key] = workers[0]
-        base = init_message(assignment, self.worker_settings)
-        rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-        for rank, (worker, device) in enumerate(zip(workers, devices, strict=True)):
+        inits = rank_inits(init_message(assignment, self.worker_settings), devices, "127.0.0.1", free_port())
+        for rank, (worker, init) in enumerate(zip(workers, inits, strict=True)):
             worker.group, worker.rank = group, rank
             worker.assignment = assignment
             worker.ready = asyncio.get_running_loop().create_future()
             for stream, at, line in worker.early_output:
                 self._log(assignment, stream, at, f"[rank {rank}] {line}")
             worker.early_output.clear()
-            env = {
-                **device.worker_env(),
-                **rendezvous,
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(len(devices)),
-            }
-            worker.send(messages.encode(dataclasses.replace(base, env=env)))
+            worker.send(messages.encode(init))
 
     def _distinct_gpus(self, assignment: SubJobAssignment) -> bool:
         """A sub-job across GPUs needs each on a GPU of its own; otherwise it fails here, saying so."""
-        gpus = [device.id for device in assignment.rank_devices if device.kind == "cuda"]
-        if len(set(gpus)) == len(gpus):
-            return True
-        self.listener.sub_job_failed(
-            assignment.job_id,
-            assignment.sub_job_id,
-            "worker_start_failed",
-            f"its {len(gpus)} devices were placed on {sorted(set(gpus))}: one sub-job cannot use a GPU twice."
-            " Start the backend with one slot per GPU to run sub-jobs across GPUs",
-        )
-        return False
+        refusal = shared_gpu_refusal(assignment.rank_devices)
+        if refusal is not None:
+            self.listener.sub_job_failed(
+                assignment.job_id, assignment.sub_job_id, "worker_start_failed", refusal
+            )
+        return refusal is None
 
     def _send_to(
         self, worker: WorkerProcess, job_id: str, sub_job_id: str, header: dict[str, Any], blob: bytes = b""
@@ -524,26 +486,19 @@ class LocalExecutor(Executor):
         group = worker.group
         kind = header.get("type")
         if kind == messages.InitFailed.kind:
-            if not group.ended:
-                group.ended = True
+            if group.end():
                 for rank_worker in group.workers:
                     rank_worker.stopping = True
-                header = {**header, "message": f"rank {worker.rank}: {header.get('message', '')}"}
-                report_message(self.listener, group.assignment, header, blob)
+                report_message(self.listener, group.assignment, group.failed_start(worker.rank, header), blob)
             return
         if kind == messages.Ready.kind:
-            group.ready_ranks.add(worker.rank)
-            group.rank_infos[worker.rank] = header.get("info") or {}
-            if worker.rank == 0:
-                group.rank0_info = header.get("info") or {}
-            if len(group.ready_ranks) < len(group.workers) or group.ended:
+            if not group.rank_ready(worker.rank, header.get("info")):
                 return
             for rank_worker in group.workers:
                 if not rank_worker.ready.done():
                     rank_worker.ready.set_result(True)
             assignment = group.assignment
-            info = {**group.rank0_info, "ranks": group.describe()}
-            self.listener.sub_job_ready(assignment.job_id, assignment.sub_job_id, info)
+            self.listener.sub_job_ready(assignment.job_id, assignment.sub_job_id, group.describe())
             key = (assignment.job_id, assignment.sub_job_id)
             for queued_header, queued_blob in self._backlog.pop(key, []):
                 self._send_to(
@@ -634,15 +589,13 @@ class LocalExecutor(Executor):
         group = worker.group
         if group.ended or worker.stopping:
             return
-        group.ended = True
+        group.end()
         assignment = group.assignment
         self.listener.sub_job_failed(
             assignment.job_id,
             assignment.sub_job_id,
             "worker_crashed",
-            f"rank {worker.rank} of {len(group.workers)} (pid {worker.process.pid}) serving"
-            f" {assignment.sub_job_id} died ({how}); every rank is stopped. See the job's logs; other jobs"
-            " are unaffected.",
+            group.crash_message(worker.rank, worker.process.pid, how),
         )
 
     def _log(self, assignment: SubJobAssignment, name: str, at: float, line: str) -> None:

@@ -108,7 +108,8 @@ class CheckpointStaging:
         if staged is None:
             return header
         try:
-            if saved is not None and header.get("status") == "succeeded":
+            # A rank other than rank 0 of a rank group writes nothing (rank 0 alone writes the checkpoint).
+            if saved is not None and header.get("status") == "succeeded" and saved.is_dir():
                 header = {**header, STAGED_FILES: read_checkpoint_files(saved)}
         finally:
             shutil.rmtree(staged.parent, ignore_errors=True)
@@ -117,7 +118,7 @@ class CheckpointStaging:
     def _loop_checkpoint(self, header: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             loop = self._loops.get(header.get("request_id", ""))
-        if loop is None:
+        if loop is None or not Path(header["directory"]).is_dir():
             return header
         written = Path(header["directory"])
         try:

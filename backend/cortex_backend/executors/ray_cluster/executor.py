@@ -10,6 +10,13 @@ Messages go both ways through Ray calls (sub_job_actor.py): `send` carries what 
 writes to a worker's socket, one waiting `next_messages` per actor brings back what the worker writes.
 A dead actor fails its sub-job with `worker_crashed`; a host whose node leaves fails its sub-jobs with
 `host_lost`. Hosts are read from Ray every second (hosts.py), and the service hears of every change.
+
+A training sub-job across devices (`n_gpus` > 1) is a rank group (rank_groups.py): one actor per rank, held
+together on its host by a placement group (STRICT_PACK, one bundle per rank with the resources a one-device
+actor asks for). Every rank gets the same messages under the same sequence numbers; only rank 0's replies
+reach the service; any rank's death fails the sub-job and takes every rank's actor and the placement group
+with it. A sampling sub-job across devices (vLLM's tensor parallelism) is one actor holding the resources of
+all its devices on one host; its engine starts its own shard processes (not run on Ray in the tests here).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from ..base import (
     init_message,
     report_message,
 )
+from ..rank_groups import RankGroupState, rank_inits, shared_gpu_refusal
 from .checkpoint_transfer import STAGED_FILES, TransferError, read_checkpoint_files, write_checkpoint_files
 from .cluster_token import (
     TOKEN_FILE_NAME,
@@ -65,6 +73,7 @@ from .registry import (
     ClusterStore,
     head_record,
     host_record,
+    host_resource,
     model_resource,
     node_resources,
 )
@@ -80,6 +89,11 @@ UNAVAILABLE_RETRY_S = (
     0.5  # an actor Ray cannot reach right now: ask again (its death comes as ActorDiedError)
 )
 STOP_GRACE_S = 3.0
+# How long a rank group's placement group may wait for its host to hold every rank at once: past it the
+# sub-job fails `exceeds_capacity` instead of waiting on Ray for ever.
+PLACEMENT_WAIT_S = 60.0
+# A request's payload above this goes once into Ray's object store for all the ranks, not once per rank.
+SHARED_PAYLOAD_BYTES = 1 << 16
 
 
 class StoredBlob:
@@ -100,13 +114,24 @@ class StoredBlob:
 class ActorSubJob:
     assignment: SubJobAssignment
     host: Host
-    actor: Any
+    # One actor per rank, rank 0 first (one actor for a sub-job on one device).
+    actors: list[Any]
     sequence: int = 0
     stopping: bool = False
-    pump: asyncio.Task | None = None
-    placement: dict[str, Any] = field(default_factory=dict)
+    # One task per actor bringing back what its worker sends.
+    pumps: list[asyncio.Task] = field(default_factory=list)
+    # Where Ray placed each actor (node, pid, GPUs), rank 0 first.
+    placements: list[dict[str, Any]] = field(default_factory=list)
     # save request id -> the directory on the head its files go to
     saves: dict[str, Path] = field(default_factory=dict)
+    # A sub-job across devices: its ranks' bookkeeping, and the placement group that holds them together.
+    group: RankGroupState | None = None
+    placement_group: Any = None
+
+    @property
+    def placement(self) -> dict[str, Any]:
+        """Where rank 0 (the sub-job's one actor, on one device) runs."""
+        return self.placements[0] if self.placements else {}
 
     def next_sequence(self) -> int:
         self.sequence += 1
@@ -119,10 +144,17 @@ class ActorSubJob:
         files: dict[str, bytes] | None = None,
         sequence: int | None = None,
     ) -> None:
-        """Queue a message for the worker (Ray resolves a stored payload into bytes on the actor's host)."""
+        """Queue a message for the worker, for every rank's worker alike (Ray resolves a stored payload into
+        bytes on the actor's host)."""
         if sequence is None:
             sequence = self.next_sequence()
-        self.actor.send.remote(sequence, header, blob.ref if isinstance(blob, StoredBlob) else blob, files)
+        payload = blob.ref if isinstance(blob, StoredBlob) else blob
+        if len(self.actors) > 1 and isinstance(payload, bytes) and len(payload) > SHARED_PAYLOAD_BYTES:
+            import ray
+
+            payload = ray.put(payload)
+        for actor in self.actors:
+            actor.send.remote(sequence, header, payload, files)
 
 
 class RayExecutor(Executor):
@@ -326,14 +358,9 @@ class RayExecutor(Executor):
     # sub-jobs ---------------------------------------------------------------------------------
     async def start_sub_job(self, assignment: SubJobAssignment) -> None:
         key = (assignment.job_id, assignment.sub_job_id)
-        if assignment.rank_devices:  # N actors in a placement group: not built
-            self.listener.sub_job_failed(
-                assignment.job_id,
-                assignment.sub_job_id,
-                "worker_start_failed",
-                f"{assignment.sub_job_id} asks for n_gpus={len(assignment.rank_devices)}: a sub-job across"
-                " devices runs on the local executor only (not on Ray yet); create it with n_gpus: 1 here",
-            )
+        refusal = self._rank_group_refusal(assignment)
+        if refusal is not None:
+            self.listener.sub_job_failed(assignment.job_id, assignment.sub_job_id, *refusal)
             return
         host = self.hosts.get(assignment.device.host)
         if host is None:
@@ -349,15 +376,135 @@ class RayExecutor(Executor):
             model = ModelInfo(
                 model.name, model.kind, Path(host.model_path(model.name) or str(model.path)), model.config
             )
-        actor = self._actor_class.options(**self._actor_options(assignment.device, host, model.name)).remote()
-        sub = ActorSubJob(assignment, host, actor)
+        if assignment.rank_group:
+            try:
+                await self._start_rank_group(assignment, host, model)
+            except Exception as exc:  # Ray refused the placement group or the actors: say so, never hang
+                log.exception("starting the ranks of %s failed", assignment.sub_job_id)
+                sub = self._sub_jobs.get(key)
+                message = f"its {len(assignment.rank_devices)} ranks could not be started on Ray: {exc}"
+                if sub is not None:
+                    self._fail(sub, "worker_start_failed", message)
+                else:
+                    self.listener.sub_job_failed(
+                        assignment.job_id, assignment.sub_job_id, "worker_start_failed", message
+                    )
+            return
+        options = self._actor_options(assignment.device, host, model.name)
+        if assignment.tensor_parallel:  # one actor whose vLLM engine spans the sub-job's devices on its host
+            count = len(assignment.rank_devices)
+            options = {
+                **options,
+                "num_gpus": options["num_gpus"] * count,
+                "num_cpus": options["num_cpus"] * count,
+            }
+        actor = self._actor_class.options(**options).remote()
+        sub = ActorSubJob(assignment, host, [actor])
         self._sub_jobs[key] = sub
         # The GPU the scheduler chose, as locally (Ray's num_gpus reserves the host's share; naming the device
         # keeps each sample attributed to the sub-job really on it); a CPU sub-job sees none.
         sub.send(messages.encode(init_message(assignment, WorkerSettings.from_backend(self.settings), model)))
         for header, blob in self._backlog.pop(key, []):
             self._send(sub, header, blob)
-        sub.pump = self._spawn(self._pump(sub))
+        sub.pumps = [self._spawn(self._pump(sub))]
+
+    @staticmethod
+    def _rank_group_refusal(assignment: SubJobAssignment) -> tuple[str, str] | None:
+        """(code, message) when a sub-job's ranks (or a tensor-parallel sampler's devices) cannot run as
+        placed: on two hosts (a rank group's actors share one node; a sampler is one actor), or two on one
+        GPU; None otherwise."""
+        devices = assignment.rank_devices
+        if not devices:
+            return None
+        hosts = sorted({device.host for device in devices})
+        if len(hosts) > 1:
+            return (
+                "exceeds_capacity",
+                f"{assignment.sub_job_id} asks for n_gpus={len(devices)}: its ranks run together on one host,"
+                f" and no host had {len(devices)} free slots, so they were placed on hosts {', '.join(hosts)}."
+                " Create it with n_gpus no larger than one host's slots (GET /v1/capacity lists each host's),"
+                " or join a host with more devices",
+            )
+        refusal = shared_gpu_refusal(devices)
+        return ("worker_start_failed", refusal) if refusal is not None else None
+
+    async def _start_rank_group(self, assignment: SubJobAssignment, host: Host, model: ModelInfo) -> None:
+        """One actor per rank in a placement group on the host the scheduler chose; once Ray has placed
+        them, rank 0's actor picks the rendezvous (its node's address, a port free there) and every rank
+        gets its `init`. Requests sent meanwhile queue behind the init (its sequence number is taken first)."""
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        key = (assignment.job_id, assignment.sub_job_id)
+        devices = assignment.rank_devices
+        options = [self._actor_options(device, host, model.name) for device in devices]
+        # Each bundle holds what its rank's actor asks for, on this host (its resource) and nowhere else.
+        bundles = [
+            {
+                name: amount
+                for name, amount in {
+                    "CPU": option["num_cpus"],
+                    "GPU": option["num_gpus"],
+                    **option["resources"],
+                    host_resource(host.name): MODEL_RESOURCE_PER_SUB_JOB,
+                }.items()
+                if amount
+            }
+            for option in options
+        ]
+        group = placement_group(bundles, strategy="STRICT_PACK")
+        actors = [
+            self._actor_class.options(
+                **{
+                    **option,
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        group, placement_group_bundle_index=rank
+                    ),
+                }
+            ).remote()
+            for rank, option in enumerate(options)
+        ]
+        sub = ActorSubJob(assignment, host, actors, group=RankGroupState(assignment), placement_group=group)
+        init_sequence = sub.next_sequence()
+        self._sub_jobs[key] = sub
+        for header, blob in self._backlog.pop(key, []):
+            self._send(sub, header, blob)
+        try:
+            await asyncio.wait_for(group.ready(), PLACEMENT_WAIT_S)
+        except asyncio.TimeoutError:
+            if not sub.stopping:
+                self._fail(
+                    sub,
+                    "exceeds_capacity",
+                    f"host {host.name} could not hold the {len(devices)} ranks of {assignment.sub_job_id}"
+                    f" together within {PLACEMENT_WAIT_S:.0f} s (a Ray placement group of {len(devices)}"
+                    f" bundles, each {bundles[0]}, on one node); GET /v1/capacity shows each host's free slots."
+                    " Create it again with fewer ranks, or when the host is free",
+                )
+            return
+        except Exception:
+            if sub.stopping:  # stopped meanwhile: its placement group was removed under the wait
+                return
+            raise
+        if sub.stopping:
+            return
+        found = await asyncio.gather(*(actor.placement.remote() for actor in actors), return_exceptions=True)
+        died = next(((rank, exc) for rank, exc in enumerate(found) if isinstance(exc, Exception)), None)
+        if died is None:
+            sub.placements = list(found)
+            try:
+                address, port = await actors[0].rendezvous.remote()
+            except Exception as exc:
+                died = (0, exc)
+        if died is not None:
+            await self._actor_died(sub, died[1], died[0])
+            return
+        if sub.stopping:
+            return
+        base = init_message(assignment, WorkerSettings.from_backend(self.settings), model)
+        for actor, init in zip(actors, rank_inits(base, devices, address, port), strict=True):
+            actor.send.remote(init_sequence, messages.encode(init), b"", None)
+        sub.pumps = [self._spawn(self._pump(sub, rank)) for rank in range(len(actors))]
 
     @staticmethod
     def _actor_options(device: Device, host: Host, model: str) -> dict[str, Any]:
@@ -423,56 +570,87 @@ class RayExecutor(Executor):
         sub = self._sub_jobs.pop((job_id, sub_job_id), None)
         if sub is None:
             return
-        import ray
-
         sub.stopping = True
         sub.send(messages.encode(messages.Shutdown()))
-        try:
-            await asyncio.wait_for(sub.actor.close.remote(STOP_GRACE_S), STOP_GRACE_S + 2.0)
-        except Exception:  # gone already, or stuck in an operation: it is killed either way
-            pass
-        with contextlib.suppress(Exception):
-            ray.kill(sub.actor)
-        if sub.pump is not None:
-            sub.pump.cancel()
+
+        async def close(actor: Any) -> None:
+            try:
+                await asyncio.wait_for(actor.close.remote(STOP_GRACE_S), STOP_GRACE_S + 2.0)
+            except Exception:  # gone already, or stuck in an operation: it is killed either way
+                pass
+
+        await asyncio.gather(*(close(actor) for actor in sub.actors))
+        self._release(sub)
+
+    def _release(self, sub: ActorSubJob) -> None:
+        """Kill every actor of a sub-job and remove its placement group: its devices are Ray's again."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for pump in sub.pumps:
+            if pump is not asyncio.current_task():
+                pump.cancel()
+        for actor in sub.actors:
+            with contextlib.suppress(Exception):  # already gone (with its host)
+                ray.kill(actor)
+        if sub.placement_group is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(sub.placement_group)
 
     # messages from actors -----------------------------------------------------------------------
-    async def _pump(self, sub: ActorSubJob) -> None:
+    async def _pump(self, sub: ActorSubJob, rank: int = 0) -> None:
         import ray
 
+        actor = sub.actors[rank]
         try:
-            sub.placement = await sub.actor.placement.remote()
+            if not sub.placements:  # a rank group's were read before its ranks started
+                sub.placements = [await actor.placement.remote()]
             while not sub.stopping:
                 try:
-                    batch = await sub.actor.next_messages.remote(POLL_S)
+                    batch = await actor.next_messages.remote(POLL_S)
                 except ray.exceptions.ActorUnavailableError:
                     await asyncio.sleep(UNAVAILABLE_RETRY_S)
                     continue
                 for header, blob in batch:
-                    await self._on_message(sub, header, blob)
+                    await self._on_message(sub, header, blob, rank)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # ActorDiedError, or an actor Ray could not place at all
-            await self._actor_died(sub, exc)
+            await self._actor_died(sub, exc, rank)
 
-    async def _on_message(self, sub: ActorSubJob, header: dict[str, Any], blob: Any) -> None:
+    async def _on_message(self, sub: ActorSubJob, header: dict[str, Any], blob: Any, rank: int = 0) -> None:
+        """A worker's message; of a rank group's, every rank's logs, readiness and failures count, and
+        otherwise rank 0 alone speaks for the sub-job (the other ranks reply the same)."""
         import ray
 
         assignment = sub.assignment
+        group = sub.group
         kind = header.get("type")
         if sub.stopping or kind in ("hello", "warm"):
             return
         if kind == "log":
+            tag = f"[rank {rank}] " if group is not None else ""
             self.listener.log_lines(
                 assignment.job_id,
                 assignment.sub_job_id,
                 header["stream"],
-                [(float(at), line) for at, line in header["lines"]],
+                [(float(at), tag + line) for at, line in header["lines"]],
             )
             return
         if kind == "ready":
+            info = header.get("info") or {}
+            if group is not None:
+                if not group.rank_ready(rank, info):
+                    return
+                devices = [device.id for device in assignment.rank_devices]
+                info = group.ready_info(
+                    [
+                        (placement.get("pid"), device)
+                        for placement, device in zip(sub.placements, devices, strict=True)
+                    ]
+                )
             info = {
-                **(header.get("info") or {}),
+                **info,
                 "host": sub.host.name,
                 "node_id": sub.placement.get("node_id"),
                 "gpu_ids": sub.placement.get("gpu_ids", []),
@@ -480,15 +658,15 @@ class RayExecutor(Executor):
             self.listener.sub_job_ready(assignment.job_id, assignment.sub_job_id, info)
             return
         if kind == "worker_exited":
-            self._fail(
-                sub,
-                "worker_crashed",
-                f"the worker serving {assignment.sub_job_id} on host {sub.host.name} stopped"
-                f" ({header.get('reason')}); see the job's logs. Other jobs are unaffected.",
-            )
+            self._fail(sub, "worker_crashed", self._died_message(sub, rank, str(header.get("reason"))))
             return
         if kind == "init_failed":
             sub.stopping = True
+            if group is not None:
+                group.end()
+                header = group.failed_start(rank, header)
+        elif rank != 0:
+            return
         if kind == "finished" and STAGED_FILES in header:
             header = await self._keep_save(sub, header)
         if kind == "loop" and STAGED_FILES in header:
@@ -540,7 +718,7 @@ class RayExecutor(Executor):
             )
         return header
 
-    async def _actor_died(self, sub: ActorSubJob, exc: Exception) -> None:
+    async def _actor_died(self, sub: ActorSubJob, exc: Exception, rank: int = 0) -> None:
         if sub.stopping:
             return
         alive = await asyncio.to_thread(node_is_alive, sub.host.node_id)
@@ -551,24 +729,30 @@ class RayExecutor(Executor):
             if not sub.stopping:
                 self._fail(sub, "host_lost", _host_lost_message(sub))
         else:
-            self._fail(
-                sub,
-                "worker_crashed",
+            self._fail(sub, "worker_crashed", self._died_message(sub, rank, _reason(exc), actor=True))
+
+    @staticmethod
+    def _died_message(sub: ActorSubJob, rank: int, reason: str, actor: bool = False) -> str:
+        """Why a sub-job failed `worker_crashed`: its worker (or its Ray actor) died; for a rank group, which."""
+        if sub.group is not None:
+            pid = sub.placements[rank].get("pid") if rank < len(sub.placements) else None
+            return sub.group.crash_message(rank, pid, reason, f" on host {sub.host.name}")
+        if actor:
+            return (
                 f"the Ray actor serving {sub.assignment.sub_job_id} on host {sub.host.name}"
-                f" died ({_reason(exc)}); see the job's logs. Other jobs are unaffected.",
+                f" died ({reason}); see the job's logs. Other jobs are unaffected."
             )
+        return (
+            f"the worker serving {sub.assignment.sub_job_id} on host {sub.host.name} stopped"
+            f" ({reason}); see the job's logs. Other jobs are unaffected."
+        )
 
     def _fail(self, sub: ActorSubJob, code: str, message: str) -> None:
-        import ray
-
         key = (sub.assignment.job_id, sub.assignment.sub_job_id)
         if self._sub_jobs.get(key) is sub:
             del self._sub_jobs[key]
         sub.stopping = True
-        if sub.pump is not None and sub.pump is not asyncio.current_task():
-            sub.pump.cancel()
-        with contextlib.suppress(Exception):  # already gone with its host
-            ray.kill(sub.actor)
+        self._release(sub)
         self.listener.sub_job_failed(sub.assignment.job_id, sub.assignment.sub_job_id, code, message)
 
     def _spawn(self, coroutine: Any) -> asyncio.Task:

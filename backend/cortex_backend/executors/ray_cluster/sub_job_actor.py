@@ -21,6 +21,7 @@ from typing import Any
 
 from ... import worker_messages as messages
 from ..environment import WORKER_ENV, WORKER_ENV_DEFAULTS
+from ..rank_groups import free_port
 from .checkpoint_transfer import CheckpointStaging
 from .output_capture import OutputCapture
 
@@ -127,6 +128,13 @@ class SubJobActor:
             "pid": os.getpid(),
             "gpu_ids": [str(gpu) for gpu in ray.get_gpu_ids()],
         }
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's address as Ray knows it and a port free on it: where rank 0 of a rank group listens."""
+        import ray
+
+        address = ray.util.get_node_ip_address()
+        return address, free_port(address)
 
     def send(
         self, sequence: int, header: dict[str, Any], blob: bytes = b"", files: dict[str, bytes] | None = None
