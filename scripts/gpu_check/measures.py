@@ -3,7 +3,9 @@
 - LoRA training tokens/s and MFU: forward_backward + step on the trainer, timed after warm-up.
   Model FLOPs per token = 4 N (forward 2 N, the input-gradient backward 2 N; frozen weights get no
   weight gradient) + 12 L s d (attention scores and values, forward and backward), N = parameters in
-  linear layers including the output head, L layers, s sequence length, d hidden width.
+  linear layers including the output head, L layers, s sequence length, d hidden width. So a LoRA step
+  is about 4N FLOP per token without recompute (full fine-tuning's 6N less the weight gradients; gradient
+  checkpointing would recompute the forward, another 2N, which is not counted: MFU counts model FLOPs).
 - Batch-1 decode tokens/s against the HBM roofline: one prompt, greedy; the roofline is HBM bytes/s
   over the bytes a decoding step must read (every weight once, plus the KV cache so far).
 - RL-shaped sampling throughput: prompts x samples x tokens at temperature 1, every sample running to
