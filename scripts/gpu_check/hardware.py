@@ -63,3 +63,90 @@ def synchronize(device: str) -> None:
         import torch
 
         torch.cuda.synchronize()
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def device_used_bytes(device: str) -> int:
+    """Device memory in use on every GPU now (NVML); 0 on a CPU."""
+    from cortex_backend import nvml
+
+    lib = nvml.nvml() if device == "cuda" else None
+    if lib is None:
+        return 0
+    return sum(
+        int(lib.nvmlDeviceGetMemoryInfo(lib.nvmlDeviceGetHandleByIndex(index)).used)
+        for index in range(lib.nvmlDeviceGetCount())
+    )
+
+
+def free_bytes(device: str) -> int:
+    """Memory free for more slots: GPU 0's free device memory (NVML, else torch), or available host RAM."""
+    if device == "cuda":
+        from cortex_backend import nvml
+
+        lib = nvml.nvml()
+        if lib is not None:
+            return int(lib.nvmlDeviceGetMemoryInfo(lib.nvmlDeviceGetHandleByIndex(0)).free)
+        import torch
+
+        return int(torch.cuda.mem_get_info(0)[0])
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def process_memory(pid: int, device: str, used_before: int = 0) -> dict[str, Any]:
+    """What a process and its descendants hold, with how it was read (`kind`):
+    - cpu_pss: the summed PSS of the tree (a page shared by n processes counts 1/n, so shared libraries
+      and a shared base count once);
+    - gpu_nvml_pid: device memory NVML attributes to the tree's pids, on every GPU;
+    - gpu_used_delta: where NVML sees other pids (a container's pid namespace), every GPU's used memory
+      less `used_before` (read before the process started), so only valid while it is the one newcomer."""
+    import psutil
+
+    root = psutil.Process(pid)
+    tree = [root, *root.children(recursive=True)]
+    if device != "cuda":
+        total = 0
+        for process in tree:
+            try:
+                total += process.memory_full_info().pss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return {"bytes": int(total), "kind": "cpu_pss"}
+    from cortex_backend import nvml
+
+    lib = nvml.nvml()
+    pids = {process.pid for process in tree}
+    if lib is not None:
+        matched = [
+            int(running.usedGpuMemory)
+            for index in range(lib.nvmlDeviceGetCount())
+            for running in lib.nvmlDeviceGetComputeRunningProcesses(lib.nvmlDeviceGetHandleByIndex(index))
+            if running.pid in pids and running.usedGpuMemory is not None
+        ]
+        if matched:
+            return {"bytes": sum(matched), "kind": "gpu_nvml_pid"}
+    return {"bytes": device_used_bytes(device) - used_before, "kind": "gpu_used_delta"}
+
+
+def wait_for_exit(pid: int, timeout_s: float = 60.0) -> bool:
+    """Whether the process is gone within the timeout (a cancelled sub-job's worker frees its memory)."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while psutil.pid_exists(pid) and time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.2)
+    return not psutil.pid_exists(pid)

@@ -8,29 +8,65 @@ bf16 LoRA training against an fp32 reference; each sampling engine (built in, an
 installed) against the trainer after a weight sync; LoRA training tokens/s and MFU; batch-1 decode
 against the HBM roofline; RL-shaped sampling throughput for each engine against transformers'
 `generate`. Then, once, the product itself: a backend (`--sampler auto`) with a trainer and a sampler,
-a sync, greedy compared. NVML readings are taken before and after. Prints one table, writes the whole
-record as JSON, and exits 1 if a check failed (measures never fail it). Meant to finish within ten
-minutes on one H200.
+a sync, greedy compared. NVML readings are taken before and after.
+
+Then the product stages, on the largest shape, each through a backend of its own (`cortex-nb backend
+serve`, driven with the cortex_nb client), each recorded under `stages` in the JSON and as rows:
+- shared base (`shared_base.py`): 1, 2, 4, 8 rank-16 training jobs as slots of one adapter host
+  (`--adapter-host`): the host's memory and aggregate training tokens/s at N over N=1, the bytes the host
+  reports per slot and for its base, and how many slots would fit this device;
+- quantized base (`quantized_base.py`): the model `--quantize nf4` against itself in full precision: worker
+  memory, base bytes and LoRA tokens/s ratios, a check that the loss falls, and an 8B-class base in NF4
+  extrapolated as 8e9 x the base bytes per parameter measured (no 8B model is downloaded: no network);
+- training across devices (`across_devices.py`): a training sub-job with `n_gpus` = every GPU (FSDP2)
+  against one device: step time ratio, per-rank peak memory, and a check that losses agree within 1e-4;
+  skipped, saying why, with fewer than 2 GPUs;
+- tensor-parallel sampling (`across_devices.py`): a `n_gpus: 2` vLLM sampler against a one-device one:
+  greedy tokens equal (a check) and tokens/s; skipped, saying why, without vLLM or 2 GPUs.
+The dry run runs them on CPU slots at tiny sizes (sub-jobs across devices on two CPU slots over gloo).
+A stage that raises is recorded with its reason and the others still run.
+
+Prints one table, writes the whole record as JSON, and exits 1 if a check failed or a product stage
+raised (measures never fail it; a skipped stage does not). Meant to finish within ten minutes on one H200.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import report
-from .hardware import device_summary, nvml_readings
+from . import across_devices, quantized_base, report, shared_base
+from .hardware import device_summary, gpu_count, nvml_readings
+from .model_run import attempt
 from .service import sampler_matches_trainer
-from .shapes import DRY_RUN, QWEN2_0_5B, QWEN2_1_5B, SHAPES, build_model_dir
+from .shapes import DRY_RUN, QWEN2_0_5B, QWEN2_1_5B, SHAPES, Shape, build_model_dir, parameter_counts
 
 HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class StageSizes:
+    """Sizes of the product stages: batch rows and length, timed rounds, steps, sampling."""
+
+    rows: int
+    length: int
+    rounds: int
+    quantized_steps: int
+    sampling_prompts: int
+    sampling_tokens: int
+
+
+GPU_STAGES = StageSizes(8, 512, 2, 5, 32, 128)
+DRY_RUN_STAGES = StageSizes(2, 32, 2, 4, 4, 8)
 
 
 def failed(record: dict[str, Any]) -> list[str]:
@@ -43,6 +79,12 @@ def failed(record: dict[str, Any]) -> list[str]:
                 out.append(f"{model['shape']}: {key}")
         if "error" in model:
             out.append(f"{model['shape']}: {model['error'][:200]}")
+    for key, stage in record.get("stages", {}).items():
+        if "error" in stage:
+            out.append(f"{key}: {stage['error'][:200]}")
+        for name, check in stage.get("checks", {}).items():
+            if check.get("passed") is False:
+                out.append(f"{key}: {name}")
     service = record.get("service") or {}
     if "error" in service or (
         service and service.get("exact") != service.get("prompts") and record["mode"] == "dry-run"
@@ -66,12 +108,104 @@ def run_shape(shape: str, model_dir: Path, work: Path, args) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
+def product_stages(shape: Shape, model_dir: Path, work: Path, dry_run: bool) -> dict[str, Any]:
+    """The shared base, the quantized base and sub-jobs across devices, each through a backend of its own on
+    the largest shape; a stage that fails is recorded with its reason and the others still run."""
+    device = "cpu" if dry_run else "cuda"
+    sizes = DRY_RUN_STAGES if dry_run else GPU_STAGES
+    gpus = 0 if dry_run else gpu_count()
+    vocab = shape.config["vocab_size"]
+    stages: dict[str, Any] = {}
+
+    def run_stage(key: str, run) -> None:
+        started = time.perf_counter()
+        attempt(stages, key, run)
+        stages[key]["elapsed_s"] = time.perf_counter() - started
+        print(f"gpu-check: {key} done in {stages[key]['elapsed_s']:.0f} s", file=sys.stderr, flush=True)
+
+    run_stage(
+        "shared_base",
+        lambda: shared_base.measure(
+            work / "shared-base",
+            model_dir,
+            # a CPU device's slots are its `cpu:N`; a GPU's, --sub-jobs-per-device (the stage sets it)
+            f"cpu:{max(shared_base.SLOT_COUNTS)}" if dry_run else "0",
+            device,
+            vocab,
+            sizes.rows,
+            sizes.length,
+            sizes.rounds,
+        ),
+    )
+    run_stage(
+        "quantized_base",
+        lambda: quantized_base.measure(
+            work / "quantized-base",
+            model_dir,
+            "cpu:1" if dry_run else "0",
+            device,
+            vocab,
+            parameter_counts(shape.config)["total"],
+            sizes.rows,
+            sizes.length,
+            sizes.quantized_steps,
+        ),
+    )
+    ranks = 2 if dry_run else gpus
+    if ranks < 2:
+        stages["training_across_devices"] = {
+            "skipped": f"this host has {gpus} GPU; a training sub-job across devices needs 2 or more"
+        }
+    else:
+        run_stage(
+            "training_across_devices",
+            lambda: across_devices.training(
+                work / "across-devices",
+                model_dir,
+                "cpu:3" if dry_run else ",".join(str(index) for index in range(gpus)),
+                device,
+                ranks,
+                vocab,
+                max(sizes.rows * 2, ranks),
+                sizes.length,
+            ),
+        )
+    if importlib.util.find_spec("vllm") is None:
+        stages["tensor_parallel_sampling"] = {"skipped": "vLLM is not installed in this Python"}
+    elif not dry_run and gpus < 2:
+        stages["tensor_parallel_sampling"] = {
+            "skipped": f"this host has {gpus} GPU; a tensor-parallel sampler needs 2"
+        }
+    else:
+        run_stage(
+            "tensor_parallel_sampling",
+            lambda: across_devices.tensor_parallel_sampling(
+                work / "tensor-parallel",
+                model_dir,
+                "cpu:2" if dry_run else "0,1",
+                device,
+                vocab,
+                sizes.sampling_prompts,
+                sizes.sampling_tokens,
+                sizes.rounds,
+            ),
+        )
+    for stage in stages.values():
+        stage["model"] = shape.name
+    return stages
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu-check", description=__doc__.split("\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="run every stage on the CPU at tiny sizes")
     parser.add_argument("--shapes", default=None, help=f"comma-separated, of {sorted(SHAPES)}")
     parser.add_argument("--out", type=Path, default=Path("artifacts/gpu-check.json"))
     parser.add_argument("--skip-service", action="store_true", help="leave out the backend round trip")
+    parser.add_argument(
+        "--skip-stages",
+        action="store_true",
+        help="leave out the shared-base, quantized-base and across-devices stages",
+    )
     parser.add_argument(
         "--peak-tflops", type=float, default=None, help="dense bf16 peak, if the GPU is not in the table"
     )
@@ -126,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:
                 record["service"] = {"error": f"{type(exc).__name__}: {exc}"}
             record["models"][0].setdefault("checks", {})["service"] = record["service"]
+        if not args.skip_stages:
+            biggest = max(shapes, key=lambda shape: parameter_counts(shape.config)["total"])
+            record["stages"] = product_stages(biggest, work / biggest.name, work, args.dry_run)
     record["nvml_after"] = nvml_readings()
     record["elapsed_s"] = time.perf_counter() - started
     record["failed"] = failed(record)

@@ -73,6 +73,108 @@ def rows_of(record: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                             "goal 3x (vllm)" if engine == "vllm" else "",
                         )
                     )
+    for key, stage in record.get("stages", {}).items():
+        rows += stage_rows(key, stage)
+    return rows
+
+
+def _mib(value: float) -> str:
+    return f"{value / 2**20:,.1f} MiB"
+
+
+def _verdict(check: dict[str, Any]) -> str:
+    return "pass" if check["passed"] else "FAIL"
+
+
+def stage_rows(key: str, stage: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The rows of one product stage (shared base, quantized base, across devices)."""
+    name, what = stage.get("model", "-"), key.replace("_", " ")
+    if "error" in stage:
+        return [(name, what, stage["error"][:60], "ERROR")]
+    if "skipped" in stage:
+        return [(name, what, f"skipped: {stage['skipped']}", "n/a")]
+    rows = []
+    if key == "shared_base":
+        for count, figures in stage["slots"].items():
+            if count == "1":
+                continue
+            rows.append(
+                (
+                    name,
+                    f"shared base, {count} slots",
+                    f"memory {figures['memory_ratio_vs_1']:.2f}x 1 slot ({figures['memory_kind']}),"
+                    f" aggregate tok/s {figures['tokens_per_s_ratio_vs_1']:.2f}x 1 slot",
+                    "",
+                )
+            )
+        one = stage["slots"]["1"]
+        rows.append(
+            (
+                name,
+                "shared base, slots per device",
+                f"~{stage['slots_per_device_estimate']:,} (base {_mib(one['base_bytes'])}, slot reports"
+                f" {_mib(stage['reported_slot_bytes'])}, grows {_mib(stage['measured_growth_per_slot_bytes'])})",
+                "estimate",
+            )
+        )
+    elif key == "quantized_base":
+        rows.append(
+            (
+                name,
+                "QLoRA nf4 base vs full",
+                f"worker memory {stage['worker_memory_ratio']:.2f}x ({stage['nf4']['memory_kind']}),"
+                f" base bytes {stage['base_bytes_ratio']:.2f}x, LoRA tok/s {stage['tokens_per_s_ratio']:.2f}x",
+                "",
+            )
+        )
+        check = stage["checks"]["loss_falls"]
+        rows.append(
+            (
+                name,
+                "QLoRA nf4 loss falls",
+                f"{check['first']:.4f} -> {check['last']:.4f} over {stage['steps']} steps",
+                _verdict(check),
+            )
+        )
+        rows.append(
+            (
+                name,
+                "8B-class base in nf4",
+                f"~{stage['base_8b_nf4_bytes_extrapolated'] / 2**30:.1f} GiB"
+                f" ({stage['nf4_base_bytes_per_parameter']:.3f} B/param measured x 8e9)",
+                "extrapolated",
+            )
+        )
+    elif key == "training_across_devices":
+        check = stage["checks"]["losses_equal"]
+        rows.append(
+            (
+                name,
+                f"FSDP2 training, {stage['n_gpus']} devices vs 1",
+                f"step time {stage['step_time_ratio']:.2f}x, per-rank peak"
+                f" {stage['rank_memory_ratio']:.2f}x ({stage['peak_memory_kind']})",
+                "",
+            )
+        )
+        rows.append(
+            (
+                name,
+                "FSDP2 losses equal 1 device",
+                f"max diff {check['max_abs_difference']:.1e} (tol {check['tolerance']:.0e})",
+                _verdict(check),
+            )
+        )
+    elif key == "tensor_parallel_sampling":
+        check = stage["checks"]["greedy_equal"]
+        rows.append(
+            (
+                name,
+                f"vLLM TP={stage['tensor_parallel_size']} sampling vs 1 device",
+                f"{check['exact']}/{check['prompts']} greedy equal,"
+                f" tok/s {stage['tokens_per_s_ratio']:.2f}x ({stage['shape']})",
+                _verdict(check),
+            )
+        )
     return rows
 
 

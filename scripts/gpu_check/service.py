@@ -1,15 +1,20 @@
 """The product itself on the device: a real backend with a trainer and a sampler, a sync, greedy compared.
 
 Its sampler runs the engine `--sampler auto` picks (vLLM on a GPU where it is installed), so this also
-shows which engine a plain `cortex-nb backend serve` gives this host.
+shows which engine a plain `cortex-nb backend serve` gives this host. `running_backend` starts the
+backends the other product stages (shared base, quantized base, sub-jobs across devices) drive.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +24,13 @@ from .checks import random_batch
 
 
 def start_backend(
-    data_dir: Path, model_dir: Path, devices: str, sampler: str
+    data_dir: Path, models: dict[str, Path], devices: str, sampler: str, *options: str
 ) -> tuple[subprocess.Popen, str, str]:
+    """`cortex-nb backend serve` on an ephemeral loopback port with `models` registered; `options` are
+    further serve flags (`--adapter-host`, `--quantize NAME=nf4`, ...)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log = open(data_dir / "backend.log", "ab")  # noqa: SIM115 - the child owns it
+    registered = [flag for name, path in models.items() for flag in ("--model", f"{name}={path}")]
     process = subprocess.Popen(
         [
             sys.executable,
@@ -35,12 +43,12 @@ def start_backend(
             str(data_dir),
             "--devices",
             devices,
-            "--model",
-            f"check={model_dir}",
+            *registered,
             "--sampler",
             sampler,
             "--warm-workers",
             "0",
+            *options,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -62,6 +70,31 @@ def start_backend(
     raise RuntimeError("the backend did not start within 120 s")
 
 
+def stop_backend(process: subprocess.Popen) -> None:
+    """SIGTERM (the backend drains and stops its workers); its whole session is killed after 30 s."""
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # its own session: the backend and its workers
+        process.wait()
+
+
+@contextmanager
+def running_backend(
+    data_dir: Path, models: dict[str, Path], devices: str, *options: str, sampler: str = "transformers"
+) -> Iterator[tuple[Any, int]]:
+    """(a cortex_nb Client of a started backend, the backend's pid); the backend stops on leaving."""
+    from cortex_nb import Client
+
+    process, url, token = start_backend(data_dir, models, devices, sampler, *options)
+    try:
+        with Client(url, token) as client:
+            yield client, process.pid
+    finally:
+        stop_backend(process)
+
+
 def sampler_matches_trainer(
     data_dir: Path,
     model_dir: Path,
@@ -75,7 +108,7 @@ def sampler_matches_trainer(
     """Train a few steps, sync, and compare the sampler's greedy tokens with the trainer's, through the service."""
     from cortex_nb import Client
 
-    process, url, token = start_backend(data_dir, model_dir, devices, sampler)
+    process, url, token = start_backend(data_dir, {"check": model_dir}, devices, sampler)
     try:
         with Client(url, token) as client:
             job = client.create_training_job(
@@ -105,8 +138,4 @@ def sampler_matches_trainer(
             finally:
                 job.cancel()
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_backend(process)
