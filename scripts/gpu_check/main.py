@@ -114,6 +114,10 @@ def product_stages(shape: Shape, model_dir: Path, work: Path, dry_run: bool) -> 
     device = "cpu" if dry_run else "cuda"
     sizes = DRY_RUN_STAGES if dry_run else GPU_STAGES
     gpus = 0 if dry_run else gpu_count()
+    if not dry_run:
+        import torch
+
+        torch.cuda.empty_cache()  # building the shapes here left cached blocks the backends' workers need
     vocab = shape.config["vocab_size"]
     stages: dict[str, Any] = {}
 
