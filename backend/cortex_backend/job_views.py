@@ -81,11 +81,11 @@ class JobViews:
         if until is not None:
             return until - now
         record = self.progress.get(holder_id)
-        if (
-            record is not None
-            and record.source == states.PROGRESS_MANAGED
-            and record.phase == states.PHASE_TRAINING
-        ):
+        if record is None or record.source != states.PROGRESS_MANAGED:
+            return None
+        if record.phase in (states.PHASE_FINISHED, states.PHASE_STOPPED, states.PHASE_FAILED):
+            return 0.0  # its training ended: the job is completing and frees its slots now
+        if record.phase == states.PHASE_TRAINING:
             eta = record.eta_s()
             keep_alive = self.completion.loops.keep_alive_s(job)
             return None if eta is None else eta + keep_alive

@@ -22,7 +22,6 @@ from . import allowlist
 from .backend import BackendConnection, request_headers_to_forward, response_headers_to_forward
 from .discovery import SOURCE_LOCAL
 from .local_start import LocalBackendStarter
-from .record import draw_record
 from .status import status_report
 
 AUTH_RESOURCE = "cortex"
@@ -115,6 +114,10 @@ class RecordHandler(CortexAPIHandler):
         if target.url is None:
             raise ApiError("backend_unavailable", f"{target.description}: no backend to draw the record from")
         token = self.connection.token(target)
+        # Drawing a record uses the kernel SDK's own picture code; loaded on the first record asked for, so
+        # the proxy itself starts with the contract alone.
+        from .record import draw_record
+
         record = await asyncio.to_thread(
             draw_record, target.url, token, self.connection.verify, job_id, int(raw) if raw else None
         )
