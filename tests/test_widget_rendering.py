@@ -253,3 +253,23 @@ def test_an_idle_job_counts_down_to_freeing_its_device_and_offers_free_device(cl
     later = re.search(r"freeing the device in 4:(\d\d)", widget.header.value)
     assert later and int(later.group(1)) < int(first.group(1)[2:])
     widget.close()
+
+
+def test_a_moving_countdown_does_not_rewrite_the_cells_picture_but_a_new_state_does(client):
+    # Each picture rewrite re-creates the widget's view: a keep-alive countdown moving every second must
+    # not cause one, or the view is rebuilt under the user's hand.
+    job = job_json(30, source="primitive")
+    job["idle"] = {"timeout_s": 300.0, "frees_at": time.time() + 272.4}
+    state = JobState("job-render")
+    state.set_job(job)
+    widget = JobWidget(client, state)
+    now = state.snapshot()
+    assert "freeing the device in" in (now.detail or "")
+    job["idle"] = {"timeout_s": 300.0, "frees_at": time.time() + 150.2}
+    state.set_job(job)
+    later = state.snapshot()
+    assert later.detail != now.detail
+    assert widget.picture_moment(later) == widget.picture_moment(now)
+    state.set_job({**job, "status": "done", "finished_at": time.time(), "idle": None})
+    assert widget.picture_moment(state.snapshot()) != widget.picture_moment(now)
+    widget.close()

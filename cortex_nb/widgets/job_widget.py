@@ -12,6 +12,7 @@ is replaced by a static HTML picture of the final state, which a saved notebook 
 
 from __future__ import annotations
 
+import re
 import time
 from collections import OrderedDict
 from html import escape
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
     from ..client import Client
 
 MAX_REMEMBERED_WIDGETS = 32
+# The figures of a state's detail (a countdown, a queue position): left out of when to rewrite a picture.
+_FIGURES = re.compile(r"\d+")
 # The words `%cortex notify on` says (a run ended, failed, or waits for a device).
 NOTIFY_WORDS = frozenset({"done", "stopped", "failed", "cancelled", "queued"})
 # While the job has ended but the feed still collects its last lines, look again this soon.
@@ -239,10 +242,13 @@ class JobWidget(widgets.VBox):
 
     def picture_moment(self, snap: Snapshot) -> tuple[Any, ...]:
         """What makes the cell's static picture worth rewriting: the state word and its reason, and each
-        tenth of the planned steps (a few rewrites per run: each one re-creates the widget's view)."""
+        tenth of the planned steps (a few rewrites per run: each one re-creates the widget's view). The
+        detail counts without its figures: a keep-alive countdown or a queue estimate moves every second,
+        and a rewrite each second would rebuild the view under the user's hand."""
         total = snap.total_steps or 0
         progress = snap.step * 10 // total if total else snap.step // 100
-        return (snap.status, snap.detail if snap.status != "training" else None, progress, snap.message)
+        detail = _FIGURES.sub("#", snap.detail) if snap.detail and snap.status != "training" else None
+        return (snap.status, detail, progress, snap.message)
 
     def _refresh_pictures(self, snap: Snapshot) -> None:
         """Rewrite each live display's bundle: the same widget view, and next to it a picture of now, so
