@@ -2,11 +2,12 @@
 within one run.
 
     python bench/bench_adapter_host.py [--slots 1,2,4,8] [--rounds N] [--part slots,sampler]
-        [--model tiny] [--devices cpu:8] [--generate-rounds N]
+        [--model tiny] [--devices cpu:8] [--generate-rounds N] [--slots-model tiny|HIDDEN:LAYERS]
 
 Two backends on this machine, one with `--adapter-host`, one with `--isolation-per-job` (no warm spares, so
 each tree is the backend and what serves its jobs). For N = 1, 2, 4, 8 training jobs of the tiny model
-(each after one forward_backward + step, so its optimizer state exists):
+(each after one forward_backward + step, so its optimizer state exists; `--slots-model 576:10` uses a
+random Llama of that width and depth instead, about 77M parameters with its 32k vocabulary):
 - PSS of each backend's process tree, over the same tree with one job (PSS: a shared page counts once);
 - the bytes the host reports per slot against the growth measured;
 - aggregate steps/s of N jobs stepping at once (each round: every job's forward_backward then step,
@@ -70,14 +71,16 @@ def train_round(jobs: list) -> None:
         future.result()
 
 
-def measure(client: Client, pid: int, counts: list[int], rounds: int) -> dict[int, tuple[int, float, int]]:
+def measure(
+    client: Client, pid: int, counts: list[int], rounds: int, model: str = "tiny"
+) -> dict[int, tuple[int, float, int]]:
     """count -> (tree PSS bytes, aggregate steps/s, bytes the slots report)."""
     jobs: list = []
     figures = {}
     try:
         for count in counts:
             while len(jobs) < count:
-                jobs.append(client.create_training_job("tiny", lora={"r": 16, "alpha": 32}, seed=len(jobs)))
+                jobs.append(client.create_training_job(model, lora={"r": 16, "alpha": 32}, seed=len(jobs)))
             train_round(jobs)  # every job has its optimizer state
             pss = tree_pss_bytes(pid)
             started = time.perf_counter()
@@ -191,23 +194,31 @@ def main() -> None:
     parser.add_argument("--model", default="tiny", help="the sampler part's base model")
     parser.add_argument("--devices", default=None, help="the sampler part's devices (default cpu:2)")
     parser.add_argument("--generate-rounds", type=int, default=7)
+    parser.add_argument("--slots-model", default="tiny", help="the slots part's base: tiny, or HIDDEN:LAYERS")
     args = parser.parse_args()
     parts = set(args.part.split(","))
     if "slots" in parts:
-        bench_slots([int(n) for n in args.slots.split(",")], args.rounds)
+        bench_slots([int(n) for n in args.slots.split(",")], args.rounds, args.slots_model)
     if "sampler" in parts:
         bench_sampler(args.model, args.devices or "cpu:2", args.generate_rounds)
 
 
-def bench_slots(counts: list[int], rounds: int) -> None:
+def bench_slots(counts: list[int], rounds: int, slots_model: str = "tiny") -> None:
     common = ("--devices", f"cpu:{max(counts)}", "--worker-threads", "1", "--warm-workers", "0")
     results = {}
+    model = "tiny"
     with tempfile.TemporaryDirectory() as tmp:
+        if slots_model != "tiny":
+            from bench_bigger_bases import build_model_dir
+
+            hidden, layers = (int(part) for part in slots_model.split(":"))
+            model = "llama-random"
+            common += ("--model", f"{model}={build_model_dir(Path(tmp) / 'llama', hidden, layers)}")
         for mode in ("--adapter-host", "--isolation-per-job"):
             backend = start_backend(Path(tmp) / mode.strip("-"), *common, mode)
             try:
                 with Client(backend.url, backend.token) as client:
-                    results[mode] = measure(client, backend.pid, counts, rounds)
+                    results[mode] = measure(client, backend.pid, counts, rounds, model)
             finally:
                 backend.stop()
     host, alone = results["--adapter-host"], results["--isolation-per-job"]

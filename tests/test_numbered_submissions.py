@@ -49,3 +49,18 @@ def test_numbers_out_of_range_are_refused_and_a_job_forgets_its_streams():
     assert streams.find("job-1", "client") is stream
     streams.forget("job-1")
     assert streams.find("job-1", "client") is None
+
+
+def test_after_a_restart_a_jobs_streams_go_on_from_the_first_number_they_hear():
+    # The numbers sent before the restart went with the old process: a client going on at 41 is not held
+    # waiting for 1..40 (client_jobs_resume.py). Other jobs still start at 1.
+    streams = SequenceStreams()
+    streams.continue_after_restart("job-back")
+    stream = streams.stream("job-back", ("client", 41))
+    assert stream.next_seq == 41
+    assert stream.hold(41, held("req-41")) is False
+    assert streams.stream("job-new", ("client", 5)).next_seq == 1
+    with pytest.raises(ApiError):  # a number of before the restart, retried after the stream went on
+        stream.made(7)
+    streams.forget("job-back")
+    assert streams.stream("job-back", ("client", 9)).next_seq == 1

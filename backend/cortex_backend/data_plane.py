@@ -709,6 +709,10 @@ class RequestManager:
                     error=(code or "job_finished", f"the job ended ({status}): {message or ''}".strip()),
                 )
 
+    def continue_streams_after_restart(self, job_id: str) -> None:
+        """A job back after a restart: its numbered streams go on from the first number each hears."""
+        self._streams.continue_after_restart(job_id)
+
     def recover_after_restart(self) -> None:
         for request in self.store.requests_with_status([states.REQUEST_QUEUED, states.REQUEST_RUNNING]):
             self.store.update_request(

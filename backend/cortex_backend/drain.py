@@ -3,9 +3,12 @@
 While draining, new jobs and new data-plane requests are refused with `backend_draining` (503, which
 clients retry), each managed training loop is told to stop after the step in hand and save a resumable
 checkpoint (it resumes from it at the next start, resume.py), and the requests already queued for
-primitive jobs run to their end. When nothing is left running, or after the grace period (default 60 s,
-`--drain-grace`), the backend exits; whatever still runs then is stopped hard, and is failed at the next
-start as `backend_restarted` (a training run resumes from its newest periodic checkpoint instead).
+primitive jobs run to their end. Then each running job its client drives with a training sub-job saves a
+resumable checkpoint (`drained`), from which it comes back at the next start (client_jobs_resume.py).
+When nothing is left running, or after the grace period (default 60 s, `--drain-grace`), the backend
+exits; whatever still runs then is stopped hard, and is failed at the next start as `backend_restarted`
+(a training run resumes from its newest periodic checkpoint instead, and a client-driven job from its
+newest resumable one).
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cortex_nb.protocol import states
+from cortex_nb.protocol.checkpoint_format import RESUMABLE
 from cortex_nb.protocol.errors import ApiError
 
 from .auth import Principal
+from .client_jobs_resume import comes_back
 from .data_plane import RequestManager
 from .executors.base import Executor
 from .store import Store
@@ -27,6 +32,8 @@ from .training_loops import TrainingLoops
 
 log = logging.getLogger("cortex_backend.drain")
 
+# The checkpoint a client-driven job saves before the stop (`drained`, `drained-2`, ...).
+DRAINED_CHECKPOINT = "drained"
 # How often the drain looks whether work is left.
 POLL_S = 0.1
 
@@ -87,10 +94,10 @@ class Drain:
             grace_s,
         )
         deadline = started + grace_s
-        busy = self._busy()
-        while busy and time.monotonic() < deadline:
-            await asyncio.sleep(POLL_S)
-            busy = self._busy()
+        busy = await self._wait_idle(deadline)
+        saved = self._save_client_jobs(busy)
+        if saved:
+            busy = await self._wait_idle(deadline)
         report = DrainReport(
             seconds=time.monotonic() - started,
             loops_drained=[job_id for job_id in loops if job_id not in busy],
@@ -109,6 +116,34 @@ class Drain:
             len(report.loops_drained),
         )
         return report
+
+    async def _wait_idle(self, deadline: float) -> set[str]:
+        """Wait until no job has a request queued or running, or `deadline`; the jobs still busy."""
+        busy = self._busy()
+        while busy and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+            busy = self._busy()
+        return busy
+
+    def _save_client_jobs(self, busy: set[str]) -> list[str]:
+        """Each running client-driven training job, its requests done, saves a resumable checkpoint to come
+        back from; the ids of those saving. (Gradients no step has applied yet are not in it.)"""
+        saving = []
+        for job in self.store.jobs_with_status([states.JOB_RUNNING]):
+            if job["id"] in busy or not comes_back(job):
+                continue
+            name = self.requests.checkpoints.free_name(job["id"], DRAINED_CHECKPOINT)
+            try:
+                self.requests.submit_for_service(job, "save", {"checkpoint_id": name, "type": RESUMABLE})
+            except (
+                ApiError
+            ) as exc:  # e.g. the owner's checkpoint quota: it comes back from an older one, or fails
+                log.warning("job %s could not save a checkpoint before the stop: %s", job["id"], exc.message)
+                continue
+            saving.append(job["id"])
+        if saving:
+            log.info("draining: %d client-driven job(s) save a checkpoint to come back from", len(saving))
+        return saving
 
     def _busy(self) -> set[str]:
         """Running jobs with requests still queued or running (a managed loop is one until it pauses)."""

@@ -74,11 +74,20 @@ class SequenceStreams:
 
     def __init__(self) -> None:
         self._streams: dict[tuple[str, str], SequenceStream] = {}
+        # Jobs that came back after a restart: the numbers sent before it are gone with the old process, so
+        # each of their streams starts at the first number it hears (client_jobs_resume.py).
+        self._restarted: set[str] = set()
+
+    def continue_after_restart(self, job_id: str) -> None:
+        self._restarted.add(job_id)
 
     def stream(self, job_id: str, sequence: tuple[str, int]) -> SequenceStream:
         """The stream a numbered submission belongs to; refuses a number that is not one, or too far ahead."""
         name, seq = sequence
-        stream = self._streams.setdefault((job_id, name), SequenceStream(name))
+        stream = self._streams.get((job_id, name))
+        if stream is None:
+            first = seq if job_id in self._restarted and isinstance(seq, int) and seq > 1 else 1
+            stream = self._streams[(job_id, name)] = SequenceStream(name, next_seq=first)
         if (
             isinstance(seq, bool)
             or not isinstance(seq, int)
@@ -98,5 +107,6 @@ class SequenceStreams:
 
     def forget(self, job_id: str) -> None:
         """A job ended: its numbers mean nothing any more."""
+        self._restarted.discard(job_id)
         for key in [key for key in self._streams if key[0] == job_id]:
             del self._streams[key]

@@ -20,6 +20,7 @@ from .auth import ensure_admin_token
 from .checkpoint_expiry import CheckpointExpiry
 from .checkpoint_storage import CheckpointStorage
 from .checkpoints import CheckpointManager
+from .client_jobs_resume import ClientJobsResume
 from .completion import Completion
 from .config import BackendSettings
 from .data_plane import RequestManager
@@ -141,6 +142,9 @@ class Service:
         self.resumer = Resumer(
             self.store, self.jobs, self.checkpoints, self.progress, self.training_loops, self.system_log_line
         )
+        self.client_jobs_resume = ClientJobsResume(
+            self.store, self.jobs, self.requests, self.progress, self.system_log_line
+        )
         # a training run's retry policy, and preemption of low-priority runs (--preempt-below)
         self.managed_retries = ManagedRetries(
             self.store,
@@ -219,7 +223,8 @@ class Service:
                 ", ".join(self.settings.fault_injection),
             )
         resumed = self.resumer.resume_after_restart()
-        failed = self.jobs.recover_after_restart(self._trained_to_the_end, resumed)
+        came_back = self.client_jobs_resume.requeue_after_restart()
+        failed = self.jobs.recover_after_restart(self._trained_to_the_end, resumed | came_back)
         self.requests.recover_after_restart()
         if failed:
             log.warning(
@@ -227,7 +232,8 @@ class Service:
             )
         await self.runs.start()
         await self.executor.start()
-        if resumed:
+        self.client_jobs_resume.load_checkpoints()  # each the first request its job runs
+        if resumed or came_back:
             self.jobs.admit()
         self._sweeper = asyncio.create_task(self._sweep_idle_jobs())
         self.monitor.start()

@@ -3,8 +3,9 @@
 A session is the SDK's process. It owns training clients (jobs) and sampling sessions. When it is finished,
 or its heartbeats stop for longer than the timeout, its jobs are completed (devices freed, trained steps
 saved as checkpoint `final` where the service does that) and its ephemeral sampler checkpoints are deleted.
-Sessions live in memory: a restarted backend fails in-flight jobs anyway, and a path to a checkpoint stays
-valid without its session (names.py). So memory is bounded per owner: live sessions (a cap, refused with
+Sessions live in memory: a restarted backend brings a training client's job back from its newest resumable
+checkpoint without its session (client_jobs_resume.py), and a path to a checkpoint stays valid without its
+session (names.py). So memory is bounded per owner: live sessions (a cap, refused with
 `too_many_sessions`), each session's metadata, models and samplers, and the ended sessions remembered; an
 ended session keeps only its ids (its metadata and sample futures are dropped).
 """
