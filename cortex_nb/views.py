@@ -187,6 +187,15 @@ def adapter_host_lines(capacity: dict[str, Any]) -> list[str]:
     ]
 
 
+def quantized_models_line(capacity: dict[str, Any]) -> str | None:
+    """The bases held quantized ("quantized bases: llama-8b nf4"), or None; the sidebar's Devices section
+    says the same (labextension/src/model.ts `quantizedModelsLine`)."""
+    quantized = capacity.get("quantized_models") or {}
+    if not quantized:
+        return None
+    return "quantized bases: " + ", ".join(f"{name} {kind}" for name, kind in sorted(quantized.items()))
+
+
 def hosts_text(capacity: dict[str, Any]) -> str:
     """`cortex-nb host list`: one line per host (devices, models, free slots), then the totals."""
     hosts = capacity.get("hosts") or []

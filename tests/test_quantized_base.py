@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cortex_nb import Client
+from cortex_nb.views import quantized_models_line
 
 from .backend_process import start_backend
 from .training_data import random_batches, text_batch, train
@@ -82,6 +83,10 @@ def test_models_and_jobs_say_how_the_base_is_held(quantized_client):
     models = {model["name"]: model for model in quantized_client.list_models()}
     assert models["tiny"]["quantization"] == "int8"
     assert models["q-llama"]["quantization"] == "nf4"
+    # Capacity names them too, and %cortex capacity and the sidebar say so in one line.
+    capacity = quantized_client.get_capacity()
+    assert capacity["quantized_models"] == {"q-llama": "nf4", "tiny": "int8"}
+    assert quantized_models_line(capacity) == "quantized bases: q-llama nf4, tiny int8"
     with quantized_client.create_training_job("q-llama", lora={"r": 4}) as job:
         info = job.info["sub_jobs"][0]["info"]
         assert info["quantization"] == "nf4" and info["base_bytes"] > 0

@@ -195,6 +195,10 @@ class ModelCatalog:
     def list(self) -> list[dict[str, Any]]:
         return [self._models[name].to_json() for name in self.names()]
 
+    def quantized(self) -> dict[str, str]:
+        """The models whose base is held quantized, by name: `nf4` or `int8` (capacity shows them)."""
+        return {name: info.quantization for name, info in sorted(self._models.items()) if info.quantization}
+
     def tokenizer(self, name: str) -> Tokenizer:
         info = self.get(name)
         if name not in self._tokenizers:

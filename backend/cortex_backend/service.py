@@ -323,6 +323,7 @@ class Service:
             **self.scheduler.capacity(),
             "executor": self.executor.describe(),
             "source_runs": self.runs.sandbox_view(),
+            "quantized_models": self.catalog.quantized(),
         }
 
     def _trained_to_the_end(self, job_id: str) -> bool:

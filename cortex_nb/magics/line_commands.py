@@ -92,7 +92,7 @@ def status_command(self: CortexMagics, args: Any, cell: str | None) -> None:
 @magic_arguments(name="cortex capacity")
 def capacity_command(self: CortexMagics, args: Any, cell: str | None):
     """Devices and their slots, as a DataFrame; adapter hosts (a base shared by training slots) as lines."""
-    from ..views import adapter_host_lines, capacity_frame
+    from ..views import adapter_host_lines, capacity_frame, quantized_models_line
 
     capacity = self.client().get_capacity()
     source_runs = capacity.get("source_runs") or {}
@@ -101,6 +101,9 @@ def capacity_command(self: CortexMagics, args: Any, cell: str | None):
         print(f"source runs: {source_runs['note']}")
     for line in adapter_host_lines(capacity):
         print(line)
+    quantized = quantized_models_line(capacity)
+    if quantized:
+        print(quantized)
     return capacity_frame(capacity)
 
 

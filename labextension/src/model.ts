@@ -139,6 +139,15 @@ export function adapterHostLines(capacity: ICapacity | null): string[] {
 }
 
 /**
+ * The bases held quantized ("quantized bases: llama-8b nf4"), or none; the same words as `%cortex capacity`
+ * (cortex_nb/views.py `quantized_models_line`).
+ */
+export function quantizedModelsLine(capacity: ICapacity | null): string[] {
+  const quantized = Object.entries(capacity?.quantized_models ?? {}).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  return quantized.length ? [`quantized bases: ${quantized.map(([name, kind]) => `${name} ${kind}`).join(', ')}`] : [];
+}
+
+/**
  * "your device-hours this week: 1.25 h" from `GET /v1/stats` over its default 7-day window: the owner's own
  * share when the stats cover several owners (an admin token), else the total. Empty before the first fetch.
  */
@@ -381,7 +390,11 @@ export class PanelModel {
   }
 
   hosts(): string[] {
-    return [...hostLines(this._state.capacity), ...adapterHostLines(this._state.capacity)];
+    return [
+      ...hostLines(this._state.capacity),
+      ...adapterHostLines(this._state.capacity),
+      ...quantizedModelsLine(this._state.capacity)
+    ];
   }
 
   devices(): IDeviceRow[] {

@@ -591,6 +591,8 @@ export interface ICapacity {
   hosts?: IHostCapacity[];
   executor?: IExecutorView | null;
   source_runs?: ISourceRunsView | null;
+  /** the base models held quantized here, by name: nf4 or int8 */
+  quantized_models?: Record<string, string>;
   /** the caller's own pending jobs, in queue order */
   pending_jobs: IPendingJob[];
 }

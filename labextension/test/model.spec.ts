@@ -5,6 +5,7 @@ import {
   MetricSeries,
   PanelModel,
   adapterHostLines,
+  quantizedModelsLine,
   weekUsageLine,
   connectionState,
   deviceRows,
@@ -178,6 +179,14 @@ describe('devices', () => {
     };
     expect(adapterHostLines({ ...CPU_CAPACITY, executor })).toEqual([
       'adapter host cpu:0 · tiny: 3 slot(s) on one base (12.0 MiB held once; slots add 640 KiB)'
+    ]);
+  });
+
+  it('names the bases held quantized, in the words of %cortex capacity', () => {
+    expect(quantizedModelsLine(null)).toEqual([]);
+    expect(quantizedModelsLine({ ...CPU_CAPACITY, quantized_models: {} })).toEqual([]);
+    expect(quantizedModelsLine({ ...CPU_CAPACITY, quantized_models: { 'llama-8b': 'nf4', 'big-int': 'int8' } })).toEqual([
+      'quantized bases: big-int int8, llama-8b nf4'
     ]);
   });
 

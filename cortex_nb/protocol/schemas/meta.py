@@ -133,6 +133,9 @@ class Capacity(Reply):
     hosts: list[HostCapacity] = Field(default_factory=list)
     executor: ExecutorView | None = None
     source_runs: SourceRunsView | None = None
+    quantized_models: dict[str, str] = Field(
+        default_factory=dict, description="the base models held quantized here, by name: nf4 or int8"
+    )
     pending_jobs: list[PendingJob] = Field(description="the caller's own pending jobs, in queue order")
 
 
