@@ -12,17 +12,12 @@ import numpy as np
 
 from cortex_nb import Client
 
-from .backend_process import start_backend
 from .notebook_fixtures import wait_until
-from .test_surviving_restarts import all_logs, free_port
+from .test_surviving_restarts import all_logs, backend_on, free_port
 from .training_data import random_batches, train
 
 TINY_VOCAB = 259
 CONFIG = {"lora": {"r": 8, "alpha": 16}, "optimizer": {"lr": 0.01}, "seed": 7}
-
-
-def backend_on(data_dir, port):
-    return start_backend(data_dir, "--devices", "cpu:4", "--port", str(port))
 
 
 def logprobs(job, probe) -> np.ndarray:

@@ -239,11 +239,16 @@ def test_static_picture_is_self_contained_html_with_the_final_curve(client):
     widget.close()
 
 
-def test_an_idle_job_counts_down_to_freeing_its_device_and_offers_free_device(client):
+def idle_job(frees_in_s: float) -> dict:
+    """A client-driven job with nothing to do, freeing its device in `frees_in_s`."""
     job = job_json(30, source="primitive")
-    job["idle"] = {"timeout_s": 300.0, "frees_at": time.time() + 272.4}
+    job["idle"] = {"timeout_s": 300.0, "frees_at": time.time() + frees_in_s}
+    return job
+
+
+def test_an_idle_job_counts_down_to_freeing_its_device_and_offers_free_device(client):
     state = JobState("job-render")
-    state.set_job(job)
+    state.set_job(idle_job(272.4))
     widget = JobWidget(client, state)
     first = re.search(r"freeing the device in (\d:\d\d)", widget.header.value)
     assert ">idle<" in widget.header.value and first and first.group(1) in ("4:32", "4:31")
@@ -258,14 +263,12 @@ def test_an_idle_job_counts_down_to_freeing_its_device_and_offers_free_device(cl
 def test_a_moving_countdown_does_not_rewrite_the_cells_picture_but_a_new_state_does(client):
     # Each picture rewrite re-creates the widget's view: a keep-alive countdown moving every second must
     # not cause one, or the view is rebuilt under the user's hand.
-    job = job_json(30, source="primitive")
-    job["idle"] = {"timeout_s": 300.0, "frees_at": time.time() + 272.4}
     state = JobState("job-render")
-    state.set_job(job)
+    state.set_job(idle_job(272.4))
     widget = JobWidget(client, state)
     now = state.snapshot()
     assert "freeing the device in" in (now.detail or "")
-    job["idle"] = {"timeout_s": 300.0, "frees_at": time.time() + 150.2}
+    job = idle_job(150.2)
     state.set_job(job)
     later = state.snapshot()
     assert later.detail != now.detail

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,8 +27,7 @@ from .auth import Principal
 from .data_plane import RequestManager
 from .jobs import JobManager
 from .progress import ProgressBook, ProgressRecord
-from .resume import IN_FLIGHT, newest_resumable
-from .stats import span_closed
+from .resume import IN_FLIGHT, back_to_queue, newest_resumable, resume_note
 from .store import Store
 
 log = logging.getLogger("cortex_backend.client_jobs_resume")
@@ -61,7 +59,8 @@ class ClientJobsResume:
         self.requests = requests
         self.progress = progress
         self.log_line = log_line
-        self._to_load: dict[str, dict[str, Any]] = {}  # job id -> the checkpoint row it comes back with
+        # job id -> the checkpoint row it comes back with, and the steps lost since it
+        self._to_load: dict[str, tuple[dict[str, Any], int]] = {}
         self._tasks: set[asyncio.Task] = set()
 
     def requeue_after_restart(self) -> set[str]:
@@ -85,37 +84,13 @@ class ClientJobsResume:
         job_id = job["id"]
         stored = self.store.get_progress(job_id) or {}
         step = int(checkpoint["step"])
-        was_at = int(stored.get("step") or 0)
-        previous = stored.get("resumed") or {}
-        note = {
-            "checkpoint_id": checkpoint["id"],
-            "step": step,
-            "lost_steps": max(was_at - step, self._steps_after(job_id, checkpoint)),
-            "restarts": int(previous.get("restarts") or 0) + 1,
-            "at": time.time(),
-            "reason": "backend_restarted",
-        }
+        lost = max(int(stored.get("step") or 0) - step, self._steps_after(job_id, checkpoint))
+        note = resume_note(checkpoint, lost, stored, "backend_restarted")
         record = ProgressRecord.continued({"source": states.PROGRESS_PRIMITIVE, **stored}, step, note)
         self.progress.put(job_id, record)
-        for sub in job["sub_jobs"]:
-            self.store.update_sub_job(
-                job_id,
-                sub["id"],
-                status=states.JOB_PENDING,
-                device=None,
-                failure_code=None,
-                failure_message=None,
-            )
-        self.store.update_job(
-            job_id,
-            status=states.JOB_PENDING,
-            failure_code=None,
-            failure_message=None,
-            **span_closed(job, job.get("last_activity_at")),
-        )
-        self.jobs.requeue(job)
+        back_to_queue(self.store, self.jobs, job, job.get("last_activity_at"))
         self.requests.continue_streams_after_restart(job_id)
-        self._to_load[job_id] = checkpoint
+        self._to_load[job_id] = (checkpoint, lost)
 
     def _steps_after(self, job_id: str, checkpoint: dict[str, Any]) -> int:
         """The steps applied after the checkpoint was written: the progress record is written at most once a
@@ -132,7 +107,7 @@ class ClientJobsResume:
     def load_checkpoints(self) -> None:
         """Send each requeued job's load: the first request its training sub-job runs once its worker is up."""
         to_load, self._to_load = self._to_load, {}
-        for job_id, checkpoint in to_load.items():
+        for job_id, (checkpoint, lost) in to_load.items():
             job = self.store.get_job(job_id)
             if job is None or job["status"] in states.JOB_TERMINAL:
                 continue
@@ -144,22 +119,16 @@ class ClientJobsResume:
             except ApiError as exc:
                 self._failed(job_id, checkpoint, exc.message)
                 continue
-            task = asyncio.ensure_future(self._finish(job_id, checkpoint, request_id))
+            task = asyncio.ensure_future(self._finish(job_id, checkpoint, lost, request_id))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _finish(self, job_id: str, checkpoint: dict[str, Any], request_id: str) -> None:
-        deadline = time.monotonic() + LOAD_TIMEOUT_S
-        status = self.store.request_status(request_id)
-        while status not in (None, *states.REQUEST_TERMINAL) and time.monotonic() < deadline:
-            await self.requests.waiters.wait(request_id, 1.0)
-            status = self.store.request_status(request_id)
+    async def _finish(self, job_id: str, checkpoint: dict[str, Any], lost: int, request_id: str) -> None:
+        status = await self.requests.final_status(request_id, LOAD_TIMEOUT_S)
         if status != states.REQUEST_SUCCEEDED:
             request = self.store.get_request(request_id) or {}
             self._failed(job_id, checkpoint, request.get("error_message") or f"its load ended {status}")
             return
-        record = self.progress.get(job_id)
-        lost = (record.resumed or {}).get("lost_steps", 0) if record is not None else 0
         job = self.store.get_job(job_id) or {"sub_jobs": []}
         samplers = [sub for sub in job["sub_jobs"] if sub["type"] != states.TRAINING]
         self.log_line(

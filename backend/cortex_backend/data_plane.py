@@ -709,6 +709,17 @@ class RequestManager:
                     error=(code or "job_finished", f"the job ended ({status}): {message or ''}".strip()),
                 )
 
+    async def final_status(self, request_id: str, timeout_s: float) -> str | None:
+        """The request's status once it has ended (None if it vanished or did not end within `timeout_s`):
+        for the service's own requests, whose end it acts on (parking, a job back after a restart)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status = self.store.request_status(request_id)
+            if status is None or status in states.REQUEST_TERMINAL:
+                return status
+            await self.waiters.wait(request_id, 1.0)
+        return None
+
     def continue_streams_after_restart(self, job_id: str) -> None:
         """A job back after a restart: its numbered streams go on from the first number each hears."""
         self._streams.continue_after_restart(job_id)

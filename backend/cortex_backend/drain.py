@@ -135,9 +135,8 @@ class Drain:
             name = self.requests.checkpoints.free_name(job["id"], DRAINED_CHECKPOINT)
             try:
                 self.requests.submit_for_service(job, "save", {"checkpoint_id": name, "type": RESUMABLE})
-            except (
-                ApiError
-            ) as exc:  # e.g. the owner's checkpoint quota: it comes back from an older one, or fails
+            except ApiError as exc:
+                # e.g. the owner's checkpoint quota: it comes back from an older checkpoint, or fails
                 log.warning("job %s could not save a checkpoint before the stop: %s", job["id"], exc.message)
                 continue
             saving.append(job["id"])

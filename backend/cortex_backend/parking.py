@@ -336,13 +336,7 @@ class Parking:
 
     async def _wait_for(self, request_id: str) -> str | None:
         """The request's final status (None if it vanished or took longer than OPERATION_TIMEOUT_S)."""
-        deadline = time.monotonic() + OPERATION_TIMEOUT_S
-        while time.monotonic() < deadline:
-            status = self.store.request_status(request_id)
-            if status is None or status in states.REQUEST_TERMINAL:
-                return status
-            await self.requests.waiters.wait(request_id, 1.0)
-        return None
+        return await self.requests.final_status(request_id, OPERATION_TIMEOUT_S)
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.ensure_future(coroutine)

@@ -5,8 +5,9 @@ A drained stop (drain.py) saved one at the step in hand, so nothing is lost; aft
 is a periodic one (`save.every`, or the automatic one every few minutes), and the steps trained after
 it are lost and trained again. Either way the run keeps its id, logs and progress record (cut at the
 checkpoint's step), and the record's `resumed` note and a log line say where it resumed and how many
-steps were lost. A spec with `resume: never` is failed as `backend_restarted`, as jobs driven by their
-client are (their futures then raise that retryable code; docs/surviving-restarts.md).
+steps were lost. A spec with `resume: never` is failed as `backend_restarted` (futures of its requests
+then raise that retryable code). Jobs driven by their client come back too, holding their newest
+resumable checkpoint (client_jobs_resume.py, which shares `resume_note` and `back_to_queue`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,43 @@ def last_logged_step(store: Store, job_id: str) -> int:
         if match:
             return int(match.group(1))
     return 0
+
+
+def resume_note(
+    checkpoint: dict[str, Any] | None, lost: int, stored: dict[str, Any], reason: str
+) -> dict[str, Any]:
+    """The progress record's `resumed` note: where the job came back from, what was lost, how often."""
+    previous = stored.get("resumed") or {}
+    return {
+        "checkpoint_id": checkpoint["id"] if checkpoint else None,
+        "step": int(checkpoint["step"]) if checkpoint else 0,
+        "lost_steps": lost,
+        "restarts": int(previous.get("restarts") or 0) + 1,
+        "at": time.time(),
+        "reason": reason,
+    }
+
+
+def back_to_queue(store: Store, jobs: JobManager, job: dict[str, Any], span_end: float | None) -> None:
+    """Put a stored job and its sub-jobs back to `pending` in the queue, its last failure cleared and its
+    device span closed at `span_end`."""
+    for sub in job["sub_jobs"]:
+        store.update_sub_job(
+            job["id"],
+            sub["id"],
+            status=states.JOB_PENDING,
+            device=None,
+            failure_code=None,
+            failure_message=None,
+        )
+    store.update_job(
+        job["id"],
+        status=states.JOB_PENDING,
+        failure_code=None,
+        failure_message=None,
+        **span_closed(job, span_end),
+    )
+    jobs.requeue(job)
 
 
 class Resumer:
@@ -114,15 +152,7 @@ class Resumer:
         step = int(checkpoint["step"]) if checkpoint else 0
         was_at = max(int(stored.get("step") or 0), last_logged_step(self.store, job_id))
         lost = max(was_at - step, 0)
-        previous = stored.get("resumed") or {}
-        note = {
-            "checkpoint_id": checkpoint["id"] if checkpoint else None,
-            "step": step,
-            "lost_steps": lost,
-            "restarts": int(previous.get("restarts") or 0) + 1,
-            "at": time.time(),
-            "reason": reason,
-        }
+        note = resume_note(checkpoint, lost, stored, reason)
         if checkpoint is not None:
             self.training_loops.resume_from[job_id] = {
                 "directory": str(self.checkpoints.path(checkpoint)),
@@ -133,27 +163,11 @@ class Resumer:
             self.training_loops.resume_from.pop(job_id, None)
         if stored:
             self.progress.put(job_id, ProgressRecord.continued(stored, step, note))
-        for sub in job["sub_jobs"]:
-            self.store.update_sub_job(
-                job_id,
-                sub["id"],
-                status=states.JOB_PENDING,
-                device=None,
-                failure_code=None,
-                failure_message=None,
-            )
         # A retried run's pending state named its failed attempt; queued again, that is history.
         # A live requeue (a retry, a preemption) closes the span now; one after a restart when the backend
         # was last heard of in it.
         end = time.time() if reason != "backend_restarted" else job.get("last_activity_at")
-        self.store.update_job(
-            job_id,
-            status=states.JOB_PENDING,
-            failure_code=None,
-            failure_message=None,
-            **span_closed(job, end),
-        )
-        self.jobs.requeue(job)
+        back_to_queue(self.store, self.jobs, job, end)
         where = (
             f"checkpoint {checkpoint['id']} (step {step})"
             if checkpoint
