@@ -13,10 +13,13 @@ import numpy as np
 from cortex_nb import Client
 
 from .notebook_fixtures import wait_until
+from .test_storage_faults import fill
+from .test_storage_faults import small_disk as small_disk_fixture
 from .test_surviving_restarts import all_logs, backend_on, free_port
 from .training_data import random_batches, train
 
 TINY_VOCAB = 259
+small_disk = small_disk_fixture  # a 96 MiB tmpfs (test_storage_faults.py)
 CONFIG = {"lora": {"r": 8, "alpha": 16}, "optimizer": {"lr": 0.01}, "seed": 7}
 
 
@@ -94,6 +97,38 @@ def test_after_a_kill_9_a_client_driven_job_comes_back_from_its_newest_resumable
         # Without a resumable checkpoint there is nothing to come back with: it failed, saying so.
         failed = client.get_job(never_saved.job_id)
         assert failed["status"] == "failed" and failed["failure_code"] == "backend_restarted"
+        job.cancel()
+    finally:
+        client.close()
+        for backend in (first, second):
+            if backend is not None:
+                backend.stop()
+
+
+def test_a_full_disk_at_the_stop_leaves_the_job_its_older_save(small_disk):
+    # The drain's own save is refused by the store: the stop still ends cleanly, saying so, and the job
+    # comes back from the save it had.
+    port = free_port()
+    probe = random_batches(1, TINY_VOCAB, seed=97)[0]
+    first, second = backend_on(small_disk / "data", port), None
+    client = Client(first.url, first.token, reconnect_s=300)
+    try:
+        job = client.create_training_job("tiny", **CONFIG)
+        train(job, random_batches(2, TINY_VOCAB, seed=23))
+        job.save("mine").result()
+        at_save = logprobs(job, probe)
+        fill(small_disk, "filler")
+        first.process.send_signal(signal.SIGTERM)
+        first.process.wait(120)
+        assert first.process.returncode == 0
+        log = first.log()
+        assert "could not save a checkpoint before the stop: the store refused" in log
+        assert "Traceback" not in log
+
+        (small_disk / "filler").unlink()
+        second = backend_on(small_disk / "data", port)
+        assert np.array_equal(logprobs(job, probe), at_save)
+        assert client.get_job(job.job_id)["progress"]["resumed"]["checkpoint_id"] == "mine"
         job.cancel()
     finally:
         client.close()

@@ -27,6 +27,7 @@ from .auth import Principal
 from .client_jobs_resume import comes_back
 from .data_plane import RequestManager
 from .executors.base import Executor
+from .storage_faults import is_storage_error
 from .store import Store
 from .training_loops import TrainingLoops
 
@@ -138,6 +139,16 @@ class Drain:
             except ApiError as exc:
                 # e.g. the owner's checkpoint quota: it comes back from an older checkpoint, or fails
                 log.warning("job %s could not save a checkpoint before the stop: %s", job["id"], exc.message)
+                continue
+            except Exception as exc:
+                if not is_storage_error(exc):
+                    raise
+                # a full disk or a held lock: the stop goes on; the job comes back from an older checkpoint
+                log.warning(
+                    "job %s could not save a checkpoint before the stop: the store refused (%s)",
+                    job["id"],
+                    exc,
+                )
                 continue
             saving.append(job["id"])
         if saving:
