@@ -9,13 +9,15 @@ from __future__ import annotations
 import signal
 
 import numpy as np
+import pytest
 
-from cortex_nb import Client
+from cortex_nb import Client, NotFoundError
 
 from .notebook_fixtures import wait_until
 from .test_storage_faults import fill
 from .test_storage_faults import small_disk as small_disk_fixture
 from .test_surviving_restarts import all_logs, backend_on, free_port
+from .tokens import create_token
 from .training_data import random_batches, train
 
 TINY_VOCAB = 259
@@ -94,6 +96,13 @@ def test_after_a_kill_9_a_client_driven_job_comes_back_from_its_newest_resumable
         resumed = client.get_job(job.job_id)["progress"]["resumed"]
         assert resumed["checkpoint_id"] == "mine" and resumed["step"] == 2 and resumed["lost_steps"] == 1
         wait_until(lambda: "1 step(s) trained after it were lost" in all_logs(client, job.job_id), 30)
+        # Back, it is still its owner's alone: another owner's token neither sees nor drives it.
+        other = Client(second.url, create_token(second.data_dir, "another-owner", "jobs:read", "jobs:write"))
+        with pytest.raises(NotFoundError):
+            other.get_job(job.job_id)
+        with pytest.raises(NotFoundError):
+            other.api.forward(job.job_id, probe)
+        other.close()
         # Without a resumable checkpoint there is nothing to come back with: it failed, saying so.
         failed = client.get_job(never_saved.job_id)
         assert failed["status"] == "failed" and failed["failure_code"] == "backend_restarted"
