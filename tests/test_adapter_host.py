@@ -306,7 +306,13 @@ def test_a_jobs_samplers_are_slots_that_sample_its_adapter_unmerged_and_leave_th
         [host_pid] = {info["pid"] for info in infos.values()}
         # ... and no other worker process: the job's sub-jobs, started together, started one host, not a
         # host and a spare (a former test's host may still be exiting).
-        others = [child for child in psutil.Process(host_backend.pid).children() if child.pid != host_pid]
+        # (CPU workers are forks of the fork server, which itself stays.)
+        fork_server = (host_client.get_capacity()["executor"].get("fork_server") or {}).get("pid")
+        others = [
+            child
+            for child in psutil.Process(host_backend.pid).children(recursive=True)
+            if child.pid not in (host_pid, fork_server)
+        ]
         _, alive = psutil.wait_procs(others, timeout=30)
         assert not alive, [process.cmdline() for process in alive]
         assert infos[sampler]["sampler"] == {"engine": "transformers", "lora": "unmerged"}

@@ -18,22 +18,6 @@ from .training_data import random_batches
 TINY_VOCAB = 259
 
 
-def worker_pids(parent: int) -> list[int]:
-    """The backend's worker processes (children running cortex_backend.worker)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat[1]) == parent and b"cortex_backend.worker" in cmdline:
-            pids.append(int(proc.name))
-    return pids
-
-
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -59,7 +43,7 @@ def test_the_next_job_starts_only_after_the_cancelled_jobs_worker_exited(tmp_pat
     try:
         busy = client.create_training_job("tiny", wait=False, idle_timeout_s=0)
         busy.wait_ready()
-        (pid,) = worker_pids(backend.pid)
+        pid = client.get_job(busy.job_id)["sub_jobs"][0]["info"]["pid"]
         # Work queued in the worker keeps it busy after it is asked to stop (until the stop's grace ends).
         batches = random_batches(40, TINY_VOCAB, rows=8, length=64)
         futures = [busy.forward_backward(batch) for batch in batches]

@@ -253,6 +253,14 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         help="every sub-job in a worker process of its own (the default)",
     )
     serve.add_argument(
+        "--worker-start",
+        choices=("fork", "exec"),
+        default="fork",
+        help="how CPU workers start: forked from one process that imported torch, transformers and peft once"
+        " (the default: in milliseconds, the libraries' pages shared), or each a new process (about nine"
+        " seconds of CPU each); GPU workers always start as new processes",
+    )
+    serve.add_argument(
         "--adapter-host-memory",
         dest="adapter_host_memory_bytes",
         type=_byte_count,
@@ -642,6 +650,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
             warm_workers=args.warm_workers,
             worker_threads=args.worker_threads,
             adapter_host=args.adapter_host,
+            worker_start=args.worker_start,
             adapter_host_memory_bytes=args.adapter_host_memory_bytes,
             idle_timeout_s=args.idle_timeout,
             idle_exit_s=args.idle_exit,

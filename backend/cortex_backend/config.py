@@ -36,6 +36,9 @@ class BackendSettings:
     # Sub-jobs (training, sampling, log-probability) on one device and base model as adapter slots of one
     # shared worker process (adapter_host.py), instead of one process per sub-job (the default: `--isolation-per-job`).
     adapter_host: bool = False
+    # CPU workers forked from one process that imported torch, transformers and peft once (fork server:
+    # worker_forkserver.py), instead of each started as a process of its own ("exec"). GPU workers always start.
+    worker_start: str = "fork"
     # The bytes one adapter host's base and slots may hold; a slot past it waits in the queue, one that could
     # never fit is refused (host_budget.py, room_waits.py).
     # None: on a GPU the device's free memory bounds it, on a CPU nothing does.

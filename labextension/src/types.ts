@@ -632,6 +632,7 @@ export interface IExecutorView {
   /** local: `adapter_host` (sub-jobs on one device and base share a process, the base held once) or `isolation_per_job` (a process per sub-job) */
   hosting?: string | null;
   adapter_hosts?: IAdapterHostView[] | null;
+  fork_server?: IForkServerView | null;
   ray_address?: string | null;
   hosts?: string[] | null;
   /** ray: true when the cluster takes clients without Ray's token authentication (the operator's --ray-insecure): anyone who reaches its ports can run code on its hosts */
@@ -652,6 +653,14 @@ export interface IAdapterHostView {
   base_bytes: number;
   /** what the slots add: a trainer its adapter, gradients and AdamW moments (4x the adapter); a sampler or scorer its adapter alone */
   slots_bytes: number;
+}
+
+/**
+ * local: the process CPU workers are forked from (it imported their libraries once); those workers
+ * are its children, not the backend's.
+ */
+export interface IForkServerView {
+  pid: number;
 }
 
 /** Whether source runs get a sandbox here, and whether they are accepted at all without one. */

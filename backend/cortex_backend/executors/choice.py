@@ -25,4 +25,5 @@ def create_executor(settings: BackendSettings, listener: ExecutorListener) -> Ex
         settings.warm_workers,
         WorkerSettings.from_backend(settings),
         adapter_host=settings.adapter_host,
+        fork_workers=settings.worker_start == "fork",
     )

@@ -41,6 +41,7 @@ from .base import (
     report_message,
 )
 from .environment import worker_environment
+from .forkserver import ForkedProcess, ForkServer
 from .rank_groups import RankGroupState, free_port, rank_inits, shared_gpu_refusal
 
 log = logging.getLogger("cortex_backend.executors.base")
@@ -51,6 +52,10 @@ HOSTED_TYPES = states.SUB_JOB_TYPES
 # A blob larger than this is written to its worker a slice at a time (WorkerProcess.send).
 STREAMED_BLOB_BYTES = 1 << 20
 STREAM_SLICE_BYTES = 1 << 20
+
+
+# The environment of the fork server: a CPU worker's, which sees no GPU.
+CPU_FORK_DEVICE = Device(id="cpu", kind="cpu", index=None, name="cpu", memory_bytes=None, slots=1)
 
 
 def slot_key(job_id: str, sub_job_id: str) -> str:
@@ -82,7 +87,7 @@ class RankGroup(RankGroupState):
 
 @dataclass
 class WorkerProcess:
-    process: asyncio.subprocess.Process
+    process: asyncio.subprocess.Process | ForkedProcess
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     device_id: str
@@ -146,6 +151,7 @@ class LocalExecutor(Executor):
         warm_workers: int = 1,
         worker_settings: WorkerSettings | None = None,
         adapter_host: bool = False,
+        fork_workers: bool = True,
     ) -> None:
         super().__init__(listener)
         self.devices = {device.id: device for device in devices}
@@ -162,6 +168,12 @@ class LocalExecutor(Executor):
         # Sub-jobs whose worker is being taken or spawned (set once it is assigned).
         self._starting: dict[tuple[str, str], asyncio.Event] = {}
         self._closed = False
+        # CPU workers forked from a process that imported their libraries once (forkserver.py).
+        self._forkserver = (
+            ForkServer(worker_environment(CPU_FORK_DEVICE))
+            if fork_workers and any(device.kind == "cpu" for device in devices)
+            else None
+        )
 
     async def start(self) -> None:
         for device_id in self.devices:
@@ -176,6 +188,9 @@ class LocalExecutor(Executor):
             "name": "local",
             "hosting": "adapter_host" if self.adapter_host else "isolation_per_job",
         }
+        if self._forkserver is not None and self._forkserver.usable and self._forkserver.pid:
+            # CPU workers are forks of this process, not children of the backend.
+            described["fork_server"] = {"pid": self._forkserver.pid}
         if self.adapter_host:
             described["adapter_hosts"] = [
                 {
@@ -206,7 +221,7 @@ class LocalExecutor(Executor):
     async def _spawn(self, device: Device) -> WorkerProcess:
         parent_sock, child_sock = socket.socketpair()
         try:
-            process = await asyncio.create_subprocess_exec(
+            process = await self._forked(device, child_sock) or await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
                 "cortex_backend.worker_process",
@@ -229,6 +244,17 @@ class LocalExecutor(Executor):
             asyncio.create_task(self._read_stream(worker, process.stderr, "stderr")),
         ]
         return worker
+
+    async def _forked(self, device: Device, channel: socket.socket) -> ForkedProcess | None:
+        """A CPU worker forked from the fork server; None where a process must be started (a GPU worker: the
+        CUDA driver does not survive a fork), or the fork server is gone."""
+        server = self._forkserver
+        if server is None or device.kind != "cpu" or not await server.ensure_started():
+            return None
+        try:
+            return await server.fork(worker_environment(device), channel)
+        except OSError:
+            return None
 
     async def _take_worker(self, device: Device) -> WorkerProcess:
         spares = self._spares[device.id]
@@ -444,6 +470,8 @@ class LocalExecutor(Executor):
         self._spares.clear()
         self._hosts.clear()
         await asyncio.gather(*(self._stop(worker, grace_s=2.0) for worker in workers), return_exceptions=True)
+        if self._forkserver is not None:
+            await self._forkserver.close()
 
     # reading from a worker -----------------------------------------------------------------------
     async def _read_messages(self, worker: WorkerProcess) -> None:

@@ -96,6 +96,13 @@ class AdapterHostView(Reply):
     )
 
 
+class ForkServerView(Reply):
+    """local: the process CPU workers are forked from (it imported their libraries once); those workers
+    are its children, not the backend's."""
+
+    pid: int
+
+
 class ExecutorView(Reply):
     """What runs sub-jobs: `local` worker processes, or `ray` actors on the hosts of a cluster."""
 
@@ -106,6 +113,7 @@ class ExecutorView(Reply):
         " base held once) or `isolation_per_job` (a process per sub-job)",
     )
     adapter_hosts: list[AdapterHostView] | None = None
+    fork_server: ForkServerView | None = None
     ray_address: str | None = None
     hosts: list[str] | None = None
     ray_insecure: bool | None = Field(
