@@ -242,15 +242,16 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         "--adapter-host",
         dest="adapter_host",
         action="store_true",
-        default=False,
+        default=None,
         help="sub-jobs on one device and base model share one worker process that holds the base weights"
-        " once, each an adapter slot; samplers there run their LoRA unmerged (docs/api.md)",
+        " once, each an adapter slot; samplers there run their LoRA unmerged (docs/api.md). Without this"
+        " option or the next: adapter hosts on GPUs, a process per sub-job on CPUs",
     )
     hosting.add_argument(
         "--isolation-per-job",
         dest="adapter_host",
         action="store_false",
-        help="every sub-job in a worker process of its own (the default)",
+        help="every sub-job in a worker process of its own, on every device",
     )
     serve.add_argument(
         "--worker-start",
@@ -266,7 +267,7 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         type=_byte_count,
         default=None,
         metavar="BYTES",
-        help="with --adapter-host: the bytes one host's base and slots may hold (e.g. 40GiB); a slot that"
+        help="with adapter hosts (the default on GPUs): the bytes one host's base and slots may hold (e.g. 40GiB); a slot that"
         " would pass it waits in the queue until a slot of that host ends, one that could never fit fails with"
         " adapter_host_full (default: a GPU's free memory, unbounded on a CPU)",
     )

@@ -34,8 +34,9 @@ class BackendSettings:
     # Idle worker processes kept with torch already imported, so a new sub-job starts in about a second.
     warm_workers: int = 1
     # Sub-jobs (training, sampling, log-probability) on one device and base model as adapter slots of one
-    # shared worker process (adapter_host.py), instead of one process per sub-job (the default: `--isolation-per-job`).
-    adapter_host: bool = False
+    # shared worker process (adapter_host.py; True, `--adapter-host`), or one process per sub-job (False,
+    # `--isolation-per-job`). None (the default): adapter hosts on GPUs, a process per sub-job on CPUs.
+    adapter_host: bool | None = None
     # CPU workers forked from one process that imported torch, transformers and peft once (fork server:
     # worker_forkserver.py), instead of each started as a process of its own ("exec"). GPU workers always start.
     worker_start: str = "fork"

@@ -629,7 +629,7 @@ export interface IHostCapacity {
 /** What runs sub-jobs: `local` worker processes, or `ray` actors on the hosts of a cluster. */
 export interface IExecutorView {
   name: string;
-  /** local: `adapter_host` (sub-jobs on one device and base share a process, the base held once) or `isolation_per_job` (a process per sub-job) */
+  /** local: `adapter_host` (sub-jobs on one device and base share a process, the base held once), `isolation_per_job` (a process per sub-job), or `auto` (the default: adapter hosts on GPUs, a process per sub-job on CPUs) */
   hosting?: string | null;
   adapter_hosts?: IAdapterHostView[] | null;
   fork_server?: IForkServerView | null;

@@ -7,8 +7,10 @@ tagged `[rank N]`; one rank's exit fails the sub-job (`worker_crashed`) and stop
 
 With `adapter_host` a sub-job (training, sampling or log-probability) becomes a slot of the adapter host
 of its (device, base model): one process holding the base weights once (adapter_host.py). With
-`isolation_per_job` (the default) every sub-job gets a process of its own, as do sub-jobs whose base or
-engine a host cannot share.
+`isolation_per_job` every sub-job gets a process of its own, as do sub-jobs whose base or engine a host
+cannot share. By default (`auto`) sub-jobs on GPUs are slots and sub-jobs on CPUs get a process each: on a
+GPU processes time-share the device anyway and each would hold its own copy of the base in device memory;
+on a CPU processes compute side by side on the cores, where one host computes one slot at a time.
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ class LocalExecutor(Executor):
         devices: list[Device],
         warm_workers: int = 1,
         worker_settings: WorkerSettings | None = None,
-        adapter_host: bool = False,
+        adapter_host: bool | None = None,
         fork_workers: bool = True,
     ) -> None:
         super().__init__(listener)
@@ -186,12 +188,12 @@ class LocalExecutor(Executor):
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {
             "name": "local",
-            "hosting": "adapter_host" if self.adapter_host else "isolation_per_job",
+            "hosting": {True: "adapter_host", False: "isolation_per_job", None: "auto"}[self.adapter_host],
         }
         if self._forkserver is not None and self._forkserver.usable and self._forkserver.pid:
             # CPU workers are forks of this process, not children of the backend.
             described["fork_server"] = {"pid": self._forkserver.pid}
-        if self.adapter_host:
+        if self.adapter_host is not False:
             described["adapter_hosts"] = [
                 {
                     "device": device_id,
@@ -205,13 +207,17 @@ class LocalExecutor(Executor):
             ]
         return described
 
+    def hosts_on(self, device: Device) -> bool:
+        """Whether sub-jobs on `device` may be adapter-host slots: as the operator said, else on GPUs only."""
+        return self.adapter_host if self.adapter_host is not None else device.kind == "cuda"
+
     def hosted(self, assignment: SubJobAssignment) -> bool:
         """Whether a sub-job becomes an adapter host's slot: any type, on the built-in sampling engine (a
         hosted sampler runs its adapter unmerged over the shared base), on a base in the device's own
         precision (a quantized base keeps a process of its own; a sub-job across devices has its own
         ranks)."""
         return (
-            self.adapter_host
+            self.hosts_on(assignment.device)
             and not assignment.rank_devices
             and assignment.sub_job_type in HOSTED_TYPES
             and assignment.device.sampler in ("", "transformers", None)

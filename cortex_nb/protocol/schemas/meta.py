@@ -110,7 +110,8 @@ class ExecutorView(Reply):
     hosting: str | None = Field(
         None,
         description="local: `adapter_host` (sub-jobs on one device and base share a process, the"
-        " base held once) or `isolation_per_job` (a process per sub-job)",
+        " base held once), `isolation_per_job` (a process per sub-job), or `auto` (the default: adapter"
+        " hosts on GPUs, a process per sub-job on CPUs)",
     )
     adapter_hosts: list[AdapterHostView] | None = None
     fork_server: ForkServerView | None = None
