@@ -11,12 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import pytest
 
 from cortex_nb import Client
 
 from .backend_process import start_backend
 from .notebook_fixtures import wait_until
 from .training_data import random_batches
+from .unprivileged import UNPRIVILEGED_UID, make_user_home, unavailable_reason
 
 TINY_VOCAB = 259
 
@@ -109,3 +111,24 @@ def test_a_killed_backend_takes_the_fork_server_and_its_workers_with_it(tmp_path
     started = time.monotonic()
     wait_until(lambda: all(gone(pid) for pid in (server, worker, *spares)), 30)
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
+def test_an_ordinary_users_backend_forks_its_workers_as_that_user(tmp_path: Path):
+    user = make_user_home()
+    backend = user.start_backend("--devices", "cpu:1", "--worker-threads", "1")
+    try:
+        client = Client(backend.url, backend.token)
+        job = client.create_training_job("tiny")
+        try:
+            worker = psutil.Process(job.info["sub_jobs"][0]["info"]["pid"])
+            assert worker.ppid() == fork_server_pid(client)
+            assert worker.uids().real == worker.uids().effective == UNPRIVILEGED_UID
+            batch = random_batches(1, TINY_VOCAB)[0]
+            assert np.isfinite(job.forward_backward(batch).result()["loss"])
+            assert job.step().result()["step"] == 1
+        finally:
+            job.cancel()
+    finally:
+        backend.stop()
+        user.remove()
