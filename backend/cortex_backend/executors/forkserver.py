@@ -20,6 +20,8 @@ import socket
 import sys
 from typing import Any
 
+from ..worker_forkserver import MAX_REQUEST_BYTES
+
 log = logging.getLogger("cortex_backend.executors.forkserver")
 
 READY_TIMEOUT_S = 180.0
@@ -114,15 +116,18 @@ class ForkServer:
     async def fork(self, env: dict[str, str], channel: socket.socket) -> ForkedProcess:
         """A worker serving `channel`, with `env` as its environment. Raises OSError if the server is gone."""
         loop = asyncio.get_running_loop()
+        request_id = next(self._ids)
+        request = json.dumps({"id": request_id, "env": env}).encode()
+        if len(request) > MAX_REQUEST_BYTES:
+            raise OSError("the worker's environment is too large to pass to the fork server")
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
-        request_id = next(self._ids)
         reply = self._replies[request_id] = loop.create_future()
         try:
             assert self._control is not None
             socket.send_fds(
                 self._control,
-                [json.dumps({"id": request_id, "env": env}).encode()],
+                [request],
                 [channel.fileno(), out_write, err_write],
             )
         except (OSError, AssertionError) as exc:
