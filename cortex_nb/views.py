@@ -187,6 +187,25 @@ def adapter_host_lines(capacity: dict[str, Any]) -> list[str]:
     ]
 
 
+HOSTING_WORDS = {
+    "auto": "adapter hosts on GPUs (slots share a process and its base), a process per sub-job on CPUs",
+    "adapter_host": "adapter hosts on every device (slots share a process and its base)",
+    "isolation_per_job": "a process per sub-job on every device",
+}
+
+
+def hosting_line(capacity: dict[str, Any]) -> str | None:
+    """How the local executor runs sub-jobs ("hosting: ..."), and whether CPU workers are forks of one
+    process; None for an executor that does not say (Ray). The sidebar's Devices section says the same
+    (labextension/src/model.ts `hostingLine`)."""
+    executor = capacity.get("executor") or {}
+    words = HOSTING_WORDS.get(executor.get("hosting") or "")
+    if words is None:
+        return None
+    forked = "; CPU workers forked from one process" if executor.get("fork_server") else ""
+    return f"hosting: {words}{forked}"
+
+
 def quantized_models_line(capacity: dict[str, Any]) -> str | None:
     """The bases held quantized ("quantized bases: llama-8b nf4"), or None; the sidebar's Devices section
     says the same (labextension/src/model.ts `quantizedModelsLine`)."""

@@ -1,9 +1,9 @@
-"""`%cortex capacity`'s lines for adapter hosts: the words the sidebar uses for the same figures
-(labextension/test/model.spec.ts asserts the same line)."""
+"""`%cortex capacity`'s lines for adapter hosts and how sub-jobs are hosted: the words the sidebar uses for
+the same figures (labextension/test/model.spec.ts asserts the same lines)."""
 
 from __future__ import annotations
 
-from cortex_nb.views import adapter_host_lines
+from cortex_nb.views import adapter_host_lines, hosting_line
 
 
 def test_an_adapter_host_is_one_line_of_slots_on_one_base():
@@ -15,3 +15,15 @@ def test_an_adapter_host_is_one_line_of_slots_on_one_base():
     ]
     assert adapter_host_lines({"executor": {"name": "local", "hosting": "isolation_per_job"}}) == []
     assert adapter_host_lines({}) == []
+
+
+def test_the_hosting_line_says_how_sub_jobs_run_and_whether_cpu_workers_are_forks():
+    forked = {"name": "local", "hosting": "auto", "fork_server": {"pid": 9}, "adapter_hosts": []}
+    assert hosting_line({"executor": forked}) == (
+        "hosting: adapter hosts on GPUs (slots share a process and its base), a process per sub-job on CPUs;"
+        " CPU workers forked from one process"
+    )
+    started = {"name": "local", "hosting": "isolation_per_job"}
+    assert hosting_line({"executor": started}) == "hosting: a process per sub-job on every device"
+    assert hosting_line({"executor": {"name": "ray"}}) is None
+    assert hosting_line({}) is None

@@ -311,7 +311,10 @@ def test_jobs_capacity_and_models_come_back_as_dataframes(cortex_shell, trained_
     assert re.fullmatch(r"\d+:\d\d", row["duration"])
     done = run_cell(cortex_shell, "%cortex jobs --status done --limit 5").result
     assert trained_job.job_id not in set(done["job_id"]) and len(done) <= 5
-    capacity = run_cell(cortex_shell, "%cortex capacity").result
+    shown = run_cell(cortex_shell, "%cortex capacity")
+    capacity = shown.result
+    # How sub-jobs run here, in one line ("hosting: a process per sub-job on CPUs ...").
+    assert re.search(r"^hosting: .*(process|adapter host)", shown.stdout, re.M), shown.stdout
     assert isinstance(capacity, pd.DataFrame) and (capacity["kind"] == "cpu").all() and len(capacity) >= 1
     assert (capacity["sampler"] == "transformers").all()  # the engine of each device's sampling sub-jobs
     models = run_cell(cortex_shell, "%cortex models").result

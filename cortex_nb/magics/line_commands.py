@@ -92,13 +92,16 @@ def status_command(self: CortexMagics, args: Any, cell: str | None) -> None:
 @magic_arguments(name="cortex capacity")
 def capacity_command(self: CortexMagics, args: Any, cell: str | None):
     """Devices and their slots, as a DataFrame; adapter hosts (a base shared by training slots) as lines."""
-    from ..views import adapter_host_lines, capacity_frame, quantized_models_line
+    from ..views import adapter_host_lines, capacity_frame, hosting_line, quantized_models_line
 
     capacity = self.client().get_capacity()
     source_runs = capacity.get("source_runs") or {}
     if source_runs.get("sandbox") == "none":
         # Unsandboxed (allowed by the operator) or refused: either way the user must know before submitting.
         print(f"source runs: {source_runs['note']}")
+    hosting = hosting_line(capacity)
+    if hosting:
+        print(hosting)
     for line in adapter_host_lines(capacity):
         print(line)
     quantized = quantized_models_line(capacity)

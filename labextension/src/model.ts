@@ -138,6 +138,25 @@ export function adapterHostLines(capacity: ICapacity | null): string[] {
   );
 }
 
+const HOSTING_WORDS: Record<string, string> = {
+  auto: 'adapter hosts on GPUs (slots share a process and its base), a process per sub-job on CPUs',
+  adapter_host: 'adapter hosts on every device (slots share a process and its base)',
+  isolation_per_job: 'a process per sub-job on every device'
+};
+
+/**
+ * How the local executor runs sub-jobs, and whether CPU workers are forks of one process; none for an
+ * executor that does not say (Ray). The same words as `%cortex capacity` (cortex_nb/views.py `hosting_line`).
+ */
+export function hostingLine(capacity: ICapacity | null): string[] {
+  const executor = capacity?.executor;
+  const words = executor?.hosting ? HOSTING_WORDS[executor.hosting] : undefined;
+  if (!words) {
+    return [];
+  }
+  return [`hosting: ${words}${executor?.fork_server ? '; CPU workers forked from one process' : ''}`];
+}
+
 /**
  * The bases held quantized ("quantized bases: llama-8b nf4"), or none; the same words as `%cortex capacity`
  * (cortex_nb/views.py `quantized_models_line`).
@@ -392,6 +411,7 @@ export class PanelModel {
   hosts(): string[] {
     return [
       ...hostLines(this._state.capacity),
+      ...hostingLine(this._state.capacity),
       ...adapterHostLines(this._state.capacity),
       ...quantizedModelsLine(this._state.capacity)
     ];

@@ -5,6 +5,7 @@ import {
   MetricSeries,
   PanelModel,
   adapterHostLines,
+  hostingLine,
   quantizedModelsLine,
   weekUsageLine,
   connectionState,
@@ -179,6 +180,18 @@ describe('devices', () => {
     };
     expect(adapterHostLines({ ...CPU_CAPACITY, executor })).toEqual([
       'adapter host cpu:0 · tiny: 3 slot(s) on one base (12.0 MiB held once; slots add 640 KiB)'
+    ]);
+  });
+
+  it('says how sub-jobs are hosted and whether CPU workers are forks, in the words of %cortex capacity', () => {
+    expect(hostingLine(null)).toEqual([]);
+    expect(hostingLine({ ...CPU_CAPACITY, executor: { name: 'ray' } })).toEqual([]);
+    expect(hostingLine({ ...CPU_CAPACITY, executor: { name: 'local', hosting: 'auto', fork_server: { pid: 9 } } })).toEqual([
+      'hosting: adapter hosts on GPUs (slots share a process and its base), a process per sub-job on CPUs;' +
+        ' CPU workers forked from one process'
+    ]);
+    expect(hostingLine({ ...CPU_CAPACITY, executor: { name: 'local', hosting: 'isolation_per_job' } })).toEqual([
+      'hosting: a process per sub-job on every device'
     ]);
   });
 
