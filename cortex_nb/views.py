@@ -199,9 +199,17 @@ def hosting_line(capacity: dict[str, Any]) -> str | None:
     process; None for an executor that does not say (Ray). The sidebar's Devices section says the same
     (labextension/src/model.ts `hostingLine`)."""
     executor = capacity.get("executor") or {}
-    words = HOSTING_WORDS.get(executor.get("hosting") or "")
+    hosting = executor.get("hosting") or ""
+    words = HOSTING_WORDS.get(hosting)
     if words is None:
         return None
+    kinds = {device.get("kind") for device in capacity.get("devices") or []}
+    if hosting == "auto" and kinds in ({"cpu"}, {"cuda"}):  # only one half of `auto` applies here
+        words = (
+            "a process per sub-job"
+            if kinds == {"cpu"}
+            else HOSTING_WORDS["adapter_host"].replace(" on every device", "")
+        )
     forked = "; CPU workers forked from one process" if executor.get("fork_server") else ""
     return f"hosting: {words}{forked}"
 

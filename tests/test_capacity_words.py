@@ -19,10 +19,17 @@ def test_an_adapter_host_is_one_line_of_slots_on_one_base():
 
 def test_the_hosting_line_says_how_sub_jobs_run_and_whether_cpu_workers_are_forks():
     forked = {"name": "local", "hosting": "auto", "fork_server": {"pid": 9}, "adapter_hosts": []}
-    assert hosting_line({"executor": forked}) == (
+    mixed = [{"id": "cuda:0", "kind": "cuda"}, {"id": "cpu", "kind": "cpu"}]
+    assert hosting_line({"executor": forked, "devices": mixed}) == (
         "hosting: adapter hosts on GPUs (slots share a process and its base), a process per sub-job on CPUs;"
         " CPU workers forked from one process"
     )
+    # Where only one half of `auto` applies, only that half is said.
+    assert hosting_line({"executor": forked, "devices": mixed[1:]}) == (
+        "hosting: a process per sub-job; CPU workers forked from one process"
+    )
+    gpus = {"executor": {"name": "local", "hosting": "auto"}, "devices": mixed[:1]}
+    assert hosting_line(gpus) == "hosting: adapter hosts (slots share a process and its base)"
     started = {"name": "local", "hosting": "isolation_per_job"}
     assert hosting_line({"executor": started}) == "hosting: a process per sub-job on every device"
     assert hosting_line({"executor": {"name": "ray"}}) is None

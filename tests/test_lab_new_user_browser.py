@@ -265,7 +265,7 @@ def test_the_quickstart_starts_the_local_backend_and_the_sidebar_follows_its_job
     )
     # ... and how its sub-jobs run: a process each on this CPU host, forked from one process.
     expect(sidebar.locator(".cortex-host").filter(has_text="hosting:")).to_have_text(
-        re.compile(r"a process per sub-job on CPUs; CPU workers forked from one process$")
+        "hosting: a process per sub-job; CPU workers forked from one process"
     )
     expect(finished).to_contain_text(re.compile(r"loss per token [\d.]+ · took \d+:\d\d · 200/200 steps"))
     # Its view: the adapter the training ended with is a checkpoint, and the widget's final picture stays.

@@ -150,9 +150,14 @@ const HOSTING_WORDS: Record<string, string> = {
  */
 export function hostingLine(capacity: ICapacity | null): string[] {
   const executor = capacity?.executor;
-  const words = executor?.hosting ? HOSTING_WORDS[executor.hosting] : undefined;
+  let words = executor?.hosting ? HOSTING_WORDS[executor.hosting] : undefined;
   if (!words) {
     return [];
+  }
+  const kinds = new Set((capacity?.devices ?? []).map(device => device.kind));
+  if (executor?.hosting === 'auto' && kinds.size === 1) {
+    // only one half of `auto` applies here
+    words = kinds.has('cpu') ? 'a process per sub-job' : HOSTING_WORDS.adapter_host.replace(' on every device', '');
   }
   return [`hosting: ${words}${executor?.fork_server ? '; CPU workers forked from one process' : ''}`];
 }

@@ -186,9 +186,18 @@ describe('devices', () => {
   it('says how sub-jobs are hosted and whether CPU workers are forks, in the words of %cortex capacity', () => {
     expect(hostingLine(null)).toEqual([]);
     expect(hostingLine({ ...CPU_CAPACITY, executor: { name: 'ray' } })).toEqual([]);
-    expect(hostingLine({ ...CPU_CAPACITY, executor: { name: 'local', hosting: 'auto', fork_server: { pid: 9 } } })).toEqual([
+    const forked = { name: 'local', hosting: 'auto', fork_server: { pid: 9 } };
+    const mixed = { ...CPU_CAPACITY, devices: [...GPU_CAPACITY.devices, ...CPU_CAPACITY.devices] };
+    expect(hostingLine({ ...mixed, executor: forked })).toEqual([
       'hosting: adapter hosts on GPUs (slots share a process and its base), a process per sub-job on CPUs;' +
         ' CPU workers forked from one process'
+    ]);
+    // where only one half of `auto` applies, only that half is said
+    expect(hostingLine({ ...CPU_CAPACITY, executor: forked })).toEqual([
+      'hosting: a process per sub-job; CPU workers forked from one process'
+    ]);
+    expect(hostingLine({ ...GPU_CAPACITY, executor: { name: 'local', hosting: 'auto' } })).toEqual([
+      'hosting: adapter hosts (slots share a process and its base)'
     ]);
     expect(hostingLine({ ...CPU_CAPACITY, executor: { name: 'local', hosting: 'isolation_per_job' } })).toEqual([
       'hosting: a process per sub-job on every device'
