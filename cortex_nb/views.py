@@ -191,6 +191,9 @@ HOSTING_WORDS = {
     "auto": "adapter hosts on GPUs (slots share a process and its base), a process per sub-job on CPUs",
     "adapter_host": "adapter hosts on every device (slots share a process and its base)",
     "isolation_per_job": "a process per sub-job on every device",
+    # `auto` on a backend whose devices are all of one kind: only that half applies.
+    "auto:cpu": "a process per sub-job",
+    "auto:cuda": "adapter hosts (slots share a process and its base)",
 }
 
 
@@ -200,16 +203,12 @@ def hosting_line(capacity: dict[str, Any]) -> str | None:
     (labextension/src/model.ts `hostingLine`)."""
     executor = capacity.get("executor") or {}
     hosting = executor.get("hosting") or ""
+    kinds = {device.get("kind") for device in capacity.get("devices") or []}
+    if hosting == "auto" and len(kinds) == 1:
+        hosting = f"auto:{kinds.pop()}"
     words = HOSTING_WORDS.get(hosting)
     if words is None:
         return None
-    kinds = {device.get("kind") for device in capacity.get("devices") or []}
-    if hosting == "auto" and kinds in ({"cpu"}, {"cuda"}):  # only one half of `auto` applies here
-        words = (
-            "a process per sub-job"
-            if kinds == {"cpu"}
-            else HOSTING_WORDS["adapter_host"].replace(" on every device", "")
-        )
     forked = "; CPU workers forked from one process" if executor.get("fork_server") else ""
     return f"hosting: {words}{forked}"
 

@@ -141,7 +141,10 @@ export function adapterHostLines(capacity: ICapacity | null): string[] {
 const HOSTING_WORDS: Record<string, string> = {
   auto: 'adapter hosts on GPUs (slots share a process and its base), a process per sub-job on CPUs',
   adapter_host: 'adapter hosts on every device (slots share a process and its base)',
-  isolation_per_job: 'a process per sub-job on every device'
+  isolation_per_job: 'a process per sub-job on every device',
+  // `auto` on a backend whose devices are all of one kind: only that half applies
+  'auto:cpu': 'a process per sub-job',
+  'auto:cuda': 'adapter hosts (slots share a process and its base)'
 };
 
 /**
@@ -150,14 +153,11 @@ const HOSTING_WORDS: Record<string, string> = {
  */
 export function hostingLine(capacity: ICapacity | null): string[] {
   const executor = capacity?.executor;
-  let words = executor?.hosting ? HOSTING_WORDS[executor.hosting] : undefined;
+  const kinds = [...new Set((capacity?.devices ?? []).map(device => device.kind))];
+  const hosting = executor?.hosting === 'auto' && kinds.length === 1 ? `auto:${kinds[0]}` : executor?.hosting;
+  const words = hosting ? HOSTING_WORDS[hosting] : undefined;
   if (!words) {
     return [];
-  }
-  const kinds = new Set((capacity?.devices ?? []).map(device => device.kind));
-  if (executor?.hosting === 'auto' && kinds.size === 1) {
-    // only one half of `auto` applies here
-    words = kinds.has('cpu') ? 'a process per sub-job' : HOSTING_WORDS.adapter_host.replace(' on every device', '');
   }
   return [`hosting: ${words}${executor?.fork_server ? '; CPU workers forked from one process' : ''}`];
 }

@@ -3,8 +3,8 @@ process that imported torch, transformers and peft once, instead of each importi
 CPU a worker here) and holding its own copy of their pages.
 
 `ForkServer.fork` returns a `ForkedProcess`, which has the parts of `asyncio.subprocess.Process` the
-executor uses (pid, returncode, wait, send_signal, kill, stdout, stderr). If the fork server cannot start,
-or dies, the executor starts its workers as processes again (`usable` turns false).
+executor uses (pid, returncode, wait, stdout, stderr; it signals a worker's process group itself). If the
+fork server cannot start, or dies, the executor starts its workers as processes again (`usable` turns false).
 """
 
 from __future__ import annotations
@@ -45,17 +45,6 @@ class ForkedProcess:
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exited)
-
-    def send_signal(self, signum: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signum)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 class ForkServer:
@@ -201,11 +190,7 @@ class ForkServer:
         their parent); new workers start as processes."""
         if self.usable:
             log.warning("%s; workers start as processes of their own from now on", reason)
-        self.usable = False
-        if self._control is not None:
-            with contextlib.suppress(ValueError, RuntimeError):
-                asyncio.get_running_loop().remove_reader(self._control.fileno())
-            self._control.close()
+        self._close_control()
         if self._started and not self._started.done():
             self._started.set_result(None)
         for reply in self._replies.values():
@@ -216,13 +201,17 @@ class ForkServer:
             if not exited.done():
                 exited.set_result(-signal.SIGKILL)
 
-    async def close(self) -> None:
-        """Close the socket (the server exits when it sees that) and reap the server."""
-        if self._control is not None and self.usable:
-            self.usable = False
+    def _close_control(self) -> None:
+        """No more forks: stop reading the server's socket and close it (the server exits when it sees that)."""
+        self.usable = False
+        if self._control is not None and self._control.fileno() != -1:
             with contextlib.suppress(ValueError, RuntimeError):
                 asyncio.get_running_loop().remove_reader(self._control.fileno())
             self._control.close()
+
+    async def close(self) -> None:
+        """Close the socket (the server exits when it sees that) and reap the server."""
+        self._close_control()
         if self._process is not None and self._process.returncode is None:
             try:
                 await asyncio.wait_for(self._process.wait(), 5)
