@@ -30,17 +30,29 @@ def open_sidebar(page: Page) -> None:
     expect(page.locator("#cortex-nb-sidebar")).to_be_visible()
 
 
-def screenshot(target, name: str) -> None:
-    """A page or element screenshot under SCREENSHOTS."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+def retry_detached(action) -> None:
+    """Runs a locator action again when its element was re-created under it.
+
+    A job widget's view is re-created when its cell's picture is rewritten (each tenth of the steps): the
+    locator then finds the new element on the next try.
+    """
     from playwright.sync_api import Error
 
-    # A job widget's view is re-created when its cell's picture is rewritten (each tenth of the steps): a
-    # locator then finds the new element on the next try.
     for attempt in range(3):
         try:
-            target.screenshot(path=str(SCREENSHOTS / name))
+            action()
             return
         except Error as exc:
             if "not attached" not in str(exc) or attempt == 2:
                 raise
+
+
+def scroll_to(target) -> None:
+    """Scrolls an element into view, riding over its re-creation."""
+    retry_detached(target.scroll_into_view_if_needed)
+
+
+def screenshot(target, name: str) -> None:
+    """A page or element screenshot under SCREENSHOTS."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    retry_detached(lambda: target.screenshot(path=str(SCREENSHOTS / name)))

@@ -25,7 +25,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 from cortex_nb import Client
 from cortex_nb.local import process_exited, running_endpoint
 
-from .browser import CHROMIUM, CHROMIUM_ARGS, ROOT, open_sidebar, screenshot
+from .browser import CHROMIUM, CHROMIUM_ARGS, ROOT, open_sidebar, screenshot, scroll_to
 from .jupyter_process import local_dir_of, start_jupyter, stop_local_backend
 from .notebook_fixtures import wait_until
 
@@ -228,7 +228,7 @@ def test_the_quickstart_starts_the_local_backend_and_the_sidebar_follows_its_job
     # Far enough in that the loss curve has its shape (the README's sidebar picture).
     wait_until(lambda: step_of(row.locator(".cortex-job-detail").inner_text()) >= 100, 180, interval_s=0.5)
     widget = page.locator(".jp-NotebookPanel:visible .cortex-job-widget").first
-    widget.scroll_into_view_if_needed()
+    scroll_to(widget)
     screenshot(page, "jupyterlab-sidebar.png")
     screenshot(widget, "job-widget-training.png")
 
@@ -455,7 +455,7 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     expect(fifth.locator(".cortex-job-detail")).to_contain_text(
         re.compile(r"#1 in the queue: waiting for a cpu slot: 4/4 held by .*sweep-1")
     )
-    fifth_widget.scroll_into_view_if_needed()
+    scroll_to(fifth_widget)
     screenshot(page, "jupyterlab-sidebar-queue.png")
 
     # sweep-1 has trained and keeps its device for sampling: its view offers Free device, not Cancel, and
@@ -484,7 +484,7 @@ def test_a_fifth_training_waits_saying_why_and_starts_when_one_ends(page, lab):
     # Its widget, kept alive: nothing red to click, Free device instead of Cancel.
     activate_tab(page, "sweep.ipynb")
     widget = outputs[1].locator(".cortex-job-widget")
-    widget.scroll_into_view_if_needed()
+    scroll_to(widget)
     expect(widget.locator(".cortex-status")).to_have_text("sampling", timeout=60_000)
     expect(widget).to_contain_text("step 60/60")
     expect(widget).to_contain_text("samples at step 60")

@@ -19,7 +19,7 @@ from .tinker_fixtures import NEEDS_SDK, TINKER_MODEL
 pytestmark = NEEDS_SDK
 
 SL_STEPS, SL_BATCH, SL_LR = 40, 16, 3e-2
-RL_ITERATIONS, RL_PROMPTS, GROUP, RL_LR = 10, 8, 8, 2e-2
+RL_ITERATIONS, RL_PROMPTS, GROUP, RL_LR = 12, 8, 8, 1e-2
 
 
 def closeness(row: dict[str, str], text: str) -> float:
@@ -101,19 +101,31 @@ def test_supervised_then_rl_loop_learns_arithmetic(
     training_client = service_client.create_training_client_from_state_with_optimizer(state_path).result()
     probe = [row for row in rows[:20]]
 
-    def greedy_closeness(sampling_client) -> float:
+    def closeness_on_probe(sampling_client, temperature: float, samples: int) -> float:
+        """The mean reward on fixed prompts with fixed seeds: a before/after that no iteration's luck moves."""
         futures = [
             sampling_client.sample(
                 types.ModelInput.from_ints(tokenizer.encode(row["prompt"]).ids),
-                1,
-                types.SamplingParams(max_tokens=3, temperature=0.0),
+                samples,
+                types.SamplingParams(max_tokens=3, temperature=temperature, seed=7 + i),
             )
-            for row in probe
+            for i, row in enumerate(probe)
         ]
-        texts = [tokenizer.decode([t for t in f.result().sequences[0].tokens if t != eos]) for f in futures]
-        return float(np.mean([closeness(row, text) for row, text in zip(probe, texts, strict=True)]))
+        return float(
+            np.mean(
+                [
+                    closeness(row, tokenizer.decode([t for t in sequence.tokens if t != eos]))
+                    for row, future in zip(probe, futures, strict=True)
+                    for sequence in future.result().sequences
+                ]
+            )
+        )
 
-    before = greedy_closeness(training_client.save_weights_and_get_sampling_client().result())
+    def measured(sampling_client) -> tuple[float, float]:
+        """(greedy, sampled at temperature 1) mean rewards on the probe prompts."""
+        return closeness_on_probe(sampling_client, 0.0, 1), closeness_on_probe(sampling_client, 1.0, GROUP)
+
+    before = measured(training_client.save_weights_and_get_sampling_client().result())
     rewards = []
     for iteration in range(RL_ITERATIONS):
         sampling_client = training_client.save_weights_and_get_sampling_client().result()
@@ -160,10 +172,16 @@ def test_supervised_then_rl_loop_learns_arithmetic(
             # On-policy: the trainer scores the sampled tokens as the sampler did.
             sampled, ob_len = datums[0].loss_fn_inputs["logprobs"].to_numpy(), prompt_lengths[0]
             np.testing.assert_allclose(trained[ob_len:], sampled[ob_len:], rtol=0, atol=1e-4)
-    after = greedy_closeness(training_client.save_weights_and_get_sampling_client().result())
-    half = RL_ITERATIONS // 2
-    assert np.mean(rewards[half:]) > np.mean(rewards[:half]) + 0.1, f"the mean reward should rise: {rewards}"
-    assert after > before + 0.2, f"greedy answers should get closer: {before:.2f} -> {after:.2f}"
+    after = measured(training_client.save_weights_and_get_sampling_client().result())
+    # Each iteration's mean reward is one draw of 64 samples on other prompts, and which samples are drawn
+    # depends on float rounding (concurrent requests share a pass: sample_batching.py), so from one run to
+    # the next the loop takes another path and its curve is noisy: with the sampling seeds shifted, 3 runs
+    # in 8 of 10 iterations at lr 2e-2 showed no rise of the later half's mean over the earlier half's, and
+    # one collapsed. The probe's fixed prompts and seeds measure the policy itself: over 7 shifted runs at
+    # this lr, greedy closeness went from 0.29 to 0.50-0.58 and sampled closeness from 0.24 to 0.43-0.56.
+    assert rewards, "the loop ran no iteration"
+    assert after[0] > before[0] + 0.15, f"greedy answers should get closer: {before[0]:.2f} -> {after[0]:.2f}"
+    assert after[1] > before[1] + 0.1, f"sampled answers should get closer: {before[1]:.2f} -> {after[1]:.2f}"
 
     # Ordinary jobs: listed with logs, checkpoints under their tinker:// names in %cortex checkpoints.
     job_id = training_client.model_id.replace(":", ".")
