@@ -198,9 +198,9 @@ HOSTING_WORDS = {
 
 
 def hosting_line(capacity: dict[str, Any]) -> str | None:
-    """How the local executor runs sub-jobs ("hosting: ..."), and whether CPU workers are forks of one
-    process; None for an executor that does not say (Ray). The sidebar's Devices section says the same
-    (labextension/src/model.ts `hostingLine`)."""
+    """How the executor runs sub-jobs ("hosting: ..."; on Ray each process is an actor), and whether CPU
+    workers are forks of one process; None for a backend that does not say (one older than the choice).
+    The sidebar's Devices section says the same (labextension/src/model.ts `hostingLine`)."""
     executor = capacity.get("executor") or {}
     hosting = executor.get("hosting") or ""
     kinds = {device.get("kind") for device in capacity.get("devices") or []}

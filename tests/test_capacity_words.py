@@ -32,5 +32,7 @@ def test_the_hosting_line_says_how_sub_jobs_run_and_whether_cpu_workers_are_fork
     assert hosting_line(gpus) == "hosting: adapter hosts (slots share a process and its base)"
     started = {"name": "local", "hosting": "isolation_per_job"}
     assert hosting_line({"executor": started}) == "hosting: a process per sub-job on every device"
-    assert hosting_line({"executor": {"name": "ray"}}) is None
+    assert hosting_line({"executor": {"name": "ray"}}) is None  # a backend from before the choice
+    ray = {"executor": {"name": "ray", "hosting": "adapter_host"}, "devices": [{"kind": "cpu"}]}
+    assert hosting_line(ray) == "hosting: adapter hosts on every device (slots share a process and its base)"
     assert hosting_line({}) is None

@@ -148,8 +148,9 @@ const HOSTING_WORDS: Record<string, string> = {
 };
 
 /**
- * How the local executor runs sub-jobs, and whether CPU workers are forks of one process; none for an
- * executor that does not say (Ray). The same words as `%cortex capacity` (cortex_nb/views.py `hosting_line`).
+ * How the executor runs sub-jobs (on Ray each process is an actor), and whether CPU workers are forks of
+ * one process; none for a backend that does not say. The same words as `%cortex capacity`
+ * (cortex_nb/views.py `hosting_line`).
  */
 export function hostingLine(capacity: ICapacity | null): string[] {
   const executor = capacity?.executor;

@@ -629,7 +629,7 @@ export interface IHostCapacity {
 /** What runs sub-jobs: `local` worker processes, or `ray` actors on the hosts of a cluster. */
 export interface IExecutorView {
   name: string;
-  /** local: `adapter_host` (sub-jobs on one device and base share a process, the base held once), `isolation_per_job` (a process per sub-job), or `auto` (the default: adapter hosts on GPUs, a process per sub-job on CPUs) */
+  /** `adapter_host` (sub-jobs on one device and base share a process, on Ray an actor, the base held once), `isolation_per_job` (a process or actor per sub-job), or `auto` (the default: adapter hosts on GPUs, a process or actor per sub-job on CPUs) */
   hosting?: string | null;
   adapter_hosts?: IAdapterHostView[] | null;
   fork_server?: IForkServerView | null;
@@ -640,12 +640,15 @@ export interface IExecutorView {
 }
 
 /**
- * One adapter host: a worker process holding a base model once for the slots (training, sampling,
- * log-probability sub-jobs) on a device.
+ * One adapter host: a worker process (on the Ray executor, an actor) holding a base model once for the
+ * slots (training, sampling, log-probability sub-jobs) on a device.
  */
 export interface IAdapterHostView {
+  /** ray: the cluster host whose actor this is */
+  host?: string | null;
   device: string;
   base_model: string;
+  /** its process (on Ray, the actor's process on its host; 0 until Ray has placed it) */
   pid: number;
   /** sub-jobs (of any type) served by this process now */
   slots: number;

@@ -12,6 +12,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from cortex_nb.protocol import states
 from cortex_nb.protocol.states import SAMPLING
 
 from .. import worker_messages as messages
@@ -80,6 +81,45 @@ class SubJobAssignment:
     def rank_group(self) -> bool:
         """A training sub-job across devices: one worker per rank (engine/sharding.py)."""
         return bool(self.rank_devices) and not self.tensor_parallel
+
+
+def slot_key(job_id: str, sub_job_id: str) -> str:
+    """How an adapter host names a sub-job's slot (sub-job ids repeat across jobs: `training-0`)."""
+    return f"{job_id}/{sub_job_id}"
+
+
+@dataclass(frozen=True)
+class Hosting:
+    """Which sub-jobs become slots of an adapter host (adapter_host.py), for every executor alike.
+
+    `adapter_host`: True for every device (`--adapter-host`), False for none (`--isolation-per-job`), None
+    (auto) for GPUs only: on a GPU processes time-share the device and each holds its own copy of the
+    base in device memory; on a CPU processes compute side by side, where one host computes one slot at a
+    time.
+    """
+
+    adapter_host: bool | None = None
+
+    @property
+    def word(self) -> str:
+        """How GET /v1/capacity names the choice."""
+        return {True: "adapter_host", False: "isolation_per_job", None: "auto"}[self.adapter_host]
+
+    def on(self, device: Device) -> bool:
+        """Whether sub-jobs on `device` may be adapter-host slots."""
+        return self.adapter_host if self.adapter_host is not None else device.kind == "cuda"
+
+    def hosts(self, assignment: SubJobAssignment) -> bool:
+        """Whether a sub-job becomes a slot: any type, on the built-in sampling engine (a hosted sampler runs
+        its adapter unmerged over the shared base), on a base in the device's own precision (a quantized base
+        keeps a process of its own; a sub-job across devices has its own ranks)."""
+        return (
+            self.on(assignment.device)
+            and not assignment.rank_devices
+            and assignment.sub_job_type in states.SUB_JOB_TYPES
+            and assignment.device.sampler in ("", "transformers", None)
+            and not assignment.model.quantization
+        )
 
 
 class Executor(abc.ABC):

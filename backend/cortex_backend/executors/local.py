@@ -28,8 +28,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from cortex_nb.protocol import states
-
 from .. import ipc
 from .. import worker_messages as messages
 from ..devices import Device
@@ -37,10 +35,12 @@ from ..slot_logs import untag_line
 from .base import (
     Executor,
     ExecutorListener,
+    Hosting,
     SubJobAssignment,
     WorkerSettings,
     init_message,
     report_message,
+    slot_key,
 )
 from .environment import worker_environment
 from .forkserver import ForkedProcess, ForkServer
@@ -49,8 +49,6 @@ from .rank_groups import RankGroupState, free_port, rank_inits, shared_gpu_refus
 log = logging.getLogger("cortex_backend.executors.base")
 
 
-# The sub-jobs an adapter host serves as slots: every type (a sampler's LoRA runs unmerged there).
-HOSTED_TYPES = states.SUB_JOB_TYPES
 # A blob larger than this is written to its worker a slice at a time (WorkerProcess.send).
 STREAMED_BLOB_BYTES = 1 << 20
 STREAM_SLICE_BYTES = 1 << 20
@@ -58,11 +56,6 @@ STREAM_SLICE_BYTES = 1 << 20
 
 # The environment of the fork server: a CPU worker's, which sees no GPU.
 CPU_FORK_DEVICE = Device(id="cpu", kind="cpu", index=None, name="cpu", memory_bytes=None, slots=1)
-
-
-def slot_key(job_id: str, sub_job_id: str) -> str:
-    """How an adapter host names a sub-job's slot (sub-job ids repeat across jobs: `training-0`)."""
-    return f"{job_id}/{sub_job_id}"
 
 
 @dataclass
@@ -159,7 +152,7 @@ class LocalExecutor(Executor):
         self.devices = {device.id: device for device in devices}
         self.warm_workers = warm_workers
         self.worker_settings = worker_settings or WorkerSettings()
-        self.adapter_host = adapter_host
+        self.hosting = Hosting(adapter_host)
         self._spares: dict[str, list[WorkerProcess]] = defaultdict(list)
         # sub-job -> the process serving it (an adapter host serves several)
         self._workers: dict[tuple[str, str], WorkerProcess] = {}
@@ -188,12 +181,12 @@ class LocalExecutor(Executor):
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {
             "name": "local",
-            "hosting": {True: "adapter_host", False: "isolation_per_job", None: "auto"}[self.adapter_host],
+            "hosting": self.hosting.word,
         }
         if self._forkserver is not None and self._forkserver.usable and self._forkserver.pid:
             # CPU workers are forks of this process, not children of the backend.
             described["fork_server"] = {"pid": self._forkserver.pid}
-        if self.adapter_host is not False:
+        if self.hosting.adapter_host is not False:
             described["adapter_hosts"] = [
                 {
                     "device": device_id,
@@ -208,21 +201,7 @@ class LocalExecutor(Executor):
         return described
 
     def hosts_on(self, device: Device) -> bool:
-        """Whether sub-jobs on `device` may be adapter-host slots: as the operator said, else on GPUs only."""
-        return self.adapter_host if self.adapter_host is not None else device.kind == "cuda"
-
-    def hosted(self, assignment: SubJobAssignment) -> bool:
-        """Whether a sub-job becomes an adapter host's slot: any type, on the built-in sampling engine (a
-        hosted sampler runs its adapter unmerged over the shared base), on a base in the device's own
-        precision (a quantized base keeps a process of its own; a sub-job across devices has its own
-        ranks)."""
-        return (
-            self.hosts_on(assignment.device)
-            and not assignment.rank_devices
-            and assignment.sub_job_type in HOSTED_TYPES
-            and assignment.device.sampler in ("", "transformers", None)
-            and not assignment.model.quantization
-        )
+        return self.hosting.on(device)
 
     async def _spawn(self, device: Device) -> WorkerProcess:
         parent_sock, child_sock = socket.socketpair()
@@ -309,7 +288,7 @@ class LocalExecutor(Executor):
             return
         key = (assignment.job_id, assignment.sub_job_id)
         starting = self._starting[key] = asyncio.Event()
-        hosted = self.hosted(assignment)
+        hosted = self.hosting.hosts(assignment)
         try:
             worker = await (self._take_host(assignment) if hosted else self._take_worker(assignment.device))
         finally:

@@ -82,12 +82,15 @@ class HostCapacity(Reply):
 
 
 class AdapterHostView(Reply):
-    """One adapter host: a worker process holding a base model once for the slots (training, sampling,
-    log-probability sub-jobs) on a device."""
+    """One adapter host: a worker process (on the Ray executor, an actor) holding a base model once for the
+    slots (training, sampling, log-probability sub-jobs) on a device."""
 
+    host: str | None = Field(None, description="ray: the cluster host whose actor this is")
     device: str
     base_model: str
-    pid: int
+    pid: int = Field(
+        description="its process (on Ray, the actor's process on its host; 0 until Ray has placed it)"
+    )
     slots: int = Field(description="sub-jobs (of any type) served by this process now")
     base_bytes: int = Field(description="the base model's weights, held once for every slot")
     slots_bytes: int = Field(
@@ -109,9 +112,9 @@ class ExecutorView(Reply):
     name: str
     hosting: str | None = Field(
         None,
-        description="local: `adapter_host` (sub-jobs on one device and base share a process, the"
-        " base held once), `isolation_per_job` (a process per sub-job), or `auto` (the default: adapter"
-        " hosts on GPUs, a process per sub-job on CPUs)",
+        description="`adapter_host` (sub-jobs on one device and base share a process, on Ray an actor,"
+        " the base held once), `isolation_per_job` (a process or actor per sub-job), or `auto` (the default:"
+        " adapter hosts on GPUs, a process or actor per sub-job on CPUs)",
     )
     adapter_hosts: list[AdapterHostView] | None = None
     fork_server: ForkServerView | None = None

@@ -17,6 +17,9 @@ actor asks for). Every rank gets the same messages under the same sequence numbe
 reach the service; any rank's death fails the sub-job and takes every rank's actor and the placement group
 with it. A sampling sub-job across devices (vLLM's tensor parallelism) is one actor holding the resources of
 all its devices on one host; its engine starts its own shard processes (not run on Ray in the tests here).
+
+Sub-jobs that the hosting choice makes adapter-host slots (base.Hosting: on GPUs by default, on every
+device with `--adapter-host`) share one actor per (host, device, base model) instead (host_actors.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import contextlib
 import logging
 import os
 from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,10 +42,12 @@ from ..base import (
     Executor,
     ExecutorListener,
     ExecutorStartRefused,
+    Hosting,
     SubJobAssignment,
     WorkerSettings,
     init_message,
     report_message,
+    slot_key,
 )
 from ..rank_groups import RankGroupState, rank_inits, shared_gpu_refusal
 from .checkpoint_transfer import STAGED_FILES, TransferError, read_checkpoint_files, write_checkpoint_files
@@ -64,6 +70,7 @@ from .confinement import (
     remove_root,
 )
 from .head import RayHead
+from .host_actors import HostActor, HostActorKey, lines_by_slot
 from .host_monitor import ClusterSampler
 from .hosts import ClusterHosts, Host, node_is_alive
 from .registry import (
@@ -127,6 +134,15 @@ class ActorSubJob:
     # A sub-job across devices: its ranks' bookkeeping, and the placement group that holds them together.
     group: RankGroupState | None = None
     placement_group: Any = None
+    # A slot of an adapter-host actor (host_actors.py): its messages go through the host's inbox, addressed
+    # to the slot; `released` is set when the slot has ended there; `slot_bytes` what it adds to the host.
+    hosted_by: HostActor | None = None
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    slot_bytes: int = 0
+
+    @property
+    def slot(self) -> str:
+        return slot_key(self.assignment.job_id, self.assignment.sub_job_id)
 
     @property
     def placement(self) -> dict[str, Any]:
@@ -134,6 +150,8 @@ class ActorSubJob:
         return self.placements[0] if self.placements else {}
 
     def next_sequence(self) -> int:
+        if self.hosted_by is not None:
+            return self.hosted_by.next_sequence()
         self.sequence += 1
         return self.sequence - 1
 
@@ -148,6 +166,8 @@ class ActorSubJob:
         bytes on the actor's host)."""
         if sequence is None:
             sequence = self.next_sequence()
+        if self.hosted_by is not None:
+            header = {**header, messages.SLOT_KEY: self.slot}
         payload = blob.ref if isinstance(blob, StoredBlob) else blob
         if len(self.actors) > 1 and isinstance(payload, bytes) and len(payload) > SHARED_PAYLOAD_BYTES:
             import ray
@@ -171,6 +191,8 @@ class RayExecutor(Executor):
         self.devices: list[Device] = []
         self.sampler = ClusterSampler(timeout_s=max(0.5, min(settings.monitor_interval_s, 5.0)))
         self._sub_jobs: dict[tuple[str, str], ActorSubJob] = {}
+        self.hosting = Hosting(settings.adapter_host)
+        self._host_actors: dict[HostActorKey, HostActor] = {}
         self._backlog: dict[tuple[str, str], list[tuple[dict[str, Any], Any]]] = defaultdict(list)
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
@@ -345,12 +367,18 @@ class RayExecutor(Executor):
         return list(self.devices)
 
     def describe(self) -> dict[str, Any]:
-        return {
+        described: dict[str, Any] = {
             "name": "ray",
+            "hosting": self.hosting.word,
             "ray_address": self.address,
             "hosts": sorted(self.hosts),
             "ray_insecure": self.insecure,
         }
+        if self.hosting.adapter_host is not False:
+            described["adapter_hosts"] = [
+                self._host_actors[key].describe() for key in sorted(self._host_actors)
+            ]
+        return described
 
     def device_sampler(self) -> ClusterSampler:
         return self.sampler
@@ -376,6 +404,9 @@ class RayExecutor(Executor):
             model = ModelInfo(
                 model.name, model.kind, Path(host.model_path(model.name) or str(model.path)), model.config
             )
+        if self.hosting.hosts(assignment):
+            await self._start_slot(assignment, host, model)
+            return
         if assignment.rank_group:
             try:
                 await self._start_rank_group(assignment, host, model)
@@ -407,6 +438,31 @@ class RayExecutor(Executor):
         for header, blob in self._backlog.pop(key, []):
             self._send(sub, header, blob)
         sub.pumps = [self._spawn(self._pump(sub))]
+
+    async def _start_slot(self, assignment: SubJobAssignment, host: Host, model: ModelInfo) -> None:
+        """The sub-job as a slot of its (host, device, base) adapter-host actor, started if there is none.
+        Its init and requests go to the actor at once: the host queues a slot's requests behind its init."""
+        settings = WorkerSettings.from_backend(self.settings)
+        key = (host.name, assignment.device.id, model.name)
+        hosting = self._host_actors.get(key)
+        if hosting is None or hosting.stopping:  # nothing is awaited here: one actor per key
+            options = self._actor_options(assignment.device, host, model.name)
+            hosting = HostActor(key, host, self._actor_class.options(**options).remote())
+            hosting.send(
+                messages.encode(
+                    messages.HostAdapters(
+                        assignment.device.worker_env(), settings.threads, settings.adapter_host_memory_bytes
+                    )
+                )
+            )
+            self._host_actors[key] = hosting
+            hosting.pump = self._spawn(self._pump_host(hosting))
+        sub = ActorSubJob(assignment, host, [hosting.actor], placements=hosting.placements, hosted_by=hosting)
+        hosting.slots[sub.slot] = sub
+        self._sub_jobs[(assignment.job_id, assignment.sub_job_id)] = sub
+        sub.send(messages.encode(init_message(assignment, settings, model)))
+        for header, blob in self._backlog.pop((assignment.job_id, assignment.sub_job_id), []):
+            self._send(sub, header, blob)
 
     @staticmethod
     def _rank_group_refusal(assignment: SubJobAssignment) -> tuple[str, str] | None:
@@ -572,6 +628,11 @@ class RayExecutor(Executor):
             return
         sub.stopping = True
         sub.send(messages.encode(messages.Shutdown()))
+        if sub.hosted_by is not None:  # its managed loop ends its step and saves, as in an actor of its own
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(sub.released.wait(), STOP_GRACE_S)
+            await self._leave_host(sub)
+            return
 
         async def close(actor: Any) -> None:
             try:
@@ -587,6 +648,9 @@ class RayExecutor(Executor):
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        if sub.hosted_by is not None:  # the actor serves other slots: the slot leaves it
+            self._spawn(self._leave_host(sub))
+            return
         for pump in sub.pumps:
             if pump is not asyncio.current_task():
                 pump.cancel()
@@ -598,25 +662,119 @@ class RayExecutor(Executor):
                 remove_placement_group(sub.placement_group)
 
     # messages from actors -----------------------------------------------------------------------
-    async def _pump(self, sub: ActorSubJob, rank: int = 0) -> None:
+    async def _batches(
+        self, actor: Any, stopping: Callable[[], bool]
+    ) -> AsyncIterator[list[tuple[Any, Any]]]:
+        """What an actor's worker sends, a batch at a time, until `stopping()`; an actor Ray cannot reach
+        right now is asked again (its death raises ActorDiedError)."""
         import ray
 
+        while not stopping():
+            try:
+                yield await actor.next_messages.remote(POLL_S)
+            except ray.exceptions.ActorUnavailableError:
+                await asyncio.sleep(UNAVAILABLE_RETRY_S)
+
+    async def _pump(self, sub: ActorSubJob, rank: int = 0) -> None:
         actor = sub.actors[rank]
         try:
             if not sub.placements:  # a rank group's were read before its ranks started
                 sub.placements = [await actor.placement.remote()]
-            while not sub.stopping:
-                try:
-                    batch = await actor.next_messages.remote(POLL_S)
-                except ray.exceptions.ActorUnavailableError:
-                    await asyncio.sleep(UNAVAILABLE_RETRY_S)
-                    continue
+            async for batch in self._batches(actor, lambda: sub.stopping):
                 for header, blob in batch:
                     await self._on_message(sub, header, blob, rank)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # ActorDiedError, or an actor Ray could not place at all
             await self._actor_died(sub, exc, rank)
+
+    async def _pump_host(self, hosting: HostActor) -> None:
+        try:
+            hosting.placements.append(await hosting.actor.placement.remote())
+            async for batch in self._batches(hosting.actor, lambda: hosting.stopping):
+                for header, blob in batch:
+                    await self._on_host_message(hosting, header, blob)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if hosting.stopping:
+                return
+            alive = await asyncio.to_thread(node_is_alive, hosting.host.node_id)
+            if not alive:  # the host's node is gone: its slots fail host_lost (see _refresh_hosts)
+                await self._refresh_hosts()
+            self._host_failed(hosting, f"its Ray actor died ({_reason(exc)})")
+
+    async def _on_host_message(self, hosting: HostActor, header: dict[str, Any], blob: Any) -> None:
+        """An adapter-host actor's message, filed under the slot it concerns (host_actors.py)."""
+        kind = header.get("type")
+        if kind == "log":
+            for slot, lines in lines_by_slot(hosting.slots, header["lines"]).items():
+                sub = hosting.slots[slot]
+                self.listener.log_lines(
+                    sub.assignment.job_id, sub.assignment.sub_job_id, header["stream"], lines
+                )
+            return
+        if kind == "worker_exited":
+            if not hosting.stopping:
+                self._host_failed(hosting, f"its worker stopped ({header.get('reason')})")
+            return
+        sub = hosting.slots.get(messages.slot_of(header) or "")
+        if sub is None:
+            return
+        if kind == messages.Released.kind:
+            sub.released.set()
+            return
+        if kind == messages.Ready.kind:
+            info = header.get("info") or {}
+            sub.slot_bytes = int(info.get("slot_bytes") or 0)
+            hosting.base_bytes = int((info.get("adapter_host") or {}).get("base_bytes") or 0)
+        await self._on_message(sub, {k: v for k, v in header.items() if k != messages.SLOT_KEY}, blob)
+
+    def _host_failed(self, hosting: HostActor, why: str) -> None:
+        """The actor of an adapter host is gone: every slot it served fails, each resumable from its
+        checkpoints (a slot whose host left the cluster has failed `host_lost` already)."""
+        served = len(hosting.slots)
+        self._forget_host(hosting)
+        for sub in list(hosting.slots.values()):
+            hosting.slots.pop(sub.slot, None)
+            if sub.stopping:
+                continue
+            key = (sub.assignment.job_id, sub.assignment.sub_job_id)
+            if self._sub_jobs.get(key) is sub:
+                del self._sub_jobs[key]
+            sub.stopping = True
+            self.listener.sub_job_failed(
+                sub.assignment.job_id,
+                sub.assignment.sub_job_id,
+                "worker_crashed",
+                f"the adapter host serving {sub.assignment.sub_job_id} on host {hosting.host_name} failed: {why},"
+                f" failing its {served} slot(s); see the job's logs. Jobs on other actors are unaffected.",
+            )
+        self._spawn(self._close_host(hosting))
+
+    async def _leave_host(self, sub: ActorSubJob) -> None:
+        """A slot has stopped: it leaves its actor, and the actor stops with its last slot."""
+        hosting = sub.hosted_by
+        hosting.slots.pop(sub.slot, None)
+        if not hosting.slots and self._host_actors.get(hosting.key) is hosting:
+            self._forget_host(hosting)
+            hosting.send(messages.encode(messages.Shutdown()))
+            await self._close_host(hosting)
+
+    def _forget_host(self, hosting: HostActor) -> None:
+        hosting.stopping = True
+        if self._host_actors.get(hosting.key) is hosting:
+            del self._host_actors[hosting.key]
+
+    async def _close_host(self, hosting: HostActor) -> None:
+        import ray
+
+        with contextlib.suppress(Exception):  # gone already, or stuck: it is killed either way
+            await asyncio.wait_for(hosting.actor.close.remote(STOP_GRACE_S), STOP_GRACE_S + 2.0)
+        if hosting.pump is not None and hosting.pump is not asyncio.current_task():
+            hosting.pump.cancel()
+        with contextlib.suppress(Exception):
+            ray.kill(hosting.actor)
 
     async def _on_message(self, sub: ActorSubJob, header: dict[str, Any], blob: Any, rank: int = 0) -> None:
         """A worker's message; of a rank group's, every rank's logs, readiness and failures count, and
