@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import threading
@@ -225,19 +224,26 @@ def test_ctrl_c_in_blocking_train_stops_watching_and_the_run_goes_on(cortex_shel
     stop_watching = threading.Event()
     seen = set(job_widget._WIDGETS)
 
+    main_thread = threading.main_thread().ident
+
     def press_ctrl_c_once_training() -> None:
         while not stop_watching.wait(0.05):
             fresh = [w for job_id, w in list(job_widget._WIDGETS.items()) if job_id not in seen]
             if fresh and fresh[0].state.step >= 3:
-                os.kill(os.getpid(), signal.SIGINT)
+                # To the main thread, as a kernel's interrupt reaches the cell: a signal the kernel hands to
+                # another thread waits until the main thread's blocking read returns by itself.
+                signal.pthread_kill(main_thread, signal.SIGINT)
                 return
 
     watcher = threading.Thread(target=press_ctrl_c_once_training, daemon=True)
+    # Python's own Ctrl-C (KeyboardInterrupt), whatever a library imported by an earlier test left installed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     watcher.start()
     try:
         ran = run_cell(cortex_shell, "%%cortex train --wait -o interrupted_job\n" + train_spec(2000))
     finally:
         stop_watching.set()
+        signal.signal(signal.SIGINT, previous)
     assert ran.success, ran.stderr
     job = cortex_shell.user_ns["interrupted_job"]
     try:

@@ -267,10 +267,15 @@ def test_reset_prefix_cache_empties_vllms_cache_and_sampling_goes_on(pair):
     assert [s["tokens"] for s in after.samples] == [s["tokens"] for s in before.samples]
 
 
+STREAMED_TOKENS = 256
+
+
 def test_a_streamed_generate_on_vllm_sends_tokens_as_they_are_decoded(pair):
     """Each sample comes in many pieces, the first while the request still runs; joined, the pieces are the
     result (tokens, logprobs, text), and that result is the unstreamed call's."""
-    params = {"max_tokens": 48, "temperature": 0.0, "ignore_eos": True, "logprobs": True}
+    # Long enough that the request still runs when the first piece is read, even when this process is slow
+    # to read it on a busy machine (at 48 tokens the request had once ended by then).
+    params = {"max_tokens": STREAMED_TOKENS, "temperature": 0.0, "ignore_eos": True, "logprobs": True}
     stream = pair.job.generate_stream(pair.prompts, sub_job=pair.sampler_id, **params)
     pieces, status_at_first = [], None
     for piece in stream:
@@ -284,7 +289,7 @@ def test_a_streamed_generate_on_vllm_sends_tokens_as_they_are_decoded(pair):
     for sample, unstreamed in zip(stream.result.samples, plain.samples, strict=True):
         own = [p for p in pieces if (p["prompt_index"], p["sample_index"]) == (sample["prompt_index"], 0)]
         assert len(own) > 1, len(own)
-        assert len(own[0]["tokens"]) < len(sample["tokens"]) == 48
+        assert len(own[0]["tokens"]) < len(sample["tokens"]) == STREAMED_TOKENS
         assert [token for piece in own for token in piece["tokens"]] == sample["tokens"]
         np.testing.assert_allclose(
             [value for piece in own for value in piece["logprobs"]], sample["logprobs"], rtol=0, atol=1e-6
