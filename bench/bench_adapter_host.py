@@ -1,7 +1,7 @@
 """Adapter host vs a process per sub-job: memory, aggregate training speed and sampling speed, as ratios
 within one run.
 
-    python bench/bench_adapter_host.py [--slots 1,2,4,8] [--rounds N] [--part slots,sampler]
+    python bench/bench_adapter_host.py [--slots 1,2,4,8] [--rounds N] [--part slots,sampler,ray]
         [--model tiny] [--devices cpu:8] [--generate-rounds N] [--slots-model tiny|HIDDEN:LAYERS]
 
 Two backends on this machine, one with `--adapter-host`, one with `--isolation-per-job` (no warm spares, so
@@ -20,6 +20,10 @@ processes; the sampler's LoRA merged into its own base), both backends up at onc
 - greedy generate time on the sampling sub-job (the engine's own time, and the request's wall time, the
   median of `--generate-rounds`, the two backends' calls interleaved), hosted-unmerged over unhosted-merged.
 
+`--part ray`: the same N jobs on the Ray executor (a one-node cluster on this machine), an adapter-host actor
+against an actor per job: the PSS of the actors' processes (the host actor's, or every job's actor's; Ray's
+own daemons are left out), over the same with one job, and aggregate steps/s host over per-actor.
+
 Figures of one run (shared 2-core machine, one torch thread per worker), in docs/api.md ("Adapter host").
 """
 
@@ -31,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +48,13 @@ from tests.backend_process import start_backend  # noqa: E402
 
 
 def tree_pss_bytes(pid: int) -> int:
-    total = 0
     root = psutil.Process(pid)
-    for process in [root, *root.children(recursive=True)]:
+    return pss_bytes([root, *root.children(recursive=True)])
+
+
+def pss_bytes(processes: list[psutil.Process]) -> int:
+    total = 0
+    for process in processes:
         try:
             text = Path(f"/proc/{process.pid}/smaps_rollup").read_text()
         except (FileNotFoundError, ProcessLookupError):
@@ -72,9 +81,9 @@ def train_round(jobs: list) -> None:
 
 
 def measure(
-    client: Client, pid: int, counts: list[int], rounds: int, model: str = "tiny"
+    client: Client, memory: Callable[[list], int], counts: list[int], rounds: int, model: str = "tiny"
 ) -> dict[int, tuple[int, float, int]]:
-    """count -> (tree PSS bytes, aggregate steps/s, bytes the slots report)."""
+    """count -> (bytes `memory(jobs)` measures, aggregate steps/s, bytes the slots report)."""
     jobs: list = []
     figures = {}
     try:
@@ -82,7 +91,7 @@ def measure(
             while len(jobs) < count:
                 jobs.append(client.create_training_job(model, lora={"r": 16, "alpha": 32}, seed=len(jobs)))
             train_round(jobs)  # every job has its optimizer state
-            pss = tree_pss_bytes(pid)
+            pss = memory(jobs)
             started = time.perf_counter()
             for _ in range(rounds):
                 train_round(jobs)
@@ -201,6 +210,8 @@ def main() -> None:
         bench_slots([int(n) for n in args.slots.split(",")], args.rounds, args.slots_model)
     if "sampler" in parts:
         bench_sampler(args.model, args.devices or "cpu:2", args.generate_rounds)
+    if "ray" in parts:
+        bench_ray_slots([int(n) for n in args.slots.split(",")], args.rounds)
 
 
 def bench_slots(counts: list[int], rounds: int, slots_model: str = "tiny") -> None:
@@ -218,9 +229,42 @@ def bench_slots(counts: list[int], rounds: int, slots_model: str = "tiny") -> No
             backend = start_backend(Path(tmp) / mode.strip("-"), *common, mode)
             try:
                 with Client(backend.url, backend.token) as client:
-                    results[mode] = measure(client, backend.pid, counts, rounds, model)
+                    results[mode] = measure(
+                        client, lambda _, pid=backend.pid: tree_pss_bytes(pid), counts, rounds, model
+                    )
             finally:
                 backend.stop()
+    print_slots(counts, results)
+
+
+def actor_pss_bytes(client: Client, jobs: list) -> int:
+    """The PSS of the processes serving `jobs` on Ray: each job's actor, or the one host actor once."""
+    pids = {int(client.get_job(job.job_id)["sub_jobs"][0]["info"]["pid"]) for job in jobs}
+    hosts = client.get_capacity()["executor"].get("adapter_hosts") or []
+    if hosts:
+        pids = {int(host["pid"]) for host in hosts}
+    return pss_bytes([psutil.Process(pid) for pid in pids])
+
+
+def bench_ray_slots(counts: list[int], rounds: int) -> None:
+    from tests.ray_cluster import start_ray_cluster
+
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("--adapter-host", "--isolation-per-job"):
+            cluster = start_ray_cluster(Path(tmp) / mode.strip("-"), "--devices", f"cpu:{max(counts)}", mode)
+            try:
+                with cluster.client() as client:
+                    results[mode] = measure(
+                        client, lambda jobs, c=client: actor_pss_bytes(c, jobs), counts, rounds
+                    )
+            finally:
+                cluster.stop()
+    print("Ray executor (the PSS of the actors' processes):")
+    print_slots(counts, results)
+
+
+def print_slots(counts: list[int], results: dict[str, dict[int, tuple[int, float, int]]]) -> None:
     host, alone = results["--adapter-host"], results["--isolation-per-job"]
     one_host, one_alone = host[counts[0]][0], alone[counts[0]][0]
     print(
