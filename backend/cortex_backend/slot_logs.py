@@ -6,6 +6,8 @@ that slot's sub-job; a line without the mark (the host's own) concerns every slo
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 SLOT_MARK = "\x1f"
 
 
@@ -20,3 +22,12 @@ def untag_line(line: str) -> tuple[str | None, str]:
         if mark:
             return slot, rest
     return None, line
+
+
+def addressed_slots(slots: Collection[str], line: str) -> tuple[list[str], str]:
+    """(the slots a host's line is filed under, its text): a tagged line under its slot (none if that slot is
+    gone), the host's own line under every slot."""
+    slot, text = untag_line(line)
+    if slot is None:
+        return list(slots), text
+    return ([slot] if slot in slots else []), text

@@ -31,7 +31,7 @@ from typing import Any
 from .. import ipc
 from .. import worker_messages as messages
 from ..devices import Device
-from ..slot_logs import untag_line
+from ..slot_logs import addressed_slots
 from .base import (
     Executor,
     ExecutorListener,
@@ -631,11 +631,9 @@ class LocalExecutor(Executor):
             at = time.time()
             if worker.host_key is not None:
                 # An adapter host tags each slot's lines; its own lines concern every slot.
-                slot_id, line = untag_line(line)
-                slot = worker.slots.get(slot_id) if slot_id is not None else None
-                targets = [slot] if slot is not None else ([] if slot_id else list(worker.slots.values()))
-                for target in targets:
-                    self._log(target.assignment, name, at, line)
+                slot_ids, line = addressed_slots(worker.slots, line)
+                for slot_id in slot_ids:
+                    self._log(worker.slots[slot_id].assignment, name, at, line)
                 continue
             assignment = worker.assignment
             if assignment is None:

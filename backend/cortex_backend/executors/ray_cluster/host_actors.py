@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...slot_logs import untag_line
+from ...slot_logs import addressed_slots
 
 # (cluster host, device id, base model): the sub-jobs one adapter-host actor serves.
 HostActorKey = tuple[str, str, str]
@@ -49,9 +49,9 @@ class HostActor:
         self.sequence += 1
         return self.sequence - 1
 
-    def send(self, header: dict[str, Any], blob: Any = b"", files: dict[str, bytes] | None = None) -> None:
+    def send(self, header: dict[str, Any]) -> None:
         """A message for the host itself (not a slot's): its `host_adapters`, its last `shutdown`."""
-        self.actor.send.remote(self.next_sequence(), header, blob, files)
+        self.actor.send.remote(self.next_sequence(), header, b"", None)
 
     def describe(self) -> dict[str, Any]:
         host, device, base_model = self.key
@@ -72,8 +72,7 @@ def lines_by_slot(
     """An actor's captured lines, each under the slot that printed it; the host's own under every slot."""
     filed: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for at, tagged in lines:
-        slot, line = untag_line(tagged)
-        targets = [slot] if slot in slots else ([] if slot else list(slots))
+        targets, line = addressed_slots(slots, tagged)
         for target in targets:
             filed[target].append((float(at), line))
     return filed
