@@ -168,6 +168,9 @@ def capacity_frame(capacity: dict[str, Any]) -> pd.DataFrame:
         "slots_available",
         "sampler",
     ]
+    if any(device.get("adapter_slots") for device in capacity["devices"]):
+        # A device with an adapter host serves these beside its process slots (one process, one base).
+        columns += ["adapter_slots", "adapter_slots_in_use", "adapter_slots_available"]
     return pd.DataFrame(
         [{key: device.get(key) for key in columns} for device in capacity["devices"]], columns=columns
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from cortex_nb import Client, ConflictError
 from cortex_nb.demo_data import addition_problems
 
+from .notebook_fixtures import wait_until
 from .ray_cluster import start_ray_cluster
 from .reference import ReferenceTrainer, random_batch, reference_base, reference_lora
 from .test_adapter_host_budget import held_bytes, mib, slot_bytes
@@ -89,13 +89,6 @@ def jobs(ray_client):
     yield made
     for job, _ in made.values():
         job.cancel()
-
-
-def wait_until(condition, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
 
 
 def adapter_hosts(client) -> list[dict]:
@@ -253,6 +246,53 @@ def test_sigterm_drains_a_hosted_run_on_ray_and_the_next_start_resumes_it_losing
         assert [step for step, _ in curve(finished)] == list(range(1, steps + 1))
         resumed = progress["resumed"]
         assert resumed["lost_steps"] == 0 and resumed["checkpoint_id"].startswith("drained-step-")
+    finally:
+        client.close()
+        for cluster in (first, second):
+            if cluster is not None:
+                cluster.stop()
+
+
+def test_kill_9_of_the_ray_backend_resumes_a_hosted_run_from_its_last_periodic_checkpoint(tmp_path):
+    """No drain: the backend killed outright takes its Ray head and the host actor with it. The periodic
+    checkpoints the actor sent the head survive, and the next backend resumes the run from the newest,
+    stating the steps lost since."""
+    from .test_surviving_restarts import SPEC, Waiter, curve, free_port
+
+    data_dir, port, steps = tmp_path / "data", free_port(), 40
+    args = ("--port", str(port), "--adapter-host")
+    first = start_ray_cluster(data_dir, *args)
+    second = None
+    client = Client(first.backend.url, first.backend.token, reconnect_s=300)
+    try:
+        job = client.train(
+            {**SPEC, "data": addition_problems(), "steps": steps, "save": {"every": 5}}, name="hosted-crash"
+        )
+
+        def checkpoint_then_more() -> bool:
+            progress = job.progress or {}
+            saved = progress.get("last_checkpoint_step") or 0
+            return saved >= 5 and progress.get("step", 0) >= saved + 2
+
+        waiter = Waiter(job)
+        waiter.start()
+        wait_until(checkpoint_then_more, 300, 0.05)
+        assert adapter_hosts(client)[0]["slots"] == 1
+        first.backend.process.kill()  # as after a crash: no drain, no checkpoint first
+        first.backend.process.wait(30)
+        first.stop()
+        second = start_ray_cluster(data_dir, *args)
+        waiter.join(600)
+        assert waiter.error is None, waiter.error
+        finished = waiter.outcome
+        assert finished["status"] == "done", finished
+        progress = finished["progress"]
+        assert progress["step"] == progress["total_steps"] == steps
+        assert [step for step, _ in curve(finished)] == list(range(1, steps + 1))
+        resumed = progress["resumed"]
+        assert resumed["checkpoint_id"] == f"step-{resumed['step']}" and resumed["step"] % 5 == 0
+        assert resumed["lost_steps"] >= 1
+        print(f"\nkill -9 on Ray, hosted: resumed from step {resumed['step']}, lost {resumed['lost_steps']}")
     finally:
         client.close()
         for cluster in (first, second):

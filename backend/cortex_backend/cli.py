@@ -231,7 +231,17 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         help="link speed test calls (GET/POST /v1/speedtest) one token may make per minute (default 20)",
     )
     serve.add_argument(
-        "--sub-jobs-per-device", type=int, default=4, help="sub-jobs sharing one device before jobs queue"
+        "--sub-jobs-per-device",
+        type=int,
+        default=4,
+        help="sub-jobs with a process of their own sharing one device before jobs queue (default 4)",
+    )
+    serve.add_argument(
+        "--adapter-slots-per-device",
+        type=_at_least(0, int),
+        default=64,
+        help="with adapter hosts: sub-jobs one device serves as slots of its adapter host, beside the processes"
+        " above (default 64; memory bounds them first: --adapter-host-memory)",
     )
     serve.add_argument(
         "--warm-workers", type=int, default=1, help="idle pre-started worker processes per device"
@@ -651,6 +661,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
             warm_workers=args.warm_workers,
             worker_threads=args.worker_threads,
             adapter_host=args.adapter_host,
+            adapter_slots_per_device=args.adapter_slots_per_device,
             worker_start=args.worker_start,
             adapter_host_memory_bytes=args.adapter_host_memory_bytes,
             idle_timeout_s=args.idle_timeout,

@@ -37,6 +37,9 @@ class BackendSettings:
     # shared worker process (adapter_host.py; True, `--adapter-host`), or one process per sub-job (False,
     # `--isolation-per-job`). None (the default): adapter hosts on GPUs, a process per sub-job on CPUs.
     adapter_host: bool | None = None
+    # Adapter-host slots per hosting device, beside its `sub_jobs_per_device` processes: slots share one
+    # process and one copy of the base, so memory (adapter_host_memory_bytes) bounds them more than this.
+    adapter_slots_per_device: int = 64
     # CPU workers forked from one process that imported torch, transformers and peft once (fork server:
     # worker_forkserver.py), instead of each started as a process of its own ("exec"). GPU workers always start.
     worker_start: str = "fork"

@@ -24,6 +24,9 @@ class Device:
     models: frozenset[str] | None = None
     # The engine sampling sub-jobs on this device run ("transformers" | "vllm"; see sampler_choice.py).
     sampler: str = "transformers"
+    # Sub-jobs it serves as slots of its adapter host, beside `slots` processes (0: it hosts none;
+    # executors/base.py `Hosting.with_adapter_slots`).
+    adapter_slots: int = 0
 
     def to_json(self) -> dict:
         return {
@@ -35,6 +38,7 @@ class Device:
             "slots": self.slots,
             "host": self.host,
             "sampler": self.sampler,
+            "adapter_slots": self.adapter_slots,
         }
 
     def serves(self, models: frozenset[str]) -> bool:

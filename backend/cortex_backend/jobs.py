@@ -172,7 +172,8 @@ class JobManager:
             )
         self._check_ranks(spec)
         slots, min_memory, models = _placement_needs(spec)
-        if not self.scheduler.fits_ever(slots, min_memory, models=models):
+        hostable = self._hostable_entries(spec)
+        if not self.scheduler.fits_ever(slots, min_memory, models=models, hostable=hostable):
             missing = self._models_on_no_host(models)
             if missing:
                 raise ApiError(
@@ -218,9 +219,23 @@ class JobManager:
             models=models,
             priority=spec.get("priority", DEFAULT_PRIORITY),
             submitted_at=job["created_at"],
+            hostable=hostable,
         )
         self.admit()
         return self.store.get_job(job_id)
+
+    def _hostable_entries(self, spec: dict[str, Any]) -> tuple[bool, ...]:
+        """For each device slot the job asks for, whether its sub-job may be a slot of an adapter host (one
+        device, an unquantized base; executors/base.py `Hosting.hosts` decides the same on the device)."""
+        entries: list[bool] = []
+        for sub in spec["sub_jobs"]:
+            count = int(sub.get("n_gpus") or 1)
+            try:
+                quantized = bool(self.catalog.get(sub["base_model"]).quantization)
+            except ApiError:  # a model gone since: its sub-job fails at start, whatever it counts as here
+                quantized = True
+            entries.extend([count == 1 and not quantized] * count)
+        return tuple(entries)
 
     def _check_ranks(self, spec: dict[str, Any]) -> None:
         """A sub-job across devices needs that many devices of one kind: distinct GPUs, or CPU slots; a
@@ -259,6 +274,7 @@ class JobManager:
             models=models,
             priority=job["spec"].get("priority", DEFAULT_PRIORITY),
             submitted_at=job["created_at"],
+            hostable=self._hostable_entries(job["spec"]),
         )
 
     def queue_moved(self) -> None:

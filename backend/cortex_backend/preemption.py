@@ -95,19 +95,15 @@ class Preemption:
         slots, min_memory, exclusive = request
         eligible = self.scheduler.eligible_devices(min_memory, exclusive, self.scheduler.models_of(holder_id))
         # Slots of jobs that ended and whose workers are stopping are free in a moment: never preempt for them.
-        freed: dict[str, int] = {}
-        for holder in self.scheduler.holders_on(eligible):
-            if self.scheduler.is_freeing(holder):
-                for device in self.scheduler.placement(holder) or []:
-                    freed[device.id] = freed.get(device.id, 0) + 1
-        if not eligible or self._fits(eligible, slots, exclusive, freed):
+        freeing = [
+            holder for holder in self.scheduler.holders_on(eligible) if self.scheduler.is_freeing(holder)
+        ]
+        if not eligible or self.scheduler.would_fit(holder_id, freeing):
             return
         chosen: list[str] = []
         for job_id in self._candidates(band, eligible):
-            for device in self.scheduler.placement(job_id) or []:
-                freed[device.id] = freed.get(device.id, 0) + 1
             chosen.append(job_id)
-            if self._fits(eligible, slots, exclusive, freed):
+            if self.scheduler.would_fit(holder_id, freeing + chosen):
                 for victim in chosen:
                     self._pause(victim, band)
                 return
@@ -126,16 +122,6 @@ class Preemption:
                 continue
             ranked.append((priority, -(job["started_at"] or 0.0), job_id))
         return [job_id for *_, job_id in sorted(ranked)]
-
-    def _fits(self, eligible: list[Device], slots: int, exclusive: bool, freed: dict[str, int]) -> bool:
-        """Would a holder asking `slots` fit once `freed` (device id -> slots) are given up?"""
-        free = {
-            device.id: device.slots - self.scheduler.slots_in_use(device) + freed.get(device.id, 0)
-            for device in eligible
-        }
-        if exclusive:
-            return sum(1 for device in eligible if free[device.id] == device.slots) >= slots
-        return sum(free.values()) >= slots
 
     def _look_again(self) -> None:
         pending = self.scheduler.pending_holders()

@@ -76,9 +76,16 @@ class QueueReasons:
             device_id = self.scheduler.room_waits.device_of(job_id)
             devices = [device for device in devices if device.id == device_id] or devices
         holders = self.scheduler.holders_on(devices)
-        total = sum(device.slots for device in devices)
-        used = sum(self.scheduler.slots_in_use(device) for device in devices)
         kind = "/".join(sorted({device.kind for device in devices})) or "device"
+        adapter = self.scheduler.waits_for_adapter_slots(job_id, devices)
+        if adapter:  # its sub-jobs would be slots of an adapter host
+            devices = [device for device in devices if device.adapter_slots]
+            total = sum(device.adapter_slots for device in devices)
+            used = sum(self.scheduler.adapter_slots_in_use(device) for device in devices)
+            kind = f"{kind} adapter-host"
+        else:
+            total = sum(device.slots for device in devices)
+            used = sum(self.scheduler.slots_in_use(device) for device in devices)
         what = f"{slots} {kind} slot{'s' if slots > 1 else ''}" if slots > 1 else f"a {kind} slot"
         if exclusive:
             what = f"{slots} whole GPU{'s' if slots > 1 else ''}"
@@ -109,7 +116,9 @@ class QueueReasons:
             # Which holder's end makes room for a slot's bytes is not known: no estimate.
             "estimate_s": None
             if room_reason is not None
-            else self._estimate(snapshot, snapshot.slots_ahead[index], slots, total - used, holders, devices),
+            else self._estimate(
+                snapshot, snapshot.slots_ahead[index], slots, total - used, holders, devices, adapter
+            ),
             "priority": priority,
             "effective_priority": effective,
             "submitted_at": submitted_at,
@@ -139,7 +148,14 @@ class QueueReasons:
         return rows
 
     def _estimate(
-        self, snapshot: _QueueSnapshot, slots_ahead: int, slots: int, free: int, holders: list[str], devices
+        self,
+        snapshot: _QueueSnapshot,
+        slots_ahead: int,
+        slots: int,
+        free: int,
+        holders: list[str],
+        devices,
+        adapter: bool,
     ) -> float | None:
         """When enough slots free up for the jobs ahead and this one (on the same devices)."""
         needed = slots + slots_ahead - free
@@ -150,7 +166,7 @@ class QueueReasons:
             seconds = self._frees_in(snapshot, holder)
             if seconds is None:
                 return None
-            frees.extend([max(seconds, 0.0)] * self.scheduler.slots_held(holder, devices))
+            frees.extend([max(seconds, 0.0)] * self.scheduler.slots_held(holder, devices, adapter))
         frees.sort()
         return frees[needed - 1] if needed <= len(frees) else None
 

@@ -9,8 +9,12 @@ sub-jobs are kept on one device when they fit there (trainer and sampler share w
 On a cluster (the Ray executor) devices come and go with their hosts (`set_devices`), and a device
 serves only the models registered on its host: a job is placed only where every model it names is.
 
-A job whose adapter-host slot did not fit in memory waits in the queue too (room_waits.py): it stops the
-queue like a holder that does not fit, until a slot of its device frees.
+A device that hosts adapters (executors/base.py `Hosting`) has two pools: its process slots (`slots`,
+`--sub-jobs-per-device`), which sub-jobs with a process of their own take, and its adapter-host slots
+(`adapter_slots`, `--adapter-slots-per-device`), which sub-jobs that become slots of its adapter host take
+(one device, an unquantized base): those share one process and one copy of the base, so far more of them
+fit. What bounds them is memory: a job whose adapter-host slot did not fit in memory waits in the queue too
+(room_waits.py): it stops the queue like a holder that does not fit, until a slot of its device frees.
 
 Source runs wait in the same queue. A run that asks for N GPUs is `exclusive`: it takes N distinct
 GPUs whole (every slot on each), since a user's script may use all of a device's memory. Holders of
@@ -40,6 +44,11 @@ class Scheduler:
         self.aging_s = aging_s
         self.clock = clock
         self._used: dict[str, int] = {device.id: 0 for device in devices}
+        self._adapter_used: dict[str, int] = {device.id: 0 for device in devices}
+        # holder -> for each entry of its request, whether it may be an adapter-host slot (`enqueue`)
+        self._hostable: dict[str, tuple[bool, ...]] = {}
+        # placed holder -> for each entry of its placement, whether it took an adapter-host slot
+        self._hosted: dict[str, tuple[bool, ...]] = {}
         # holder -> the models it needs (jobs; empty for source runs)
         self._models: dict[str, frozenset[str]] = {}
         self._placements: dict[str, list[Device]] = {}
@@ -71,6 +80,7 @@ class Scheduler:
         min_memory_bytes: int = 0,
         exclusive: bool = False,
         models: frozenset[str] = frozenset(),
+        hostable: tuple[bool, ...] = (),
     ) -> bool:
         """Whether the devices served now could ever hold this (were every other holder gone)."""
         eligible = [
@@ -80,7 +90,8 @@ class Scheduler:
         ]
         if exclusive:
             return slots <= len([device for device in eligible if device.kind == "cuda"])
-        return slots <= sum(device.slots for device in eligible)
+        whole = {device.id: (device.slots, device.adapter_slots) for device in eligible}
+        return self._place_in(slots, eligible, whole, hostable) is not None
 
     def enqueue(
         self,
@@ -93,12 +104,16 @@ class Scheduler:
         models: frozenset[str] = frozenset(),
         priority: int = DEFAULT_PRIORITY,
         submitted_at: float | None = None,
+        hostable: tuple[bool, ...] = (),
     ) -> None:
         """Queue a holder. `exclusive`: `slots` distinct GPUs, each taken whole (source runs on GPUs).
         `models`: only devices serving all of them are eligible. `priority` 0-9 and `submitted_at`
-        (default: now) place it in the queue."""
+        (default: now) place it in the queue. `hostable`: for each of the `slots` entries, whether it
+        becomes an adapter-host slot on a device that hosts (a missing entry: it does not)."""
         self.version += 1
         self._pending[holder_id] = (slots, min_memory_bytes)
+        if any(hostable):
+            self._hostable[holder_id] = tuple(hostable)
         self._priority[holder_id] = (priority, self.clock() if submitted_at is None else submitted_at)
         self._kinds[holder_id] = kind
         if models:
@@ -114,6 +129,7 @@ class Scheduler:
         self._kinds.pop(holder_id, None)
         self._exclusive.discard(holder_id)
         self._models.pop(holder_id, None)
+        self._hostable.pop(holder_id, None)
 
     def is_pending(self, holder_id: str) -> bool:
         return holder_id in self._pending
@@ -156,17 +172,24 @@ class Scheduler:
             if holder_id in self._exclusive:
                 placement = self._place_exclusive(slots, min_memory_bytes)
             else:
-                placement = self._place(slots, min_memory_bytes, self._models.get(holder_id, frozenset()))
+                placement = self._place(
+                    slots,
+                    min_memory_bytes,
+                    self._models.get(holder_id, frozenset()),
+                    self._hostable.get(holder_id, ()),
+                )
             if placement is None:
                 blocked = holder_id
                 break
+            hosted = self._hosted_entries(placement, self._hostable.pop(holder_id, ()))
             del self._pending[holder_id]
             self._priority.pop(holder_id, None)
             self._exclusive.discard(holder_id)
             self._models.pop(holder_id, None)
-            for device in placement:
-                self._used[device.id] += 1
+            for device, is_hosted in zip(placement, hosted, strict=True):
+                (self._adapter_used if is_hosted else self._used)[device.id] += 1
             self._placements[holder_id] = placement
+            self._hosted[holder_id] = hosted
             kind = self._kinds.pop(holder_id, "job")
             if kind == "job":
                 admitted.append((holder_id, placement))
@@ -200,8 +223,9 @@ class Scheduler:
         placement = self._placements.pop(holder_id, None)
         if placement is None:
             return False
-        for device in placement:
-            self._used[device.id] -= 1
+        hosted = self._hosted.pop(holder_id, (False,) * len(placement))
+        for device, is_hosted in zip(placement, hosted, strict=True):
+            (self._adapter_used if is_hosted else self._used)[device.id] -= 1
         self._forget_departed()
         return True
 
@@ -247,6 +271,48 @@ class Scheduler:
     def slots_in_use(self, device: Device) -> int:
         return self._used.get(device.id, 0)
 
+    def adapter_slots_in_use(self, device: Device) -> int:
+        return self._adapter_used.get(device.id, 0)
+
+    def waits_for_adapter_slots(self, holder_id: str, devices: list[Device]) -> bool:
+        """Whether a pending holder's every entry would be an adapter-host slot on `devices` (so it waits for
+        those, not for process slots)."""
+        hostable = self._hostable.get(holder_id, ())
+        slots = (self._pending.get(holder_id) or (0, 0))[0]
+        return (
+            bool(slots)
+            and len(hostable) == slots
+            and all(hostable)
+            and any(device.adapter_slots for device in devices)
+        )
+
+    def would_fit(self, holder_id: str, without: list[str]) -> bool:
+        """Whether a pending holder would be placed were the holders `without` gone (preemption.py asks)."""
+        if holder_id not in self._pending:
+            return False
+        slots, min_memory_bytes = self._pending[holder_id]
+        free = {device.id: (self._free(device), self._adapter_free(device)) for device in self.devices}
+        for holder in without:
+            placement = self._placements.get(holder, [])
+            for device, is_hosted in zip(placement, self._hosted.get(holder, ()), strict=True):
+                if device.id in free:
+                    process, adapter = free[device.id]
+                    free[device.id] = (process, adapter + 1) if is_hosted else (process + 1, adapter)
+        models = self._models.get(holder_id, frozenset())
+        eligible = [
+            device
+            for device in self.devices
+            if self._has_memory(device, min_memory_bytes) and device.serves(models)
+        ]
+        if holder_id in self._exclusive:
+            idle = [
+                device
+                for device in eligible
+                if device.kind == "cuda" and free[device.id] == (device.slots, device.adapter_slots)
+            ]
+            return len(idle) >= slots
+        return self._place_in(slots, eligible, free, self._hostable.get(holder_id, ())) is not None
+
     def holders_on(self, devices: list[Device]) -> list[str]:
         """Holders placed on any of `devices`, in the order they were admitted."""
         ids = {device.id for device in devices}
@@ -254,32 +320,94 @@ class Scheduler:
             holder for holder, placement in self._placements.items() if any(d.id in ids for d in placement)
         ]
 
-    def slots_held(self, holder_id: str, devices: list[Device]) -> int:
+    def slots_held(self, holder_id: str, devices: list[Device], adapter: bool | None = None) -> int:
+        """Slots a holder takes on `devices`: of both pools, or (`adapter`) adapter-host or process ones."""
         ids = {device.id for device in devices}
-        return sum(1 for device in self._placements.get(holder_id, []) if device.id in ids)
+        placement = self._placements.get(holder_id, [])
+        hosted = self._hosted.get(holder_id, (False,) * len(placement))
+        return sum(
+            1
+            for device, is_hosted in zip(placement, hosted, strict=True)
+            if device.id in ids and (adapter is None or adapter == is_hosted)
+        )
 
     def _free(self, device: Device) -> int:
         return device.slots - self._used.get(device.id, 0)
+
+    def _adapter_free(self, device: Device) -> int:
+        return device.adapter_slots - self._adapter_used.get(device.id, 0)
+
+    @staticmethod
+    def _hosted_entries(placement: list[Device], hostable: tuple[bool, ...]) -> tuple[bool, ...]:
+        """For each entry of a placement, whether it takes an adapter-host slot of its device."""
+        return tuple(
+            index < len(hostable) and hostable[index] and device.adapter_slots > 0
+            for index, device in enumerate(placement)
+        )
 
     @staticmethod
     def _has_memory(device: Device, min_memory_bytes: int) -> bool:
         return not min_memory_bytes or (device.memory_bytes or 0) >= min_memory_bytes
 
     def _place(
-        self, slots: int, min_memory_bytes: int = 0, models: frozenset[str] = frozenset()
+        self,
+        slots: int,
+        min_memory_bytes: int = 0,
+        models: frozenset[str] = frozenset(),
+        hostable: tuple[bool, ...] = (),
     ) -> list[Device] | None:
         eligible = [
             device
             for device in self.devices
             if self._has_memory(device, min_memory_bytes) and device.serves(models)
         ]
-        by_free = sorted(eligible, key=lambda device: -self._free(device))
-        if by_free and self._free(by_free[0]) >= slots:
-            return [by_free[0]] * slots
-        placement: list[Device] = []
+        free = {device.id: (self._free(device), self._adapter_free(device)) for device in eligible}
+        return self._place_in(slots, eligible, free, hostable)
+
+    @staticmethod
+    def _place_in(
+        slots: int,
+        eligible: list[Device],
+        free: dict[str, tuple[int, int]],
+        hostable: tuple[bool, ...],
+    ) -> list[Device] | None:
+        """Where `slots` entries go given each device's free (process, adapter-host) slots: all on the one
+        device with the most room when one holds them all (a job's sub-jobs share a base cheaply there), else
+        each entry on the first device with room for it. An entry that is `hostable` takes an adapter-host
+        slot on a device that hosts, a process slot elsewhere."""
+
+        def needs(device: Device, entries: range) -> tuple[int, int]:
+            hosted = sum(
+                1 for index in entries if device.adapter_slots and index < len(hostable) and hostable[index]
+            )
+            return len(entries) - hosted, hosted
+
+        def room(device: Device) -> int:
+            process, adapter = free[device.id]
+            return process + adapter
+
+        by_free = sorted(eligible, key=lambda device: -room(device))
         for device in by_free:
-            placement.extend([device] * min(self._free(device), slots - len(placement)))
-        return placement if len(placement) == slots else None
+            process, adapter = needs(device, range(slots))
+            if free[device.id][0] >= process and free[device.id][1] >= adapter:
+                return [device] * slots
+        left = dict(free)
+        placement: list[Device] = []
+        for index in range(slots):
+            for device in by_free:
+                process, adapter = left[device.id]
+                hosted = needs(device, range(index, index + 1))[1]
+                if hosted and adapter > 0:
+                    left[device.id] = (process, adapter - 1)
+                elif not hosted and process > 0:
+                    left[device.id] = (process - 1, adapter)
+                else:
+                    continue
+                placement.append(device)
+                break
+            else:
+                return None
+        return placement
 
     def _place_exclusive(self, count: int, min_memory_bytes: int) -> list[Device] | None:
         """`count` distinct idle GPUs; the placement lists each once per slot, so release frees them whole."""
@@ -289,6 +417,7 @@ class Scheduler:
             if device.kind == "cuda"
             and self._has_memory(device, min_memory_bytes)
             and self._free(device) == device.slots
+            and self._adapter_free(device) == device.adapter_slots
         ]
         if len(idle) < count:
             return None
@@ -302,12 +431,17 @@ class Scheduler:
                 row["models"] = sorted(device.models)
             row["slots_in_use"] = self._used.get(device.id, 0)
             row["slots_available"] = self._free(device)
+            row["adapter_slots_in_use"] = self._adapter_used.get(device.id, 0)
+            row["adapter_slots_available"] = self._adapter_free(device)
             devices.append(row)
         return {
             "devices": devices,
             "slots_total": self.total_slots,
             "slots_in_use": sum(row["slots_in_use"] for row in devices),
             "slots_available": sum(row["slots_available"] for row in devices),
+            "adapter_slots_total": sum(device.adapter_slots for device in self.devices),
+            "adapter_slots_in_use": sum(row["adapter_slots_in_use"] for row in devices),
+            "adapter_slots_available": sum(row["adapter_slots_available"] for row in devices),
             "pending": len(self._pending),
             "pending_slots": sum(slots for slots, _ in self._pending.values()),
             "hosts": self._hosts(devices),
@@ -321,14 +455,18 @@ class Scheduler:
         self.devices = list(devices)
         for device in devices:
             self._used.setdefault(device.id, 0)
+            self._adapter_used.setdefault(device.id, 0)
         self._forget_departed()
 
     def _forget_departed(self) -> None:
         present = {device.id for device in self.devices}
         for device_id in [
-            device_id for device_id, used in self._used.items() if device_id not in present and used <= 0
+            device_id
+            for device_id, used in self._used.items()
+            if device_id not in present and used <= 0 and self._adapter_used.get(device_id, 0) <= 0
         ]:
             del self._used[device_id]
+            self._adapter_used.pop(device_id, None)
 
     def pending_that_never_fit(self, kind: str = "job") -> list[str]:
         """Pending holders of `kind` that no device served now could ever hold (their models are on no
@@ -342,6 +480,7 @@ class Scheduler:
                 min_memory_bytes,
                 holder_id in self._exclusive,
                 self._models.get(holder_id, frozenset()),
+                self._hostable.get(holder_id, ()),
             )
         ]
 

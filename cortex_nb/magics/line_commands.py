@@ -78,7 +78,13 @@ def status_command(self: CortexMagics, args: Any, cell: str | None) -> None:
     samplers = sorted({device["sampler"] for device in capacity["devices"] if device.get("sampler")})
     print(
         f"devices: {len(capacity['devices'])} ({', '.join(kinds)}), slots {capacity['slots_available']}"
-        f"/{capacity['slots_total']} free, {capacity.get('pending', 0)} job(s) queued"
+        f"/{capacity['slots_total']} free"
+        + (
+            f", adapter slots {capacity['adapter_slots_available']}/{capacity['adapter_slots_total']} free"
+            if capacity.get("adapter_slots_total")
+            else ""
+        )
+        + f", {capacity.get('pending', 0)} job(s) queued"
         + (f"; sampling with {', '.join(samplers)}" if samplers else "")
     )
     print("jobs: " + (", ".join(f"{count} {word}" for word, count in sorted(counts.items())) or "none"))

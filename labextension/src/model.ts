@@ -100,6 +100,9 @@ export interface IDeviceRow {
   kind: string;
   slotsInUse: number;
   slots: number;
+  /** Sub-jobs served as slots of the device's adapter host (beside `slots` processes); 0: it hosts none. */
+  adapterSlotsInUse: number;
+  adapterSlots: number;
   /** 0..100 from the latest sample; null when the backend reports none for this device. */
   utilization: number | null;
   utilizationLabel: string;
@@ -223,6 +226,8 @@ export function deviceRows(capacity: ICapacity | null, samples: IMetricSample[])
       kind: device.kind,
       slotsInUse: device.slots_in_use,
       slots: device.slots,
+      adapterSlotsInUse: device.adapter_slots_in_use ?? 0,
+      adapterSlots: device.adapter_slots ?? 0,
       utilization,
       utilizationLabel: utilization === null ? `${what} –` : `${what} ${Math.round(utilization)}%`,
       memoryUsed,

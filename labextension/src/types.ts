@@ -586,6 +586,10 @@ export interface ICapacity {
   slots_total: number;
   slots_in_use: number;
   slots_available: number;
+  /** adapter-host slots of every device (`DeviceView`) */
+  adapter_slots_total?: number;
+  adapter_slots_in_use?: number;
+  adapter_slots_available?: number;
   pending: number;
   pending_slots: number;
   hosts?: IHostCapacity[];
@@ -604,7 +608,7 @@ export interface IDeviceCapacity {
   index: number | null;
   name: string;
   memory_bytes: number | null;
-  /** sub-jobs it serves at once */
+  /** sub-jobs with a process of their own it serves at once */
   slots: number;
   /** the host it is on (a node of a cluster; a local backend names its own) */
   host?: string;
@@ -612,8 +616,12 @@ export interface IDeviceCapacity {
   models?: string[] | null;
   /** the engine its sampling sub-jobs run: `transformers` (built in) or `vllm` (docs/sampling.md) */
   sampler?: string;
+  /** sub-jobs it serves as slots of its adapter host (one process, the base held once), beside `slots`; 0: it has no adapter host (every sub-job a process) */
+  adapter_slots?: number;
   slots_in_use: number;
   slots_available: number;
+  adapter_slots_in_use?: number;
+  adapter_slots_available?: number;
 }
 
 /** A host's devices and slots, summed (a cluster has several hosts; a local backend one). */
@@ -893,7 +901,7 @@ export interface IDeviceView {
   index: number | null;
   name: string;
   memory_bytes: number | null;
-  /** sub-jobs it serves at once */
+  /** sub-jobs with a process of their own it serves at once */
   slots: number;
   /** the host it is on (a node of a cluster; a local backend names its own) */
   host?: string;
@@ -901,6 +909,8 @@ export interface IDeviceView {
   models?: string[] | null;
   /** the engine its sampling sub-jobs run: `transformers` (built in) or `vllm` (docs/sampling.md) */
   sampler?: string;
+  /** sub-jobs it serves as slots of its adapter host (one process, the base held once), beside `slots`; 0: it has no adapter host (every sub-job a process) */
+  adapter_slots?: number;
 }
 
 export interface IEventPage {

@@ -16,6 +16,7 @@ import {
   versionWarnings
 } from '../src/model';
 import { ICapacity, ILogLine, IMetricSample, IExtensionStatus } from '../src/types';
+import { slotsInUse } from '../src/widgets/devices';
 import { job, progress } from './jobs';
 
 export function status(overrides: Partial<IExtensionStatus> = {}): IExtensionStatus {
@@ -48,7 +49,7 @@ const CPU_CAPACITY: ICapacity = {
 const GPU_CAPACITY: ICapacity = {
   devices: [
     { id: 'cuda:0', kind: 'cuda', index: 0, name: 'NVIDIA H200', memory_bytes: 140 * 2 ** 30, slots: 4, slots_in_use: 2, slots_available: 2, sampler: 'vllm' },
-    { id: 'cuda:1', kind: 'cuda', index: 1, name: 'NVIDIA H200', memory_bytes: 140 * 2 ** 30, slots: 4, slots_in_use: 0, slots_available: 4, sampler: 'vllm' }
+    { id: 'cuda:1', kind: 'cuda', index: 1, name: 'NVIDIA H200', memory_bytes: 140 * 2 ** 30, slots: 4, slots_in_use: 0, slots_available: 4, sampler: 'transformers', adapter_slots: 64, adapter_slots_in_use: 5, adapter_slots_available: 59 }
   ],
   slots_total: 8,
   slots_in_use: 2,
@@ -141,6 +142,12 @@ describe('devices', () => {
     // No sample for cuda:1 yet: no bar values, but its memory size from capacity.
     expect(second).toMatchObject({ id: 'cuda:1', utilization: null, memoryFraction: null });
     expect(second.memoryLabel).toBe('memory 140 GiB');
+  });
+
+  it('counts adapter-host slots apart from processes where a device hosts them', () => {
+    const [vllm, hosting] = deviceRows(GPU_CAPACITY, []);
+    expect(slotsInUse(vllm)).toBe('2/4 in use');
+    expect(slotsInUse(hosting)).toBe('0/4 in use · 5/64 adapter slots');
   });
 
   it('gives a line per host only when the devices span several hosts', () => {

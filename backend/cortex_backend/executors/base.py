@@ -9,6 +9,7 @@ and report through `report_message`.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -109,15 +110,26 @@ class Hosting:
         """Whether sub-jobs on `device` may be adapter-host slots."""
         return self.adapter_host if self.adapter_host is not None else device.kind == "cuda"
 
+    def hosts_on(self, device: Device) -> bool:
+        """Whether `device` has an adapter host for single-device sub-jobs on an unquantized base."""
+        return self.on(device) and device.sampler in ("", "transformers", None)
+
+    def with_adapter_slots(self, devices: list[Device], per_device: int) -> list[Device]:
+        """`devices` with the adapter-host slots each serves beside its process slots (the scheduler's second
+        pool: slots share a process and a base, so many more fit; memory bounds them, host_budget.py)."""
+        return [
+            dataclasses.replace(device, adapter_slots=per_device if self.hosts_on(device) else 0)
+            for device in devices
+        ]
+
     def hosts(self, assignment: SubJobAssignment) -> bool:
         """Whether a sub-job becomes a slot: any type, on the built-in sampling engine (a hosted sampler runs
         its adapter unmerged over the shared base), on a base in the device's own precision (a quantized base
         keeps a process of its own; a sub-job across devices has its own ranks)."""
         return (
-            self.on(assignment.device)
+            self.hosts_on(assignment.device)
             and not assignment.rank_devices
             and assignment.sub_job_type in states.SUB_JOB_TYPES
-            and assignment.device.sampler in ("", "transformers", None)
             and not assignment.model.quantization
         )
 

@@ -25,5 +25,6 @@ def create_executor(settings: BackendSettings, listener: ExecutorListener) -> Ex
         settings.warm_workers,
         WorkerSettings.from_backend(settings),
         adapter_host=settings.adapter_host,
+        adapter_slots_per_device=settings.adapter_slots_per_device,
         fork_workers=settings.worker_start == "fork",
     )

@@ -147,12 +147,14 @@ class LocalExecutor(Executor):
         worker_settings: WorkerSettings | None = None,
         adapter_host: bool | None = None,
         fork_workers: bool = True,
+        adapter_slots_per_device: int = 64,
     ) -> None:
         super().__init__(listener)
+        self.hosting = Hosting(adapter_host)
+        devices = self.hosting.with_adapter_slots(devices, adapter_slots_per_device)
         self.devices = {device.id: device for device in devices}
         self.warm_workers = warm_workers
         self.worker_settings = worker_settings or WorkerSettings()
-        self.hosting = Hosting(adapter_host)
         self._spares: dict[str, list[WorkerProcess]] = defaultdict(list)
         # sub-job -> the process serving it (an adapter host serves several)
         self._workers: dict[tuple[str, str], WorkerProcess] = {}

@@ -42,7 +42,7 @@ class DeviceView(Reply):
     index: int | None
     name: str
     memory_bytes: int | None
-    slots: int = Field(description="sub-jobs it serves at once")
+    slots: int = Field(description="sub-jobs with a process of their own it serves at once")
     host: str = Field(
         default="", description="the host it is on (a node of a cluster; a local backend names its own)"
     )
@@ -53,11 +53,18 @@ class DeviceView(Reply):
         default="transformers",
         description="the engine its sampling sub-jobs run: `transformers` (built in) or `vllm` (docs/sampling.md)",
     )
+    adapter_slots: int = Field(
+        default=0,
+        description="sub-jobs it serves as slots of its adapter host (one process, the base held once), beside"
+        " `slots`; 0: it has no adapter host (every sub-job a process)",
+    )
 
 
 class DeviceCapacity(DeviceView):
     slots_in_use: int
     slots_available: int
+    adapter_slots_in_use: int = 0
+    adapter_slots_available: int = 0
 
 
 class PendingJob(Reply):
@@ -140,6 +147,11 @@ class Capacity(Reply):
     slots_total: int
     slots_in_use: int
     slots_available: int
+    adapter_slots_total: int = Field(
+        default=0, description="adapter-host slots of every device (`DeviceView`)"
+    )
+    adapter_slots_in_use: int = 0
+    adapter_slots_available: int = 0
     pending: int
     pending_slots: int
     hosts: list[HostCapacity] = Field(default_factory=list)

@@ -26,7 +26,7 @@ export function renderDevices(
       h('div', { class: 'cortex-device', 'data-device': row.id },
         h('div', { class: 'cortex-device-head' },
           h('span', { class: 'cortex-device-name' }, `${row.id} · ${row.name}`),
-          h('span', { class: 'cortex-muted' }, `${row.slotsInUse}/${row.slots} in use`)
+          h('span', { class: 'cortex-muted' }, slotsInUse(row))
         ),
         meter(row.utilizationLabel, row.utilization === null ? null : row.utilization / 100, 'util'),
         meter(row.memoryLabel, row.memoryFraction, 'memory'),
@@ -38,4 +38,10 @@ export function renderDevices(
     section.appendChild(h('div', { class: 'cortex-muted cortex-gpu-reason' }, gpuMetricsNote));
   }
   return section;
+}
+
+/** Process slots in use, and on a device with an adapter host its slots too (they share one process). */
+export function slotsInUse(row: IDeviceRow): string {
+  const processes = `${row.slotsInUse}/${row.slots} in use`;
+  return row.adapterSlots ? `${processes} · ${row.adapterSlotsInUse}/${row.adapterSlots} adapter slots` : processes;
 }

@@ -346,7 +346,10 @@ class RayExecutor(Executor):
         joined = sorted(name for name in hosts if name not in self.hosts or name in gone)
         models = await asyncio.to_thread(self.cluster.models)
         self.hosts = hosts
-        self.devices = [device for name in sorted(hosts) for device in hosts[name].devices]
+        self.devices = self.hosting.with_adapter_slots(
+            [device for name in sorted(hosts) for device in hosts[name].devices],
+            self.settings.adapter_slots_per_device,
+        )
         for name in sorted(gone):
             log.warning("host %s left the cluster", name)
         for name in joined:
