@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from . import worker_messages as messages
-from .host_budget import Refusal, check_slot
+from .host_budget import Refusal, admit_slot, check_slot
 from .ipc import ChannelClosed
 from .models import ModelInfo
 from .operations import waits_on_peers
@@ -205,17 +205,25 @@ class SlotWorker(Worker):
 
     def memory(self) -> dict[str, int]:
         """Bytes this slot adds to the host: its adapter, and for a trainer its gradients and the optimizer's
-        two moments (AdamW), each as large as the adapter once the first step has run."""
+        two moments (AdamW), each as large as the adapter once the first step has run (the moments in host
+        memory when offloaded, host_budget.py)."""
         from .engine.model_state import adapter_bytes
 
         adapter = adapter_bytes(self.state.model)
         training = self.trainer is not None
+        offloaded = self.optimizer_offloaded
         return {
             "adapter_bytes": adapter,
             "gradient_bytes": adapter if training else 0,
             "optimizer_bytes": 2 * adapter if training else 0,
-            "slot_bytes": adapter * (4 if training else 1),
+            # What it holds on its host's device: its moments are in host memory between steps when offloaded.
+            "slot_bytes": adapter * ((2 if offloaded else 4) if training else 1),
+            **({"optimizer_offloaded": True} if offloaded else {}),
         }
+
+    @property
+    def optimizer_offloaded(self) -> bool:
+        return self.trainer is not None and self.trainer.offload is not None
 
 
 class SlotTaggedStream:
@@ -353,16 +361,35 @@ class AdapterHost:
             # What this process's allocator holds but no tensor uses (a freed slot's) is free to it too.
             device_free, total = torch.cuda.mem_get_info()
             free = (device_free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated(), total)
-        return check_slot(
+        # Room for one offloaded slot's moments while it steps (slots step one at a time).
+        reserve = max(
+            (2 * other.memory()["adapter_bytes"] for other in others if other.optimizer_offloaded), default=0
+        )
+
+        def check(slot_bytes: int) -> Refusal | None:
+            return check_slot(
+                slot_bytes,
+                memory["adapter_bytes"],
+                self.bases.base_bytes() + reserve,
+                sum(others_bytes.values()),
+                len(others),
+                self.memory_budget_bytes,
+                free,
+                same_job_bytes=sum(count for slot, count in others_bytes.items() if job_of_slot(slot) == job),
+            )
+
+        refusal, offload = admit_slot(
+            check,
             memory["slot_bytes"],
             memory["adapter_bytes"],
-            self.bases.base_bytes(),
-            sum(others_bytes.values()),
-            len(others),
-            self.memory_budget_bytes,
-            free,
-            same_job_bytes=sum(count for slot, count in others_bytes.items() if job_of_slot(slot) == job),
+            worker.trainer is not None,
+            free is not None,  # on a GPU: on a CPU the moments are in host memory already
+            reserve,
         )
+        if offload:
+            worker.trainer.offload_optimizer()
+            print("[host] slot fits with its optimizer moments in host memory between steps", flush=True)
+        return refusal
 
     def _ready_info(self, worker: SlotWorker) -> dict[str, Any]:
         """What the slot's sub-job shows users: the worker's own description, and the host's share."""

@@ -8,10 +8,16 @@ a reserve for activations; on a CPU without the option nothing is checked.
 
 A slot that would fit on an emptier host waits: its job goes back to the queue until a slot of that device
 frees (room_waits in scheduler.py). One that could not fit even beside the base alone fails at once.
+
+On a GPU, a training slot that does not fit with its optimizer moments is tried again with them in host
+memory between steps (engine/optimizer_offload.py): it then holds its adapter and gradients on the device,
+and the host keeps room for the moments of one stepping slot (slots step one at a time), the largest of its
+offloaded slots' (`offloaded_slot`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # Kept free on a GPU for activations and the allocator's slack when no budget is given.
@@ -90,3 +96,30 @@ def check_slot(
         f" {other_slots} other slot(s), {_mib(other_slots_bytes)}). It starts once a slot on that device ends",
         fits_later=True,
     )
+
+
+def offloaded_slot(adapter_bytes: int, moments_reserve: int) -> tuple[int, int]:
+    """(device bytes an offloaded training slot adds, the host's reserve for one stepping slot's moments
+    after it): its adapter and gradients, and however much its two moments exceed the reserve so far."""
+    moments = 2 * adapter_bytes
+    return 2 * adapter_bytes + max(0, moments - moments_reserve), max(moments, moments_reserve)
+
+
+def admit_slot(
+    check: Callable[[int], Refusal | None],
+    slot_bytes: int,
+    adapter_bytes: int,
+    training: bool,
+    can_offload: bool,
+    moments_reserve: int,
+) -> tuple[Refusal | None, bool]:
+    """(refusal or None, whether to offload its optimizer moments). `check(bytes)`: `check_slot` for a slot
+    adding that many bytes. A training slot that does not fit with its moments on the device is tried with
+    them in host memory where that helps (`can_offload`: a GPU); a refusal then is the kinder of the two."""
+    refusal = check(slot_bytes)
+    if refusal is None or not training or not can_offload:
+        return refusal, False
+    offloaded = check(offloaded_slot(adapter_bytes, moments_reserve)[0])
+    if offloaded is None:
+        return None, True
+    return (offloaded if offloaded.fits_later and not refusal.fits_later else refusal), False

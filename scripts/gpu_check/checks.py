@@ -130,3 +130,45 @@ def sampler_agrees(
         "max_logprob_deviation": deviation,
         "unexplained": unexplained[:5],
     }
+
+
+def optimizer_offload(make_trainer, batches: list[dict]) -> dict[str, Any]:
+    """A trainer whose AdamW moments sit in host memory between steps (an adapter host's offload) against
+    the same trainer keeping them on the device: adapters equal bitwise after the steps, and the device
+    memory each holds after its last step (the offloaded one less by the moments)."""
+    import torch
+    from cortex_backend.engine.adapter import adapter_parameters
+
+    def allocated() -> int:
+        return int(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0
+
+    def train(offload: bool) -> tuple[dict[str, torch.Tensor], int, int]:
+        before = allocated()
+        trainer = make_trainer()
+        if offload:
+            trainer.offload_optimizer()
+        for batch in batches:
+            trainer.forward_backward(batch, "cross_entropy", {})
+            trainer.step()
+        held = allocated() - before
+        host = trainer.offload.host_bytes() if trainer.offload is not None else 0
+        weights = {
+            name: p.detach().cpu().clone() for name, p in adapter_parameters(trainer.state.model).items()
+        }
+        del trainer
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return weights, held, host
+
+    kept, kept_bytes, _ = train(False)
+    moved, moved_bytes, host_bytes = train(True)
+    equal = kept.keys() == moved.keys() and all(torch.equal(kept[name], moved[name]) for name in kept)
+    return {
+        "passed": bool(equal),
+        "adapters_equal_bitwise": bool(equal),
+        "steps": len(batches),
+        "device_bytes_moments_on_device": kept_bytes,
+        "device_bytes_moments_offloaded": moved_bytes,
+        "moments_in_host_memory_bytes": host_bytes,
+        "note": None if torch.cuda.is_available() else "on a CPU the moments are in host memory already",
+    }

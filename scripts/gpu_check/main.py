@@ -4,7 +4,8 @@
     scripts/gpu-check --dry-run        # the same stages on a CPU at tiny sizes (CI runs this)
 
 For each model shape (built here from a config, random weights, bf16), in a process of its own:
-bf16 LoRA training against an fp32 reference; each sampling engine (built in, and vLLM where it is
+bf16 LoRA training against an fp32 reference; the same training with AdamW's moments offloaded to host
+memory between steps (an adapter host's offload: adapters equal bitwise, the device bytes each holds); each sampling engine (built in, and vLLM where it is
 installed) against the trainer after a weight sync; LoRA training tokens/s and MFU; batch-1 decode
 against the HBM roofline; RL-shaped sampling throughput for each engine against transformers'
 `generate`. Then, once, the product itself: a backend (`--sampler auto`) with a trainer and a sampler,
@@ -132,7 +133,7 @@ def product_stages(shape: Shape, model_dir: Path, work: Path, dry_run: bool) -> 
         lambda: shared_base.measure(
             work / "shared-base",
             model_dir,
-            # a CPU device's slots are its `cpu:N`; a GPU's, --sub-jobs-per-device (the stage sets it)
+            # slots of an adapter host take the device's adapter slots (the stage sets how many)
             f"cpu:{max(shared_base.SLOT_COUNTS)}" if dry_run else "0",
             device,
             vocab,

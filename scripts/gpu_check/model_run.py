@@ -91,6 +91,15 @@ def run(
     )
     del reference
     gc.collect()
+    # An adapter host's optimizer offload: moments in host memory between steps, the same steps bitwise.
+    attempt(
+        record["checks"],
+        "optimizer_offload",
+        lambda: checks.optimizer_offload(
+            lambda: Trainer(ModelState(info, spec, dtype=torch.bfloat16), {"lr": 1e-3}), batches
+        ),
+    )
+    gc.collect()
 
     # A sampler sub-job's model in the device's precision, given the trainer's adapter as a weight sync does.
     # (On a CPU both sides sample in fp32, the trainer with its bf16-trained adapter carried over.)

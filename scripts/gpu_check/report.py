@@ -28,6 +28,15 @@ def rows_of(record: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     f" logprob mean err {check['probe_logprob_mean_abs_error']:.2e}"
                 )
                 rows.append((name, "bf16 training vs fp32", figure, "pass" if check["passed"] else "FAIL"))
+            elif key == "optimizer_offload":
+                figure = (
+                    f"adapters equal bitwise: {check['adapters_equal_bitwise']}; device"
+                    f" {_mib(check['device_bytes_moments_on_device'])} -> {_mib(check['device_bytes_moments_offloaded'])},"
+                    f" host {_mib(check['moments_in_host_memory_bytes'])}"
+                )
+                rows.append(
+                    (name, "optimizer moments offloaded", figure, "pass" if check["passed"] else "FAIL")
+                )
             elif key.startswith("sampler_vs_trainer") or key == "service":
                 figure = f"{check.get('exact')}/{check.get('prompts')} exact"
                 if "near_ties" in check:

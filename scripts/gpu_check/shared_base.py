@@ -54,7 +54,7 @@ def measure(
     rng = np.random.default_rng(0)
     batches = [random_batch(rng, vocab, rows, length) for _ in range(max(SLOT_COUNTS))]
     used_before = device_used_bytes(device)
-    options = ["--adapter-host", "--sub-jobs-per-device", str(max(SLOT_COUNTS))]
+    options = ["--adapter-host", "--adapter-slots-per-device", str(max(SLOT_COUNTS))]
     if device == "cpu":
         options += ["--worker-threads", "1"]
     by_count: dict[str, dict[str, Any]] = {}

@@ -232,6 +232,8 @@ def load_checkpoint(
             trainer.optimizer.state = defaultdict(dict)  # weights only: fresh moments
     step = int(manifest["step"])
     if trainer is not None:
+        if getattr(trainer, "offload", None) is not None:  # loaded beside the parameters: back to the host
+            trainer.offload.to_host()
         trainer.optimizer.zero_grad(set_to_none=True)
         trainer.pending_batches = trainer.pending_tokens = 0
         trainer.step_count = step

@@ -14,6 +14,7 @@ from .errors import OperationError
 from .losses import compute_loss, target_logprobs
 from .memory import peak_memory, reset_peak
 from .model_state import ModelState
+from .optimizer_offload import MomentOffload
 from .router_replay import recording_experts, replaying_experts, routed_experts
 from .scoring import model_logits
 from .sharding import full, is_sharded
@@ -58,6 +59,8 @@ class Trainer:
             eps=float(self.settings["eps"]),
             weight_decay=float(self.settings["weight_decay"]),
         )
+        # Set by an adapter host for a slot that fits in device memory only without its moments.
+        self.offload: MomentOffload | None = None
         self.step_count = 0
         self.pending_batches = 0
         self.pending_tokens = 0
@@ -66,6 +69,12 @@ class Trainer:
         # The sampler-vs-trainer gap over this step's batches so far: (sum, max, sampled tokens).
         self.pending_mismatch = (0.0, 0.0, 0)
         set_training_mode(state.model)
+
+    def offload_optimizer(self) -> None:
+        """Keep the optimizer's moments in host memory between steps (engine/optimizer_offload.py)."""
+        if self.offload is None:
+            self.offload = MomentOffload(self.optimizer, self.state.device)
+            self.offload.to_host()
 
     def forward_backward(
         self,
@@ -194,7 +203,11 @@ class Trainer:
             raise OperationError(
                 "non_finite_gradients", f"the gradient norm is {grad_norm_value}; the step was skipped"
             )
+        if self.offload is not None:
+            self.offload.to_device()
         self.optimizer.step()
+        if self.offload is not None:
+            self.offload.to_host()
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
         self.state.weight_version = self.step_count
