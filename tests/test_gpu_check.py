@@ -48,6 +48,9 @@ def test_dry_run_runs_every_stage_and_writes_its_record(tmp_path):
     parity = checks["training_parity"]
     assert parity["passed"] and len(parity["steps"]) == 2
     assert all(0 < step["relative_error"] < parity["tolerances"]["loss_relative"] for step in parity["steps"])
+    offload = checks["optimizer_offload"]  # on a CPU nothing moves: the same steps, bitwise
+    assert offload["adapters_equal_bitwise"] and offload["moments_in_host_memory_bytes"] > 0
+    assert "optimizer moments offloaded" in done.stdout
     assert checks["sampler_vs_trainer_transformers"]["passed"]
     assert checks["sampler_vs_trainer_transformers"]["exact"] == 3
     assert checks["service"]["exact"] == checks["service"]["prompts"] == 4
