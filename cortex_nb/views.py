@@ -242,7 +242,12 @@ def hosts_text(capacity: dict[str, Any]) -> str:
                 host["host"],
                 ", ".join(f"{device_id} ({kinds.get(device_id, '?')})" for device_id in host["devices"]),
                 ", ".join(models) if models is not None else "all registered",
-                f"{host['slots_available']}/{host['slots_total']}",
+                f"{host['slots_available']}/{host['slots_total']}"
+                + (
+                    f" (+{host['adapter_slots_available']}/{host['adapter_slots_total']} adapter)"
+                    if host.get("adapter_slots_total")
+                    else ""
+                ),
             )
         )
     widths = [max(len(row[column]) for row in rows) for column in range(3)]

@@ -16,6 +16,7 @@ from cortex_backend.scheduler import Scheduler
 
 from cortex_nb import Client
 from cortex_nb.api import api_of
+from cortex_nb.views import hosts_text
 
 from .backend_process import start_backend
 
@@ -123,8 +124,10 @@ def test_a_device_runs_more_lora_jobs_than_process_slots_and_a_waiting_one_names
             wait_status(client, job_id, "running")
         infos = [client.get_job(job_id)["sub_jobs"][0]["info"] for job_id in hosted]
         assert len({info["adapter_host"]["pid"] for info in infos}) == 1  # five slots of one process
-        [device] = client.get_capacity()["devices"]
+        capacity = client.get_capacity()
+        [device] = capacity["devices"]
         assert (device["slots_in_use"], device["adapter_slots_in_use"], device["adapter_slots"]) == (0, 5, 5)
+        assert "2/2 (+0/5 adapter)" in hosts_text(capacity)  # `cortex-nb host list`
 
         # A sub-job across two CPU slots has processes of its own: it runs beside the five slots.
         ranked = lora_job(client, 9, n_gpus=2)

@@ -75,11 +75,25 @@ class _StateCollector:
             "cortex_device_slots_in_use", "slots in use per device (sub-jobs and runs)", labels=["device"]
         )
         total = GaugeMetricFamily("cortex_device_slots", "slots per device", labels=["device"])
+        adapter_in_use = GaugeMetricFamily(
+            "cortex_device_adapter_slots_in_use",
+            "adapter-host slots in use per device (sub-jobs sharing its adapter host)",
+            labels=["device"],
+        )
+        adapter_total = GaugeMetricFamily(
+            "cortex_device_adapter_slots",
+            "adapter-host slots per device (0: it has no adapter host)",
+            labels=["device"],
+        )
         for device in capacity.get("devices", []):
             in_use.add_metric([device["id"]], device["slots_in_use"])
             total.add_metric([device["id"]], device["slots"])
+            adapter_in_use.add_metric([device["id"]], device.get("adapter_slots_in_use", 0))
+            adapter_total.add_metric([device["id"]], device.get("adapter_slots", 0))
         yield in_use
         yield total
+        yield adapter_in_use
+        yield adapter_total
 
         jobs = GaugeMetricFamily("cortex_jobs", "jobs in the store by status", labels=["status"])
         for status, count in sorted(self.state.job_counts().items()):

@@ -503,12 +503,16 @@ class Scheduler:
                     "slots_total": 0,
                     "slots_in_use": 0,
                     "slots_available": 0,
+                    "adapter_slots_total": 0,
+                    "adapter_slots_available": 0,
                 },
             )
             host["devices"].append(row["id"])
             host["slots_total"] += row["slots"]
             host["slots_in_use"] += row["slots_in_use"]
             host["slots_available"] += row["slots_available"]
+            host["adapter_slots_total"] += row["adapter_slots"]
+            host["adapter_slots_available"] += row["adapter_slots_available"]
             if "models" in row:
                 host["models"] = row["models"]
         return list(hosts.values())

@@ -124,7 +124,10 @@ export function hostLines(capacity: ICapacity | null): string[] {
   }
   return hosts.map(host => {
     const models = host.models ? ` · ${host.models.join(', ')}` : '';
-    return `${host.host}: ${host.slots_available}/${host.slots_total} slots free${models}`;
+    const adapter = host.adapter_slots_total
+      ? ` (+${host.adapter_slots_available}/${host.adapter_slots_total} adapter)`
+      : '';
+    return `${host.host}: ${host.slots_available}/${host.slots_total} slots free${adapter}${models}`;
   });
 }
 

@@ -631,6 +631,8 @@ export interface IHostCapacity {
   slots_total: number;
   slots_in_use: number;
   slots_available: number;
+  adapter_slots_total?: number;
+  adapter_slots_available?: number;
   models?: string[] | null;
 }
 

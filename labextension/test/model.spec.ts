@@ -160,6 +160,10 @@ describe('devices', () => {
       'a: 1/2 slots free · tiny',
       'gpu-2: 0/2 slots free · llama-1b, tiny'
     ]);
+    const hosting = { ...host('gpu-3', 2, ['tiny']), adapter_slots_total: 64, adapter_slots_available: 61 };
+    expect(hostLines({ ...CPU_CAPACITY, hosts: [host('a', 1), hosting] })[1]).toBe(
+      'gpu-3: 2/2 slots free (+61/64 adapter) · tiny'
+    );
   });
 
   it("says this user's device-hours over the week: their share of everyone's, or the whole of their own", () => {

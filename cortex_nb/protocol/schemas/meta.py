@@ -85,6 +85,8 @@ class HostCapacity(Reply):
     slots_total: int
     slots_in_use: int
     slots_available: int
+    adapter_slots_total: int = 0
+    adapter_slots_available: int = 0
     models: list[str] | None = None
 
 
