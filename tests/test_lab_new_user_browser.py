@@ -125,6 +125,20 @@ def open_notebook(page: Page, server, name: str, kernel: bool = True) -> None:
         expect(page.locator(".jp-StatusBar-Widget").filter(has_text=re.compile(r"\| Idle"))).to_have_count(
             1, timeout=120_000
         )
+        accept_kernel_choice(page)
+
+
+def accept_kernel_choice(page: Page, settle_ms: int = 1500) -> None:
+    """Take the notebook's own kernel when JupyterLab asks which ("Select Kernel"): it asks when its kernel
+    specs had not loaded yet as the notebook opened (a busy machine), though the notebook names its kernel."""
+    dialog = page.locator(".jp-Dialog").filter(has_text="Select Kernel")
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < settle_ms / 1000:
+        if dialog.count():
+            dialog.locator(".jp-mod-accept").click()
+            expect(dialog).to_have_count(0, timeout=30_000)
+            quiet_since = time.monotonic()
+        page.wait_for_timeout(250)
 
 
 def menu(page: Page, top: str, item: str) -> None:

@@ -189,6 +189,7 @@ def test_the_hosts_budget_holds_on_ray_a_slot_waits_for_room_or_never_fits(ray_c
     never = ray_client.create_training_job("tiny", lora={"r": 64, "alpha": 128}, seed=2, wait=False)
     ended = ray_client.wait_for_job(never.job_id, ("failed",), timeout_s=120)
     assert ended["failure_code"] == "adapter_host_full" and "never fit" in ended["failure_message"], ended
+    wait_until(lambda: adapter_hosts(ray_client)[0]["slots"] == 3, 60)  # the refused slot left the actor
     # The jobs already on the host were never disturbed.
     assert {ray_client.get_job(job.job_id)["status"] for job, _ in jobs.values()} == {"running"}
 
