@@ -16,7 +16,7 @@ import {
   versionWarnings
 } from '../src/model';
 import { ICapacity, ILogLine, IMetricSample, IExtensionStatus } from '../src/types';
-import { slotsInUse } from '../src/widgets/devices';
+import { adapterSlotsWords } from '../src/widgets/devices';
 import { job, progress } from './jobs';
 
 export function status(overrides: Partial<IExtensionStatus> = {}): IExtensionStatus {
@@ -146,8 +146,9 @@ describe('devices', () => {
 
   it('counts adapter-host slots apart from processes where a device hosts them', () => {
     const [vllm, hosting] = deviceRows(GPU_CAPACITY, []);
-    expect(slotsInUse(vllm)).toBe('2/4 in use');
-    expect(slotsInUse(hosting)).toBe('0/4 in use · 5/64 adapter slots');
+    expect(hosting).toMatchObject({ slotsInUse: 0, slots: 4, adapterSlotsInUse: 5, adapterSlots: 64 });
+    expect(adapterSlotsWords(vllm)).toBe('');
+    expect(adapterSlotsWords(hosting)).toBe('adapter slots 5/64');
   });
 
   it('gives a line per host only when the devices span several hosts', () => {

@@ -20,13 +20,14 @@ export function renderDevices(
     const extras = [
       row.temperatureC !== null ? `${Math.round(row.temperatureC)}°C` : '',
       row.powerW !== null ? `${Math.round(row.powerW)} W` : '',
-      row.sampler ? `sampling: ${row.sampler}` : ''
+      row.sampler ? `sampling: ${row.sampler}` : '',
+      adapterSlotsWords(row)
     ].filter(Boolean);
     section.appendChild(
       h('div', { class: 'cortex-device', 'data-device': row.id },
         h('div', { class: 'cortex-device-head' },
           h('span', { class: 'cortex-device-name' }, `${row.id} · ${row.name}`),
-          h('span', { class: 'cortex-muted' }, slotsInUse(row))
+          h('span', { class: 'cortex-muted' }, `${row.slotsInUse}/${row.slots} in use`)
         ),
         meter(row.utilizationLabel, row.utilization === null ? null : row.utilization / 100, 'util'),
         meter(row.memoryLabel, row.memoryFraction, 'memory'),
@@ -40,8 +41,7 @@ export function renderDevices(
   return section;
 }
 
-/** Process slots in use, and on a device with an adapter host its slots too (they share one process). */
-export function slotsInUse(row: IDeviceRow): string {
-  const processes = `${row.slotsInUse}/${row.slots} in use`;
-  return row.adapterSlots ? `${processes} · ${row.adapterSlotsInUse}/${row.adapterSlots} adapter slots` : processes;
+/** On a device with an adapter host: its slots in use (they share one process, beside the process slots). */
+export function adapterSlotsWords(row: IDeviceRow): string {
+  return row.adapterSlots ? `adapter slots ${row.adapterSlotsInUse}/${row.adapterSlots}` : '';
 }
