@@ -241,7 +241,7 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         type=_at_least(0, int),
         default=64,
         help="with adapter hosts: sub-jobs one device serves as slots of its adapter host, beside the processes"
-        " above (default 64; memory bounds them first: --adapter-host-memory)",
+        " above (default 64; memory bounds them first: --adapter-host-memory; 0: slots count as processes)",
     )
     serve.add_argument(
         "--warm-workers", type=int, default=1, help="idle pre-started worker processes per device"
