@@ -85,6 +85,8 @@ def test_capacity_is_summed_over_hosts_and_given_per_host():
         "slots_total": 3,
         "slots_in_use": 2,
         "slots_available": 1,
+        "adapter_slots_total": 0,
+        "adapter_slots_available": 0,
         "models": ["llama", "tiny"],
     }
     assert hosts["a"]["slots_available"] == 2
