@@ -216,86 +216,69 @@ def test_the_actors_death_fails_every_slot_and_the_next_job_gets_a_new_actor(ray
         fresh.cancel()
 
 
-def test_sigterm_drains_a_hosted_run_on_ray_and_the_next_start_resumes_it_losing_no_step(tmp_path):
-    """The survival path on Ray with the run a slot: the drain's checkpoint travels from the actor to the
-    head, and the next backend (a new Ray head on the same data dir and port) resumes the run from it."""
-    from .test_surviving_restarts import SPEC, Waiter, curve, free_port
+def run_through_a_restart(tmp_path, name: str, spec: dict, ready, stop) -> dict:
+    """A managed run as a slot of a host actor on a Ray backend; once `ready(job)`, `stop(backend)` ends that
+    backend, and a new one and its Ray head on the same data dir and port carry on: the run's progress once
+    it completed in full (the client and its waiter ride through the restart)."""
+    from .test_surviving_restarts import SPEC, Waiter, completed_in_full, free_port
 
-    data_dir, port, steps = tmp_path / "data", free_port(), 40
+    data_dir, port = tmp_path / "data", free_port()
     args = ("--port", str(port), "--adapter-host")
     first = start_ray_cluster(data_dir, *args)
     second = None
     client = Client(first.backend.url, first.backend.token, reconnect_s=300)
     try:
-        job = client.train({**SPEC, "data": addition_problems(), "steps": steps}, name="hosted-survivor")
-        wait_until(lambda: (job.progress or {}).get("step", 0) >= 3, 300)
-        assert adapter_hosts(client)[0]["slots"] == 1
-        waiter = Waiter(job)  # rides through the restart
+        job = client.train({**SPEC, "data": addition_problems(), **spec}, name=name)
+        waiter = Waiter(job)
         waiter.start()
-        first.backend.process.send_signal(signal.SIGTERM)
-        first.backend.process.wait(120)
-        assert first.backend.process.returncode == 0
-        assert "drained in" in first.backend.log() and "Traceback" not in first.backend.log()
+        wait_until(lambda: ready(job), 300, 0.05)
+        assert adapter_hosts(client)[0]["slots"] == 1
+        stop(first.backend)
         first.stop()
         second = start_ray_cluster(data_dir, *args)
-        waiter.join(600)
-        assert waiter.error is None, waiter.error
-        finished = waiter.outcome
-        assert finished["status"] == "done", finished
-        progress = finished["progress"]
-        assert progress["step"] == progress["total_steps"] == steps
-        assert [step for step, _ in curve(finished)] == list(range(1, steps + 1))
-        resumed = progress["resumed"]
-        assert resumed["lost_steps"] == 0 and resumed["checkpoint_id"].startswith("drained-step-")
+        return completed_in_full(waiter, spec["steps"])
     finally:
         client.close()
         for cluster in (first, second):
             if cluster is not None:
                 cluster.stop()
+
+
+def test_sigterm_drains_a_hosted_run_on_ray_and_the_next_start_resumes_it_losing_no_step(tmp_path):
+    """The survival path on Ray with the run a slot: the drain's checkpoint travels from the actor to the
+    head, and the next backend (a new Ray head on the same data dir and port) resumes the run from it."""
+
+    def drain(backend) -> None:
+        backend.process.send_signal(signal.SIGTERM)
+        backend.process.wait(120)
+        assert backend.process.returncode == 0
+        assert "drained in" in backend.log() and "Traceback" not in backend.log()
+
+    progress = run_through_a_restart(
+        tmp_path,
+        "hosted-survivor",
+        {"steps": 40},
+        lambda job: (job.progress or {}).get("step", 0) >= 3,
+        drain,
+    )
+    resumed = progress["resumed"]
+    assert resumed["lost_steps"] == 0 and resumed["checkpoint_id"].startswith("drained-step-")
 
 
 def test_kill_9_of_the_ray_backend_resumes_a_hosted_run_from_its_last_periodic_checkpoint(tmp_path):
     """No drain: the backend killed outright takes its Ray head and the host actor with it. The periodic
     checkpoints the actor sent the head survive, and the next backend resumes the run from the newest,
     stating the steps lost since."""
-    from .test_surviving_restarts import SPEC, Waiter, curve, free_port
+    from .test_surviving_restarts import past_a_checkpoint
 
-    data_dir, port, steps = tmp_path / "data", free_port(), 40
-    args = ("--port", str(port), "--adapter-host")
-    first = start_ray_cluster(data_dir, *args)
-    second = None
-    client = Client(first.backend.url, first.backend.token, reconnect_s=300)
-    try:
-        job = client.train(
-            {**SPEC, "data": addition_problems(), "steps": steps, "save": {"every": 5}}, name="hosted-crash"
-        )
+    def crash(backend) -> None:
+        backend.process.kill()  # as after a crash: no drain, no checkpoint first
+        backend.process.wait(30)
 
-        def checkpoint_then_more() -> bool:
-            progress = job.progress or {}
-            saved = progress.get("last_checkpoint_step") or 0
-            return saved >= 5 and progress.get("step", 0) >= saved + 2
-
-        waiter = Waiter(job)
-        waiter.start()
-        wait_until(checkpoint_then_more, 300, 0.05)
-        assert adapter_hosts(client)[0]["slots"] == 1
-        first.backend.process.kill()  # as after a crash: no drain, no checkpoint first
-        first.backend.process.wait(30)
-        first.stop()
-        second = start_ray_cluster(data_dir, *args)
-        waiter.join(600)
-        assert waiter.error is None, waiter.error
-        finished = waiter.outcome
-        assert finished["status"] == "done", finished
-        progress = finished["progress"]
-        assert progress["step"] == progress["total_steps"] == steps
-        assert [step for step, _ in curve(finished)] == list(range(1, steps + 1))
-        resumed = progress["resumed"]
-        assert resumed["checkpoint_id"] == f"step-{resumed['step']}" and resumed["step"] % 5 == 0
-        assert resumed["lost_steps"] >= 1
-        print(f"\nkill -9 on Ray, hosted: resumed from step {resumed['step']}, lost {resumed['lost_steps']}")
-    finally:
-        client.close()
-        for cluster in (first, second):
-            if cluster is not None:
-                cluster.stop()
+    progress = run_through_a_restart(
+        tmp_path, "hosted-crash", {"steps": 40, "save": {"every": 5}}, past_a_checkpoint, crash
+    )
+    resumed = progress["resumed"]
+    assert resumed["checkpoint_id"] == f"step-{resumed['step']}" and resumed["step"] % 5 == 0
+    assert resumed["lost_steps"] >= 1
+    print(f"\nkill -9 on Ray, hosted: resumed from step {resumed['step']}, lost {resumed['lost_steps']}")

@@ -62,6 +62,26 @@ def curve(job: dict) -> list[tuple[int, float]]:
     return [(point["step"], point["loss_per_token"]) for point in job["progress"]["history"]]
 
 
+def past_a_checkpoint(job) -> bool:
+    """Steps past a periodic checkpoint (every 5) are seen, so a kill now loses some."""
+    progress = job.progress or {}
+    saved = progress.get("last_checkpoint_step") or 0
+    return saved >= 5 and progress.get("step", 0) >= saved + 2
+
+
+def completed_in_full(waiter: Waiter, steps: int) -> dict:
+    """The run the waiter followed through a restart ended done, all its steps, its curve continuous: its
+    progress record."""
+    waiter.join(900)
+    assert waiter.error is None, waiter.error
+    finished = waiter.outcome
+    assert finished["status"] == "done", finished
+    progress = finished["progress"]
+    assert progress["step"] == progress["total_steps"] == steps
+    assert [step for step, _ in curve(finished)] == list(range(1, steps + 1))
+    return progress
+
+
 def all_logs(client: Client, job_id: str) -> str:
     return "\n".join(line["line"] for line in client.stream_logs(job_id, follow=False))
 
@@ -169,18 +189,13 @@ def test_kill_9_resumes_from_the_last_periodic_checkpoint_stating_the_lost_steps
             {**SPEC, "data": addition_problems(), "steps": 60, "save": {"every": 5}}, name="crashed"
         )
 
-        def checkpoint_then_more() -> bool:
-            progress = job.progress or {}
-            saved = progress.get("last_checkpoint_step") or 0
-            return saved >= 5 and progress.get("step", 0) >= saved + 2
-
         waiter = Waiter(job)
         waiter.start()
         widget = job_widget.show_job(client, job.job_id)
         wait_until(lambda: widget.state.job_status == "running", 60)
         # Killed as soon as steps past a checkpoint are seen (the widget is up already), so that the next
         # checkpoint has not been written yet.
-        wait_until(checkpoint_then_more, 240, 0.05)
+        wait_until(lambda: past_a_checkpoint(job), 240, 0.05)
         first.kill()  # no drain: as after a crash or power cut
         wait_until(lambda: "backend restarting, reconnecting" in (widget.state.message or ""), 120)
         assert widget.state.backend_gone

@@ -354,7 +354,8 @@ class AdapterHost:
                 other for other in self.slots.values() if other is not worker and other.state is not None
             ]
         memory = worker.memory()
-        others_bytes = {other.slot: other.memory()["slot_bytes"] for other in others}
+        others_memory = {other.slot: other.memory() for other in others}
+        others_bytes = {slot: held["slot_bytes"] for slot, held in others_memory.items()}
         job = job_of_slot(worker.slot)
         free = None
         if torch.cuda.is_available():
@@ -363,7 +364,8 @@ class AdapterHost:
             free = (device_free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated(), total)
         # Room for one offloaded slot's moments while it steps (slots step one at a time).
         reserve = max(
-            (2 * other.memory()["adapter_bytes"] for other in others if other.optimizer_offloaded), default=0
+            (2 * others_memory[other.slot]["adapter_bytes"] for other in others if other.optimizer_offloaded),
+            default=0,
         )
 
         def check(slot_bytes: int) -> Refusal | None:

@@ -298,18 +298,12 @@ class Scheduler:
                 if device.id in free:
                     process, adapter = free[device.id]
                     free[device.id] = (process, adapter + 1) if is_hosted else (process + 1, adapter)
-        models = self._models.get(holder_id, frozenset())
-        eligible = [
-            device
-            for device in self.devices
-            if self._has_memory(device, min_memory_bytes) and device.serves(models)
-        ]
-        if holder_id in self._exclusive:
-            idle = [
-                device
-                for device in eligible
-                if device.kind == "cuda" and free[device.id] == (device.slots, device.adapter_slots)
-            ]
+        exclusive = holder_id in self._exclusive
+        eligible = self.eligible_devices(
+            min_memory_bytes, exclusive, self._models.get(holder_id, frozenset())
+        )
+        if exclusive:
+            idle = [device for device in eligible if free[device.id] == (device.slots, device.adapter_slots)]
             return len(idle) >= slots
         return self._place_in(slots, eligible, free, self._hostable.get(holder_id, ())) is not None
 
@@ -338,11 +332,15 @@ class Scheduler:
         return device.adapter_slots - self._adapter_used.get(device.id, 0)
 
     @staticmethod
-    def _hosted_entries(placement: list[Device], hostable: tuple[bool, ...]) -> tuple[bool, ...]:
+    def _takes_adapter_slot(device: Device, hostable: tuple[bool, ...], index: int) -> bool:
+        """Whether entry `index` of a request takes an adapter-host slot on `device` (else a process slot)."""
+        return device.adapter_slots > 0 and index < len(hostable) and hostable[index]
+
+    @classmethod
+    def _hosted_entries(cls, placement: list[Device], hostable: tuple[bool, ...]) -> tuple[bool, ...]:
         """For each entry of a placement, whether it takes an adapter-host slot of its device."""
         return tuple(
-            index < len(hostable) and hostable[index] and device.adapter_slots > 0
-            for index, device in enumerate(placement)
+            cls._takes_adapter_slot(device, hostable, index) for index, device in enumerate(placement)
         )
 
     @staticmethod
@@ -356,11 +354,7 @@ class Scheduler:
         models: frozenset[str] = frozenset(),
         hostable: tuple[bool, ...] = (),
     ) -> list[Device] | None:
-        eligible = [
-            device
-            for device in self.devices
-            if self._has_memory(device, min_memory_bytes) and device.serves(models)
-        ]
+        eligible = self.eligible_devices(min_memory_bytes, models=models)
         free = {device.id: (self._free(device), self._adapter_free(device)) for device in eligible}
         return self._place_in(slots, eligible, free, hostable)
 
@@ -377,9 +371,7 @@ class Scheduler:
         slot on a device that hosts, a process slot elsewhere."""
 
         def needs(device: Device, entries: range) -> tuple[int, int]:
-            hosted = sum(
-                1 for index in entries if device.adapter_slots and index < len(hostable) and hostable[index]
-            )
+            hosted = sum(1 for index in entries if Scheduler._takes_adapter_slot(device, hostable, index))
             return len(entries) - hosted, hosted
 
         def room(device: Device) -> int:
@@ -396,7 +388,7 @@ class Scheduler:
         for index in range(slots):
             for device in by_free:
                 process, adapter = left[device.id]
-                hosted = needs(device, range(index, index + 1))[1]
+                hosted = Scheduler._takes_adapter_slot(device, hostable, index)
                 if hosted and adapter > 0:
                     left[device.id] = (process, adapter - 1)
                 elif not hosted and process > 0:
