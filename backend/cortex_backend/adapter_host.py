@@ -27,13 +27,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import functools
 import itertools
 import os
 import random
 import sys
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from . import worker_messages as messages
@@ -41,6 +42,7 @@ from .host_budget import Refusal, admit_slot, check_slot
 from .ipc import ChannelClosed
 from .models import ModelInfo
 from .operations import waits_on_peers
+from .slot_batching import SlotBatches, sample_across_slots
 from .slot_logs import tag_line
 from .worker import Channel, Worker
 
@@ -83,13 +85,22 @@ class Turns:
         self._waiting: collections.deque[object] = collections.deque()
         self._holder: object | None = None
 
-    def acquire(self, who: object) -> None:
+    def acquire(self, who: object, until: Callable[[], bool] | None = None) -> bool:
+        """Wait for the turn and take it; with `until`, stop waiting (False) once it says so (a slot whose
+        generate another slot took into its pass, slot_batching.py). Whoever ends a turn notifies."""
         with self._condition:
             self._waiting.append(who)
-            while self._holder is not None or self._waiting[0] is not who:
+            while True:
+                if until is not None and until():
+                    self._waiting.remove(who)
+                    self._condition.notify_all()
+                    return False
+                if self._holder is None and self._waiting[0] is who:
+                    break
                 self._condition.wait()
             self._waiting.popleft()
             self._holder = who
+            return True
 
     def release(self) -> None:
         with self._condition:
@@ -152,9 +163,22 @@ class SlotWorker(Worker):
         self.random_state = RandomState()
         self.holding_turn = False  # read and written only by this slot's own thread
 
+    @functools.cached_property
+    def groupable(self) -> bool:
+        """Whether this slot's adapter can share a decoding pass with other slots' (grouped_lora.py)."""
+        from .engine.grouped_lora import groupable
+
+        return groupable(self.state.model.get_base_model())
+
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
         self.host.turns.acquire(self)
+        with self._holding():
+            yield
+
+    @contextlib.contextmanager
+    def _holding(self) -> Iterator[None]:
+        """This slot has just taken the turn: compute with its RNG, then give the turn back."""
         self.holding_turn = True
         try:
             self.random_state.swap_in()
@@ -189,8 +213,29 @@ class SlotWorker(Worker):
         elif self.holding_turn:  # served between a managed loop's steps, in the loop's turn
             super()._serve_one(request, blob)
         else:
-            with self.turn():
-                super()._serve_one(request, blob)
+            offer = self.host.batches.offer(self, request)
+            if offer is None:
+                with self.turn():
+                    super()._serve_one(request, blob)
+            elif not self.host.turns.acquire(self, until=lambda: offer.taken):
+                offer.done.wait()  # another slot took it into its pass and answered it
+            else:
+                with self._holding():
+                    if self.host.batches.withdraw(offer):
+                        super()._serve_one(request, blob)
+
+    def _generates_together(self, requests: list[messages.Request]) -> bool:
+        """This slot's generates, and those other slots offered meanwhile, in one pass (slot_batching.py)."""
+        offers = self.host.batches.take(self, requests)
+        if not offers:
+            return super()._generates_together(requests)
+        try:
+            entries = [(self, request) for request in requests]
+            sample_across_slots(self, entries + [(offer.worker, offer.request) for offer in offers])
+        finally:
+            for offer in offers:
+                offer.done.set()
+        return True
 
     def _serve_waiting(self) -> None:
         """Between a managed loop's steps: let the other slots have a turn, then serve this slot's queue."""
@@ -253,17 +298,30 @@ class SlotTaggedStream:
 
 
 class AdapterHost:
-    def __init__(self, channel: Channel, memory_budget_bytes: int | None = None) -> None:
+    def __init__(
+        self, channel: Channel, memory_budget_bytes: int | None = None, batch_across_slots: bool = False
+    ) -> None:
         self.channel = channel
         self.memory_budget_bytes = memory_budget_bytes
         self.bases = BaseModels()
         self.turns = Turns()
+        self.batches = SlotBatches(batch_across_slots)
         self.slots: dict[str, SlotWorker] = {}
         self._slots_lock = threading.Lock()
         self._local = threading.local()
 
     def current_slot(self) -> str | None:
         return getattr(self._local, "slot", None)
+
+    def log_for(self, slots: list[str], line: str) -> None:
+        """Print `line` into each of `slots`' logs (from whichever slot's thread)."""
+        own = self.current_slot()
+        try:
+            for slot in slots:
+                self._local.slot = slot
+                print(line, flush=True)
+        finally:
+            self._local.slot = own
 
     def serve(self) -> None:
         """Read messages and route them to their slots until the service closes the channel or says stop."""
@@ -420,6 +478,14 @@ def one_malloc_arena() -> None:
         return
 
 
+def batches_across_slots(setting: str) -> bool:
+    """`--batch-across-slots`: on, off, or auto (on where a larger batch is nearly free: a GPU; a CPU host
+    keeps each slot's samples bitwise those of the slot alone)."""
+    import torch
+
+    return setting == "on" or (setting == "auto" and torch.cuda.is_available())
+
+
 def serve_adapter_host(channel: Channel, message: messages.HostAdapters) -> None:
     """Serve as an adapter host until the service closes the channel (worker.serve_channel's other mode)."""
     one_malloc_arena()
@@ -428,7 +494,7 @@ def serve_adapter_host(channel: Channel, message: messages.HostAdapters) -> None
 
     if message.threads:
         torch.set_num_threads(int(message.threads))
-    host = AdapterHost(channel, message.memory_budget_bytes)
+    host = AdapterHost(channel, message.memory_budget_bytes, batches_across_slots(message.batch_across_slots))
     sys.stdout = SlotTaggedStream(sys.stdout, host)
     sys.stderr = SlotTaggedStream(sys.stderr, host)
     host.serve()

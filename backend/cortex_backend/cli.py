@@ -282,6 +282,14 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         " adapter_host_full (default: a GPU's free memory, unbounded on a CPU)",
     )
     serve.add_argument(
+        "--batch-across-slots",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="with adapter hosts: generates of several slots of one host sampled in one decoding pass, each"
+        " row through its own slot's adapter; 'auto' (the default) on GPUs only, since a CPU then keeps each"
+        " slot's logprobs bitwise those of the slot alone (batched, they agree to float rounding)",
+    )
+    serve.add_argument(
         "--sampler",
         choices=SAMPLER_SETTINGS,
         default="auto",
@@ -664,6 +672,7 @@ def run_backend_command(args: argparse.Namespace) -> int:
             adapter_slots_per_device=args.adapter_slots_per_device,
             worker_start=args.worker_start,
             adapter_host_memory_bytes=args.adapter_host_memory_bytes,
+            batch_across_slots=args.batch_across_slots,
             idle_timeout_s=args.idle_timeout,
             idle_exit_s=args.idle_exit,
             drain_grace_s=args.drain_grace,

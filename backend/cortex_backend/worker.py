@@ -392,7 +392,7 @@ class Worker:
             return False
         return True
 
-    def _send(self, message: messages.Message, blob: bytes = b"") -> None:
+    def send_message(self, message: messages.Message, blob: bytes = b"") -> None:
         self.channel.send(messages.encode(message), blob)
 
     def serve(self) -> None:
@@ -407,16 +407,15 @@ class Worker:
 
         request_id = request.request_id
         if request_id in self.cancelled:
-            self._send(messages.Finished(request_id, "cancelled"))
+            self.send_message(messages.Finished(request_id, "cancelled"))
             self.cancelled.discard(request_id)
             return
         if request.op == "generate":
             together = self.gatherer.take(self.requests, request, self.sampler, self.cancelled)
-            if together:
-                self._serve_generates([request, *(queued for queued, _ in together)])
+            if self._generates_together([request, *(queued for queued, _ in together)]):
                 return
         self.current = request_id
-        self._send(messages.Started(request_id, time.time()))
+        self.send_message(messages.Started(request_id, time.time()))
         try:
             operation = self.operations.get(request.op)
             if operation is None:
@@ -427,12 +426,19 @@ class Worker:
                 # sub-job's weights; generate refreshes by itself, and no other operation reads merged weights.
                 self.sampler.refresh()
             result, out_blob = operation(request.params or {}, blob)
-            self._send(messages.succeeded(request_id, result), out_blob)
+            self.send_message(messages.succeeded(request_id, result), out_blob)
         except Exception as exc:  # report, never die: one bad request must not end the sub-job
-            self._send(_failure(request_id, request.op, exc))
+            self.send_message(failure_of(request_id, request.op, exc))
         finally:
             self.current = None
             self.cancelled.discard(request_id)
+
+    def _generates_together(self, requests: list[messages.Request]) -> bool:
+        """Serve `requests` (compatible generates) in one pass if there are several; False if not served."""
+        if len(requests) < 2:
+            return False
+        self._serve_generates(requests)
+        return True
 
     def _serve_generates(self, requests: list[messages.Request]) -> None:
         """Queued compatible generates in one engine pass, each answered as if it had run alone
@@ -441,7 +447,7 @@ class Worker:
         request_ids = [request.request_id for request in requests]
         started = time.time()
         for request_id in request_ids:
-            self._send(messages.Started(request_id, started))
+            self.send_message(messages.Started(request_id, started))
         self.current = request_ids[0]
         print(f"[engine] generate: {len(requests)} queued requests sampled in one pass", flush=True)
         try:
@@ -451,20 +457,20 @@ class Worker:
                 )
             for request_id, result in zip(request_ids, results, strict=True):
                 if request_id in self.cancelled:
-                    self._send(messages.failed(request_id, "cancelled", "the request was cancelled"))
+                    self.send_message(messages.failed(request_id, "cancelled", "the request was cancelled"))
                 else:
-                    self._send(messages.succeeded(request_id, result))
+                    self.send_message(messages.succeeded(request_id, result))
         except Exception as exc:  # report, never die: one bad pass must not end the sub-job
-            failure = _failure(request_ids[0], "generate", exc)
+            failure = failure_of(request_ids[0], "generate", exc)
             for request_id in request_ids:
-                self._send(dataclasses.replace(failure, request_id=request_id))
+                self.send_message(dataclasses.replace(failure, request_id=request_id))
         finally:
             self.current = None
             for request_id in request_ids:
                 self.cancelled.discard(request_id)
 
 
-def _failure(request_id: str, op: str, exc: Exception) -> messages.Finished:
+def failure_of(request_id: str, op: str, exc: Exception) -> messages.Finished:
     """How a request that raised ends: an engine's OperationError as it says, anything else (a bug, or
     memory) with its type and message, its traceback in the sub-job's log."""
     from .engine.errors import OperationError

@@ -190,6 +190,8 @@ class HostAdapters(Message):
     threads: int | None
     # --adapter-host-memory: the bytes the base and its slots may hold (None: no budget; host_budget.py)
     memory_budget_bytes: int | None = None
+    # --batch-across-slots: "on", "off" or "auto" (on a GPU) (slot_batching.py)
+    batch_across_slots: str = "auto"
 
 
 @dataclass(frozen=True)

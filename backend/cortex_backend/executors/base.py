@@ -272,6 +272,8 @@ class WorkerSettings:
     sampler_options: dict[str, Any] = field(default_factory=dict)
     # Adapter hosts only: the bytes a host's base and slots may hold (host_budget.py).
     adapter_host_memory_bytes: int | None = None
+    # Adapter hosts only: whether slots' generates share decoding passes (slot_batching.py).
+    batch_across_slots: str = "auto"
 
     @classmethod
     def from_backend(cls, settings: BackendSettings) -> WorkerSettings:
@@ -280,4 +282,5 @@ class WorkerSettings:
             tuple(settings.fault_injection),
             dict(settings.sampler_options or {}),
             settings.adapter_host_memory_bytes,
+            settings.batch_across_slots,
         )

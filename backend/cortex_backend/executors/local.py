@@ -276,6 +276,7 @@ class LocalExecutor(Executor):
                         assignment.device.worker_env(),
                         self.worker_settings.threads,
                         self.worker_settings.adapter_host_memory_bytes,
+                        self.worker_settings.batch_across_slots,
                     )
                 )
             )

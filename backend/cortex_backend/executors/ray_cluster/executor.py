@@ -454,7 +454,10 @@ class RayExecutor(Executor):
             hosting.send(
                 messages.encode(
                     messages.HostAdapters(
-                        assignment.device.worker_env(), settings.threads, settings.adapter_host_memory_bytes
+                        assignment.device.worker_env(),
+                        settings.threads,
+                        settings.adapter_host_memory_bytes,
+                        settings.batch_across_slots,
                     )
                 )
             )

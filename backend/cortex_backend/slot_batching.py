@@ -1,0 +1,171 @@
+"""Generates of several adapter-host slots sampled in one pass (`--batch-across-slots`).
+
+A slot with a generate to run offers it while it waits for the host's turn. The slot that next takes the
+turn for a generate of its own takes with it the offers that are compatible (`slot_batch_key`) and fit
+one decoding pass, runs them all in one pass of its engine, each slot's rows through that slot's own
+adapter (engine/grouped_lora.py), and answers each request through its own slot. A slot whose offer was
+taken stops waiting for the turn. So batches form under load by themselves: while one slot computes, the
+others' generates queue up as offers and go together next.
+
+Compatible means what sample_batching.py asks of one sub-job's generates (the same sampling params apart
+from the seed; no stream, no prompt scores, no routes), on the same base, with each slot's current
+weights (no saved `adapter`), a built-in engine running its LoRA unmerged, and plain LoRA on linear layers
+(`grouped_lora.groupable`). Each request keeps its own seed and generator, and its result its own slot's
+weight version. The base projection over more rows rounds like a larger batch: logprobs agree with the
+slot alone to float rounding, not bit for bit, which is why a CPU host does it only when asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cortex_nb.protocol.schemas.sampling import SamplingParams
+
+from . import worker_messages as messages
+from .sample_batching import batch_key
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+    class SlotWorker(Worker):
+        """What this module reads of an adapter host's slot (adapter_host.SlotWorker, which imports this)."""
+
+        slot: str
+        groupable: bool
+        host: Any
+
+
+@dataclass(eq=False)
+class Offer:
+    """A slot's generate, waiting for the turn, that another slot may take into its pass."""
+
+    worker: SlotWorker
+    request: messages.Request
+    key: str
+    taken: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def slot_batch_key(worker: SlotWorker, request: messages.Request) -> str | None:
+    """What two slots' generates must share to run in one pass; None for one that runs alone."""
+    key = batch_key(request)
+    engine = worker.sampler
+    if key is None or (request.params or {}).get("adapter") is not None or engine is None:
+        return None
+    if not engine.batches_requests or getattr(engine, "merged", None) is not None:
+        return None
+    if not worker.groupable:
+        return None
+    return json.dumps({"base": worker.state.info.name, "request": key})
+
+
+class SlotBatches:
+    """The offers of one host's slots, and who takes them."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._offers: list[Offer] = []
+        self._lock = threading.Lock()
+
+    def offer(self, worker: SlotWorker, request: messages.Request) -> Offer | None:
+        if not self.enabled:
+            return None
+        key = slot_batch_key(worker, request)
+        if key is None:
+            return None
+        offer = Offer(worker, request, key)
+        with self._lock:
+            self._offers.append(offer)
+        return offer
+
+    def withdraw(self, offer: Offer) -> bool:
+        """Take back an offer no one took (its slot got the turn first); False if it was taken."""
+        with self._lock:
+            if offer.taken:
+                return False
+            self._offers.remove(offer)
+            return True
+
+    def take(self, worker: SlotWorker, own: list[messages.Request]) -> list[Offer]:
+        """The other slots' offers to sample with `worker`'s requests `own`, oldest first, while the pass
+        has room."""
+        key = slot_batch_key(worker, own[0]) if self.enabled else None
+        if key is None:
+            return []
+        params = SamplingParams.model_validate(own[0].params["sampling_params"])
+        prompts = [prompt for request in own for prompt in request.params["prompt_tokens"]]
+        taken: list[Offer] = []
+        with self._lock:
+            for offer in list(self._offers):
+                if offer.key != key or offer.request.request_id in offer.worker.cancelled:
+                    continue
+                more = prompts + list(offer.request.params["prompt_tokens"])
+                if len(more) * params.n > worker.sampler.rows_in_one_pass(more, params):
+                    break
+                prompts = more
+                offer.taken = True
+                self._offers.remove(offer)
+                taken.append(offer)
+        return taken
+
+
+def sample_across_slots(driver: SlotWorker, entries: list[tuple[SlotWorker, messages.Request]]) -> None:
+    """Sample every entry's generate in one pass of `driver`'s engine, each through its own slot's adapter,
+    and answer each through its own slot."""
+    import torch
+
+    from .engine.grouped_lora import SlotRows, grouped
+    from .engine.sampling_interface import resolve_seed
+    from .engine.transformers_sampler import _runner
+    from .worker import failure_of
+
+    params = SamplingParams.model_validate(entries[0][1].params["sampling_params"])
+    started = time.time()
+    for worker, request in entries:
+        worker.send_message(messages.Started(request.request_id, started))
+    slots = sorted({worker.slot for worker, _ in entries})
+    driver.host.log_for(
+        slots,
+        f"[engine] generate: {len(entries)} requests of {len(slots)} slots sampled in one pass",
+    )
+
+    def all_cancelled() -> bool:
+        return all(request.request_id in worker.cancelled for worker, request in entries)
+
+    try:
+        prompt_lists = [request.params["prompt_tokens"] for _, request in entries]
+        seeds = [
+            resolve_seed(SamplingParams.model_validate(request.params["sampling_params"]))
+            for _, request in entries
+        ]
+        groups = [
+            SlotRows(_runner(worker.state.model), len(prompts), len(prompts) * params.n)
+            for (worker, _), prompts in zip(entries, prompt_lists, strict=True)
+        ]
+        clock = time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            for worker in {id(worker): worker for worker, _ in entries}.values():
+                stack.enter_context(worker.state.inference())
+            stack.enter_context(torch.inference_mode())
+            stack.enter_context(grouped(_runner(driver.state.model), groups))
+            per_request = driver.sampler.sample_requests(prompt_lists, seeds, params, all_cancelled)
+        elapsed = time.perf_counter() - clock
+        for (worker, request), samples, seed in zip(entries, per_request, seeds, strict=True):
+            if request.request_id in worker.cancelled:
+                worker.send_message(
+                    messages.failed(request.request_id, "cancelled", "the request was cancelled")
+                )
+            else:
+                result = worker.sampler.result_of(samples, seed, elapsed)
+                worker.send_message(messages.succeeded(request.request_id, result))
+    except Exception as exc:  # report, never die: one bad pass must not end the slots
+        for worker, request in entries:
+            worker.send_message(failure_of(request.request_id, "generate", exc))
+    finally:
+        for worker, request in entries:
+            worker.cancelled.discard(request.request_id)

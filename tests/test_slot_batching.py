@@ -1,0 +1,147 @@
+"""An adapter host with `--batch-across-slots on`: generates of several slots that wait for the host's turn
+together go in one decoding pass, each through its own slot's adapter, and each request still gets what it
+gets alone (tokens, seed, its own slot's weight version; logprobs to float rounding). A request cancelled
+while it waits ends cancelled and its neighbours finish. With `auto` a CPU host never does it, so its slots
+stay bitwise those of the jobs alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cortex_nb import Client
+
+from .backend_process import start_backend
+from .reference import random_batch
+from .test_sample_batching import BLOCKER, _prompts, _ran_together
+
+# (rank, alpha, targets, learning rate, steps): slots that differ in every LoRA setting and weight version.
+SLOTS = [
+    (4, 8, "all-linear", 5e-2, 1),
+    (8, 16, ["q_proj", "v_proj"], 2e-2, 2),
+    (2, 4, ["o_proj", "down_proj"], 8e-2, 3),
+    (16, 8, "all-linear", 3e-2, 1),
+]
+GREEDY = {"max_tokens": 20, "temperature": 0.0, "logprobs": True, "ignore_eos": True}
+
+
+def trained_jobs(client: Client) -> list:
+    jobs = []
+    for index, (r, alpha, targets, lr, steps) in enumerate(SLOTS):
+        job = client.create_training_job(
+            "tiny", lora={"r": r, "alpha": alpha, "target_modules": targets}, optimizer={"lr": lr}, seed=index
+        )
+        rng = np.random.default_rng(index)
+        for _ in range(steps):
+            job.forward_backward(random_batch(rng, 259, batch=2, length=12)).result()
+            job.step().result()
+        jobs.append(job)
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def slot_jobs(tmp_path_factory):
+    backend = start_backend(
+        tmp_path_factory.mktemp("slot-batching"),
+        "--adapter-host",
+        "--batch-across-slots",
+        "on",
+        "--devices",
+        "cpu:4",
+        "--worker-threads",
+        "1",
+    )
+    try:
+        with Client(backend.url, backend.token) as client:
+            jobs = trained_jobs(client)
+            yield client, jobs
+            for job in jobs:
+                job.cancel()
+    finally:
+        backend.stop()
+
+
+def behind_a_blocker(blocked_on, jobs, prompt_lists, params_list):
+    """A busy generate on `blocked_on` holds the host's turn while `jobs`' generates wait for it."""
+    blocker = blocked_on.generate([[7, 8, 9]], **BLOCKER)
+    futures = [
+        job.generate(prompts, **params)
+        for job, prompts, params in zip(jobs, prompt_lists, params_list, strict=True)
+    ]
+    blocker.result()
+    return futures
+
+
+def request_record(client: Client, job, future) -> dict:
+    return next(
+        r for r in client.list_requests(job.job_id, limit=100) if r["request_id"] == future.request_id
+    )
+
+
+def pass_lines(client: Client, job) -> list[str]:
+    return [line["line"] for line in job.logs()["lines"] if "slots sampled in one pass" in line["line"]]
+
+
+def assert_as_alone(together, alone, weight_version: int) -> None:
+    assert together.tokens == alone.tokens
+    assert together.seed == alone.seed
+    assert together.weight_version == alone.weight_version == weight_version
+    assert together.raw["generated_tokens"] == alone.raw["generated_tokens"]
+    for mine, theirs in zip(together.samples, alone.samples, strict=True):
+        np.testing.assert_allclose(mine["logprobs"], theirs["logprobs"], rtol=0, atol=1e-5)
+
+
+def test_greedy_generates_of_three_slots_share_a_pass_and_equal_each_alone(slot_jobs):
+    client, jobs = slot_jobs
+    waiting = jobs[1:]
+    prompt_lists = [_prompts(2, seed=20 + index) for index in range(len(waiting))]
+    futures = behind_a_blocker(jobs[0], waiting, prompt_lists, [GREEDY] * len(waiting))
+    together = [future.result() for future in futures]
+    records = [request_record(client, job, future) for job, future in zip(waiting, futures, strict=True)]
+    assert _ran_together(records)
+    for job in waiting:
+        assert any("3 requests of 3 slots" in line for line in pass_lines(client, job))
+    for job, slot, prompts, result in zip(waiting, SLOTS[1:], prompt_lists, together, strict=True):
+        assert_as_alone(result, job.generate(prompts, **GREEDY).result(), weight_version=slot[4])
+    # Each slot sampled through its own adapter: the same prompts give other tokens on each.
+    same = [job.generate([[5, 17, 30]], **GREEDY).result().tokens for job in jobs]
+    assert len({str(tokens) for tokens in same}) == len(jobs)
+
+
+def test_seeded_samples_of_slots_in_one_pass_equal_each_alone(slot_jobs):
+    client, jobs = slot_jobs
+    params = {"max_tokens": 16, "temperature": 0.8, "top_k": 40, "n": 2, "logprobs": True}
+    waiting = [jobs[3], jobs[2], jobs[1]]
+    seeds = [7, None, 9]
+    prompt_lists = [_prompts(2, seed=30 + index) for index in range(3)]
+    futures = behind_a_blocker(jobs[0], waiting, prompt_lists, [{**params, "seed": seed} for seed in seeds])
+    together = [future.result() for future in futures]
+    assert _ran_together([request_record(client, job, f) for job, f in zip(waiting, futures, strict=True)])
+    for job, slot, prompts, seed, result in zip(
+        waiting, [SLOTS[3], SLOTS[2], SLOTS[1]], prompt_lists, seeds, together, strict=True
+    ):
+        if seed is not None:
+            assert result.seed == seed
+        alone = job.generate(prompts, **{**params, "seed": result.seed}).result()
+        assert_as_alone(result, alone, weight_version=slot[4])
+
+
+def test_a_request_cancelled_while_it_waits_ends_cancelled_and_its_neighbours_finish(slot_jobs):
+    client, jobs = slot_jobs
+    blocker = jobs[0].generate([[7, 8, 9]], **{**BLOCKER, "max_tokens": 400})
+    futures = [job.generate([[3, 4, 5]], **GREEDY) for job in jobs[1:]]
+    futures[1].cancel()
+    blocker.result()
+    first, third = futures[0].result(), futures[2].result()
+    assert [len(tokens) for tokens in first.tokens + third.tokens] == [20, 20]
+    assert futures[1].status()["status"] == "cancelled"
+    finished = [jobs[1], jobs[3]], [futures[0], futures[2]]
+    assert _ran_together([request_record(client, job, f) for job, f in zip(*finished, strict=True)])
+
+
+def test_auto_batches_across_slots_on_a_gpu_only():
+    import torch
+    from cortex_backend.adapter_host import batches_across_slots
+
+    assert batches_across_slots("on") and not batches_across_slots("off")
+    assert batches_across_slots("auto") is torch.cuda.is_available()
