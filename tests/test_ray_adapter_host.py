@@ -4,7 +4,8 @@ one process locally. Two trainers of different ranks and a sampler share the act
 trainer's numerics are in-process peft's, a weight sync lands in the hosted sampler (whose greedy tokens then equal the trainer's), checkpoints go through
 the actor's staging to the head and back, each slot's log lines reach its own job, and the actor's death
 fails every slot it served (`worker_crashed`) while the next job gets a new actor. The host's memory budget
-holds there too, and a hosted managed run survives a SIGTERM of the backend losing no step.
+holds there too, generates of slots waiting together share a decoding pass (`--batch-across-slots on`),
+and a hosted managed run survives a SIGTERM of the backend losing no step.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def cluster(tmp_path_factory):
         "--adapter-host",
         "--adapter-host-memory",
         str(budget()),
+        "--batch-across-slots",
+        "on",
     )
     try:
         yield cluster
@@ -136,6 +139,24 @@ def test_a_weight_sync_lands_in_the_hosted_sampler(jobs):
     assert synced["targets"][0]["sub_job_id"] == "sampling-0"
     after = job.generate(["the sampler"], sub_job="sampling-0", max_tokens=16, temperature=0.0).result()
     assert after.tokens == trained.tokens and after.weight_version == trained.weight_version
+
+
+def test_generates_of_slots_waiting_on_the_actor_share_a_pass_and_equal_each_alone(ray_client, jobs):
+    """While the narrow trainer's slot samples, the wide job's trainer and sampler slots wait with a generate
+    each: the next pass takes both (`--batch-across-slots on`), each through its own adapter."""
+    narrow, wide = jobs["narrow"][0], jobs["wide"][0]
+    params = {"max_tokens": 12, "temperature": 0.0, "ignore_eos": True, "logprobs": True}
+    blocker = narrow.generate([[7, 8, 9]], max_tokens=200, temperature=0.0, ignore_eos=True)
+    futures = [wide.generate([[5, 6, 7], [9]], sub_job=sub, **params) for sub in ("training-0", "sampling-0")]
+    blocker.result()
+    together = [future.result() for future in futures]
+    lines = [line["line"] for line in ray_client.tail_logs(wide.job_id)["lines"]]
+    assert any("2 requests of 2 slots sampled in one pass" in line for line in lines), lines[-5:]
+    for sub, result in zip(("training-0", "sampling-0"), together, strict=True):
+        alone = wide.generate([[5, 6, 7], [9]], sub_job=sub, **params).result()
+        assert result.tokens == alone.tokens and result.weight_version == alone.weight_version
+        for mine, theirs in zip(result.samples, alone.samples, strict=True):
+            np.testing.assert_allclose(mine["logprobs"], theirs["logprobs"], rtol=0, atol=TOLERANCE)
 
 
 def test_a_checkpoint_saved_in_one_slot_loads_in_another_job_on_the_host(cluster, ray_client, jobs):
