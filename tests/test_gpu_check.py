@@ -86,6 +86,11 @@ def _assert_product_stages(stages: dict, with_vllm: bool, table: str) -> None:
         shared["slots"]["8"]["memory_ratio_vs_1"] > 0 and shared["slots"]["8"]["tokens_per_s_ratio_vs_1"] > 0
     )
     assert shared["slots_per_device_estimate"] >= 1
+    # All slots sampling at once: the host batched waiting slots' generates into shared passes.
+    sampling = shared["sampling"]
+    assert sampling["tokens_per_s"]["1"] > 0 and sampling["tokens_per_s_ratio_vs_1"] > 0
+    assert sampling["passes_of_several_slots"] >= 1
+    assert "8 slots sampling at once" in table
 
     quantized = stages["quantized_base"]
     assert quantized["nf4"]["quantization"] == "nf4" and quantized["full_precision"]["quantization"] is None

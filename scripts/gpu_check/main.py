@@ -15,7 +15,8 @@ Then the product stages, on the largest shape, each through a backend of its own
 serve`, driven with the cortex_nb client), each recorded under `stages` in the JSON and as rows:
 - shared base (`shared_base.py`): 1, 2, 4, 8 rank-16 training jobs as slots of one adapter host
   (`--adapter-host`): the host's memory and aggregate training tokens/s at N over N=1, the bytes the host
-  reports per slot and for its base, and how many slots would fit this device;
+  reports per slot and for its base, how many slots would fit this device, and the aggregate sampling
+  tokens/s of all slots generating at once (batched across slots) over one;
 - quantized base (`quantized_base.py`): the model `--quantize nf4` against itself in full precision: worker
   memory, base bytes and LoRA tokens/s ratios, a check that the loss falls, and an 8B-class base in NF4
   extrapolated as 8e9 x the base bytes per parameter measured (no 8B model is downloaded: no network);

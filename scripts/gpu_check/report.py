@@ -126,6 +126,18 @@ def stage_rows(key: str, stage: dict[str, Any]) -> list[tuple[str, str, str, str
                 "estimate",
             )
         )
+        sampling = stage["sampling"]
+        most = max(sampling["tokens_per_s"], key=int)
+        rows.append(
+            (
+                name,
+                f"shared base, {most} slots sampling at once",
+                f"aggregate tok/s {sampling['tokens_per_s_ratio_vs_1']:.2f}x 1 slot"
+                f" ({_number(sampling['tokens_per_s'][most], 0)} tok/s; {sampling['passes_of_several_slots']}"
+                " passes of several slots)",
+                "",
+            )
+        )
     elif key == "quantized_base":
         rows.append(
             (

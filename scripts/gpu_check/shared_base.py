@@ -4,7 +4,9 @@ For N = 1, 2, 4, 8 jobs (LoRA rank 16) on one base: the host's memory (device me
 GPU; on a CPU the PSS of the backend's process tree, which is the backend and the host), the bytes the host
 itself reports (`GET /v1/capacity`: `executor.adapter_hosts[].base_bytes` and `slots_bytes`), and the
 aggregate training tokens/s of the N slots stepping at once (a thread per job, each doing forward_backward
-then step) over one slot alone. "Slots that fit on this device" = (free memory with the base and one slot
+then step) over one slot alone; and, with every slot loaded, the aggregate sampling tokens/s of all slots
+generating at once (a thread per job, greedy, up to `SAMPLE_TOKENS` tokens per row) over one slot alone, the host
+batching the waiting slots' generates into shared decoding passes (`--batch-across-slots on`). "Slots that fit on this device" = (free memory with the base and one slot
 loaded, plus that slot) / (bytes per slot), the bytes per slot being the larger of the host's growth per
 slot measured here and the bytes a slot reports (adapter, gradients, two AdamW moments).
 """
@@ -22,6 +24,8 @@ from .checks import random_batch
 from .hardware import device_used_bytes, free_bytes, process_memory
 
 SLOT_COUNTS = (1, 2, 4, 8)
+SAMPLE_TOKENS = 32
+SAMPLE_ROUNDS = 3
 LORA = {"r": 16, "alpha": 32}
 
 
@@ -39,6 +43,24 @@ def _train(jobs: list, batches: list[dict], rounds: int) -> float:
     return time.perf_counter() - started
 
 
+def _sample(jobs: list, prompts: list[list[int]], tokens: int) -> float:
+    """Aggregate generated tokens/s of every job sending `SAMPLE_ROUNDS` greedy generates at once."""
+
+    def run(index: int) -> int:
+        return sum(
+            jobs[index]
+            .generate(prompts, max_tokens=tokens, temperature=0.0, ignore_eos=True)
+            .result()
+            .raw["generated_tokens"]
+            for _ in range(SAMPLE_ROUNDS)
+        )
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        generated = sum(pool.map(run, range(len(jobs))))
+    return generated / (time.perf_counter() - started)
+
+
 def measure(
     data_dir: Path,
     model_dir: Path,
@@ -54,7 +76,13 @@ def measure(
     rng = np.random.default_rng(0)
     batches = [random_batch(rng, vocab, rows, length) for _ in range(max(SLOT_COUNTS))]
     used_before = device_used_bytes(device)
-    options = ["--adapter-host", "--adapter-slots-per-device", str(max(SLOT_COUNTS))]
+    options = [
+        "--adapter-host",
+        "--adapter-slots-per-device",
+        str(max(SLOT_COUNTS)),
+        "--batch-across-slots",
+        "on",
+    ]
     if device == "cpu":
         options += ["--worker-threads", "1"]
     by_count: dict[str, dict[str, Any]] = {}
@@ -86,6 +114,17 @@ def measure(
                     "free_bytes": free,
                     "tokens_per_s": count * rounds * rows * length / seconds,
                 }
+            # Within the jobs' max_seq_len (the training length): a quarter prompt, the rest sampled.
+            prompts = [row[: max(1, length // 4)].tolist() for row in batches[0]["input_ids"]]
+            tokens = min(SAMPLE_TOKENS, length - len(prompts[0]))
+            _sample(jobs[:1], prompts, tokens)  # warm up
+            sampling = {
+                "1": _sample(jobs[:1], prompts, tokens),
+                str(len(jobs)): _sample(jobs, prompts, tokens),
+            }
+            passes = sum(
+                "slots sampled in one pass" in line["line"] for line in jobs[-1].logs(limit=5000)["lines"]
+            )
         finally:
             for job in jobs:
                 job.cancel()
@@ -105,4 +144,11 @@ def measure(
         "reported_slot_bytes": one["slot_bytes"],
         "free_after_base_bytes": free_after_base,
         "slots_per_device_estimate": int(free_after_base // per_slot) if per_slot > 0 else None,
+        "sampling": {
+            "tokens_per_row": tokens,
+            "prompts": len(prompts),
+            "tokens_per_s": sampling,
+            "tokens_per_s_ratio_vs_1": sampling[str(len(jobs))] / sampling["1"],
+            "passes_of_several_slots": passes,
+        },
     }
