@@ -4,7 +4,7 @@ one process locally. Two trainers of different ranks and a sampler share the act
 trainer's numerics are in-process peft's, a weight sync lands in the hosted sampler (whose greedy tokens then equal the trainer's), checkpoints go through
 the actor's staging to the head and back, each slot's log lines reach its own job, and the actor's death
 fails every slot it served (`worker_crashed`) while the next job gets a new actor. The host's memory budget
-holds there too, generates of slots waiting together share a decoding pass (`--batch-across-slots on`),
+holds there too, generates of slots waiting together share a decoding pass (`--batch-across-slots generate`),
 and a hosted managed run survives a SIGTERM of the backend losing no step.
 """
 
@@ -55,7 +55,7 @@ def cluster(tmp_path_factory):
         "--adapter-host-memory",
         str(budget()),
         "--batch-across-slots",
-        "on",
+        "generate",
     )
     try:
         yield cluster
@@ -143,15 +143,19 @@ def test_a_weight_sync_lands_in_the_hosted_sampler(jobs):
 
 def test_generates_of_slots_waiting_on_the_actor_share_a_pass_and_equal_each_alone(ray_client, jobs):
     """While the narrow trainer's slot samples, the wide job's trainer and sampler slots wait with a generate
-    each: the next pass takes both (`--batch-across-slots on`), each through its own adapter."""
+    each: the next pass takes both (`--batch-across-slots generate`), each through its own adapter."""
     narrow, wide = jobs["narrow"][0], jobs["wide"][0]
     params = {"max_tokens": 12, "temperature": 0.0, "ignore_eos": True, "logprobs": True}
-    blocker = narrow.generate([[7, 8, 9]], max_tokens=200, temperature=0.0, ignore_eos=True)
+    blocker = narrow.generate([[7, 8, 9]], max_tokens=400, temperature=0.0, ignore_eos=True)
     futures = [wide.generate([[5, 6, 7], [9]], sub_job=sub, **params) for sub in ("training-0", "sampling-0")]
     blocker.result()
     together = [future.result() for future in futures]
-    lines = [line["line"] for line in ray_client.tail_logs(wide.job_id)["lines"]]
-    assert any("2 requests of 2 slots sampled in one pass" in line for line in lines), lines[-5:]
+
+    def passed_together() -> bool:  # the actor's log lines reach the head a moment later
+        lines = [line["line"] for line in ray_client.tail_logs(wide.job_id)["lines"]]
+        return any("2 requests of 2 slots sampled in one pass" in line for line in lines)
+
+    wait_until(passed_together, 30)
     for sub, result in zip(("training-0", "sampling-0"), together, strict=True):
         alone = wide.generate([[5, 6, 7], [9]], sub_job=sub, **params).result()
         assert result.tokens == alone.tokens and result.weight_version == alone.weight_version

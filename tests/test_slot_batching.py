@@ -1,8 +1,9 @@
-"""An adapter host with `--batch-across-slots on`: generates of several slots that wait for the host's turn
-together go in one decoding pass, each through its own slot's adapter, and each request still gets what it
-gets alone (tokens, seed, its own slot's weight version; logprobs to float rounding). A request cancelled
+"""An adapter host with `--batch-across-slots all`: generates (and forward_backwards) of several slots that
+wait for the host's turn together go in one pass, each through its own slot's adapter, and each request
+still gets what it gets alone (tokens, seed, its own slot's weight version; logprobs, losses and trained
+adapters to float rounding). A request cancelled
 while it waits ends cancelled and its neighbours finish. With `auto` a CPU host never does it, so its slots
-stay bitwise those of the jobs alone."""
+stay bitwise those of the jobs alone, and a GPU host batches generates only."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ SLOTS = [
     (2, 4, ["o_proj", "down_proj"], 8e-2, 3),
     (16, 8, "all-linear", 3e-2, 1),
 ]
+# Long enough that the requests under test reach the host while it runs, even on a loaded machine.
+LONG_BLOCKER = {**BLOCKER, "max_tokens": 400}
 GREEDY = {"max_tokens": 20, "temperature": 0.0, "logprobs": True, "ignore_eos": True}
 
 
@@ -45,7 +48,7 @@ def slot_jobs(tmp_path_factory):
         tmp_path_factory.mktemp("slot-batching"),
         "--adapter-host",
         "--batch-across-slots",
-        "on",
+        "all",
         "--devices",
         "cpu:4",
         "--worker-threads",
@@ -63,7 +66,7 @@ def slot_jobs(tmp_path_factory):
 
 def behind_a_blocker(blocked_on, jobs, prompt_lists, params_list):
     """A busy generate on `blocked_on` holds the host's turn while `jobs`' generates wait for it."""
-    blocker = blocked_on.generate([[7, 8, 9]], **BLOCKER)
+    blocker = blocked_on.generate([[7, 8, 9]], **LONG_BLOCKER)
     futures = [
         job.generate(prompts, **params)
         for job, prompts, params in zip(jobs, prompt_lists, params_list, strict=True)
@@ -128,7 +131,7 @@ def test_seeded_samples_of_slots_in_one_pass_equal_each_alone(slot_jobs):
 
 def test_a_request_cancelled_while_it_waits_ends_cancelled_and_its_neighbours_finish(slot_jobs):
     client, jobs = slot_jobs
-    blocker = jobs[0].generate([[7, 8, 9]], **{**BLOCKER, "max_tokens": 400})
+    blocker = jobs[0].generate([[7, 8, 9]], **LONG_BLOCKER)
     futures = [job.generate([[3, 4, 5]], **GREEDY) for job in jobs[1:]]
     futures[1].cancel()
     blocker.result()
@@ -139,9 +142,61 @@ def test_a_request_cancelled_while_it_waits_ends_cancelled_and_its_neighbours_fi
     assert _ran_together([request_record(client, job, f) for job, f in zip(*finished, strict=True)])
 
 
-def test_auto_batches_across_slots_on_a_gpu_only():
-    import torch
-    from cortex_backend.adapter_host import batches_across_slots
+def test_forward_backwards_of_three_slots_share_a_pass_and_train_as_each_alone(slot_jobs):
+    """Three fresh jobs train in one pass while another slot holds the turn; their twins (same specs and
+    seeds, on the same host) train one request at a time: the same losses, logprobs and, after a step,
+    the same adapters (read back through a forward), to float rounding."""
+    client, jobs = slot_jobs
 
-    assert batches_across_slots("on") and not batches_across_slots("off")
-    assert batches_across_slots("auto") is torch.cuda.is_available()
+    def fresh() -> list:
+        return [
+            client.create_training_job(
+                "tiny",
+                lora={"r": r, "alpha": alpha, "target_modules": targets},
+                optimizer={"lr": lr},
+                seed=50 + i,
+            )
+            for i, (r, alpha, targets, lr, _) in enumerate(SLOTS[1:])
+        ]
+
+    together, alone = fresh(), fresh()
+    try:
+        rng = np.random.default_rng(8)
+        batches = [random_batch(rng, 259, batch=1 + index, length=12) for index in range(3)]
+        blocker = jobs[0].generate([[7, 8, 9]], **LONG_BLOCKER)
+        futures = [job.forward_backward(batch) for job, batch in zip(together, batches, strict=True)]
+        blocker.result()
+        results = [future.result() for future in futures]
+        records = [request_record(client, job, f) for job, f in zip(together, futures, strict=True)]
+        assert _ran_together(records)
+        for job in together:
+            lines = [line["line"] for line in job.logs()["lines"]]
+            assert any("forward_backward: 3 requests of 3 slots in one pass" in line for line in lines)
+            assert any("forward_backward=1 summed_loss=" in line for line in lines)
+        probe = random_batch(np.random.default_rng(9), 259, batch=2, length=12)
+        for job, twin, batch, result in zip(together, alone, batches, results, strict=True):
+            expected = twin.forward_backward(batch).result()
+            np.testing.assert_allclose(result["loss"], expected["loss"], rtol=1e-5)
+            np.testing.assert_allclose(
+                result["tensors"]["logprobs"], expected["tensors"]["logprobs"], rtol=1e-5, atol=1e-6
+            )
+            job.step().result()
+            twin.step().result()
+            np.testing.assert_allclose(
+                job.forward(probe).result()["tensors"]["logprobs"],
+                twin.forward(probe).result()["tensors"]["logprobs"],
+                rtol=1e-5,
+                atol=1e-5,
+            )
+    finally:
+        for job in together + alone:
+            job.cancel()
+
+
+def test_auto_batches_generates_across_slots_on_a_gpu_only():
+    import torch
+    from cortex_backend.adapter_host import batched_operations
+
+    assert batched_operations("all") == {"generate", "forward_backward"}
+    assert batched_operations("generate") == {"generate"} and batched_operations("off") == set()
+    assert batched_operations("auto") == ({"generate"} if torch.cuda.is_available() else set())

@@ -42,7 +42,7 @@ from .host_budget import Refusal, admit_slot, check_slot
 from .ipc import ChannelClosed
 from .models import ModelInfo
 from .operations import waits_on_peers
-from .slot_batching import SlotBatches, sample_across_slots
+from .slot_batching import SlotBatches, sample_across_slots, train_across_slots
 from .slot_logs import tag_line
 from .worker import Channel, Worker
 
@@ -213,16 +213,31 @@ class SlotWorker(Worker):
         elif self.holding_turn:  # served between a managed loop's steps, in the loop's turn
             super()._serve_one(request, blob)
         else:
-            offer = self.host.batches.offer(self, request)
+            offer = self.host.batches.offer(self, request, blob)
             if offer is None:
                 with self.turn():
-                    super()._serve_one(request, blob)
+                    self._serve_in_turn(request, blob)
             elif not self.host.turns.acquire(self, until=lambda: offer.taken):
                 offer.done.wait()  # another slot took it into its pass and answered it
             else:
                 with self._holding():
                     if self.host.batches.withdraw(offer):
-                        super()._serve_one(request, blob)
+                        self._serve_in_turn(request, blob)
+
+    def _serve_in_turn(self, request: messages.Request, blob: bytes) -> None:
+        """A request served holding the turn: a forward_backward with those other slots offered meanwhile
+        in one pass (slot_batching.py), anything else as the worker serves it."""
+        if request.op == "forward_backward":
+            offers = self.host.batches.take(self, [request], blob)
+            if offers:
+                try:
+                    entries = [(self, request, blob)] + [(o.worker, o.request, o.blob) for o in offers]
+                    train_across_slots(self, entries)
+                finally:
+                    for offer in offers:
+                        offer.done.set()
+                return
+        super()._serve_one(request, blob)
 
     def _generates_together(self, requests: list[messages.Request]) -> bool:
         """This slot's generates, and those other slots offered meanwhile, in one pass (slot_batching.py)."""
@@ -299,13 +314,16 @@ class SlotTaggedStream:
 
 class AdapterHost:
     def __init__(
-        self, channel: Channel, memory_budget_bytes: int | None = None, batch_across_slots: bool = False
+        self,
+        channel: Channel,
+        memory_budget_bytes: int | None = None,
+        batched_ops: frozenset[str] = frozenset(),
     ) -> None:
         self.channel = channel
         self.memory_budget_bytes = memory_budget_bytes
         self.bases = BaseModels()
         self.turns = Turns()
-        self.batches = SlotBatches(batch_across_slots)
+        self.batches = SlotBatches(batched_ops)
         self.slots: dict[str, SlotWorker] = {}
         self._slots_lock = threading.Lock()
         self._local = threading.local()
@@ -313,15 +331,21 @@ class AdapterHost:
     def current_slot(self) -> str | None:
         return getattr(self._local, "slot", None)
 
-    def log_for(self, slots: list[str], line: str) -> None:
-        """Print `line` into each of `slots`' logs (from whichever slot's thread)."""
+    @contextlib.contextmanager
+    def speaking_as(self, slot: str) -> Iterator[None]:
+        """What this thread prints meanwhile goes to `slot`'s log (a pass answering several slots)."""
         own = self.current_slot()
+        self._local.slot = slot
         try:
-            for slot in slots:
-                self._local.slot = slot
-                print(line, flush=True)
+            yield
         finally:
             self._local.slot = own
+
+    def log_for(self, slots: list[str], line: str) -> None:
+        """Print `line` into each of `slots`' logs."""
+        for slot in slots:
+            with self.speaking_as(slot):
+                print(line, flush=True)
 
     def serve(self) -> None:
         """Read messages and route them to their slots until the service closes the channel or says stop."""
@@ -478,12 +502,15 @@ def one_malloc_arena() -> None:
         return
 
 
-def batches_across_slots(setting: str) -> bool:
-    """`--batch-across-slots`: on, off, or auto (on where a larger batch is nearly free: a GPU; a CPU host
-    keeps each slot's samples bitwise those of the slot alone)."""
+def batched_operations(setting: str) -> frozenset[str]:
+    """`--batch-across-slots`: which operations of several slots may share a pass (slot_batching.py).
+    `generate`: generates; `all`: forward_backwards too; `off`: none; `auto`: generates on a GPU (where a
+    larger batch is nearly free), none on a CPU (which keeps each slot bitwise the job alone)."""
     import torch
 
-    return setting == "on" or (setting == "auto" and torch.cuda.is_available())
+    if setting == "auto":
+        setting = "generate" if torch.cuda.is_available() else "off"
+    return frozenset({"off": (), "generate": ("generate",), "all": ("generate", "forward_backward")}[setting])
 
 
 def serve_adapter_host(channel: Channel, message: messages.HostAdapters) -> None:
@@ -494,7 +521,7 @@ def serve_adapter_host(channel: Channel, message: messages.HostAdapters) -> None
 
     if message.threads:
         torch.set_num_threads(int(message.threads))
-    host = AdapterHost(channel, message.memory_budget_bytes, batches_across_slots(message.batch_across_slots))
+    host = AdapterHost(channel, message.memory_budget_bytes, batched_operations(message.batch_across_slots))
     sys.stdout = SlotTaggedStream(sys.stdout, host)
     sys.stderr = SlotTaggedStream(sys.stderr, host)
     host.serve()

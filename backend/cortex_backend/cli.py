@@ -283,11 +283,12 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--batch-across-slots",
-        choices=("auto", "on", "off"),
+        choices=("auto", "off", "generate", "all"),
         default="auto",
-        help="with adapter hosts: generates of several slots of one host sampled in one decoding pass, each"
-        " row through its own slot's adapter; 'auto' (the default) on GPUs only, since a CPU then keeps each"
-        " slot's logprobs bitwise those of the slot alone (batched, they agree to float rounding)",
+        help="with adapter hosts: requests of several slots of one host computed in one pass, each row"
+        " through its own slot's adapter: 'generate' (generates), 'all' (forward_backward too), 'off', or"
+        " 'auto' (the default: generates on GPUs, nothing on CPUs, which keep each slot's numerics bitwise"
+        " those of the job alone; batched, they agree to float rounding)",
     )
     serve.add_argument(
         "--sampler",

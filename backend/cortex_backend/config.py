@@ -47,9 +47,9 @@ class BackendSettings:
     # never fit is refused (host_budget.py, room_waits.py).
     # None: on a GPU the device's free memory bounds it, on a CPU nothing does.
     adapter_host_memory_bytes: int | None = None
-    # Generates of several slots of one adapter host sampled in one decoding pass, each row through its own
-    # slot's adapter (slot_batching.py): "on", "off", or "auto" (on a GPU; a CPU keeps each slot's samples
-    # bitwise those of the slot alone, where batching would round logprobs differently).
+    # Requests of several slots of one adapter host computed in one pass, each row through its own slot's
+    # adapter (slot_batching.py): "generate", "all" (forward_backward too), "off", or "auto" (generates on a
+    # GPU; a CPU keeps each slot bitwise the job alone, where batching rounds differently).
     batch_across_slots: str = "auto"
     # Torch threads per CPU worker; None lets torch choose.
     worker_threads: int | None = None

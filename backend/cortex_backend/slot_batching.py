@@ -1,18 +1,22 @@
-"""Generates of several adapter-host slots sampled in one pass (`--batch-across-slots`).
+"""Requests of several adapter-host slots computed in one pass (`--batch-across-slots`).
 
-A slot with a generate to run offers it while it waits for the host's turn. The slot that next takes the
-turn for a generate of its own takes with it the offers that are compatible (`slot_batch_key`) and fit
-one decoding pass, runs them all in one pass of its engine, each slot's rows through that slot's own
+A slot with a generate or a forward_backward to run offers it while it waits for the host's turn. The slot
+that next takes the turn for a request of the same kind takes with it the offers that are compatible
+(`slot_batch_key`) and fit one pass, runs them all in one pass, each slot's rows through that slot's own
 adapter (engine/grouped_lora.py), and answers each request through its own slot. A slot whose offer was
 taken stops waiting for the turn. So batches form under load by themselves: while one slot computes, the
-others' generates queue up as offers and go together next.
+others' requests queue up as offers and go together next.
 
-Compatible means what sample_batching.py asks of one sub-job's generates (the same sampling params apart
-from the seed; no stream, no prompt scores, no routes), on the same base, with each slot's current
+Generates are compatible as sample_batching.py asks of one sub-job's generates (the same sampling params
+apart from the seed; no stream, no prompt scores, no routes), on the same base, with each slot's current
 weights (no saved `adapter`), a built-in engine running its LoRA unmerged, and plain LoRA on linear layers
 (`grouped_lora.groupable`). Each request keeps its own seed and generator, and its result its own slot's
-weight version. The base projection over more rows rounds like a larger batch: logprobs agree with the
-slot alone to float rounding, not bit for bit, which is why a CPU host does it only when asked.
+weight version. forward_backwards are compatible when their batches have the same sequence length and
+their slots draw nothing at random in the forward (engine/grouped_training.py); each slot computes its own
+loss, with its own loss function, from its rows' logits, and gets its own gradients.
+
+The base projection over more rows rounds like a larger batch: losses, gradients and logprobs agree with
+the slot alone to float rounding, not bit for bit, which is why a CPU host does this only when asked.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cortex_nb.protocol import wire
 from cortex_nb.protocol.schemas.sampling import SamplingParams
 
 from . import worker_messages as messages
@@ -42,43 +47,73 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False)
 class Offer:
-    """A slot's generate, waiting for the turn, that another slot may take into its pass."""
+    """A slot's request, waiting for the turn, that another slot may take into its pass."""
 
     worker: SlotWorker
     request: messages.Request
+    blob: bytes
     key: str
     taken: bool = False
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def slot_batch_key(worker: SlotWorker, request: messages.Request) -> str | None:
-    """What two slots' generates must share to run in one pass; None for one that runs alone."""
+def slot_batch_key(worker: SlotWorker, request: messages.Request, blob: bytes = b"") -> str | None:
+    """What two slots' requests must share to run in one pass; None for one that runs alone."""
+    if request.request_id in worker.cancelled or not worker.groupable:
+        return None
+    if request.op == "generate":
+        key = _generate_key(worker, request)
+    elif request.op == "forward_backward":
+        key = _training_key(worker, request, blob)
+    else:
+        return None
+    return None if key is None else json.dumps({"base": worker.state.info.name, "op": request.op, **key})
+
+
+def _generate_key(worker: SlotWorker, request: messages.Request) -> dict[str, Any] | None:
     key = batch_key(request)
     engine = worker.sampler
     if key is None or (request.params or {}).get("adapter") is not None or engine is None:
         return None
     if not engine.batches_requests or getattr(engine, "merged", None) is not None:
         return None
-    if not worker.groupable:
+    return {"request": key}
+
+
+def _training_key(worker: SlotWorker, request: messages.Request, blob: bytes) -> dict[str, Any] | None:
+    from .engine.grouped_training import trains_together
+    from .engine.router_replay import REPLAY_TENSOR
+
+    if worker.trainer is None or worker.faults.active("fail_forward_backward"):
         return None
-    return json.dumps({"base": worker.state.info.name, "request": key})
+    if (request.params or {}).get("record_routes") or not trains_together(worker.trainer):
+        return None
+    tensors, _ = wire.decode_frame(blob, copy=False)
+    if REPLAY_TENSOR in tensors or tensors["input_ids"].ndim != 2:
+        return None
+    return {"length": int(tensors["input_ids"].shape[1]), "mask": "attention_mask" in tensors}
+
+
+def _tokens(blob: bytes) -> int:
+    tensors, _ = wire.decode_frame(blob, copy=False)
+    return int(tensors["input_ids"].size)
 
 
 class SlotBatches:
     """The offers of one host's slots, and who takes them."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+    def __init__(self, operations: frozenset[str]) -> None:
+        self.operations = operations  # those that may share a pass (adapter_host.batched_operations)
         self._offers: list[Offer] = []
         self._lock = threading.Lock()
 
-    def offer(self, worker: SlotWorker, request: messages.Request) -> Offer | None:
-        if not self.enabled:
+    def offer(self, worker: SlotWorker, request: messages.Request, blob: bytes) -> Offer | None:
+        if request.op not in self.operations:
             return None
-        key = slot_batch_key(worker, request)
+        key = slot_batch_key(worker, request, blob)
         if key is None:
             return None
-        offer = Offer(worker, request, key)
+        offer = Offer(worker, request, blob, key)
         with self._lock:
             self._offers.append(offer)
         return offer
@@ -91,23 +126,43 @@ class SlotBatches:
             self._offers.remove(offer)
             return True
 
-    def take(self, worker: SlotWorker, own: list[messages.Request]) -> list[Offer]:
-        """The other slots' offers to sample with `worker`'s requests `own`, oldest first, while the pass
-        has room."""
-        key = slot_batch_key(worker, own[0]) if self.enabled else None
+    def take(self, worker: SlotWorker, own: list[messages.Request], blob: bytes = b"") -> list[Offer]:
+        """The other slots' offers to run with `worker`'s requests `own` (generates, or one forward_backward
+        and its `blob`), oldest first, while the pass has room."""
+        key = slot_batch_key(worker, own[0], blob) if own[0].op in self.operations else None
         if key is None:
             return []
-        params = SamplingParams.model_validate(own[0].params["sampling_params"])
-        prompts = [prompt for request in own for prompt in request.params["prompt_tokens"]]
+        if own[0].op == "generate":
+            params = SamplingParams.model_validate(own[0].params["sampling_params"])
+            prompts = [prompt for request in own for prompt in request.params["prompt_tokens"]]
+
+            def fits(offer: Offer) -> bool:
+                nonlocal prompts
+                more = prompts + list(offer.request.params["prompt_tokens"])
+                if len(more) * params.n > worker.sampler.rows_in_one_pass(more, params):
+                    return False
+                prompts = more
+                return True
+        else:
+            from .engine.grouped_training import TOKENS_PER_PASS
+
+            tokens = _tokens(blob)
+
+            def fits(offer: Offer) -> bool:
+                nonlocal tokens
+                more = tokens + _tokens(offer.blob)
+                if more > TOKENS_PER_PASS:
+                    return False
+                tokens = more
+                return True
+
         taken: list[Offer] = []
         with self._lock:
             for offer in list(self._offers):
                 if offer.key != key or offer.request.request_id in offer.worker.cancelled:
                     continue
-                more = prompts + list(offer.request.params["prompt_tokens"])
-                if len(more) * params.n > worker.sampler.rows_in_one_pass(more, params):
+                if not fits(offer):
                     break
-                prompts = more
                 offer.taken = True
                 self._offers.remove(offer)
                 taken.append(offer)
@@ -168,4 +223,44 @@ def sample_across_slots(driver: SlotWorker, entries: list[tuple[SlotWorker, mess
             worker.send_message(failure_of(request.request_id, "generate", exc))
     finally:
         for worker, request in entries:
+            worker.cancelled.discard(request.request_id)
+
+
+def train_across_slots(driver: SlotWorker, entries: list[tuple[SlotWorker, messages.Request, bytes]]) -> None:
+    """Every entry's forward_backward in one pass (engine/grouped_training.py), each answered through its
+    own slot with its own result, or its own failure."""
+    from .engine.grouped_training import forward_backward_together
+    from .worker import failure_of
+
+    started = time.time()
+    for worker, request, _ in entries:
+        worker.send_message(messages.Started(request.request_id, started))
+    slots = sorted({worker.slot for worker, _, _ in entries})
+    driver.host.log_for(
+        slots, f"[engine] forward_backward: {len(entries)} requests of {len(slots)} slots in one pass"
+    )
+    try:
+        batches = [
+            (
+                worker.trainer,
+                wire.decode_frame(blob)[0],
+                request.params["loss_fn"],
+                request.params["loss_fn_config"],
+            )
+            for worker, request, blob in entries
+        ]
+        outcomes = forward_backward_together(driver.trainer, batches)
+        for (worker, request, _), outcome in zip(entries, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                worker.send_message(failure_of(request.request_id, "forward_backward", outcome))
+                continue
+            result, out = outcome
+            with driver.host.speaking_as(worker.slot):
+                worker.report_forward_backward(result)
+            worker.send_message(messages.succeeded(request.request_id, result), wire.encode_frame(out))
+    except Exception as exc:  # report, never die: one bad pass must not end the slots
+        for worker, request, _ in entries:
+            worker.send_message(failure_of(request.request_id, "forward_backward", exc))
+    finally:
+        for worker, request, _ in entries:
             worker.cancelled.discard(request.request_id)

@@ -153,6 +153,11 @@ class Worker:
             replay,
             bool(params.get("record_routes")),
         )
+        self.report_forward_backward(result)
+        return result, wire.encode_frame(out)
+
+    def report_forward_backward(self, result: dict[str, Any]) -> None:
+        """Count a forward_backward done and say so in the sub-job's log."""
         self.forward_backward_calls += 1
         speed = result.get("tokens_per_second")
         print(
@@ -161,7 +166,6 @@ class Worker:
             f" peak_memory={result['peak_memory_bytes'] / 2**20:.0f}MiB",
             flush=True,
         )
-        return result, wire.encode_frame(out)
 
     def step(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         result = self.trainer.step(

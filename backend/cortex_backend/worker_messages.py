@@ -190,7 +190,7 @@ class HostAdapters(Message):
     threads: int | None
     # --adapter-host-memory: the bytes the base and its slots may hold (None: no budget; host_budget.py)
     memory_budget_bytes: int | None = None
-    # --batch-across-slots: "on", "off" or "auto" (on a GPU) (slot_batching.py)
+    # --batch-across-slots: "auto", "off", "generate" or "all" (adapter_host.batched_operations)
     batch_across_slots: str = "auto"
 
 

@@ -6,7 +6,8 @@ itself reports (`GET /v1/capacity`: `executor.adapter_hosts[].base_bytes` and `s
 aggregate training tokens/s of the N slots stepping at once (a thread per job, each doing forward_backward
 then step) over one slot alone; and, with every slot loaded, the aggregate sampling tokens/s of all slots
 generating at once (a thread per job, greedy, up to `SAMPLE_TOKENS` tokens per row) over one slot alone, the host
-batching the waiting slots' generates into shared decoding passes (`--batch-across-slots on`). "Slots that fit on this device" = (free memory with the base and one slot
+batching the waiting slots' requests into shared passes (`--batch-across-slots all`: forward_backwards
+too, so the training figures are of batched slots as well). "Slots that fit on this device" = (free memory with the base and one slot
 loaded, plus that slot) / (bytes per slot), the bytes per slot being the larger of the host's growth per
 slot measured here and the bytes a slot reports (adapter, gradients, two AdamW moments).
 """
@@ -81,7 +82,7 @@ def measure(
         "--adapter-slots-per-device",
         str(max(SLOT_COUNTS)),
         "--batch-across-slots",
-        "on",
+        "all",
     ]
     if device == "cpu":
         options += ["--worker-threads", "1"]

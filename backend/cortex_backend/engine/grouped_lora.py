@@ -59,16 +59,12 @@ class SlotRows:
     decode_rows: int
 
 
-def _spans(groups: list[SlotRows], batch: int) -> list[tuple[int, int, int]]:
-    """(group index, first row, end row) for a batch of `batch` rows: the prefill's or decoding's."""
+def _row_counts(groups: list[SlotRows], batch: int) -> list[int]:
+    """Each group's rows in a batch of `batch` rows: the prefill's or decoding's."""
     for field in ("prefill_rows", "decode_rows"):
         counts = [getattr(group, field) for group in groups]
         if sum(counts) == batch:
-            spans, start = [], 0
-            for index, count in enumerate(counts):
-                spans.append((index, start, start + count))
-                start += count
-            return spans
+            return counts
     raise ValueError(f"a grouped LoRA pass got {batch} rows; its slots have {groups}")
 
 
@@ -92,11 +88,13 @@ def _grouped_forward(
     def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         result = base(x, *args, **kwargs)
         dtype = result.dtype
+        counts = _row_counts(groups, x.shape[0])
+        # split, not slices: split's backward joins the rows' gradients once, where each slice's would fill
+        # a whole-batch tensor of zeros. (Adding into the rows in place is slower still: its backward
+        # copies the whole gradient once per slot.)
         parts = []
-        for index, start, end in _spans(groups, x.shape[0]):
-            rows = result[start:end]
-            layer = layers[index]
-            added = None if layer is None or layer.disable_adapters else _lora_product(layer, x[start:end])
+        for layer, rows, inputs in zip(layers, result.split(counts), x.split(counts), strict=True):
+            added = None if layer is None or layer.disable_adapters else _lora_product(layer, inputs)
             parts.append(rows if added is None else rows + added)
         return torch.cat(parts).to(dtype)
 

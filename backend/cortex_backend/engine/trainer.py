@@ -46,6 +46,7 @@ class Trainer:
         self, state: ModelState, optimizer_spec: dict[str, Any] | None, gradient_checkpointing: bool = False
     ) -> None:
         self.state = state
+        self.gradient_checkpointing = gradient_checkpointing
         if gradient_checkpointing:
             # Non-reentrant: it needs no input that requires grad (the embeddings are frozen under LoRA) and
             # recomputes with the same RNG, so gradients equal those of the plain backward pass.
@@ -94,26 +95,54 @@ class Trainer:
         with replaying_experts(model, share.local_replay(replay)):
             with recording_experts(model, record_routes) as calls:
                 logits = model_logits(self.state, local)
-            targets = self.state.as_tensor(local["target_tokens"], torch.long)
-            logprobs = target_logprobs(logits, targets)
-            loss_inputs = {name: self.state.as_tensor(value) for name, value in local.items()}
-            failure = None
-            if share.empty:  # a stand-in pass: it joins every collective and adds no gradient
-                loss, metrics = logits.float().sum() * 0.0, {}
-            else:
-                try:
-                    loss, metrics = compute_loss(loss_fn, logprobs, loss_inputs, loss_fn_config)
-                except Exception as exc:  # a custom loss can fail on one rank's datums only
-                    failure = exc
-            share.agree(failure, self.state.device)
-            if self.nan_loss:
-                loss = loss * float("nan")
+            loss, logprobs, metrics = self.loss_of(logits, local, share, loss_fn, loss_fn_config)
             (loss * share.gradient_scale if share.split else loss).backward()
         routed = routed_experts(calls)
         if share.split:
             logprobs, routed, loss, metrics = self._whole_batch(
                 share, tensors, logprobs, routed, loss_fn, loss_fn_config
             )
+        return self.account(tensors, share, loss_fn, loss, logprobs, metrics, routed, replay, started)
+
+    def loss_of(
+        self,
+        logits: torch.Tensor,
+        local: dict[str, np.ndarray],
+        share: Share,
+        loss_fn: str,
+        loss_fn_config: dict[str, Any],
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """This rank's loss (not yet backpropagated), target logprobs and metrics from its rows' logits."""
+        targets = self.state.as_tensor(local["target_tokens"], torch.long)
+        logprobs = target_logprobs(logits, targets)
+        loss_inputs = {name: self.state.as_tensor(value) for name, value in local.items()}
+        failure = None
+        loss, metrics = None, {}
+        if share.empty:  # a stand-in pass: it joins every collective and adds no gradient
+            loss = logits.float().sum() * 0.0
+        else:
+            try:
+                loss, metrics = compute_loss(loss_fn, logprobs, loss_inputs, loss_fn_config)
+            except Exception as exc:  # a custom loss can fail on one rank's datums only
+                failure = exc
+        share.agree(failure, self.state.device)
+        if self.nan_loss:
+            loss = loss * float("nan")
+        return loss, logprobs, metrics
+
+    def account(
+        self,
+        tensors: dict[str, np.ndarray],
+        share: Share,
+        loss_fn: str,
+        loss: torch.Tensor,
+        logprobs: torch.Tensor,
+        metrics: dict[str, float],
+        routed: dict[str, np.ndarray],
+        replay: np.ndarray | None,
+        started: float,
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """A backpropagated batch counted towards the next step, and its result."""
         elapsed = time.perf_counter() - started
         tokens = int(np.prod(tensors["input_ids"].shape))
         self.pending_batches += 1
