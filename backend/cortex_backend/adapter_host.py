@@ -228,7 +228,7 @@ class SlotWorker(Worker):
         """A request served holding the turn: a forward_backward with those other slots offered meanwhile
         in one pass (slot_batching.py), anything else as the worker serves it."""
         if request.op == "forward_backward":
-            offers = self.host.batches.take(self, [request], blob)
+            offers = self.host.batches.take(self, [request], blob, self.host.other_slots(self))
             if offers:
                 try:
                     entries = [(self, request, blob)] + [(o.worker, o.request, o.blob) for o in offers]
@@ -241,7 +241,7 @@ class SlotWorker(Worker):
 
     def _generates_together(self, requests: list[messages.Request]) -> bool:
         """This slot's generates, and those other slots offered meanwhile, in one pass (slot_batching.py)."""
-        offers = self.host.batches.take(self, requests)
+        offers = self.host.batches.take(self, requests, others=self.host.other_slots(self))
         if not offers:
             return super()._generates_together(requests)
         try:
@@ -330,6 +330,10 @@ class AdapterHost:
 
     def current_slot(self) -> str | None:
         return getattr(self._local, "slot", None)
+
+    def other_slots(self, worker: SlotWorker) -> int:
+        with self._slots_lock:
+            return sum(1 for slot in self.slots.values() if slot is not worker)
 
     @contextlib.contextmanager
     def speaking_as(self, slot: str) -> Iterator[None]:

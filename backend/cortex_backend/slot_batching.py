@@ -25,6 +25,7 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -100,12 +101,26 @@ def _tokens(blob: bytes) -> int:
 
 
 class SlotBatches:
-    """The offers of one host's slots, and who takes them."""
+    """The offers of one host's slots, and who takes them.
 
-    def __init__(self, operations: frozenset[str]) -> None:
+    Offers come from slots waiting while a pass runs, so under load the slots split into groups that
+    alternate (those answered by one pass send their next requests while the next pass runs). So, while the
+    host is seeing passes of several slots (one in the last `BURST_MEMORY_S` seconds), whoever takes offers
+    also waits for more, as long as each next one arrives within `GAP_S` of the last (at most `MAX_WAIT_S`
+    in all) and some slot of the host has yet to offer. A host whose slots never meet never waits.
+    """
+
+    GAP_S = 0.01
+    MAX_WAIT_S = 0.1
+    BURST_MEMORY_S = 30.0
+
+    def __init__(self, operations: frozenset[str], clock: Callable[[], float] = time.monotonic) -> None:
         self.operations = operations  # those that may share a pass (adapter_host.batched_operations)
+        self.clock = clock
+        self.last_burst = float("-inf")
         self._offers: list[Offer] = []
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
 
     def offer(self, worker: SlotWorker, request: messages.Request, blob: bytes) -> Offer | None:
         if request.op not in self.operations:
@@ -116,6 +131,7 @@ class SlotBatches:
         offer = Offer(worker, request, blob, key)
         with self._lock:
             self._offers.append(offer)
+            self._arrived.notify_all()
         return offer
 
     def withdraw(self, offer: Offer) -> bool:
@@ -126,9 +142,12 @@ class SlotBatches:
             self._offers.remove(offer)
             return True
 
-    def take(self, worker: SlotWorker, own: list[messages.Request], blob: bytes = b"") -> list[Offer]:
+    def take(
+        self, worker: SlotWorker, own: list[messages.Request], blob: bytes = b"", others: int = 0
+    ) -> list[Offer]:
         """The other slots' offers to run with `worker`'s requests `own` (generates, or one forward_backward
-        and its `blob`), oldest first, while the pass has room."""
+        and its `blob`), oldest first, while the pass has room; `others`: how many other slots the host
+        has (none of them left to offer, no wait)."""
         key = slot_batch_key(worker, own[0], blob) if own[0].op in self.operations else None
         if key is None:
             return []
@@ -157,15 +176,27 @@ class SlotBatches:
                 return True
 
         taken: list[Offer] = []
+        waiting = self.clock() - self.last_burst < self.BURST_MEMORY_S
+        deadline = self.clock() + self.MAX_WAIT_S
         with self._lock:
-            for offer in list(self._offers):
-                if offer.key != key or offer.request.request_id in offer.worker.cancelled:
-                    continue
-                if not fits(offer):
+            while True:
+                full = False
+                for offer in list(self._offers):
+                    if offer.key != key or offer.request.request_id in offer.worker.cancelled:
+                        continue
+                    if not fits(offer):
+                        full = True
+                        break
+                    offer.taken = True
+                    self._offers.remove(offer)
+                    taken.append(offer)
+                gap = min(self.GAP_S, deadline - self.clock())
+                if full or not waiting or len(taken) >= others or gap <= 0:
                     break
-                offer.taken = True
-                self._offers.remove(offer)
-                taken.append(offer)
+                if not self._arrived.wait(gap):
+                    break
+        if taken:
+            self.last_burst = self.clock()
         return taken
 
 
