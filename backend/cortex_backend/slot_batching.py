@@ -89,10 +89,14 @@ def _training_key(worker: SlotWorker, request: messages.Request, blob: bytes) ->
         return None
     if (request.params or {}).get("record_routes") or not trains_together(worker.trainer):
         return None
-    tensors, _ = wire.decode_frame(blob, copy=False)
-    if REPLAY_TENSOR in tensors or tensors["input_ids"].ndim != 2:
+    try:
+        tensors, _ = wire.decode_frame(blob, copy=False)
+        input_ids = tensors["input_ids"]
+    except Exception:  # a batch the worker itself will refuse, with its own error, alone
         return None
-    return {"length": int(tensors["input_ids"].shape[1]), "mask": "attention_mask" in tensors}
+    if REPLAY_TENSOR in tensors or input_ids.ndim != 2:
+        return None
+    return {"length": int(input_ids.shape[1]), "mask": "attention_mask" in tensors}
 
 
 def _tokens(blob: bytes) -> int:
