@@ -18,6 +18,7 @@ from cortex_nb.demo_data import addition_problems
 from cortex_nb.errors import RequestFailed
 
 from .backend_process import start_backend
+from .notebook_fixtures import wait_until
 from .reference import ReferenceTrainer, reference_base, reference_lora
 from .training_data import random_batches
 
@@ -177,10 +178,14 @@ def test_odd_batches_split_across_two_ranks_equal_one_process(client: Client, tm
         two_weights = load_file(ranked.export(tmp_path / "ranked") / "adapter_model.safetensors")
         for name, value in one_weights.items():
             torch.testing.assert_close(two_weights[name], value, atol=1e-5, rtol=0)
-        # The job's device metrics read every rank's worker, each on its own.
-        samples = client.get_job_metrics(ranked.job_id)["samples"]
-        per_rank = [sample for sample in samples if "job_ranks" in sample]
-        assert per_rank
+        # The job's device metrics read every rank's worker, each on its own (sampled every few seconds: a
+        # fast machine gets here before the first sample).
+        def per_rank_samples() -> list[dict]:
+            samples = client.get_job_metrics(ranked.job_id)["samples"]
+            return [sample for sample in samples if "job_ranks" in sample]
+
+        wait_until(per_rank_samples, 60)
+        per_rank = per_rank_samples()
         for sample in per_rank:
             assert [(r["sub_job_id"], r["rank"]) for r in sample["job_ranks"]] == [
                 ("training-0", 0),
