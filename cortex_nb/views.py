@@ -186,8 +186,14 @@ def adapter_host_lines(capacity: dict[str, Any]) -> list[str]:
     return [
         f"adapter host {host['device']} · {host['base_model']}: {host['slots']} slot(s) on one base"
         f" ({format_bytes(host['base_bytes'])} held once; slots add {format_bytes(host['slots_bytes'])})"
+        + batched_words(host.get("batched_operations") or [])
         for host in hosts
     ]
+
+
+def batched_words(operations: list[str]) -> str:
+    """What a host runs for several slots in one pass (--batch-across-slots), as the end of its line."""
+    return f"; {' and '.join(sorted(operations, reverse=True))} batched across slots" if operations else ""
 
 
 HOSTING_WORDS = {

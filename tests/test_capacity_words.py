@@ -13,6 +13,12 @@ def test_an_adapter_host_is_one_line_of_slots_on_one_base():
     assert adapter_host_lines(capacity) == [
         "adapter host cpu:0 · tiny: 3 slot(s) on one base (12.0 MiB held once; slots add 640 KiB)"
     ]
+    batching = {**host, "batched_operations": ["forward_backward", "generate"]}
+    capacity = {"executor": {"name": "local", "hosting": "adapter_host", "adapter_hosts": [batching]}}
+    assert adapter_host_lines(capacity) == [
+        "adapter host cpu:0 · tiny: 3 slot(s) on one base (12.0 MiB held once; slots add 640 KiB);"
+        " generate and forward_backward batched across slots"
+    ]
     assert adapter_host_lines({"executor": {"name": "local", "hosting": "isolation_per_job"}}) == []
     assert adapter_host_lines({}) == []
 

@@ -178,6 +178,7 @@ def test_odd_batches_split_across_two_ranks_equal_one_process(client: Client, tm
         two_weights = load_file(ranked.export(tmp_path / "ranked") / "adapter_model.safetensors")
         for name, value in one_weights.items():
             torch.testing.assert_close(two_weights[name], value, atol=1e-5, rtol=0)
+
         # The job's device metrics read every rank's worker, each on its own (sampled every few seconds: a
         # fast machine gets here before the first sample).
         def per_rank_samples() -> list[dict]:

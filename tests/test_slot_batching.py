@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cortex_nb import Client
+from cortex_nb.views import adapter_host_lines
 
 from .backend_process import start_backend
 from .reference import random_batch
@@ -193,10 +194,24 @@ def test_forward_backwards_of_three_slots_share_a_pass_and_train_as_each_alone(s
             job.cancel()
 
 
+def test_capacity_says_what_the_host_batches(slot_jobs):
+    client, _ = slot_jobs
+    executor = client.get_capacity()["executor"]
+    assert executor["batch_across_slots"] == "all"
+    [host] = executor["adapter_hosts"]
+    assert host["batched_operations"] == ["forward_backward", "generate"]
+    [line] = adapter_host_lines(client.get_capacity())
+    assert line.endswith("; generate and forward_backward batched across slots")
+
+
 def test_auto_batches_generates_across_slots_on_a_gpu_only():
     import torch
-    from cortex_backend.adapter_host import batched_operations
+    from cortex_backend.adapter_host import host_batches
+    from cortex_backend.slot_batching import batched_operations
 
-    assert batched_operations("all") == {"generate", "forward_backward"}
-    assert batched_operations("generate") == {"generate"} and batched_operations("off") == set()
-    assert batched_operations("auto") == ({"generate"} if torch.cuda.is_available() else set())
+    for on_gpu in (False, True):
+        assert batched_operations("all", on_gpu) == {"generate", "forward_backward"}
+        assert batched_operations("generate", on_gpu) == {"generate"}
+        assert batched_operations("off", on_gpu) == set()
+    assert batched_operations("auto", True) == {"generate"} and batched_operations("auto", False) == set()
+    assert host_batches("auto") == batched_operations("auto", torch.cuda.is_available())

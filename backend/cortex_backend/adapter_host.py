@@ -42,7 +42,7 @@ from .host_budget import Refusal, admit_slot, check_slot
 from .ipc import ChannelClosed
 from .models import ModelInfo
 from .operations import waits_on_peers
-from .slot_batching import SlotBatches, sample_across_slots, train_across_slots
+from .slot_batching import SlotBatches, batched_operations, sample_across_slots, train_across_slots
 from .slot_logs import tag_line
 from .worker import Channel, Worker
 
@@ -506,15 +506,11 @@ def one_malloc_arena() -> None:
         return
 
 
-def batched_operations(setting: str) -> frozenset[str]:
-    """`--batch-across-slots`: which operations of several slots may share a pass (slot_batching.py).
-    `generate`: generates; `all`: forward_backwards too; `off`: none; `auto`: generates on a GPU (where a
-    larger batch is nearly free), none on a CPU (which keeps each slot bitwise the job alone)."""
+def host_batches(setting: str) -> frozenset[str]:
+    """What this host batches across slots (`--batch-across-slots`), on the device it runs on."""
     import torch
 
-    if setting == "auto":
-        setting = "generate" if torch.cuda.is_available() else "off"
-    return frozenset({"off": (), "generate": ("generate",), "all": ("generate", "forward_backward")}[setting])
+    return batched_operations(setting, torch.cuda.is_available())
 
 
 def serve_adapter_host(channel: Channel, message: messages.HostAdapters) -> None:
@@ -525,7 +521,7 @@ def serve_adapter_host(channel: Channel, message: messages.HostAdapters) -> None
 
     if message.threads:
         torch.set_num_threads(int(message.threads))
-    host = AdapterHost(channel, message.memory_budget_bytes, batched_operations(message.batch_across_slots))
+    host = AdapterHost(channel, message.memory_budget_bytes, host_batches(message.batch_across_slots))
     sys.stdout = SlotTaggedStream(sys.stdout, host)
     sys.stderr = SlotTaggedStream(sys.stderr, host)
     host.serve()

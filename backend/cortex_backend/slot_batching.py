@@ -58,6 +58,15 @@ class Offer:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+def batched_operations(setting: str, on_gpu: bool) -> frozenset[str]:
+    """`--batch-across-slots`: which operations of several slots may share a pass. `generate`: generates;
+    `all`: forward_backwards too; `off`: none; `auto`: generates on a GPU (where a larger batch is nearly
+    free), none on a CPU (which keeps each slot bitwise the job alone)."""
+    if setting == "auto":
+        setting = "generate" if on_gpu else "off"
+    return frozenset({"off": (), "generate": ("generate",), "all": ("generate", "forward_backward")}[setting])
+
+
 def slot_batch_key(worker: SlotWorker, request: messages.Request, blob: bytes = b"") -> str | None:
     """What two slots' requests must share to run in one pass; None for one that runs alone."""
     if request.request_id in worker.cancelled or not worker.groupable:
@@ -119,7 +128,7 @@ class SlotBatches:
     BURST_MEMORY_S = 30.0
 
     def __init__(self, operations: frozenset[str], clock: Callable[[], float] = time.monotonic) -> None:
-        self.operations = operations  # those that may share a pass (adapter_host.batched_operations)
+        self.operations = operations  # those that may share a pass (batched_operations)
         self.clock = clock
         self.last_burst = float("-inf")
         self._offers: list[Offer] = []

@@ -140,8 +140,15 @@ export function adapterHostLines(capacity: ICapacity | null): string[] {
   return hosts.map(
     host =>
       `adapter host ${host.device} · ${host.base_model}: ${host.slots} slot(s) on one base` +
-      ` (${formatBytes(host.base_bytes)} held once; slots add ${formatBytes(host.slots_bytes)})`
+      ` (${formatBytes(host.base_bytes)} held once; slots add ${formatBytes(host.slots_bytes)})` +
+      batchedWords(host.batched_operations ?? [])
   );
+}
+
+/** What a host runs for several slots in one pass (--batch-across-slots), as the end of its line. */
+function batchedWords(operations: string[]): string {
+  const sorted = [...operations].sort().reverse();
+  return sorted.length ? `; ${sorted.join(' and ')} batched across slots` : '';
 }
 
 const HOSTING_WORDS: Record<string, string> = {

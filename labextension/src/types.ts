@@ -642,6 +642,8 @@ export interface IExecutorView {
   /** `adapter_host` (sub-jobs on one device and base share a process, on Ray an actor, the base held once), `isolation_per_job` (a process or actor per sub-job), or `auto` (the default: adapter hosts on GPUs, a process or actor per sub-job on CPUs) */
   hosting?: string | null;
   adapter_hosts?: IAdapterHostView[] | null;
+  /** --batch-across-slots: `auto` (generates batched across an adapter host's slots on GPUs), `generate`, `all` (forward_backward too) or `off`; each host says what it batches */
+  batch_across_slots?: string | null;
   fork_server?: IForkServerView | null;
   ray_address?: string | null;
   hosts?: string[] | null;
@@ -666,6 +668,8 @@ export interface IAdapterHostView {
   base_bytes: number;
   /** what the slots add: a trainer its adapter, gradients and AdamW moments (4x the adapter); a sampler or scorer its adapter alone */
   slots_bytes: number;
+  /** the operations this host runs for several slots in one pass (`generate`, `forward_backward`; --batch-across-slots), each slot's rows through its own adapter */
+  batched_operations?: string[];
 }
 
 /**

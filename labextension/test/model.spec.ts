@@ -193,6 +193,11 @@ describe('devices', () => {
     expect(adapterHostLines({ ...CPU_CAPACITY, executor })).toEqual([
       'adapter host cpu:0 · tiny: 3 slot(s) on one base (12.0 MiB held once; slots add 640 KiB)'
     ]);
+    const batching = { ...executor.adapter_hosts[0], batched_operations: ['forward_backward', 'generate'] };
+    expect(adapterHostLines({ ...CPU_CAPACITY, executor: { ...executor, adapter_hosts: [batching] } })).toEqual([
+      'adapter host cpu:0 · tiny: 3 slot(s) on one base (12.0 MiB held once; slots add 640 KiB);' +
+        ' generate and forward_backward batched across slots'
+    ]);
   });
 
   it('says how sub-jobs are hosted and whether CPU workers are forks, in the words of %cortex capacity', () => {

@@ -31,6 +31,7 @@ from typing import Any
 from .. import ipc
 from .. import worker_messages as messages
 from ..devices import Device
+from ..slot_batching import batched_operations
 from ..slot_logs import addressed_slots
 from .base import (
     Executor,
@@ -185,6 +186,8 @@ class LocalExecutor(Executor):
             "name": "local",
             "hosting": self.hosting.word,
         }
+        if self.hosting.adapter_host is not False:
+            described["batch_across_slots"] = self.worker_settings.batch_across_slots
         if self._forkserver is not None and self._forkserver.usable and self._forkserver.pid:
             # CPU workers are forks of this process, not children of the backend.
             described["fork_server"] = {"pid": self._forkserver.pid}
@@ -197,6 +200,11 @@ class LocalExecutor(Executor):
                     "slots": len(host.slots),
                     "base_bytes": host.base_bytes,
                     "slots_bytes": sum(slot.slot_bytes for slot in host.slots.values()),
+                    "batched_operations": sorted(
+                        batched_operations(
+                            self.worker_settings.batch_across_slots, self.devices[device_id].kind == "cuda"
+                        )
+                    ),
                 }
                 for (device_id, base_model), host in sorted(self._hosts.items())
             ]

@@ -106,6 +106,11 @@ class AdapterHostView(Reply):
         description="what the slots add: a trainer its adapter, gradients and AdamW moments (4x the adapter);"
         " a sampler or scorer its adapter alone"
     )
+    batched_operations: list[str] = Field(
+        default_factory=list,
+        description="the operations this host runs for several slots in one pass (`generate`,"
+        " `forward_backward`; --batch-across-slots), each slot's rows through its own adapter",
+    )
 
 
 class ForkServerView(Reply):
@@ -126,6 +131,11 @@ class ExecutorView(Reply):
         " adapter hosts on GPUs, a process or actor per sub-job on CPUs)",
     )
     adapter_hosts: list[AdapterHostView] | None = None
+    batch_across_slots: str | None = Field(
+        None,
+        description="--batch-across-slots: `auto` (generates batched across an adapter host's slots on GPUs),"
+        " `generate`, `all` (forward_backward too) or `off`; each host says what it batches",
+    )
     fork_server: ForkServerView | None = None
     ray_address: str | None = None
     hosts: list[str] | None = None

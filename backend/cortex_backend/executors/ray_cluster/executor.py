@@ -38,6 +38,7 @@ from ... import worker_messages as messages
 from ...config import BackendSettings
 from ...devices import Device, detect_devices
 from ...models import ModelInfo, inspect_model_dir
+from ...slot_batching import batched_operations
 from ..base import (
     Executor,
     ExecutorListener,
@@ -378,8 +379,15 @@ class RayExecutor(Executor):
             "ray_insecure": self.insecure,
         }
         if self.hosting.adapter_host is not False:
+            setting = self.settings.batch_across_slots
+            gpus = {device.id for device in self.devices if device.kind == "cuda"}
+            described["batch_across_slots"] = setting
             described["adapter_hosts"] = [
-                self._host_actors[key].describe() for key in sorted(self._host_actors)
+                {
+                    **self._host_actors[key].describe(),
+                    "batched_operations": sorted(batched_operations(setting, key[1] in gpus)),
+                }
+                for key in sorted(self._host_actors)
             ]
         return described
 
