@@ -23,6 +23,7 @@ from .notebook_fixtures import wait_until
 from .ray_cluster import start_ray_cluster
 from .reference import ReferenceTrainer, random_batch, reference_base, reference_lora
 from .test_adapter_host_budget import held_bytes, mib, slot_bytes
+from .test_slot_batching import turn_held_by
 from .training_data import text_batch, train
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -146,9 +147,10 @@ def test_generates_of_slots_waiting_on_the_actor_share_a_pass_and_equal_each_alo
     each: the next pass takes both (`--batch-across-slots generate`), each through its own adapter."""
     narrow, wide = jobs["narrow"][0], jobs["wide"][0]
     params = {"max_tokens": 12, "temperature": 0.0, "ignore_eos": True, "logprobs": True}
-    blocker = narrow.generate([[7, 8, 9]], max_tokens=400, temperature=0.0, ignore_eos=True)
-    futures = [wide.generate([[5, 6, 7], [9]], sub_job=sub, **params) for sub in ("training-0", "sampling-0")]
-    blocker.result()
+    with turn_held_by(narrow):
+        futures = [
+            wide.generate([[5, 6, 7], [9]], sub_job=sub, **params) for sub in ("training-0", "sampling-0")
+        ]
     together = [future.result() for future in futures]
 
     def passed_together() -> bool:  # the actor's log lines reach the head a moment later

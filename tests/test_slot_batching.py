@@ -7,6 +7,10 @@ stay bitwise those of the jobs alone, and a GPU host batches generates only."""
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
@@ -14,8 +18,9 @@ from cortex_nb import Client
 from cortex_nb.views import adapter_host_lines
 
 from .backend_process import start_backend
+from .notebook_fixtures import wait_until
 from .reference import random_batch
-from .test_sample_batching import BLOCKER, _prompts, _ran_together
+from .test_sample_batching import _prompts, _ran_together
 
 # (rank, alpha, targets, learning rate, steps): slots that differ in every LoRA setting and weight version.
 SLOTS = [
@@ -24,8 +29,6 @@ SLOTS = [
     (2, 4, ["o_proj", "down_proj"], 8e-2, 3),
     (16, 8, "all-linear", 3e-2, 1),
 ]
-# Long enough that the requests under test reach the host while it runs, even on a loaded machine.
-LONG_BLOCKER = {**BLOCKER, "max_tokens": 400}
 GREEDY = {"max_tokens": 20, "temperature": 0.0, "logprobs": True, "ignore_eos": True}
 
 
@@ -65,15 +68,25 @@ def slot_jobs(tmp_path_factory):
         backend.stop()
 
 
+@contextlib.contextmanager
+def turn_held_by(job) -> Iterator[None]:
+    """A long generate on `job`'s slot holds the host's turn while the body submits requests. Once they
+    have had ample time to reach their slots (and wait there, offering), it is cancelled: the turn goes on
+    and they meet. No race with the generate's own length, however loaded the machine."""
+    blocker = job.generate([[7, 8, 9]], max_tokens=1800, temperature=0.0, ignore_eos=True)
+    wait_until(lambda: blocker.status()["status"] == "running", 60)
+    yield
+    time.sleep(1.0)
+    blocker.cancel()
+
+
 def behind_a_blocker(blocked_on, jobs, prompt_lists, params_list):
-    """A busy generate on `blocked_on` holds the host's turn while `jobs`' generates wait for it."""
-    blocker = blocked_on.generate([[7, 8, 9]], **LONG_BLOCKER)
-    futures = [
-        job.generate(prompts, **params)
-        for job, prompts, params in zip(jobs, prompt_lists, params_list, strict=True)
-    ]
-    blocker.result()
-    return futures
+    """`jobs`' generates wait together while `blocked_on`'s slot holds the host's turn."""
+    with turn_held_by(blocked_on):
+        return [
+            job.generate(prompts, **params)
+            for job, prompts, params in zip(jobs, prompt_lists, params_list, strict=True)
+        ]
 
 
 def request_record(client: Client, job, future) -> dict:
@@ -132,10 +145,9 @@ def test_seeded_samples_of_slots_in_one_pass_equal_each_alone(slot_jobs):
 
 def test_a_request_cancelled_while_it_waits_ends_cancelled_and_its_neighbours_finish(slot_jobs):
     client, jobs = slot_jobs
-    blocker = jobs[0].generate([[7, 8, 9]], **LONG_BLOCKER)
-    futures = [job.generate([[3, 4, 5]], **GREEDY) for job in jobs[1:]]
-    futures[1].cancel()
-    blocker.result()
+    with turn_held_by(jobs[0]):
+        futures = [job.generate([[3, 4, 5]], **GREEDY) for job in jobs[1:]]
+        futures[1].cancel()
     first, third = futures[0].result(), futures[2].result()
     assert [len(tokens) for tokens in first.tokens + third.tokens] == [20, 20]
     assert futures[1].status()["status"] == "cancelled"
@@ -164,9 +176,8 @@ def test_forward_backwards_of_three_slots_share_a_pass_and_train_as_each_alone(s
     try:
         rng = np.random.default_rng(8)
         batches = [random_batch(rng, 259, batch=1 + index, length=12) for index in range(3)]
-        blocker = jobs[0].generate([[7, 8, 9]], **LONG_BLOCKER)
-        futures = [job.forward_backward(batch) for job, batch in zip(together, batches, strict=True)]
-        blocker.result()
+        with turn_held_by(jobs[0]):
+            futures = [job.forward_backward(batch) for job, batch in zip(together, batches, strict=True)]
         results = [future.result() for future in futures]
         records = [request_record(client, job, f) for job, f in zip(together, futures, strict=True)]
         assert _ran_together(records)
