@@ -117,3 +117,31 @@ def test_a_slot_with_lora_dropout_or_checkpointing_never_trains_in_a_shared_pass
     checkpointed = Trainer(ModelState(info, {"lora": {"r": 4}}, base=bases.share(info)), {}, True)
     assert trains_together(plain)
     assert not trains_together(dropout) and not trains_together(checkpointed)
+
+
+def test_a_failed_pass_leaves_every_slots_gradients_as_they_were():
+    """A pass that fails as a whole in the middle of its backward (here a hook raising, as an allocation
+    running out of memory would; gradients reached before it are already accumulated) raises with each
+    slot's gradients as before it, so each request can run again alone."""
+    bases = BaseModels()
+    group = trainers(bases)
+    batches = batches_for(group)
+    trainer, tensors, fn, cfg = batches[0]
+    trainer.forward_backward(tensors, fn, cfg)
+    before = gradients(trainer)
+    reached = []
+
+    def out_of_memory(grad: torch.Tensor) -> None:
+        reached.append(any(p.grad is not None for t in group[1:] for p in t.parameters))
+        raise RuntimeError("CUDA out of memory (raised by the test)")
+
+    # The first LoRA layer's A is among the last tensors backward reaches (the layers run in reverse).
+    first_lora_a = next(p for name, p in adapter_parameters(group[3].state.model).items() if "lora_A" in name)
+    first_lora_a.register_hook(out_of_memory)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        forward_backward_together(group[0], batches)
+    assert reached == [True]  # other slots' gradients had been accumulated when it failed
+    after = gradients(trainer)
+    assert all(torch.equal(after[name], before[name]) for name in before)
+    for other in group[1:]:
+        assert all(p.grad is None for p in adapter_parameters(other.state.model).values())

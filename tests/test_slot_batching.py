@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from cortex_nb import Client
+from cortex_nb.errors import RequestFailed
 from cortex_nb.views import adapter_host_lines
 
 from .backend_process import start_backend
@@ -29,6 +30,7 @@ SLOTS = [
     (2, 4, ["o_proj", "down_proj"], 8e-2, 3),
     (16, 8, "all-linear", 3e-2, 1),
 ]
+OOM_JOB = "job-oom-slot"  # its generates run out of memory, alone or in a shared pass
 GREEDY = {"max_tokens": 20, "temperature": 0.0, "logprobs": True, "ignore_eos": True}
 
 
@@ -57,6 +59,8 @@ def slot_jobs(tmp_path_factory):
         "cpu:4",
         "--worker-threads",
         "1",
+        "--fault-injection",
+        f"oom_generate={OOM_JOB}",
     )
     try:
         with Client(backend.url, backend.token) as client:
@@ -153,6 +157,26 @@ def test_a_request_cancelled_while_it_waits_ends_cancelled_and_its_neighbours_fi
     assert futures[1].status()["status"] == "cancelled"
     finished = [jobs[1], jobs[3]], [futures[0], futures[2]]
     assert _ran_together([request_record(client, job, f) for job, f in zip(*finished, strict=True)])
+
+
+def test_an_out_of_memory_in_a_shared_pass_fails_only_its_own_request(slot_jobs):
+    """The pass of three slots fails (one slot's generate runs out of memory): each request runs again
+    alone, so that slot's request fails `out_of_memory` and its neighbours get what they get alone."""
+    client, jobs = slot_jobs
+    oom = client.create_training_job("tiny", lora={"r": 4, "alpha": 8}, seed=7, job_id=OOM_JOB)
+    try:
+        waiting = [jobs[1], oom, jobs[3]]
+        with turn_held_by(jobs[0]):
+            futures = [job.generate([[4, 5, 6]], **GREEDY) for job in waiting]
+        with pytest.raises(RequestFailed) as failed:
+            futures[1].result()
+        assert failed.value.code == "out_of_memory"
+        for job, future in ((jobs[1], futures[0]), (jobs[3], futures[2])):
+            assert future.result().tokens == job.generate([[4, 5, 6]], **GREEDY).result().tokens
+            lines = [line["line"] for line in job.logs()["lines"]]
+            assert any("a pass of 3 slots failed (RuntimeError: CUDA out of memory" in line for line in lines)
+    finally:
+        oom.cancel()
 
 
 def test_forward_backwards_of_three_slots_share_a_pass_and_train_as_each_alone(slot_jobs):

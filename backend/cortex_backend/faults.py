@@ -19,6 +19,7 @@ FAULTS: dict[str, str] = {
     "fail_forward_backward": "forward_backward raises an error the engine does not expect (a bug, say)",
     "nan_loss": "forward_backward's loss (and so its gradients) is NaN, as a bad batch makes it",
     "oom_forward": "forward runs out of device memory",
+    "oom_generate": "generate runs out of device memory (alone, or in any pass it shares with other slots)",
     "fail_training_loop": "a managed training loop raises an error the engine does not expect after its data loads",
     "oom_training_loop": "a managed training loop runs out of device memory after its data loads",
 }
@@ -50,6 +51,8 @@ class Faults:
         `training_loop_data_loaded` (a managed loop, once its data is loaded)."""
         if operation == "forward_backward" and self.active("fail_forward_backward"):
             raise RuntimeError("injected failure (fault fail_forward_backward)")
+        if operation == "generate" and self.active("oom_generate"):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (fault oom_generate)")
         if operation == "forward" and self.active("oom_forward"):
             # The message torch gives when a CUDA allocation fails; the engine recognises it by these words.
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (fault oom_forward)")

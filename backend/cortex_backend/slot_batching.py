@@ -237,6 +237,8 @@ def sample_across_slots(driver: SlotWorker, entries: list[tuple[SlotWorker, mess
         return all(request.request_id in worker.cancelled for worker, request in entries)
 
     try:
+        for worker, _ in entries:
+            worker.faults.raise_in("generate")
         prompt_lists = [request.params["prompt_tokens"] for _, request in entries]
         seeds = [
             resolve_seed(SamplingParams.model_validate(request.params["sampling_params"]))
@@ -263,11 +265,43 @@ def sample_across_slots(driver: SlotWorker, entries: list[tuple[SlotWorker, mess
                 result = worker.sampler.result_of(samples, seed, elapsed)
                 worker.send_message(messages.succeeded(request.request_id, result))
     except Exception as exc:  # report, never die: one bad pass must not end the slots
-        for worker, request in entries:
-            worker.send_message(failure_of(request.request_id, "generate", exc))
+        if all_cancelled():
+            for worker, request in entries:
+                worker.send_message(failure_of(request.request_id, "generate", exc))
+        else:
+            each_alone(driver, [(worker, request, b"") for worker, request in entries], exc)
     finally:
         for worker, request in entries:
             worker.cancelled.discard(request.request_id)
+
+
+def each_alone(
+    driver: SlotWorker, entries: list[tuple[SlotWorker, messages.Request, bytes]], exc: Exception
+) -> None:
+    """A shared pass failed (out of memory, say): each request runs again alone, so the fault fails only the
+    request that causes it and its neighbours get their results. Already started: answered, not restarted."""
+    from .worker import failure_of
+
+    slots = sorted({worker.slot for worker, _, _ in entries})
+    driver.host.log_for(
+        slots,
+        f"[engine] a pass of {len(slots)} slots failed ({type(exc).__name__}: {exc}); each request runs alone",
+    )
+    for worker, request, blob in entries:
+        request_id = request.request_id
+        if request_id in worker.cancelled:
+            worker.send_message(messages.failed(request_id, "cancelled", "the request was cancelled"))
+            continue
+        with driver.host.speaking_as(worker.slot):
+            worker.current = request_id
+            try:
+                worker.faults.raise_in(request.op)
+                result, out = worker.operations[request.op](request.params or {}, blob)
+                worker.send_message(messages.succeeded(request_id, result), out)
+            except Exception as alone:  # this request's own failure
+                worker.send_message(failure_of(request_id, request.op, alone))
+            finally:
+                worker.current = None
 
 
 def train_across_slots(driver: SlotWorker, entries: list[tuple[SlotWorker, messages.Request, bytes]]) -> None:
@@ -293,7 +327,11 @@ def train_across_slots(driver: SlotWorker, entries: list[tuple[SlotWorker, messa
             )
             for worker, request, blob in entries
         ]
-        outcomes = forward_backward_together(driver.trainer, batches)
+        try:
+            outcomes = forward_backward_together(driver.trainer, batches)
+        except Exception as exc:  # the pass itself failed (out of memory, say); its gradients are undone
+            each_alone(driver, entries, exc)
+            return
         for (worker, request, _), outcome in zip(entries, outcomes, strict=True):
             if isinstance(outcome, Exception):
                 worker.send_message(failure_of(request.request_id, "forward_backward", outcome))

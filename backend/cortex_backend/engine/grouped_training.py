@@ -47,7 +47,25 @@ Batch = tuple[Trainer, dict[str, np.ndarray], str, dict[str, Any]]  # trainer, t
 def forward_backward_together(
     driver: Trainer, batches: list[Batch]
 ) -> list[tuple[dict[str, Any], dict[str, np.ndarray]] | Exception]:
-    """Each batch's forward_backward result (or the exception its loss raised), from one pass."""
+    """Each batch's forward_backward result (or the exception its loss raised), from one pass. If the pass
+    itself fails (out of memory, say), every slot's gradients are put back as they were before it, so each
+    request can run again alone."""
+    before = [
+        (parameter, None if parameter.grad is None else parameter.grad.clone())
+        for trainer in {id(trainer): trainer for trainer, _, _, _ in batches}.values()
+        for parameter in trainer.parameters
+    ]
+    try:
+        return _together(driver, batches)
+    except Exception:
+        for parameter, grad in before:
+            parameter.grad = grad
+        raise
+
+
+def _together(
+    driver: Trainer, batches: list[Batch]
+) -> list[tuple[dict[str, Any], dict[str, np.ndarray]] | Exception]:
     started = time.perf_counter()
     reset_peak(driver.state.device)
     rows = [tensors["input_ids"].shape[0] for _, tensors, _, _ in batches]
