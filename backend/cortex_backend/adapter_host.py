@@ -42,7 +42,7 @@ from .host_budget import Refusal, admit_slot, check_slot
 from .ipc import ChannelClosed
 from .models import ModelInfo
 from .operations import waits_on_peers
-from .slot_batching import SlotBatches, batched_operations, sample_across_slots, train_across_slots
+from .slot_batching import Entry, SlotBatches, batched_operations, sample_across_slots, train_across_slots
 from .slot_logs import tag_line
 from .worker import Channel, Worker
 
@@ -170,6 +170,13 @@ class SlotWorker(Worker):
 
         return groupable(self.state.model.get_base_model())
 
+    @functools.cached_property
+    def trains_together(self) -> bool:
+        """Whether this slot's forward_backward can share a pass with other slots' (grouped_training.py)."""
+        from .engine.grouped_training import trains_together
+
+        return self.trainer is not None and trains_together(self.trainer)
+
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
         self.host.turns.acquire(self)
@@ -227,26 +234,26 @@ class SlotWorker(Worker):
     def _serve_in_turn(self, request: messages.Request, blob: bytes) -> None:
         """A request served holding the turn: a forward_backward with those other slots offered meanwhile
         in one pass (slot_batching.py), anything else as the worker serves it."""
-        if request.op == "forward_backward":
-            offers = self.host.batches.take(self, [request], blob, self.host.other_slots(self))
-            if offers:
-                try:
-                    entries = [(self, request, blob)] + [(o.worker, o.request, o.blob) for o in offers]
-                    train_across_slots(self, entries)
-                finally:
-                    for offer in offers:
-                        offer.done.set()
-                return
+        if request.op == "forward_backward" and self._with_offers(
+            [(self, request, blob)], train_across_slots
+        ):
+            return
         super()._serve_one(request, blob)
 
     def _generates_together(self, requests: list[messages.Request]) -> bool:
         """This slot's generates, and those other slots offered meanwhile, in one pass (slot_batching.py)."""
-        offers = self.host.batches.take(self, requests, others=self.host.other_slots(self))
+        entries = [(self, request, b"") for request in requests]
+        return self._with_offers(entries, sample_across_slots) or super()._generates_together(requests)
+
+    def _with_offers(self, entries: list[Entry], run: Callable[[SlotWorker, list[Entry]], None]) -> bool:
+        """`run` this slot's `entries` and the compatible requests other slots offered meanwhile in one
+        pass, each offering slot released once it is answered; False (nothing run) if none were offered."""
+        requests = [request for _, request, _ in entries]
+        offers = self.host.batches.take(self, requests, entries[0][2], self.host.other_slots(self))
         if not offers:
-            return super()._generates_together(requests)
+            return False
         try:
-            entries = [(self, request) for request in requests]
-            sample_across_slots(self, entries + [(offer.worker, offer.request) for offer in offers])
+            run(self, entries + [offer.entry for offer in offers])
         finally:
             for offer in offers:
                 offer.done.set()

@@ -43,7 +43,11 @@ if TYPE_CHECKING:
 
         slot: str
         groupable: bool
+        trains_together: bool
         host: Any
+
+
+Entry = tuple["SlotWorker", messages.Request, bytes]  # a slot, its request and the request's blob
 
 
 @dataclass(eq=False)
@@ -56,6 +60,10 @@ class Offer:
     key: str
     taken: bool = False
     done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def entry(self) -> Entry:
+        return self.worker, self.request, self.blob
 
 
 def batched_operations(setting: str, on_gpu: bool) -> frozenset[str]:
@@ -85,18 +93,17 @@ def _generate_key(worker: SlotWorker, request: messages.Request) -> dict[str, An
     engine = worker.sampler
     if key is None or (request.params or {}).get("adapter") is not None or engine is None:
         return None
-    if not engine.batches_requests or getattr(engine, "merged", None) is not None:
+    if not engine.batches_requests:  # a hosted engine runs its LoRA unmerged (adapter_host.py)
         return None
     return {"request": key}
 
 
 def _training_key(worker: SlotWorker, request: messages.Request, blob: bytes) -> dict[str, Any] | None:
-    from .engine.grouped_training import trains_together
     from .engine.router_replay import REPLAY_TENSOR
 
     if worker.trainer is None or worker.faults.active("fail_forward_backward"):
         return None
-    if (request.params or {}).get("record_routes") or not trains_together(worker.trainer):
+    if (request.params or {}).get("record_routes") or not worker.trains_together:
         return None
     try:
         tensors, _ = wire.decode_frame(blob, copy=False)
@@ -213,50 +220,42 @@ class SlotBatches:
         return taken
 
 
-def sample_across_slots(driver: SlotWorker, entries: list[tuple[SlotWorker, messages.Request]]) -> None:
+def sample_across_slots(driver: SlotWorker, entries: list[Entry]) -> None:
     """Sample every entry's generate in one pass of `driver`'s engine, each through its own slot's adapter,
     and answer each through its own slot."""
     import torch
 
     from .engine.grouped_lora import SlotRows, grouped
     from .engine.sampling_interface import resolve_seed
-    from .engine.transformers_sampler import _runner
     from .worker import failure_of
 
     params = SamplingParams.model_validate(entries[0][1].params["sampling_params"])
-    started = time.time()
-    for worker, request in entries:
-        worker.send_message(messages.Started(request.request_id, started))
-    slots = sorted({worker.slot for worker, _ in entries})
-    driver.host.log_for(
-        slots,
-        f"[engine] generate: {len(entries)} requests of {len(slots)} slots sampled in one pass",
-    )
+    _started(driver, entries, "generate", "sampled in one pass")
 
     def all_cancelled() -> bool:
-        return all(request.request_id in worker.cancelled for worker, request in entries)
+        return all(request.request_id in worker.cancelled for worker, request, _ in entries)
 
     try:
-        for worker, _ in entries:
+        for worker, _, _ in entries:
             worker.faults.raise_in("generate")
-        prompt_lists = [request.params["prompt_tokens"] for _, request in entries]
+        prompt_lists = [request.params["prompt_tokens"] for _, request, _ in entries]
         seeds = [
             resolve_seed(SamplingParams.model_validate(request.params["sampling_params"]))
-            for _, request in entries
+            for _, request, _ in entries
         ]
         groups = [
-            SlotRows(_runner(worker.state.model), len(prompts), len(prompts) * params.n)
-            for (worker, _), prompts in zip(entries, prompt_lists, strict=True)
+            SlotRows(worker.state.model.get_base_model(), len(prompts), len(prompts) * params.n)
+            for (worker, _, _), prompts in zip(entries, prompt_lists, strict=True)
         ]
         clock = time.perf_counter()
         with contextlib.ExitStack() as stack:
-            for worker in {id(worker): worker for worker, _ in entries}.values():
+            for worker in {id(worker): worker for worker, _, _ in entries}.values():
                 stack.enter_context(worker.state.inference())
             stack.enter_context(torch.inference_mode())
-            stack.enter_context(grouped(_runner(driver.state.model), groups))
+            stack.enter_context(grouped(driver.state.model.get_base_model(), groups))
             per_request = driver.sampler.sample_requests(prompt_lists, seeds, params, all_cancelled)
         elapsed = time.perf_counter() - clock
-        for (worker, request), samples, seed in zip(entries, per_request, seeds, strict=True):
+        for (worker, request, _), samples, seed in zip(entries, per_request, seeds, strict=True):
             if request.request_id in worker.cancelled:
                 worker.send_message(
                     messages.failed(request.request_id, "cancelled", "the request was cancelled")
@@ -266,18 +265,30 @@ def sample_across_slots(driver: SlotWorker, entries: list[tuple[SlotWorker, mess
                 worker.send_message(messages.succeeded(request.request_id, result))
     except Exception as exc:  # report, never die: one bad pass must not end the slots
         if all_cancelled():
-            for worker, request in entries:
+            for worker, request, _ in entries:
                 worker.send_message(failure_of(request.request_id, "generate", exc))
         else:
-            each_alone(driver, [(worker, request, b"") for worker, request in entries], exc)
+            each_alone(driver, entries, exc)
     finally:
-        for worker, request in entries:
-            worker.cancelled.discard(request.request_id)
+        _forget_cancels(entries)
 
 
-def each_alone(
-    driver: SlotWorker, entries: list[tuple[SlotWorker, messages.Request, bytes]], exc: Exception
-) -> None:
+def _started(driver: SlotWorker, entries: list[Entry], op: str, how: str) -> None:
+    """Each entry's request has started; every slot in the pass says so in its log."""
+    started = time.time()
+    for worker, request, _ in entries:
+        worker.send_message(messages.Started(request.request_id, started))
+    slots = sorted({worker.slot for worker, _, _ in entries})
+    driver.host.log_for(slots, f"[engine] {op}: {len(entries)} requests of {len(slots)} slots {how}")
+
+
+def _forget_cancels(entries: list[Entry]) -> None:
+    """The requests have ended: a cancel of theirs that came meanwhile has nothing left to cancel."""
+    for worker, request, _ in entries:
+        worker.cancelled.discard(request.request_id)
+
+
+def each_alone(driver: SlotWorker, entries: list[Entry], exc: Exception) -> None:
     """A shared pass failed (out of memory, say): each request runs again alone, so the fault fails only the
     request that causes it and its neighbours get their results. Already started: answered, not restarted."""
     from .worker import failure_of
@@ -304,19 +315,13 @@ def each_alone(
                 worker.current = None
 
 
-def train_across_slots(driver: SlotWorker, entries: list[tuple[SlotWorker, messages.Request, bytes]]) -> None:
+def train_across_slots(driver: SlotWorker, entries: list[Entry]) -> None:
     """Every entry's forward_backward in one pass (engine/grouped_training.py), each answered through its
     own slot with its own result, or its own failure."""
     from .engine.grouped_training import forward_backward_together
     from .worker import failure_of
 
-    started = time.time()
-    for worker, request, _ in entries:
-        worker.send_message(messages.Started(request.request_id, started))
-    slots = sorted({worker.slot for worker, _, _ in entries})
-    driver.host.log_for(
-        slots, f"[engine] forward_backward: {len(entries)} requests of {len(slots)} slots in one pass"
-    )
+    _started(driver, entries, "forward_backward", "in one pass")
     try:
         batches = [
             (
@@ -344,5 +349,4 @@ def train_across_slots(driver: SlotWorker, entries: list[tuple[SlotWorker, messa
         for worker, request, _ in entries:
             worker.send_message(failure_of(request.request_id, "forward_backward", exc))
     finally:
-        for worker, request, _ in entries:
-            worker.cancelled.discard(request.request_id)
+        _forget_cancels(entries)

@@ -23,12 +23,6 @@ import torch
 from .shared_base import is_shared
 
 
-def _lora_layer_class():
-    from peft.tuners.lora import Linear
-
-    return Linear
-
-
 def lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """Every peft LoRA layer of `model` (the transformers model under the peft wrapper), by module name."""
     from peft.tuners.lora import LoraLayer
@@ -38,7 +32,8 @@ def lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 def groupable(model: torch.nn.Module) -> bool:
     """Whether `model`'s adapter is plain LoRA on linear layers only, and nothing else of its own."""
-    linear = _lora_layer_class()
+    from peft.tuners.lora import Linear as linear
+
     layers = lora_layers(model)
     if not layers:
         return False
