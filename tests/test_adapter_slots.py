@@ -25,10 +25,10 @@ CPU = Device("cpu", "cpu", None, "CPU", 16 * 2**30, 2)
 
 
 def test_hosting_gives_adapter_slots_to_the_devices_that_host():
-    """`auto` hosts on GPUs only; a device sampling with vLLM has no adapter host whatever the choice."""
+    """`auto` hosts on GPUs only, a device sampling with vLLM too (its sampling slots share one engine)."""
     vllm_gpu = Device("cuda:1", "cuda", 1, "GPU", 80 * 2**30, 2, sampler="vllm")
     slots = {d.id: d.adapter_slots for d in Hosting(None).with_adapter_slots([GPU, CPU, vllm_gpu], 16)}
-    assert slots == {"cuda:0": 16, "cpu": 0, "cuda:1": 0}
+    assert slots == {"cuda:0": 16, "cpu": 0, "cuda:1": 16}
     assert [d.adapter_slots for d in Hosting(True).with_adapter_slots([GPU, CPU], 16)] == [16, 16]
     assert [d.adapter_slots for d in Hosting(False).with_adapter_slots([GPU, CPU], 16)] == [0, 0]
 

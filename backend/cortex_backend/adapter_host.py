@@ -211,6 +211,38 @@ class SlotWorker(Worker):
             self.holding_turn = True
             self.random_state.swap_in()
 
+    def others_waiting(self) -> bool:
+        return self.host.turns.others_waiting()
+
+    def yield_turn(self, until: Callable[[], bool]) -> bool:
+        """Give the turn back if held, then take it again unless `until` says first (a hosted vLLM sampler
+        waiting for another slot's engine step to hand it outputs, engine/hosted_vllm.py)."""
+        if self.holding_turn:
+            self.random_state.save()
+            self.holding_turn = False
+            self.host.turns.release()
+        if not self.host.turns.acquire(self, until):
+            return False
+        self.holding_turn = True
+        self.random_state.swap_in()
+        return True
+
+    def take_turn(self) -> None:
+        if not self.holding_turn:
+            self.host.turns.acquire(self)
+            self.holding_turn = True
+            self.random_state.swap_in()
+
+    def _open_sampler(self, message: messages.Init) -> Any:
+        """A vLLM sampling slot samples on its host's shared vLLM engine (engine/hosted_vllm.py)."""
+        if message.sampler == "vllm" and self.sub_job_type == "sampling":
+            from .engine.hosted_vllm import open_hosted_sampler
+
+            return open_hosted_sampler(
+                self.state, message.sampler_options, self.host.vllm_engines, self, self.slot
+            )
+        return super()._open_sampler(message)
+
     def _serve_one(self, request: messages.Request, blob: bytes) -> None:
         """A request computes holding the host's turn. One that waits on another sub-job (either side of a
         weight sync) runs without it: the other side may be a slot of this host, waiting for the turn."""
@@ -331,9 +363,24 @@ class AdapterHost:
         self.bases = BaseModels()
         self.turns = Turns()
         self.batches = SlotBatches(batched_ops)
+        self._vllm_engines: Any = None  # built when the first vLLM sampling slot opens
         self.slots: dict[str, SlotWorker] = {}
         self._slots_lock = threading.Lock()
         self._local = threading.local()
+
+    def held_bytes(self) -> int:
+        """What the host holds once for all its slots: its bases, and its vLLM engines' weights and KV cache."""
+        engines = self._vllm_engines
+        return self.bases.base_bytes() + (engines.held_bytes() if engines is not None else 0)
+
+    @property
+    def vllm_engines(self) -> Any:
+        """The host's vLLM engines (engine/hosted_vllm.py), one per base its vLLM sampling slots use."""
+        if self._vllm_engines is None:
+            from .engine.hosted_vllm import HostVllmEngines
+
+            self._vllm_engines = HostVllmEngines()
+        return self._vllm_engines
 
     def current_slot(self) -> str | None:
         return getattr(self._local, "slot", None)
@@ -434,6 +481,8 @@ class AdapterHost:
         finally:
             with self._slots_lock:
                 self.slots.pop(worker.slot, None)
+            if worker.sampler is not None:  # a hosted vLLM sampler's adapters leave the shared engine
+                worker.sampler.close()
             sys.stdout.flush()
             with contextlib.suppress(ChannelClosed):
                 worker.channel.send(messages.encode(messages.Released()))
@@ -465,7 +514,7 @@ class AdapterHost:
             return check_slot(
                 slot_bytes,
                 memory["adapter_bytes"],
-                self.bases.base_bytes() + reserve,
+                self.held_bytes() + reserve,
                 sum(others_bytes.values()),
                 len(others),
                 self.memory_budget_bytes,
@@ -491,7 +540,7 @@ class AdapterHost:
         with self._slots_lock:
             slots = len(self.slots)
         return {
-            "adapter_host": {"pid": os.getpid(), "slots": slots, "base_bytes": self.bases.base_bytes()},
+            "adapter_host": {"pid": os.getpid(), "slots": slots, "base_bytes": self.held_bytes()},
             **worker.memory(),
         }
 

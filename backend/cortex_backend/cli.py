@@ -312,6 +312,21 @@ def add_backend_commands(parser: argparse.ArgumentParser) -> None:
         help="KV cache a vLLM sampler reserves on a CPU-only host (default 1)",
     )
     serve.add_argument(
+        "--vllm-max-loras",
+        type=_at_least(1, int),
+        default=8,
+        metavar="N",
+        help="with adapter hosts: adapters the host's shared vLLM engine decodes in one step (default 8)",
+    )
+    serve.add_argument(
+        "--vllm-max-lora-rank",
+        type=_at_least(1, int),
+        default=64,
+        metavar="R",
+        help="with adapter hosts: the largest LoRA rank the shared vLLM engine serves; a sampling slot of a"
+        " larger rank samples with the built-in engine (default 64)",
+    )
+    serve.add_argument(
         "--idle-timeout",
         type=_at_least(1.0),
         default=300.0,
@@ -680,6 +695,8 @@ def run_backend_command(args: argparse.Namespace) -> int:
             sampler=args.sampler,
             vllm_gpu_memory_fraction=args.vllm_gpu_memory_fraction,
             vllm_cpu_kv_cache_gib=args.vllm_cpu_kv_cache_gib,
+            vllm_max_loras=args.vllm_max_loras,
+            vllm_max_lora_rank=args.vllm_max_lora_rank,
             runs_workspace=args.runs_workspace,
             run_namespaces=args.run_namespaces,
             allow_unsandboxed_runs=args.allow_unsandboxed_runs,

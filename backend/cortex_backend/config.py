@@ -60,6 +60,10 @@ class BackendSettings:
     # rest to the trainer and other sub-jobs on that GPU; and, on a CPU, the GiB its KV cache reserves.
     vllm_gpu_memory_fraction: float = 0.45
     vllm_cpu_kv_cache_gib: int = 1
+    # vLLM on an adapter host (engine/hosted_vllm.py): its one engine per base serves every vLLM sampling slot's
+    # adapter, up to this many adapters in one step, of LoRA ranks up to this one.
+    vllm_max_loras: int = 8
+    vllm_max_lora_rank: int = 64
     # A running job with no request for this long is completed, freeing its device (a trained adapter
     # is saved as checkpoint `final` first). Short, and shown to users as a countdown.
     idle_timeout_s: float = 300.0
@@ -207,6 +211,8 @@ class BackendSettings:
         return {
             "gpu_memory_fraction": self.vllm_gpu_memory_fraction,
             "cpu_kv_cache_gib": self.vllm_cpu_kv_cache_gib,
+            "max_loras": self.vllm_max_loras,
+            "max_lora_rank": self.vllm_max_lora_rank,
         }
 
     @property

@@ -118,11 +118,7 @@ class Worker:
             described["sharding"] = {"strategy": "fsdp2", **sharding.describe()}
             described.update(peak_memory(self.state.device))
         if self.sub_job_type in ("training", "sampling"):
-            from .engine.sampling_engine import open_engine
-
-            self.sampler = open_engine(
-                message.sampler or "transformers", self.state, self.sub_job_type, message.sampler_options
-            )
+            self.sampler = self._open_sampler(message)
             described["sampler"] = self.sampler.describe()
         print(
             f"[engine] {message.sub_job_id} ready: {info.name} on {described['device']} ({described['dtype']}),"
@@ -131,6 +127,13 @@ class Worker:
             flush=True,
         )
         return described
+
+    def _open_sampler(self, message: messages.Init) -> Any:
+        from .engine.sampling_engine import open_engine
+
+        return open_engine(
+            message.sampler or "transformers", self.state, self.sub_job_type, message.sampler_options
+        )
 
     # operations -----------------------------------------------------------------------------------
     def noop(self, params: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:

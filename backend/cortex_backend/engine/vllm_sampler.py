@@ -28,6 +28,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,13 +87,35 @@ def _model_directory(state: ModelState, scratch: Path) -> Path:
     return directory
 
 
+def engine_arguments(
+    state: ModelState, options: dict[str, Any], scratch: Path, lora_rank: int, max_loras: int
+) -> dict[str, Any]:
+    """What a vLLM engine over `state`'s base is built with: LoRA on, ranks up to `lora_rank`'s (rounded up to
+    one vLLM serves), `max_loras` adapters in one batch."""
+    arguments: dict[str, Any] = {
+        "model": str(_model_directory(state, scratch)),
+        "dtype": str(state.dtype).replace("torch.", ""),  # "auto" would pick bf16 on a CPU
+        "skip_tokenizer_init": True,
+        "enable_lora": True,
+        "max_lora_rank": lora_rank_for(lora_rank),
+        "max_loras": max_loras,
+        "max_model_len": state.max_seq_len,
+        "seed": state.seed,
+        "logprobs_mode": "raw_logprobs",
+        "enable_prefix_caching": True,  # the n samples of a prompt share its KV cache
+    }
+    if state.device.type == "cuda":
+        arguments["gpu_memory_utilization"] = float(options.get("gpu_memory_fraction", 0.45))
+    return arguments
+
+
 class AdapterVersions:
     """The sub-job's adapter as vLLM LoRA requests, one id per version; an old id is evicted once unused."""
 
-    def __init__(self, engine, scratch: Path) -> None:
-        self.engine = engine
+    def __init__(self, engine, scratch: Path, ids: Iterator[int]) -> None:
+        self.engine = engine  # vLLM's engine, or an adapter host's shared one (hosted_vllm.py)
         self.scratch = scratch
-        self.ids = itertools.count(1)
+        self.ids = ids
         self.current = None  # LoRARequest
         self.in_use: Counter[int] = Counter()
         self.retired: dict[int, Any] = {}
@@ -136,7 +159,18 @@ class AdapterVersions:
             self.evicted += 1
 
     def loaded(self) -> list[int]:
-        return sorted(self.engine.list_loras())
+        """The ids of this sub-job's adapter versions the engine holds."""
+        own = {
+            request.lora_int_id for request in (self.current, *self.retired.values()) if request is not None
+        }
+        return sorted(own & set(self.engine.list_loras()))
+
+    def remove_all(self) -> None:
+        """Unload every version (a hosted sampler's slot ends; the engine serves other slots on)."""
+        for request in (self.current, *self.retired.values()):
+            if request is not None:
+                self.engine.remove_lora(request.lora_int_id)
+        self.current, self.retired = None, {}
 
 
 class VllmSampler(SamplingEngine):
@@ -152,24 +186,13 @@ class VllmSampler(SamplingEngine):
 
         self.version = vllm.__version__
         self.scratch = Path(tempfile.mkdtemp(prefix="cortex-vllm-"))
-        config = state.model.peft_config["default"]
-        arguments: dict[str, Any] = {
-            "model": str(_model_directory(state, self.scratch)),
-            "dtype": str(state.dtype).replace("torch.", ""),  # "auto" would pick bf16 on a CPU
-            "skip_tokenizer_init": True,
-            "enable_lora": True,
-            "max_lora_rank": lora_rank_for(int(config.r)),
-            "max_loras": 2,  # the current adapter and, briefly, the one it replaced
-            "max_model_len": state.max_seq_len,
-            "seed": state.seed,
-            "logprobs_mode": "raw_logprobs",
-            "enable_prefix_caching": True,  # the n samples of a prompt share its KV cache
-        }
+        # the current adapter and, briefly, the one it replaced
+        arguments = engine_arguments(
+            state, options, self.scratch, int(state.model.peft_config["default"].r), 2
+        )
         if state.device.type == "cuda" and state.info.quantization == "nf4":
             # vLLM quantizes the base itself as it loads it (bitsandbytes 4-bit), as the trainer holds it.
             arguments["quantization"] = "bitsandbytes"
-        if state.device.type == "cuda":
-            arguments["gpu_memory_utilization"] = float(options.get("gpu_memory_fraction", 0.45))
         # A sampling sub-job with n_gpus: N sees N devices (CUDA_VISIBLE_DEVICES, or N CPU slots): vLLM
         # shards the base and the adapter over N worker processes of its own.
         self.tensor_parallel_size = int(options.get("tensor_parallel_size", 1))
@@ -179,11 +202,16 @@ class VllmSampler(SamplingEngine):
         started = time.perf_counter()
         self.llm = LLM(**arguments)
         self.engine = self.llm.llm_engine
-        self.adapters = AdapterVersions(self.engine, self.scratch)
-        self.parameters = list(adapter_parameters(state.model).values())
+        self.start_s = time.perf_counter() - started
+        self._follow_adapter(AdapterVersions(self.engine, self.scratch, itertools.count(1)), "c")
+
+    def _follow_adapter(self, adapters: AdapterVersions, request_prefix: str) -> None:
+        """Serve the sub-job's adapter through `adapters` from now on (its current weights published)."""
+        self.adapters = adapters
+        self.request_prefix = request_prefix
+        self.parameters = list(adapter_parameters(self.state.model).values())
         self.published_versions: tuple[int, ...] | None = None
         self.calls = itertools.count()
-        self.start_s = time.perf_counter() - started
         self.refresh()
 
     def refresh(self) -> None:
@@ -272,54 +300,60 @@ class VllmSampler(SamplingEngine):
         text_stops: dict[str, TextStop] = {}
         unfinished: set[str] = set()
         lora = self.adapters.acquire()
+
+        def take(outputs: list[Any]) -> None:
+            """Each output's new tokens into its sample; a sample done (or cut at a stop string) leaves."""
+            ended_early = []
+            for output in outputs:
+                request_id = output.request_id
+                if request_id not in unfinished:
+                    continue
+                completion = output.outputs[0]
+                tokens[request_id].extend(completion.token_ids)
+                logprobs[request_id].extend(
+                    _token_logprob(entry, token)
+                    for entry, token in zip(completion.logprobs or [], completion.token_ids, strict=True)
+                )
+                ended = output.finished
+                if request_id in text_stops:
+                    ended = (
+                        self._stop_on_text(request_id, text_stops[request_id], tokens, logprobs, stop_ids)
+                        or ended
+                    )
+                if ended:
+                    unfinished.discard(request_id)
+                    if not output.finished:
+                        ended_early.append(request_id)
+            if ended_early:
+                self._abort(ended_early)
+            if streamer is not None:
+                # Request ids are numbered prompt-major, as the streamer's rows are.
+                streamer.look_lists(list(tokens.values()), list(logprobs.values()))
+
         try:
             for prompt_index, prompt in enumerate(prompts):
                 for sample_index in range(params.n):
-                    request_id = f"c{call}-p{prompt_index}-s{sample_index}"
+                    request_id = f"{self.request_prefix}{call}-p{prompt_index}-s{sample_index}"
                     rows[request_id] = (prompt_index, sample_index)
                     tokens[request_id], logprobs[request_id] = [], []
                     if text_stopped:
                         text_stops[request_id] = TextStop(params.stop_strings, tokenizer)
                     request_seed = sample_seed(seed, prompt_index, sample_index) if seed is not None else None
-                    self.engine.add_request(
+                    self._add(
                         request_id,
                         TokensPrompt(prompt_token_ids=list(prompt)),
                         self._request_params(params, request_seed, stop_ids, deltas),
-                        lora_request=lora,
+                        lora,
                     )
                     unfinished.add(request_id)
-            while unfinished:
-                if should_cancel():
-                    raise OperationError("cancelled", "the request was cancelled")
-                for output in self.engine.step():
-                    request_id = output.request_id
-                    if request_id not in unfinished:
-                        continue
-                    completion = output.outputs[0]
-                    tokens[request_id].extend(completion.token_ids)
-                    logprobs[request_id].extend(
-                        _token_logprob(entry, token)
-                        for entry, token in zip(completion.logprobs or [], completion.token_ids, strict=True)
-                    )
-                    ended = output.finished
-                    if request_id in text_stops:
-                        ended = (
-                            self._stop_on_text(request_id, text_stops[request_id], tokens, logprobs, stop_ids)
-                            or ended
-                        )
-                    if ended:
-                        unfinished.discard(request_id)
-                        if not output.finished:
-                            self.engine.abort_request([request_id])
-                if streamer is not None:
-                    # Request ids are numbered prompt-major, as the streamer's rows are.
-                    streamer.look_lists(list(tokens.values()), list(logprobs.values()))
+            self._run(unfinished, should_cancel, take)
             if streamer is not None:
                 streamer.look_lists(list(tokens.values()), list(logprobs.values()), final=True)
         finally:
             if unfinished:  # cancelled (a streaming client that left, too) or failed: vLLM drops them
-                self.engine.abort_request(sorted(unfinished))
+                self._abort(sorted(unfinished))
                 print(f"[engine] vllm aborted {len(unfinished)} unfinished request(s)", flush=True)
+            self._done(list(rows))
             self.adapters.release(lora)
         samples = []
         for request_id, (prompt_index, sample_index) in rows.items():
@@ -333,6 +367,22 @@ class VllmSampler(SamplingEngine):
             )
             samples.append({"prompt_index": prompt_index, "sample_index": sample_index, **sample})
         return samples, prompt_logprobs(self.state, prompts) if params.prompt_logprobs else None
+
+    def _add(self, request_id: str, prompt: Any, params: Any, lora: Any) -> None:
+        self.engine.add_request(request_id, prompt, params, lora_request=lora)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        self.engine.abort_request(request_ids)
+
+    def _done(self, request_ids: list[str]) -> None:
+        """A call's requests are over (finished or aborted)."""
+
+    def _run(self, unfinished: set[str], should_cancel: Cancelled, take: Callable[[list[Any]], None]) -> None:
+        """Step the engine, handing each step's outputs to `take`, until `unfinished` is empty."""
+        while unfinished:
+            if should_cancel():
+                raise OperationError("cancelled", "the request was cancelled")
+            take(self.engine.step())
 
     @staticmethod
     def _stop_on_text(request_id: str, text_stop: TextStop, tokens, logprobs, stop_ids: set[int]) -> bool:

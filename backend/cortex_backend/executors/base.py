@@ -111,8 +111,9 @@ class Hosting:
         return self.adapter_host if self.adapter_host is not None else device.kind == "cuda"
 
     def hosts_on(self, device: Device) -> bool:
-        """Whether `device` has an adapter host for single-device sub-jobs on an unquantized base."""
-        return self.on(device) and device.sampler in ("", "transformers", None)
+        """Whether `device` has an adapter host for single-device sub-jobs on an unquantized base (on a
+        device sampling with vLLM too: its sampling slots share one vLLM engine, engine/hosted_vllm.py)."""
+        return self.on(device)
 
     def with_adapter_slots(self, devices: list[Device], per_device: int) -> list[Device]:
         """`devices` with the adapter-host slots each serves beside its process slots (the scheduler's second
@@ -123,9 +124,10 @@ class Hosting:
         ]
 
     def hosts(self, assignment: SubJobAssignment) -> bool:
-        """Whether a sub-job becomes a slot: any type, on the built-in sampling engine (a hosted sampler runs
-        its adapter unmerged over the shared base), on a base in the device's own precision (a quantized base
-        keeps a process of its own; a sub-job across devices has its own ranks)."""
+        """Whether a sub-job becomes a slot: any type (a hosted built-in sampler runs its adapter unmerged over
+        the shared base; a hosted vLLM sampler's adapter is a LoRA of the host's vLLM engine), on a base in
+        the device's own precision (a quantized base keeps a process of its own; a sub-job across devices,
+        a tensor-parallel vLLM sampler too, has its own ranks)."""
         return (
             self.hosts_on(assignment.device)
             and not assignment.rank_devices

@@ -1,0 +1,158 @@
+"""N vLLM samplers as slots of one adapter host (one shared vLLM engine) against a vLLM engine per sampler
+(`--isolation-per-job`): aggregate tokens/s and the backend tree's memory (PSS), as ratios within one run.
+
+    CORTEX_VLLM_PYTHON=.venv-vllm/bin/python python bench/bench_vllm_slots.py [--jobs 4] [--requests 4]
+        [--prompts 4] [--max-tokens 32] [--repeats 3]
+
+For each mode: a real backend on loopback from the vLLM venv (`--sampler vllm`, `--devices cpu:<jobs>`, one
+torch thread per worker), on a small random Llama (tests/model_factory.py), `--jobs` jobs each with a trainer
+of its own LoRA rank and a vLLM sampler; then `--jobs` client threads that each send `--requests` generates
+of `--prompts` prompts (temperature 1, `ignore_eos`, `--max-tokens` tokens) to their own sampler, all
+starting at once; and, on the shared engine, the same requests one client after another (the engine then
+decodes one tenant's requests at a time). Prints the median aggregate tokens/s of each, the ratios, and the
+PSS of the backend's process tree with every job loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "backend"))
+
+MODES = {
+    "one host, one shared vLLM engine": ("--adapter-host",),
+    "a vLLM engine per sampler": ("--isolation-per-job",),
+}
+
+
+def tree_pss(pid: int) -> int:
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            total += process.memory_full_info().pss
+        except psutil.Error:
+            continue
+    return total
+
+
+def measure(args: argparse.Namespace, flags: tuple[str, ...], python: str) -> dict:
+    from cortex_nb import Client
+    from cortex_nb.training import TrainingJob
+    from tests.backend_process import start_backend
+    from tests.model_factory import build_llama_dir
+
+    params = {"max_tokens": args.max_tokens, "temperature": 1.0, "ignore_eos": True}
+    with tempfile.TemporaryDirectory() as scratch:
+        llama = build_llama_dir(Path(scratch) / "llama")
+        backend = start_backend(
+            Path(scratch) / "backend",
+            *flags,
+            "--model",
+            f"llama={llama}",
+            "--devices",
+            f"cpu:{args.jobs}",
+            "--sampler",
+            "vllm",
+            "--worker-threads",
+            "1",
+            "--warm-workers",
+            "0",
+            python=python,
+            timeout_s=300,
+        )
+        try:
+            with Client(backend.url, backend.token) as client:
+                jobs = [
+                    TrainingJob.create(
+                        client, "llama", lora={"r": 8 * (1 + index % 2)}, samplers=1, seed=index
+                    )
+                    for index in range(args.jobs)
+                ]
+                samplers = [job.sub_jobs("sampling")[0] for job in jobs]
+                prompts = [
+                    [[3, 1, 4, 1, 5, index, p] for p in range(args.prompts)] for index in range(args.jobs)
+                ]
+                for job, sampler, prompt_list in zip(jobs, samplers, prompts, strict=True):
+                    job.generate(prompt_list, sub_job=sampler, **params).result()  # warm up
+                pss = tree_pss(backend.process.pid)
+
+                def work(index: int) -> int:
+                    for _ in range(args.requests):
+                        jobs[index].generate(prompts[index], sub_job=samplers[index], **params).result()
+                    return args.requests * args.prompts * args.max_tokens
+
+                def at_once() -> float:
+                    go = threading.Barrier(args.jobs + 1)
+                    done: list[int] = []
+
+                    def client_of(index: int) -> None:
+                        go.wait()
+                        done.append(work(index))
+
+                    threads = [threading.Thread(target=client_of, args=(i,)) for i in range(args.jobs)]
+                    for thread in threads:
+                        thread.start()
+                    go.wait()
+                    started = time.perf_counter()
+                    for thread in threads:
+                        thread.join()
+                    return sum(done) / (time.perf_counter() - started)
+
+                def one_after_another() -> float:
+                    started = time.perf_counter()
+                    total = sum(work(index) for index in range(args.jobs))
+                    return total / (time.perf_counter() - started)
+
+                result = {
+                    "at once": [at_once() for _ in range(args.repeats)],
+                    "one after another": [one_after_another() for _ in range(args.repeats)],
+                    "pss": pss,
+                }
+                for job in jobs:
+                    job.cancel()
+        finally:
+            backend.stop()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    python = os.environ.get("CORTEX_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
+    results = {name: measure(args, flags, python) for name, flags in MODES.items()}
+    shared = results["one host, one shared vLLM engine"]
+    shared_rate = statistics.median(shared["at once"])
+    print(
+        f"{args.jobs} vLLM samplers x {args.requests} generates of {args.prompts} prompts x {args.max_tokens}"
+        f" tokens, median of {args.repeats}:"
+    )
+    for name, result in results.items():
+        for when in ("at once", "one after another"):
+            rate = statistics.median(result[when])
+            print(
+                f"  {name:34} {when:18} {rate:8.0f} tokens/s   shared at once / this {shared_rate / rate:5.2f}"
+            )
+        print(
+            f"  {name:34} backend tree PSS {result['pss'] / 2**30:6.2f} GiB   / shared {result['pss'] / shared['pss']:5.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
