@@ -2,9 +2,9 @@
 (`--isolation-per-job`): aggregate tokens/s and the backend tree's memory (PSS), as ratios within one run.
 
     CORTEX_VLLM_PYTHON=.venv-vllm/bin/python python bench/bench_vllm_slots.py [--jobs 4] [--requests 4]
-        [--prompts 4] [--max-tokens 32] [--repeats 3]
+        [--prompts 4] [--max-tokens 32] [--repeats 3] [--max-lora-rank 64] [--modes ...]
 
-For each mode: a real backend on loopback from the vLLM venv (`--sampler vllm`, `--devices cpu:<jobs>`, one
+For each mode: a real backend on loopback from the vLLM venv (`--sampler vllm`, `--devices cpu:<2 x jobs>`, one
 torch thread per worker), on a small random Llama (tests/model_factory.py), `--jobs` jobs each with a trainer
 of its own LoRA rank and a vLLM sampler; then `--jobs` client threads that each send `--requests` generates
 of `--prompts` prompts (temperature 1, `ignore_eos`, `--max-tokens` tokens) to their own sampler, all
@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "backend"))
 
 MODES = {
-    "one host, one shared vLLM engine": ("--adapter-host",),
-    "a vLLM engine per sampler": ("--isolation-per-job",),
+    "shared": ("one host, one shared vLLM engine", ("--adapter-host",)),
+    "per-sampler": ("a vLLM engine per sampler", ("--isolation-per-job",)),
 }
 
 
@@ -62,13 +62,15 @@ def measure(args: argparse.Namespace, flags: tuple[str, ...], python: str) -> di
             "--model",
             f"llama={llama}",
             "--devices",
-            f"cpu:{args.jobs}",
+            f"cpu:{2 * args.jobs}",  # a process slot each for the trainer and the sampler of every job
             "--sampler",
             "vllm",
             "--worker-threads",
             "1",
             "--warm-workers",
             "0",
+            "--vllm-max-lora-rank",
+            str(args.max_lora_rank),
             python=python,
             timeout_s=300,
         )
@@ -134,10 +136,15 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--max-lora-rank", type=int, default=64, help="the shared engine's (--vllm-max-lora-rank)"
+    )
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, of: " + ", ".join(MODES))
     args = parser.parse_args()
     python = os.environ.get("CORTEX_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
-    results = {name: measure(args, flags, python) for name, flags in MODES.items()}
-    shared = results["one host, one shared vLLM engine"]
+    chosen = args.modes.split(",")
+    results = {MODES[key][0]: measure(args, MODES[key][1], python) for key in chosen}
+    shared = results[MODES[chosen[0]][0]]
     shared_rate = statistics.median(shared["at once"])
     print(
         f"{args.jobs} vLLM samplers x {args.requests} generates of {args.prompts} prompts x {args.max_tokens}"

@@ -183,12 +183,20 @@ def adapter_host_lines(capacity: dict[str, Any]) -> list[str]:
     from .protocol.states import format_bytes
 
     hosts = (capacity.get("executor") or {}).get("adapter_hosts") or []
+    vllm_devices = {
+        device.get("id") for device in capacity.get("devices") or [] if device.get("sampler") == "vllm"
+    }
     return [
         f"adapter host {host['device']} · {host['base_model']}: {host['slots']} slot(s) on one base"
         f" ({format_bytes(host['base_bytes'])} held once; slots add {format_bytes(host['slots_bytes'])})"
         + batched_words(host.get("batched_operations") or [])
+        + (VLLM_HOST_WORDS if host["device"] in vllm_devices else "")
         for host in hosts
     ]
+
+
+# The end of the line of a host on a device sampling with vLLM (engine/hosted_vllm.py).
+VLLM_HOST_WORDS = "; its vLLM sampling slots share one vLLM engine"
 
 
 def batched_words(operations: list[str]) -> str:

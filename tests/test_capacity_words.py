@@ -19,6 +19,18 @@ def test_an_adapter_host_is_one_line_of_slots_on_one_base():
         "adapter host cpu:0 · tiny: 3 slot(s) on one base (12.0 MiB held once; slots add 640 KiB);"
         " generate and forward_backward batched across slots"
     ]
+    # on a device sampling with vLLM, its sampling slots share the host's one vLLM engine
+    devices = [
+        {"id": "cpu:0", "kind": "cpu", "sampler": "vllm"},
+        {"id": "cpu:1", "kind": "cpu", "sampler": "transformers"},
+    ]
+    other = {**host, "device": "cpu:1"}
+    capacity = {"devices": devices, "executor": {"name": "local", "adapter_hosts": [host, other]}}
+    assert adapter_host_lines(capacity) == [
+        "adapter host cpu:0 · tiny: 3 slot(s) on one base (12.0 MiB held once; slots add 640 KiB);"
+        " its vLLM sampling slots share one vLLM engine",
+        "adapter host cpu:1 · tiny: 3 slot(s) on one base (12.0 MiB held once; slots add 640 KiB)",
+    ]
     assert adapter_host_lines({"executor": {"name": "local", "hosting": "isolation_per_job"}}) == []
     assert adapter_host_lines({}) == []
 

@@ -117,6 +117,13 @@ def _assert_product_stages(stages: dict, with_vllm: bool, table: str) -> None:
         assert sampling["tokens_per_s_ratio"] > 0
     else:
         assert "vLLM" in sampling["skipped"]
+    shared_engine = stages["shared_vllm_engine"]
+    if with_vllm:  # both slots on the host's one engine (measure_vllm checks it and raises otherwise)
+        assert shared_engine["slots"] == 2 and shared_engine["tokens_per_s_ratio_vs_1"] > 0
+        assert shared_engine["host_bytes_once"] >= 2**30  # the engine's KV cache among what is held once
+        assert "shared vLLM engine, 2 sampling slots at once" in table
+    else:
+        assert "vLLM" in shared_engine["skipped"]
     for row in ("shared base, 8 slots", "slots per device", "QLoRA nf4 loss falls", "FSDP2 losses equal"):
         assert row in table
 

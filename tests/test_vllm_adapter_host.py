@@ -18,6 +18,7 @@ from cortex_nb import Client
 from cortex_nb.errors import RequestFailed
 from cortex_nb.polling import poll_request
 from cortex_nb.training import TrainingJob
+from cortex_nb.views import VLLM_HOST_WORDS, adapter_host_lines
 
 from .backend_process import start_backend
 from .notebook_fixtures import wait_until
@@ -151,6 +152,10 @@ def test_sampling_slots_register_their_adapters_in_the_hosts_one_engine(host_cli
     [host] = host_client.get_capacity()["executor"]["adapter_hosts"]
     assert host["slots"] == 4 and host["base_model"] == MODEL
     assert host["base_bytes"] >= 2**30  # the engine's KV cache (--vllm-cpu-kv-cache-gib 1) is held once
+    [line] = adapter_host_lines(host_client.get_capacity())  # %cortex capacity's and the sidebar's words
+    assert line.startswith(f"adapter host cpu · {MODEL}: 4 slot(s) on one base") and line.endswith(
+        VLLM_HOST_WORDS
+    )
 
 
 def test_two_tenants_generates_share_engine_steps_each_through_its_own_adapter(tenants):

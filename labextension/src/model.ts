@@ -137,13 +137,18 @@ export function hostLines(capacity: ICapacity | null): string[] {
  */
 export function adapterHostLines(capacity: ICapacity | null): string[] {
   const hosts = capacity?.executor?.adapter_hosts ?? [];
+  const vllmDevices = new Set((capacity?.devices ?? []).filter(device => device.sampler === 'vllm').map(device => device.id));
   return hosts.map(
     host =>
       `adapter host ${host.device} · ${host.base_model}: ${host.slots} slot(s) on one base` +
       ` (${formatBytes(host.base_bytes)} held once; slots add ${formatBytes(host.slots_bytes)})` +
-      batchedWords(host.batched_operations ?? [])
+      batchedWords(host.batched_operations ?? []) +
+      (vllmDevices.has(host.device) ? VLLM_HOST_WORDS : '')
   );
 }
+
+/** The end of the line of a host on a device sampling with vLLM (its sampling slots share one engine). */
+const VLLM_HOST_WORDS = '; its vLLM sampling slots share one vLLM engine';
 
 /** What a host runs for several slots in one pass (--batch-across-slots), as the end of its line. */
 function batchedWords(operations: string[]): string {

@@ -198,6 +198,14 @@ describe('devices', () => {
       'adapter host cpu:0 · tiny: 3 slot(s) on one base (12.0 MiB held once; slots add 640 KiB);' +
         ' generate and forward_backward batched across slots'
     ]);
+    // GPU_CAPACITY's cuda:0 samples with vLLM: its host's sampling slots share one vLLM engine
+    const onVllm = { ...executor.adapter_hosts[0], device: 'cuda:0' };
+    const onBuiltIn = { ...executor.adapter_hosts[0], device: 'cuda:1' };
+    expect(adapterHostLines({ ...GPU_CAPACITY, executor: { ...executor, adapter_hosts: [onVllm, onBuiltIn] } })).toEqual([
+      'adapter host cuda:0 · tiny: 3 slot(s) on one base (12.0 MiB held once; slots add 640 KiB);' +
+        ' its vLLM sampling slots share one vLLM engine',
+      'adapter host cuda:1 · tiny: 3 slot(s) on one base (12.0 MiB held once; slots add 640 KiB)'
+    ]);
   });
 
   it('says how sub-jobs are hosted and whether CPU workers are forks, in the words of %cortex capacity', () => {

@@ -24,7 +24,9 @@ serve`, driven with the cortex_nb client), each recorded under `stages` in the J
   against one device: step time ratio, per-rank peak memory, and a check that losses agree within 1e-4;
   skipped, saying why, with fewer than 2 GPUs;
 - tensor-parallel sampling (`across_devices.py`): a `n_gpus: 2` vLLM sampler against a one-device one:
-  greedy tokens equal (a check) and tokens/s; skipped, saying why, without vLLM or 2 GPUs.
+  greedy tokens equal (a check) and tokens/s; skipped, saying why, without vLLM or 2 GPUs;
+- shared vLLM engine (`shared_base.py`): 8 rank-16 vLLM sampling jobs as slots of one adapter host, one vLLM
+  engine serving every slot's adapter: aggregate greedy tokens/s of all at once over one; skipped without vLLM.
 The dry run runs them on CPU slots at tiny sizes (sub-jobs across devices on two CPU slots over gloo).
 A stage that raises is recorded with its reason and the others still run.
 
@@ -69,6 +71,7 @@ class StageSizes:
 
 GPU_STAGES = StageSizes(8, 512, 2, 5, 32, 128)
 DRY_RUN_STAGES = StageSizes(2, 32, 2, 4, 4, 8)
+DRY_RUN_VLLM_SLOTS = 2  # vLLM sampling slots sharing the host's engine in a dry run (8 on a GPU)
 
 
 def failed(record: dict[str, Any]) -> list[str]:
@@ -194,6 +197,21 @@ def product_stages(shape: Shape, model_dir: Path, work: Path, dry_run: bool) -> 
                 sizes.sampling_prompts,
                 sizes.sampling_tokens,
                 sizes.rounds,
+            ),
+        )
+    if importlib.util.find_spec("vllm") is None:
+        stages["shared_vllm_engine"] = {"skipped": "vLLM is not installed in this Python"}
+    else:
+        run_stage(
+            "shared_vllm_engine",
+            lambda: shared_base.measure_vllm(
+                work / "shared-vllm-engine",
+                model_dir,
+                f"cpu:{DRY_RUN_VLLM_SLOTS}" if dry_run else "0",
+                vocab,
+                DRY_RUN_VLLM_SLOTS if dry_run else max(shared_base.SLOT_COUNTS),
+                sizes.sampling_prompts,
+                sizes.sampling_tokens,
             ),
         )
     for stage in stages.values():

@@ -103,6 +103,18 @@ def stage_rows(key: str, stage: dict[str, Any]) -> list[tuple[str, str, str, str
     if "skipped" in stage:
         return [(name, what, f"skipped: {stage['skipped']}", "n/a")]
     rows = []
+    if key == "shared_vllm_engine":
+        most = str(stage["slots"])
+        return [
+            (
+                name,
+                f"shared vLLM engine, {most} sampling slots at once",
+                f"aggregate tok/s {stage['tokens_per_s_ratio_vs_1']:.2f}x 1 slot"
+                f" ({_number(stage['tokens_per_s'][most], 0)} tok/s; host holds {_mib(stage['host_bytes_once'])}"
+                " once)",
+                "",
+            )
+        ]
     if key == "shared_base":
         for count, figures in stage["slots"].items():
             if count == "1":

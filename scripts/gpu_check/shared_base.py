@@ -153,3 +153,49 @@ def measure(
             "passes_of_several_slots": passes,
         },
     }
+
+
+def measure_vllm(
+    data_dir: Path, model_dir: Path, devices: str, vocab: int, slots: int, prompts: int, tokens: int
+) -> dict[str, Any]:
+    """`slots` sampling jobs (rank 16) as vLLM slots of one adapter host (`--sampler vllm`): they share the
+    host's one vLLM engine (engine/hosted_vllm.py). Aggregate greedy tokens/s of every slot generating at once
+    over one slot alone, and what the host holds once (the engine's weights and KV cache among them)."""
+    from .service import running_backend
+
+    rows = np.random.default_rng(1).integers(0, vocab, size=(prompts, 8)).tolist()
+    options = ["--adapter-host", "--adapter-slots-per-device", str(slots)]
+    with running_backend(data_dir, {"check": model_dir}, devices, *options, sampler="vllm") as (client, _):
+        samplers: list = []
+        try:
+            for index in range(slots):
+                samplers.append(client.create_sampler("check", lora=LORA, seed=index))
+            infos = [sub["info"] for sampler in samplers for sub in sampler.refresh()["sub_jobs"]]
+            engines = [info["sampler"] for info in infos]
+            if not all(engine["engine"] == "vllm" and engine.get("shared_engine") for engine in engines):
+                raise RuntimeError(f"not every sampler is a slot of the shared vLLM engine: {engines}")
+            if len({info["adapter_host"]["pid"] for info in infos}) != 1:
+                raise RuntimeError("the samplers are not slots of one adapter host")
+            _sample(samplers[:1], rows, tokens)  # warm up
+            one = _sample(samplers[:1], rows, tokens)
+            together = _sample(samplers, rows, tokens)
+            (host,) = client.get_capacity()["executor"]["adapter_hosts"]
+            shared_steps = sum(
+                "together with other slots' requests" in line["line"]
+                for line in samplers[-1].logs(limit=5000)["lines"]
+            )
+        finally:
+            for sampler in samplers:
+                sampler.cancel()
+    return {
+        "lora": LORA,
+        "slots": slots,
+        "prompts": prompts,
+        "tokens_per_row": tokens,
+        "host_bytes_once": host["base_bytes"],
+        "slots_bytes": host["slots_bytes"],
+        "engine_start_s": engines[0].get("start_s"),
+        "tokens_per_s": {"1": one, str(slots): together},
+        "tokens_per_s_ratio_vs_1": together / one,
+        "requests_decoded_with_other_slots": shared_steps,
+    }

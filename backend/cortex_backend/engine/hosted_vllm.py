@@ -11,8 +11,8 @@ any of them is unfinished, either steps the engine (holding the host's turn, as 
 does, so a training slot's forward never runs beside it and each slot's random state stays its own) or
 waits, without the turn, until another slot's step has handed it outputs. Whoever steps hands each slot
 the outputs of its own requests; a stepping slot gives the turn on after each step while others wait for
-it, so a trainer's forward_backward waits one decoding step at most. Prompt scores are computed by the
-slot's own peft model under the turn, as for a sampler alone.
+it, so a trainer's forward_backward waits one decoding step for each sampling slot ahead of it. Prompt
+scores are computed by the slot's own peft model under the turn, as for a sampler alone.
 
 What a slot keeps of its own: its adapter versions (its LoRA ids; removed from the engine when the slot
 ends), its requests, its seeds (each request draws from its own generator when seeded). What slots share:

@@ -1,4 +1,5 @@
-"""The `vllm` sampling engine: a vLLM engine inside a sampling sub-job's worker.
+"""The `vllm` sampling engine: a vLLM engine inside a sampling sub-job's worker (on an adapter host, one
+engine shared by every vLLM sampling slot of a base: engine/hosted_vllm.py, built on this module).
 
 The engine runs in the worker's own process (no engine-core subprocess) on the worker's device (a
 sampling sub-job with `n_gpus: N` gets N devices and an engine with tensor-parallel size N, whose N
