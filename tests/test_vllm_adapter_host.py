@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from cortex_nb import Client
 from cortex_nb.errors import RequestFailed
@@ -22,7 +23,7 @@ from cortex_nb.views import VLLM_HOST_WORDS, adapter_host_lines
 
 from .backend_process import start_backend
 from .notebook_fixtures import wait_until
-from .reference import ReferenceTrainer, random_batch, reference_base, reference_lora
+from .reference import ReferenceTrainer, random_batch, reference_base, reference_logprobs, reference_lora
 from .test_generate import hf_greedy
 from .test_vllm_sampler import MODEL, PROMPTS_TEXT, _assert_greedy_equal, vllm_python
 
@@ -98,6 +99,12 @@ class Tenant:
     def reference_greedy(self) -> list[list[int]]:
         return [hf_greedy(self.reference.model, prompt, GREEDY["max_tokens"]) for prompt in self.prompts]
 
+    def reference_logprobs(self, sequence: list[int]) -> np.ndarray:
+        """Each token's logprob after the first under the in-process adapter."""
+        batch = {"input_ids": np.array([sequence[:-1]]), "target_tokens": np.array([sequence[1:]])}
+        with torch.no_grad():
+            return reference_logprobs(self.reference.model, batch).numpy()[0]
+
     def sub_jobs(self) -> dict[str, dict]:
         return {sub["sub_job_id"]: sub for sub in self.job.refresh()["sub_jobs"]}
 
@@ -161,7 +168,8 @@ def test_sampling_slots_register_their_adapters_in_the_hosts_one_engine(host_cli
 def test_two_tenants_generates_share_engine_steps_each_through_its_own_adapter(tenants):
     first, second = tenants
     blocker = turn_held(first)
-    together = [first.generate(), second.generate()]
+    # the first also scores its prompts: its slot takes the turn again after the engine's steps
+    together = [first.generate(logprobs=True, prompt_logprobs=True), second.generate(logprobs=True)]
     time.sleep(1.0)  # both samplers are waiting for the turn, their requests about to enter the engine
     blocker.cancel()
     assert_cancelled(blocker)  # it held the turn all along
@@ -169,6 +177,14 @@ def test_two_tenants_generates_share_engine_steps_each_through_its_own_adapter(t
         result = future.result()
         assert result.sampler == "vllm"
         _assert_greedy_equal(result.samples, tenant.reference_greedy())
+        for sample in result.samples:  # each row's logprobs are its own adapter's (a forward in-process)
+            prompt = tenant.prompts[sample["prompt_index"]]
+            scored = tenant.reference_logprobs(prompt + sample["tokens"])
+            np.testing.assert_allclose(sample["logprobs"], scored[len(prompt) - 1 :], atol=1e-4)
+            if tenant is first:
+                np.testing.assert_allclose(
+                    result.prompt_logprobs[sample["prompt_index"]], scored[: len(prompt) - 1], atol=1e-4
+                )
     # the adapters differ: each tenant got its own, not a neighbour's
     assert [s["tokens"] for s in together[0].result().samples] != [
         s["tokens"] for s in together[1].result().samples

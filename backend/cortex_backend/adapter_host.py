@@ -185,15 +185,23 @@ class SlotWorker(Worker):
 
     @contextlib.contextmanager
     def _holding(self) -> Iterator[None]:
-        """This slot has just taken the turn: compute with its RNG, then give the turn back."""
-        self.holding_turn = True
+        """This slot has just taken the turn: compute with its RNG, then give the turn back (unless the body
+        already did: a hosted vLLM sampler whose outputs another slot's engine steps handed it)."""
         try:
-            self.random_state.swap_in()
+            self._took_turn()
             yield
         finally:
-            self.random_state.save()
-            self.holding_turn = False
-            self.host.turns.release()
+            if self.holding_turn:
+                self._give_turn()
+
+    def _took_turn(self) -> None:
+        self.holding_turn = True
+        self.random_state.swap_in()
+
+    def _give_turn(self) -> None:
+        self.random_state.save()
+        self.holding_turn = False
+        self.host.turns.release()
 
     @contextlib.contextmanager
     def turn_handed_on(self) -> Iterator[None]:
@@ -201,15 +209,11 @@ class SlotWorker(Worker):
         if not self.holding_turn:
             yield
             return
-        self.random_state.save()
-        self.holding_turn = False
-        self.host.turns.release()
+        self._give_turn()
         try:
             yield
         finally:
-            self.host.turns.acquire(self)
-            self.holding_turn = True
-            self.random_state.swap_in()
+            self.take_turn()
 
     def others_waiting(self) -> bool:
         return self.host.turns.others_waiting()
@@ -218,20 +222,17 @@ class SlotWorker(Worker):
         """Give the turn back if held, then take it again unless `until` says first (a hosted vLLM sampler
         waiting for another slot's engine step to hand it outputs, engine/hosted_vllm.py)."""
         if self.holding_turn:
-            self.random_state.save()
-            self.holding_turn = False
-            self.host.turns.release()
+            self._give_turn()
         if not self.host.turns.acquire(self, until):
             return False
-        self.holding_turn = True
-        self.random_state.swap_in()
+        self._took_turn()
         return True
 
     def take_turn(self) -> None:
+        """Hold the turn, waiting for it if another slot holds it."""
         if not self.holding_turn:
             self.host.turns.acquire(self)
-            self.holding_turn = True
-            self.random_state.swap_in()
+            self._took_turn()
 
     def _open_sampler(self, message: messages.Init) -> Any:
         """A vLLM sampling slot samples on its host's shared vLLM engine (engine/hosted_vllm.py)."""

@@ -205,6 +205,7 @@ class HostedVllmSampler(VllmSampler):
         self.tensor_parallel_size = 1
         self.scratch = Path(tempfile.mkdtemp(prefix="cortex-vllm-slot-"))
         self.inbox = Inbox(slot)
+        self._turn_needed_after = True
         self._follow_adapter(
             AdapterVersions(engine, self.scratch, engine.lora_ids), f"s{next(engine.samplers)}-c"
         )
@@ -230,6 +231,18 @@ class HostedVllmSampler(VllmSampler):
             else "vLLM refused the reset (a request, this slot's or another's, still held cache blocks)",
         }
 
+    def sample(self, prompts, params, seed, should_cancel, on_tokens=None):
+        # What the rest of the generate computes on the slot's own model needs the turn again; without it, a
+        # sampler whose outputs other slots' steps decoded answers at once instead of queueing for the turn.
+        self._turn_needed_after = bool(
+            params.prompt_logprobs
+            or params.prompt_logprobs_topk
+            or params.prompt_logprobs_targets is not None
+            or params.prompt_alt_tokens_k
+            or params.record_routes
+        )
+        return super().sample(prompts, params, seed, should_cancel, on_tokens)
+
     def _add(self, request_id: str, prompt: Any, params: Any, lora: Any) -> None:
         self.shared.add(request_id, prompt, params, lora, self.inbox)
 
@@ -247,8 +260,10 @@ class HostedVllmSampler(VllmSampler):
             self.inbox.shared_steps = 0
 
     def _run(self, unfinished: set[str], should_cancel: Cancelled, take: Callable[[list[Any]], None]) -> None:
-        """Entered holding the host's turn and left holding it; in between, step the engine holding the turn
-        or wait without it for another slot's step to hand this slot its outputs."""
+        """Entered holding the host's turn; in between, step the engine holding the turn or wait without it for
+        another slot's step to hand this slot its outputs. Left holding it only if the generate computes more on
+        the slot's own model (prompt scores, routes): what else is left (aborting requests, answering) needs
+        no turn."""
         from .errors import OperationError
 
         holding = True
@@ -266,7 +281,7 @@ class HostedVllmSampler(VllmSampler):
                 else:
                     holding = self.turn.yield_turn(lambda: bool(self.inbox.outputs) or should_cancel())
         finally:
-            if not holding:
+            if not holding and self._turn_needed_after:
                 self.turn.take_turn()
 
     def close(self) -> None:
