@@ -10,7 +10,7 @@ of its own LoRA rank and a vLLM sampler; then `--jobs` client threads that each 
 of `--prompts` prompts (temperature 1, `ignore_eos`, `--max-tokens` tokens) to their own sampler, all
 starting at once; and, on the shared engine, the same requests one client after another (the engine then
 decodes one tenant's requests at a time). Prints the median aggregate tokens/s of each, the ratios, and the
-PSS of the backend's process tree with every job loaded.
+PSS of the backend's process tree with every job loaded; ratios are to the first mode of `--modes`.
 """
 
 from __future__ import annotations
@@ -154,10 +154,10 @@ def main() -> None:
         for when in ("at once", "one after another"):
             rate = statistics.median(result[when])
             print(
-                f"  {name:34} {when:18} {rate:8.0f} tokens/s   shared at once / this {shared_rate / rate:5.2f}"
+                f"  {name:34} {when:18} {rate:8.0f} tokens/s   first at once / this {shared_rate / rate:5.2f}"
             )
         print(
-            f"  {name:34} backend tree PSS {result['pss'] / 2**30:6.2f} GiB   / shared {result['pss'] / shared['pss']:5.2f}"
+            f"  {name:34} backend tree PSS {result['pss'] / 2**30:6.2f} GiB   / first {result['pss'] / shared['pss']:5.2f}"
         )
 
 
