@@ -16,16 +16,19 @@ tinker SDK, as the cookbook calls it: a sampling client from `save_weights_and_g
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "backend"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from at_once import run_at_once  # noqa: E402
 
 PASS_LINE = "queued requests sampled in one pass"
 
@@ -54,20 +57,8 @@ def main() -> None:
                 sampler.generate([prompt], n=args.clients, **params).result()  # warm up
 
                 def concurrent() -> float:
-                    go = threading.Barrier(args.clients + 1)
-
-                    def one() -> None:
-                        go.wait()
-                        sampler.generate([prompt], **params).result()
-
-                    threads = [threading.Thread(target=one) for _ in range(args.clients)]
-                    for thread in threads:
-                        thread.start()
-                    go.wait()
-                    started = time.perf_counter()
-                    for thread in threads:
-                        thread.join()
-                    return time.perf_counter() - started
+                    call = functools.partial(sampler.generate, [prompt], **params)
+                    return run_at_once([lambda: call().result()] * args.clients)[0]
 
                 def together() -> float:
                     started = time.perf_counter()

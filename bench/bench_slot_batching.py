@@ -17,17 +17,18 @@ width and depth (bench_bigger_bases.py) instead of `tiny`.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "backend"))
 sys.path.insert(0, str(ROOT / "bench"))
+
+from at_once import run_at_once  # noqa: E402
 
 PASS_LINES = {"sample": "slots sampled in one pass", "train": "slots in one pass"}
 MODES = {
@@ -89,23 +90,10 @@ def measure(args: argparse.Namespace, flags: tuple[str, ...]) -> tuple[list[floa
                     return args.requests * args.rows * args.length
 
                 def once() -> float:
-                    go = threading.Barrier(args.jobs + 1)
-                    done: list[int] = []
-
-                    def client_of(job, index: int) -> None:
-                        go.wait()
-                        done.append(work(job, index))
-
-                    threads = [
-                        threading.Thread(target=client_of, args=(job, i)) for i, job in enumerate(jobs)
-                    ]
-                    for thread in threads:
-                        thread.start()
-                    go.wait()
-                    started = time.perf_counter()
-                    for thread in threads:
-                        thread.join()
-                    return sum(done) / (time.perf_counter() - started)
+                    seconds, done = run_at_once(
+                        [functools.partial(work, job, index) for index, job in enumerate(jobs)]
+                    )
+                    return sum(done) / seconds
 
                 rates = [once() for _ in range(args.repeats)]
                 passes = sum(

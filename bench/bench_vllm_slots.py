@@ -16,35 +16,26 @@ PSS of the backend's process tree with every job loaded; ratios are to the first
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "backend"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from at_once import run_at_once  # noqa: E402
+from bench_adapter_host import tree_pss_bytes  # noqa: E402
 
 MODES = {
     "shared": ("one host, one shared vLLM engine", ("--adapter-host",)),
     "per-sampler": ("a vLLM engine per sampler", ("--isolation-per-job",)),
 }
-
-
-def tree_pss(pid: int) -> int:
-    import psutil
-
-    root = psutil.Process(pid)
-    total = 0
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            total += process.memory_full_info().pss
-        except psutil.Error:
-            continue
-    return total
 
 
 def measure(args: argparse.Namespace, flags: tuple[str, ...], python: str) -> dict:
@@ -88,7 +79,7 @@ def measure(args: argparse.Namespace, flags: tuple[str, ...], python: str) -> di
                 ]
                 for job, sampler, prompt_list in zip(jobs, samplers, prompts, strict=True):
                     job.generate(prompt_list, sub_job=sampler, **params).result()  # warm up
-                pss = tree_pss(backend.process.pid)
+                pss = tree_pss_bytes(backend.process.pid)
 
                 def work(index: int) -> int:
                     for _ in range(args.requests):
@@ -96,21 +87,10 @@ def measure(args: argparse.Namespace, flags: tuple[str, ...], python: str) -> di
                     return args.requests * args.prompts * args.max_tokens
 
                 def at_once() -> float:
-                    go = threading.Barrier(args.jobs + 1)
-                    done: list[int] = []
-
-                    def client_of(index: int) -> None:
-                        go.wait()
-                        done.append(work(index))
-
-                    threads = [threading.Thread(target=client_of, args=(i,)) for i in range(args.jobs)]
-                    for thread in threads:
-                        thread.start()
-                    go.wait()
-                    started = time.perf_counter()
-                    for thread in threads:
-                        thread.join()
-                    return sum(done) / (time.perf_counter() - started)
+                    seconds, done = run_at_once(
+                        [functools.partial(work, index) for index in range(args.jobs)]
+                    )
+                    return sum(done) / seconds
 
                 def one_after_another() -> float:
                     started = time.perf_counter()

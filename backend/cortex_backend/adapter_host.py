@@ -239,9 +239,7 @@ class SlotWorker(Worker):
         if message.sampler == "vllm" and self.sub_job_type == "sampling":
             from .engine.hosted_vllm import open_hosted_sampler
 
-            return open_hosted_sampler(
-                self.state, message.sampler_options, self.host.vllm_engines, self, self.slot
-            )
+            return open_hosted_sampler(self.state, message.sampler_options, self.host.vllm_engines, self)
         return super()._open_sampler(message)
 
     def _serve_one(self, request: messages.Request, blob: bytes) -> None:

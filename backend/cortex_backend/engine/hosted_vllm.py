@@ -59,8 +59,7 @@ class HostTurn(Protocol):
 class Inbox:
     """The outputs of one slot's requests, handed to it by whichever slot stepped the engine."""
 
-    def __init__(self, slot: str) -> None:
-        self.slot = slot
+    def __init__(self) -> None:
         self.outputs: deque[Any] = deque()
         self.shared_steps = 0  # steps taken while other slots' requests were in the engine too
 
@@ -105,7 +104,6 @@ class SharedVllmEngine:
         self.lora_ids = itertools.count(1)
         self.samplers = itertools.count(1)
         self._routes: dict[str, Inbox] = {}
-        self.steps = 0
 
     # what AdapterVersions calls
     def add_lora(self, request: Any) -> bool:
@@ -140,7 +138,6 @@ class SharedVllmEngine:
                 for inbox in decoding.values():
                     inbox.shared_steps += 1
             outputs = self.engine.step()
-            self.steps += 1
             for output in outputs:
                 inbox = self._routes.get(output.request_id)
                 if inbox is not None:
@@ -192,9 +189,7 @@ class HostVllmEngines:
 class HostedVllmSampler(VllmSampler):
     """A vLLM sampling slot: its adapter versions served by its host's shared engine."""
 
-    def __init__(
-        self, state: ModelState, engine: SharedVllmEngine, built_now: bool, turn: HostTurn, slot: str
-    ):
+    def __init__(self, state: ModelState, engine: SharedVllmEngine, built_now: bool, turn: HostTurn):
         self.state = state
         self.shared = engine
         self.turn = turn
@@ -204,7 +199,7 @@ class HostedVllmSampler(VllmSampler):
         self.start_s = engine.start_s if built_now else 0.0
         self.tensor_parallel_size = 1
         self.scratch = Path(tempfile.mkdtemp(prefix="cortex-vllm-slot-"))
-        self.inbox = Inbox(slot)
+        self.inbox = Inbox()
         self._turn_needed_after = True
         self._follow_adapter(
             AdapterVersions(engine, self.scratch, engine.lora_ids), f"s{next(engine.samplers)}-c"
@@ -266,6 +261,9 @@ class HostedVllmSampler(VllmSampler):
         no turn."""
         from .errors import OperationError
 
+        def handed_outputs() -> bool:
+            return bool(self.inbox.outputs) or should_cancel()
+
         holding = True
         try:
             while unfinished:
@@ -277,9 +275,9 @@ class HostedVllmSampler(VllmSampler):
                 if holding:
                     self.shared.step()
                     if self.turn.others_waiting():
-                        holding = self.turn.yield_turn(lambda: bool(self.inbox.outputs) or should_cancel())
+                        holding = self.turn.yield_turn(handed_outputs)
                 else:
-                    holding = self.turn.yield_turn(lambda: bool(self.inbox.outputs) or should_cancel())
+                    holding = self.turn.yield_turn(handed_outputs)
         finally:
             if not holding and self._turn_needed_after:
                 self.turn.take_turn()
@@ -289,9 +287,7 @@ class HostedVllmSampler(VllmSampler):
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def open_hosted_sampler(
-    state: ModelState, options: dict[str, Any], engines: HostVllmEngines, turn: HostTurn, slot: str
-):
+def open_hosted_sampler(state: ModelState, options: dict[str, Any], engines: HostVllmEngines, turn: HostTurn):
     """A vLLM sampling slot's engine: the host's shared vLLM engine, or the built-in engine (unmerged, as
     any hosted sampler) for an adapter of a rank the shared engine was not built for."""
     engine, built_now = engines.engine_for(state, options)
@@ -305,4 +301,4 @@ def open_hosted_sampler(
             flush=True,
         )
         return TransformersSampler(state, merge_lora=False)
-    return HostedVllmSampler(state, engine, built_now, turn, slot)
+    return HostedVllmSampler(state, engine, built_now, turn)
